@@ -1,0 +1,137 @@
+//! `TaskSupervisor`: the parent of every task actor.
+//!
+//! Task actors are spawned linked to it straight from the request path (it never sees
+//! new tasks in its mailbox), so it only hears lifecycle events: a task actor that ends
+//! is counted, one that fails is logged and turned into a `failed` record. It never
+//! stops because a child ended. It also runs the retention sweep of finished tasks.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering::Relaxed;
+use std::time::{Duration, Instant};
+
+use ractor::{Actor, ActorProcessingErr, ActorRef, SupervisionEvent};
+
+use super::Shared;
+use crate::model::{AGENT_ERROR_CODE, TaskError, TaskSnapshot, TaskState, TaskStatus};
+use crate::store::FinishedTask;
+
+/// Messages of the [`TaskSupervisor`].
+pub(crate) enum SupervisorMsg {
+    /// Evict expired finished tasks.
+    Sweep,
+}
+
+/// The supervisor actor.
+pub(crate) struct TaskSupervisor;
+
+/// State of the supervisor.
+pub(crate) struct SupervisorState {
+    shared: Arc<Shared>,
+    /// Aborted in `post_stop`.
+    sweeper: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl Actor for TaskSupervisor {
+    type Msg = SupervisorMsg;
+    type State = SupervisorState;
+    type Arguments = Arc<Shared>;
+
+    async fn pre_start(
+        &self,
+        myself: ActorRef<SupervisorMsg>,
+        shared: Arc<Shared>,
+    ) -> Result<SupervisorState, ActorProcessingErr> {
+        let retention = Duration::from_secs_f64(shared.config.server.task_retention_seconds);
+        let period = (retention / 4).clamp(Duration::from_millis(50), Duration::from_secs(10));
+        let sweeper = myself.send_interval(period, || SupervisorMsg::Sweep);
+        Ok(SupervisorState {
+            shared,
+            sweeper: Some(sweeper),
+        })
+    }
+
+    async fn handle(
+        &self,
+        _myself: ActorRef<SupervisorMsg>,
+        msg: SupervisorMsg,
+        state: &mut SupervisorState,
+    ) -> Result<(), ActorProcessingErr> {
+        match msg {
+            SupervisorMsg::Sweep => {
+                let evicted = state.shared.store.evict(Instant::now());
+                if evicted > 0 {
+                    tracing::debug!(evicted, "finished tasks evicted");
+                }
+            }
+        }
+        Ok(())
+    }
+
+    async fn handle_supervisor_evt(
+        &self,
+        _myself: ActorRef<SupervisorMsg>,
+        event: SupervisionEvent,
+        state: &mut SupervisorState,
+    ) -> Result<(), ActorProcessingErr> {
+        let metrics = &state.shared.metrics;
+        match event {
+            SupervisionEvent::ActorTerminated(..) => {
+                metrics.live_tasks.fetch_sub(1, Relaxed);
+            }
+            SupervisionEvent::ActorFailed(cell, error) => {
+                metrics.live_tasks.fetch_sub(1, Relaxed);
+                metrics.failed_actors.fetch_add(1, Relaxed);
+                tracing::error!(actor = %cell.get_id(), %error, "task actor failed");
+                // Rare by construction, so a scan is fine: find the task it owned and
+                // record it as failed, so its owner sees an answer instead of a vanished task.
+                let id = cell.get_id();
+                let key = state
+                    .shared
+                    .live
+                    .iter()
+                    .find(|e| e.value().actor.get_id() == id)
+                    .map(|e| e.key().clone());
+                if let Some(key) = key
+                    && let Some((key, live)) = state.shared.live.remove(&key)
+                {
+                    let now = chrono::Utc::now();
+                    let mut status = TaskStatus::new(TaskState::Failed);
+                    status.error = Some(Arc::new(TaskError {
+                        code: AGENT_ERROR_CODE,
+                        message: "internal error".into(),
+                    }));
+                    let snapshot = TaskSnapshot {
+                        id: key.task.clone(),
+                        context_id: live.context_id.clone(),
+                        status,
+                        seq: 0,
+                        created_at: now,
+                        updated_at: now,
+                        history: Vec::new(),
+                        metadata: None,
+                    };
+                    state.shared.store.insert(
+                        key,
+                        FinishedTask {
+                            snapshot: Arc::new(snapshot),
+                            message_id: live.message_id.clone(),
+                        },
+                    );
+                }
+            }
+            SupervisionEvent::ActorStarted(_) | SupervisionEvent::ProcessGroupChanged(_) => {}
+        }
+        Ok(())
+    }
+
+    async fn post_stop(
+        &self,
+        _myself: ActorRef<SupervisorMsg>,
+        state: &mut SupervisorState,
+    ) -> Result<(), ActorProcessingErr> {
+        if let Some(s) = state.sweeper.take() {
+            s.abort();
+        }
+        Ok(())
+    }
+}

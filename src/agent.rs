@@ -1,0 +1,100 @@
+//! Pluggable agent backends.
+//!
+//! A backend implements [`Agent`]: it receives the user's message, the context's earlier
+//! turns, a way to emit intermediate updates and a cancellation signal, and ends with a
+//! reply or an error. It runs on its own tokio task (never inside an actor's `handle`);
+//! when the task is canceled or times out, its future is dropped, so any I/O it was
+//! awaiting is aborted at once.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+
+use ractor::ActorRef;
+use tokio_util::sync::CancellationToken;
+
+use crate::actors::task::TaskMsg;
+use crate::config::AgentConfig;
+use crate::model::{ContextId, Message, TaskId};
+
+mod echo;
+
+pub use echo::EchoAgent;
+
+/// The future an agent returns.
+pub type AgentFuture = Pin<Box<dyn Future<Output = Result<Message, AgentError>> + Send>>;
+
+/// An agent backend.
+pub trait Agent: Send + Sync + 'static {
+    /// The kind reported as `agent.type` in the card (e.g. `echo`, `llm`).
+    fn kind(&self) -> &str;
+
+    /// Runs one task: returns the agent's reply message, or an error that fails the task.
+    fn run(&self, request: AgentRequest, updates: Updates) -> AgentFuture;
+}
+
+/// What an agent gets for one task.
+#[derive(Clone, Debug)]
+pub struct AgentRequest {
+    /// The task.
+    pub task_id: TaskId,
+    /// Its conversation.
+    pub context_id: ContextId,
+    /// This turn's user message.
+    pub message: Arc<Message>,
+    /// Earlier turns of the context, oldest first: user and agent messages alternating.
+    pub history: Vec<Arc<Message>>,
+    /// This turn's number in the context, from 1.
+    pub turn: u32,
+    /// Fires when the task is canceled or times out. The future is dropped then anyway;
+    /// this lets a backend stop work it spawned elsewhere.
+    pub cancel: CancellationToken,
+}
+
+/// Why an agent failed. The message is shown to the client in `status.error`: it must not
+/// carry secrets.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AgentError {
+    /// What happened.
+    pub message: String,
+}
+
+impl AgentError {
+    /// An error with this message.
+    pub fn new(message: impl Into<String>) -> Self {
+        Self {
+            message: message.into(),
+        }
+    }
+}
+
+/// Sends intermediate updates (`working` with a message, `final: false`) to the task.
+#[derive(Clone)]
+pub struct Updates {
+    task: Option<ActorRef<TaskMsg>>,
+}
+
+impl Updates {
+    pub(crate) fn new(task: ActorRef<TaskMsg>) -> Self {
+        Self { task: Some(task) }
+    }
+
+    /// Updates that go nowhere (for running an agent outside a task, e.g. in a bench).
+    pub fn detached() -> Self {
+        Self { task: None }
+    }
+
+    /// Emits a progress message. Returns false when the task is gone.
+    pub fn progress(&self, message: Message) -> bool {
+        self.task
+            .as_ref()
+            .is_some_and(|t| t.cast(TaskMsg::Progress(message)).is_ok())
+    }
+}
+
+/// Builds the backend named by an agent's configuration.
+pub fn from_config(config: &AgentConfig) -> Arc<dyn Agent> {
+    // `Config::validated` only lets known backends through; `echo` is the only one yet.
+    debug_assert_eq!(config.backend, "echo");
+    Arc::new(EchoAgent::new(config.echo.clone()))
+}

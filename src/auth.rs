@@ -1,0 +1,235 @@
+//! API keys: who is calling, and which agents they may use.
+//!
+//! Keys are stored as SHA-256 digests and looked up by the digest of the presented key,
+//! so no plaintext key needs to sit in memory or a file and the lookup leaks no timing
+//! about how much of a key matched.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+
+use hyper::HeaderMap;
+use sha2::{Digest, Sha256};
+
+use crate::config::{ApiKeyConfig, Config};
+use crate::model::{AgentId, Principal};
+
+/// What a valid key grants.
+#[derive(Debug)]
+pub struct Caller {
+    /// The owner of everything this key creates.
+    pub principal: Principal,
+    /// Dense index of the principal (for per-principal tables).
+    pub principal_index: usize,
+    agents: Option<HashSet<String>>,
+}
+
+impl Caller {
+    /// Whether this caller may use the agent.
+    pub fn may_use(&self, agent: &AgentId) -> bool {
+        self.agents
+            .as_ref()
+            .is_none_or(|set| set.contains(agent.as_str()))
+    }
+}
+
+/// Why a request is not authenticated.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AuthError {
+    /// Neither `x-api-key` nor `Authorization: Bearer` was sent.
+    Missing,
+    /// The key is not configured (or the Authorization header is not Bearer).
+    Unknown,
+    /// `x-api-key` and the Bearer token are both present and differ.
+    Conflict,
+}
+
+impl AuthError {
+    /// A message for the client.
+    pub fn message(self) -> &'static str {
+        match self {
+            Self::Missing => "missing credentials: send x-api-key or Authorization: Bearer",
+            Self::Unknown => "invalid API key or token",
+            Self::Conflict => "x-api-key and the Bearer token differ",
+        }
+    }
+}
+
+/// The configured keys.
+#[derive(Debug)]
+pub struct KeyStore {
+    by_digest: HashMap<[u8; 32], Arc<Caller>>,
+    principals: usize,
+}
+
+impl KeyStore {
+    /// Builds the store. With no key configured, a random development key is generated
+    /// and returned so the binary can print it once: the server never runs open.
+    pub fn from_config(config: &Config) -> (Self, Option<String>) {
+        let (keys, dev_key) = if config.api_keys.is_empty() {
+            let key = format!("a2ad-dev-{}", uuid::Uuid::new_v4().simple());
+            (vec![ApiKeyConfig::new("dev", &key)], Some(key))
+        } else {
+            (config.api_keys.clone(), None)
+        };
+        let mut principal_ids: HashMap<String, usize> = HashMap::new();
+        let mut by_digest = HashMap::new();
+        for k in &keys {
+            let next = principal_ids.len();
+            let index = *principal_ids.entry(k.name.clone()).or_insert(next);
+            let agents =
+                (!k.agents.iter().any(|a| a == "*")).then(|| k.agents.iter().cloned().collect());
+            let caller = Arc::new(Caller {
+                principal: Principal::new(k.name.as_str()),
+                principal_index: index,
+                agents,
+            });
+            by_digest.insert(digest_of_configured(&k.key), caller);
+        }
+        let principals = principal_ids.len();
+        (
+            Self {
+                by_digest,
+                principals,
+            },
+            dev_key,
+        )
+    }
+
+    /// Distinct principals.
+    pub fn principals(&self) -> usize {
+        self.principals
+    }
+
+    /// Authenticates a request by `x-api-key` or `Authorization: Bearer`.
+    ///
+    /// # Errors
+    /// [`AuthError`] when no usable credential is present.
+    pub fn authenticate(&self, headers: &HeaderMap) -> Result<Arc<Caller>, AuthError> {
+        let api_key = headers.get("x-api-key").map(|v| v.as_bytes());
+        let bearer = match headers.get(hyper::header::AUTHORIZATION) {
+            None => None,
+            Some(v) => Some(bearer_token(v.as_bytes()).ok_or(AuthError::Unknown)?),
+        };
+        let key = match (api_key, bearer) {
+            (None, None) => return Err(AuthError::Missing),
+            (Some(a), Some(b)) if a != b => return Err(AuthError::Conflict),
+            (Some(k), _) | (None, Some(k)) => k,
+        };
+        let digest: [u8; 32] = Sha256::digest(key).into();
+        self.by_digest
+            .get(&digest)
+            .cloned()
+            .ok_or(AuthError::Unknown)
+    }
+}
+
+fn bearer_token(value: &[u8]) -> Option<&[u8]> {
+    let (scheme, rest) = value.split_at_checked(7)?;
+    (scheme.eq_ignore_ascii_case(b"bearer ")).then(|| rest.trim_ascii())
+}
+
+fn digest_of_configured(key: &str) -> [u8; 32] {
+    if let Some(hex) = key.strip_prefix("sha256:") {
+        let mut out = [0u8; 32];
+        for (i, byte) in out.iter_mut().enumerate() {
+            // Validated as 64 hex digits by `Config::validated`.
+            *byte = u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).unwrap_or(0);
+        }
+        return out;
+    }
+    Sha256::digest(key.as_bytes()).into()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use hyper::header::HeaderValue;
+
+    fn store() -> KeyStore {
+        let c = Config {
+            api_keys: vec![
+                ApiKeyConfig::new("alice", "key-a"),
+                ApiKeyConfig {
+                    name: "bob".into(),
+                    // sha256("key-b")
+                    key: format!("sha256:{}", hex(&Sha256::digest(b"key-b"))),
+                    agents: vec!["echo".into()],
+                },
+            ],
+            ..Config::default()
+        };
+        KeyStore::from_config(&c).0
+    }
+
+    fn hex(b: &[u8]) -> String {
+        b.iter().map(|x| format!("{x:02x}")).collect()
+    }
+
+    fn headers(pairs: &[(&'static str, &'static str)]) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        for (k, v) in pairs {
+            h.insert(*k, HeaderValue::from_static(v));
+        }
+        h
+    }
+
+    #[test]
+    fn keys_are_accepted_from_either_header_and_hashed_keys_work() {
+        let s = store();
+        assert_eq!(
+            s.authenticate(&headers(&[("x-api-key", "key-a")]))
+                .expect("ok")
+                .principal
+                .as_str(),
+            "alice"
+        );
+        let bob = s
+            .authenticate(&headers(&[("authorization", "Bearer key-b")]))
+            .expect("ok");
+        assert_eq!(bob.principal.as_str(), "bob");
+        assert!(bob.may_use(&"echo".into()) && !bob.may_use(&"other".into()));
+        assert!(
+            s.authenticate(&headers(&[
+                ("x-api-key", "key-a"),
+                ("authorization", "bearer key-a")
+            ]))
+            .is_ok()
+        );
+    }
+
+    #[test]
+    fn missing_unknown_and_conflicting_credentials_are_refused() {
+        let s = store();
+        assert_eq!(
+            s.authenticate(&headers(&[])).unwrap_err(),
+            AuthError::Missing
+        );
+        assert_eq!(
+            s.authenticate(&headers(&[("x-api-key", "nope")]))
+                .unwrap_err(),
+            AuthError::Unknown
+        );
+        assert_eq!(
+            s.authenticate(&headers(&[("authorization", "Basic a2V5LWE=")]))
+                .unwrap_err(),
+            AuthError::Unknown
+        );
+        assert_eq!(
+            s.authenticate(&headers(&[
+                ("x-api-key", "key-a"),
+                ("authorization", "Bearer key-b")
+            ]))
+            .unwrap_err(),
+            AuthError::Conflict
+        );
+    }
+
+    #[test]
+    fn no_configured_key_means_a_generated_development_key() {
+        let (s, key) = KeyStore::from_config(&Config::default());
+        let key = key.expect("a dev key");
+        let mut h = HeaderMap::new();
+        h.insert("x-api-key", HeaderValue::from_str(&key).expect("ascii"));
+        assert!(s.authenticate(&h).is_ok());
+    }
+}

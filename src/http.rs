@@ -1,0 +1,369 @@
+//! The hyper service: routes, the endpoint's checks in their documented order, and the
+//! response helpers (every response carries CORS; every JSON response its content type).
+//!
+//! Order on the endpoint: OPTIONS (no key) → credentials (401) → agent (404) → key may use
+//! agent (403) → HTTP method (405) → content type (415) → body cap (413) → JSON-RPC.
+
+use std::convert::Infallible;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures_util::future::join_all;
+use http_body::Frame;
+use http_body_util::{BodyExt, Limited};
+use hyper::body::Incoming;
+use hyper::header::{self, HeaderValue};
+use hyper::{Method, Request, Response, StatusCode};
+
+pub mod sse;
+
+use crate::actors::Runtime;
+use crate::auth::{AuthError, KeyStore};
+use crate::limits::RateLimiter;
+use crate::model::AgentId;
+use crate::rpc::dispatch::{CallContext, Reply, dispatch};
+use crate::rpc::{self, RpcError, error as codes};
+use sse::SseBody;
+
+/// The path prefix of the per-agent endpoint.
+pub const ENDPOINT_PREFIX: &str = "/api/v1/a2a/";
+
+/// What every request handler shares.
+pub struct App {
+    /// The actor system.
+    pub runtime: Runtime,
+    /// API keys.
+    pub keys: KeyStore,
+    /// Request rate per principal per agent.
+    pub rate: RateLimiter,
+    /// Request body cap in bytes.
+    pub max_body: u64,
+    /// Time allowed for the body to arrive.
+    pub body_timeout: Duration,
+    /// Idle time before `: ping` on streams.
+    pub ping_every: Duration,
+}
+
+/// A response body: a whole buffer, or an SSE stream.
+pub enum Body {
+    /// A complete body (or none).
+    Full(Option<Bytes>),
+    /// A stream of task events.
+    Sse(Box<SseBody>),
+}
+
+impl http_body::Body for Body {
+    type Data = Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+        match self.get_mut() {
+            Body::Full(bytes) => Poll::Ready(bytes.take().map(|b| Ok(Frame::data(b)))),
+            Body::Sse(s) => s.poll_chunk(cx).map(|f| f.map(Ok)),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match self {
+            Body::Full(b) => b.is_none(),
+            Body::Sse(s) => s.is_done(),
+        }
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        match self {
+            Body::Full(Some(b)) => http_body::SizeHint::with_exact(b.len() as u64),
+            Body::Full(None) => http_body::SizeHint::with_exact(0),
+            Body::Sse(_) => http_body::SizeHint::default(),
+        }
+    }
+}
+
+/// Handles one request. Never fails: every problem is an HTTP response.
+pub async fn handle(app: Arc<App>, req: Request<Incoming>) -> Result<Response<Body>, Infallible> {
+    let path = req.uri().path();
+    let response = if path == "/healthz" {
+        match *req.method() {
+            Method::GET | Method::HEAD => json(StatusCode::OK, br#"{"status":"ok"}"#.to_vec()),
+            Method::OPTIONS => preflight(),
+            _ => method_not_allowed("GET, HEAD"),
+        }
+    } else if let Some(agent) = path.strip_prefix(ENDPOINT_PREFIX) {
+        let agent = agent.strip_suffix('/').unwrap_or(agent);
+        if agent.is_empty() || agent.contains('/') {
+            not_found_path()
+        } else {
+            let agent = AgentId::new(agent);
+            endpoint(&app, agent, req).await
+        }
+    } else {
+        not_found_path()
+    };
+    Ok(response)
+}
+
+async fn endpoint(app: &App, agent_id: AgentId, req: Request<Incoming>) -> Response<Body> {
+    if req.method() == Method::OPTIONS {
+        return preflight();
+    }
+    let caller = match app.keys.authenticate(req.headers()) {
+        Ok(c) => c,
+        Err(e) => return unauthorized(e),
+    };
+    let Some(agent) = app.runtime.agent(&agent_id).cloned() else {
+        return error_response(
+            &RpcError::new(codes::AGENT_NOT_FOUND, "Agent not found")
+                .with_data(serde_json::json!({ "agentId": agent_id.as_str() }))
+                .with_status(StatusCode::NOT_FOUND),
+        );
+    };
+    if !caller.may_use(&agent_id) {
+        return error_response(
+            &RpcError::new(codes::FORBIDDEN, "Forbidden")
+                .with_data(serde_json::json!({ "agentId": agent_id.as_str(), "reason": "this key may not use this agent" }))
+                .with_status(StatusCode::FORBIDDEN),
+        );
+    }
+    if req.method() != Method::POST {
+        agent.metrics.requests(1);
+        return method_not_allowed("POST, OPTIONS");
+    }
+    if !is_json(req.headers().get(header::CONTENT_TYPE)) {
+        agent.metrics.requests(1);
+        return error_response(
+            &RpcError::invalid_request("Content-Type must be application/json")
+                .with_status(StatusCode::UNSUPPORTED_MEDIA_TYPE),
+        );
+    }
+    let accepts_sse = req
+        .headers()
+        .get_all(header::ACCEPT)
+        .iter()
+        .any(|v| v.to_str().is_ok_and(|s| s.contains("text/event-stream")));
+    let last_event_id = req
+        .headers()
+        .get("last-event-id")
+        .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned());
+    let body = match read_body(app, req).await {
+        Ok(b) => b,
+        Err(response) => {
+            agent.metrics.requests(1);
+            return *response;
+        }
+    };
+
+    let decoded = match rpc::decode(&body) {
+        Ok(d) => d,
+        Err(e) => {
+            agent.metrics.requests(1);
+            return error_response(&e);
+        }
+    };
+    let cx = CallContext {
+        caller,
+        agent,
+        agent_id,
+        accepts_sse,
+        last_event_id,
+        in_batch: matches!(decoded, rpc::Body::Batch(_)),
+    };
+    match decoded {
+        rpc::Body::Single(call) => reply_response(app, one(app, &cx, call).await),
+        rpc::Body::Batch(calls) => {
+            let replies = join_all(calls.into_iter().map(|c| one(app, &cx, c))).await;
+            let mut out = Vec::with_capacity(replies.len() * 128 + 2);
+            out.push(b'[');
+            for (i, reply) in replies.into_iter().enumerate() {
+                if i > 0 {
+                    out.push(b',');
+                }
+                match reply {
+                    Reply::Json { body, .. } => out.extend_from_slice(&body),
+                    // Refused by dispatch inside a batch; kept total for safety.
+                    Reply::Stream { id, .. } => out.extend_from_slice(&rpc::failure(
+                        Some(&id),
+                        &RpcError::invalid_request(
+                            "streaming methods cannot be used inside a batch",
+                        ),
+                    )),
+                }
+            }
+            out.push(b']');
+            json(StatusCode::OK, out)
+        }
+    }
+}
+
+/// Counts, rate-limits and dispatches one call.
+async fn one(app: &App, cx: &CallContext, call: Result<rpc::Call, rpc::Rejected>) -> Reply {
+    cx.agent.metrics.requests(1);
+    let call = match call {
+        Ok(c) => c,
+        Err(r) => return Reply::error(r.id.as_deref(), &r.error),
+    };
+    if let Err(retry_after) = app
+        .rate
+        .try_acquire(cx.caller.principal_index, cx.agent.index)
+    {
+        return Reply::error(Some(&call.id), &RpcError::rate_limited(retry_after));
+    }
+    dispatch(&app.runtime, cx, call).await
+}
+
+fn reply_response(app: &App, reply: Reply) -> Response<Body> {
+    match reply {
+        Reply::Json {
+            body,
+            status,
+            retry_after,
+        } => {
+            let mut r = json(status, body);
+            if let Some(secs) = retry_after {
+                r.headers_mut()
+                    .insert(header::RETRY_AFTER, HeaderValue::from(secs));
+            }
+            r
+        }
+        Reply::Stream { id, stream } => {
+            let body = SseBody::new(id, stream, app.ping_every);
+            let mut r = Response::new(Body::Sse(Box::new(body)));
+            let h = r.headers_mut();
+            h.insert(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("text/event-stream"),
+            );
+            h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+            h.insert("x-accel-buffering", HeaderValue::from_static("no"));
+            cors(h);
+            r
+        }
+    }
+}
+
+async fn read_body(app: &App, req: Request<Incoming>) -> Result<Bytes, Box<Response<Body>>> {
+    let too_large = || {
+        Box::new(error_response(
+            &RpcError::new(codes::INVALID_REQUEST, "Request body too large")
+                .with_data(serde_json::json!({ "limit": app.max_body }))
+                .with_status(StatusCode::PAYLOAD_TOO_LARGE),
+        ))
+    };
+    let declared = req
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > app.max_body) {
+        return Err(too_large());
+    }
+    let limit = usize::try_from(app.max_body).unwrap_or(usize::MAX);
+    let collect = Limited::new(req.into_body(), limit).collect();
+    match tokio::time::timeout(app.body_timeout, collect).await {
+        Ok(Ok(collected)) => Ok(collected.to_bytes()),
+        Ok(Err(e)) if e.is::<http_body_util::LengthLimitError>() => Err(too_large()),
+        Ok(Err(_)) => Err(Box::new(error_response(&RpcError::invalid_request(
+            "the request body could not be read",
+        )))),
+        Err(_) => Err(Box::new(error_response(
+            &RpcError::invalid_request("the request body did not arrive in time")
+                .with_status(StatusCode::REQUEST_TIMEOUT),
+        ))),
+    }
+}
+
+fn is_json(value: Option<&HeaderValue>) -> bool {
+    let Some(v) = value.and_then(|v| v.to_str().ok()) else {
+        return false;
+    };
+    let essence = v.split(';').next().unwrap_or("").trim();
+    essence.eq_ignore_ascii_case("application/json")
+}
+
+/// A JSON response with CORS.
+pub fn json(status: StatusCode, body: Vec<u8>) -> Response<Body> {
+    let mut r = Response::new(Body::Full(Some(Bytes::from(body))));
+    *r.status_mut() = status;
+    r.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    cors(r.headers_mut());
+    r
+}
+
+fn error_response(e: &RpcError) -> Response<Body> {
+    let mut r = json(e.status, rpc::failure(None, e));
+    if let Some(secs) = e.retry_after {
+        r.headers_mut()
+            .insert(header::RETRY_AFTER, HeaderValue::from(secs));
+    }
+    r
+}
+
+fn unauthorized(e: AuthError) -> Response<Body> {
+    let mut r = error_response(
+        &RpcError::new(codes::UNAUTHORIZED, "Unauthorized")
+            .with_data(serde_json::json!({ "reason": e.message() }))
+            .with_status(StatusCode::UNAUTHORIZED),
+    );
+    r.headers_mut().insert(
+        header::WWW_AUTHENTICATE,
+        HeaderValue::from_static(r#"Bearer realm="a2ad", ApiKey realm="a2ad" header="x-api-key""#),
+    );
+    r
+}
+
+fn method_not_allowed(allow: &'static str) -> Response<Body> {
+    let mut r = error_response(
+        &RpcError::invalid_request("HTTP method not allowed; use POST")
+            .with_status(StatusCode::METHOD_NOT_ALLOWED),
+    );
+    r.headers_mut()
+        .insert(header::ALLOW, HeaderValue::from_static(allow));
+    r
+}
+
+fn not_found_path() -> Response<Body> {
+    error_response(
+        &RpcError::new(codes::METHOD_NOT_FOUND, "Not found")
+            .with_data(serde_json::json!({ "reason": "no such endpoint; POST JSON-RPC to /api/v1/a2a/{agent_id}" }))
+            .with_status(StatusCode::NOT_FOUND),
+    )
+}
+
+fn preflight() -> Response<Body> {
+    let mut r = Response::new(Body::Full(None));
+    *r.status_mut() = StatusCode::NO_CONTENT;
+    let h = r.headers_mut();
+    cors(h);
+    h.insert(
+        header::ACCESS_CONTROL_ALLOW_METHODS,
+        HeaderValue::from_static("POST, OPTIONS"),
+    );
+    h.insert(
+        header::ACCESS_CONTROL_ALLOW_HEADERS,
+        HeaderValue::from_static("Content-Type, x-api-key, Authorization, Accept, Last-Event-ID"),
+    );
+    h.insert(
+        header::ACCESS_CONTROL_MAX_AGE,
+        HeaderValue::from_static("86400"),
+    );
+    r
+}
+
+fn cors(h: &mut hyper::HeaderMap) {
+    h.insert(
+        header::ACCESS_CONTROL_ALLOW_ORIGIN,
+        HeaderValue::from_static("*"),
+    );
+    h.insert(
+        header::ACCESS_CONTROL_EXPOSE_HEADERS,
+        HeaderValue::from_static("Retry-After, WWW-Authenticate"),
+    );
+}

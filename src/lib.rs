@@ -1,0 +1,53 @@
+//! # a2ad: an Agent-to-Agent (A2A) JSON-RPC server
+//!
+//! One JSON-RPC 2.0 endpoint per agent, `POST /api/v1/a2a/{agent_id}`, for sending
+//! messages, streaming task updates over SSE, querying, cancelling and re-subscribing to
+//! tasks, push-notification configuration and an agent card with live metrics.
+//!
+//! ## Request flow (one module per step)
+//!
+//! ```text
+//! TcpListener → server (connection permit, hyper-util auto conn, graceful watch)
+//!   → http::handle: OPTIONS | auth (401) | agent (404) | may use (403) | 405 | 415 | 413
+//!       → rpc::decode (parse -32700 / invalid request -32600, id recovered)
+//!       → rate limit (429)  → rpc::dispatch (method → rpc::seed params → Runtime)
+//!            ├─ new task:  Scheduler::admit → ContextActor (turn) → spawn TaskActor
+//!            │             (linked to TaskSupervisor, inserted in the live index)
+//!            ├─ existing:  live index → TaskActor call (bounded)  | finished: TaskStore
+//!            └─ reply:     JSON envelope | http::sse::SseBody over a TaskStream
+//! TaskActor ── events ─→ subscribers (try_send) · waiters · TaskObserver (webhooks)
+//! driver task ── cast(Started | Progress | Finished | TimedOut) ─→ TaskActor
+//! ```
+//!
+//! ## Embedding
+//! [`Server`] runs the whole HTTP server; [`Runtime`] is the actor system alone (submit a
+//! message, follow a task, cancel, read a card) with no HTTP. See `examples/embed.rs`.
+//! Backends plug in through the [`Agent`] trait.
+
+#![forbid(unsafe_code)]
+#![warn(missing_docs, unreachable_pub, rust_2018_idioms)]
+
+pub mod actors;
+pub mod agent;
+pub mod auth;
+pub mod config;
+pub mod error;
+pub mod http;
+pub mod limits;
+pub mod metrics;
+pub mod model;
+pub mod push;
+pub mod rpc;
+pub mod server;
+pub mod store;
+pub mod validate;
+
+pub use actors::{AgentCard, Replay, Resubscribed, Runtime, SendRequest, TaskStream};
+pub use agent::{Agent, AgentError, AgentFuture, AgentRequest, EchoAgent, Updates};
+pub use config::{Config, ConfigError};
+pub use error::{Error, Result};
+pub use model::{
+    AgentId, ContextId, FileContent, Message, Part, Principal, Role, TaskEvent, TaskId,
+    TaskSnapshot, TaskState, TaskStatus,
+};
+pub use server::{Server, ServerHandle};

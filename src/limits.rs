@@ -1,0 +1,260 @@
+//! Admission limits: the per-principal request rate (token bucket) and each agent's task
+//! slots with their FIFO queue.
+//!
+//! Both are plain data behind short `std` mutexes that are never held across an await,
+//! so they can be checked at the HTTP edge before any actor sees the request.
+
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Instant;
+
+use tokio::sync::oneshot;
+
+use crate::error::Error;
+
+/// One token bucket per (principal, agent).
+pub struct RateLimiter {
+    buckets: Vec<Mutex<Bucket>>,
+    agents: usize,
+    /// Per agent: (capacity = requests per minute, refill per second).
+    rates: Vec<(f64, f64)>,
+}
+
+struct Bucket {
+    tokens: f64,
+    last: Instant,
+}
+
+impl RateLimiter {
+    /// Buckets for `principals` × the agents' per-minute rates, all full.
+    pub fn new(principals: usize, per_minute: &[u64]) -> Self {
+        let rates: Vec<(f64, f64)> = per_minute
+            .iter()
+            .map(|&n| (n as f64, n as f64 / 60.0))
+            .collect();
+        let now = Instant::now();
+        let buckets = (0..principals * rates.len())
+            .map(|i| {
+                Mutex::new(Bucket {
+                    tokens: rates[i % rates.len()].0,
+                    last: now,
+                })
+            })
+            .collect();
+        Self {
+            buckets,
+            agents: rates.len(),
+            rates,
+        }
+    }
+
+    /// Takes one token, or says how many whole seconds until one is available.
+    ///
+    /// # Errors
+    /// The `Retry-After` seconds (at least 1) when the bucket is empty.
+    pub fn try_acquire(&self, principal: usize, agent: usize) -> Result<(), u64> {
+        let Some(bucket) = self.buckets.get(principal * self.agents + agent) else {
+            return Ok(());
+        };
+        let (capacity, per_second) = self.rates[agent];
+        let mut b = lock(bucket);
+        let now = Instant::now();
+        let refill = now.duration_since(b.last).as_secs_f64() * per_second;
+        b.tokens = (b.tokens + refill).min(capacity);
+        b.last = now;
+        if b.tokens >= 1.0 {
+            b.tokens -= 1.0;
+            Ok(())
+        } else {
+            Err((((1.0 - b.tokens) / per_second).ceil() as u64).max(1))
+        }
+    }
+}
+
+/// An agent's task slots: at most `limit` tasks run at once; up to `max_queued` more wait
+/// in FIFO order.
+pub struct Scheduler {
+    inner: Mutex<SchedulerState>,
+    limit: usize,
+    max_queued: usize,
+}
+
+struct SchedulerState {
+    running: usize,
+    queue: VecDeque<(u64, oneshot::Sender<Permit>)>,
+    next_ticket: u64,
+}
+
+/// The right to run one task. Dropping it hands the slot to the next waiter.
+pub struct Permit {
+    /// `None` once the slot was handed on (or never held).
+    scheduler: Option<Arc<Scheduler>>,
+}
+
+/// A place in the queue. Dropping it before the slot arrives leaves the queue.
+pub struct Ticket {
+    id: u64,
+    rx: oneshot::Receiver<Permit>,
+    scheduler: Arc<Scheduler>,
+}
+
+/// What admission granted.
+pub enum Admission {
+    /// A slot is free: run now.
+    Run(Permit),
+    /// Wait for a slot.
+    Queued(Ticket),
+}
+
+impl Scheduler {
+    /// Slots for `limit` running tasks and `max_queued` waiting ones.
+    pub fn new(limit: usize, max_queued: usize) -> Arc<Self> {
+        Arc::new(Self {
+            inner: Mutex::new(SchedulerState {
+                running: 0,
+                queue: VecDeque::new(),
+                next_ticket: 0,
+            }),
+            limit,
+            max_queued,
+        })
+    }
+
+    /// Admits a task: a slot, a place in the queue, or a refusal.
+    ///
+    /// # Errors
+    /// [`Error::TooManyTasks`] when the queue is full.
+    pub fn admit(self: &Arc<Self>) -> Result<Admission, Error> {
+        let mut s = lock(&self.inner);
+        if s.running < self.limit && s.queue.is_empty() {
+            s.running += 1;
+            return Ok(Admission::Run(Permit {
+                scheduler: Some(self.clone()),
+            }));
+        }
+        if s.queue.len() >= self.max_queued {
+            return Err(Error::TooManyTasks);
+        }
+        let id = s.next_ticket;
+        s.next_ticket += 1;
+        let (tx, rx) = oneshot::channel();
+        s.queue.push_back((id, tx));
+        Ok(Admission::Queued(Ticket {
+            id,
+            rx,
+            scheduler: self.clone(),
+        }))
+    }
+
+    /// (running, queued) right now.
+    pub fn depth(&self) -> (usize, usize) {
+        let s = lock(&self.inner);
+        (s.running, s.queue.len())
+    }
+
+    fn release(self: &Arc<Self>) {
+        loop {
+            let next = {
+                let mut s = lock(&self.inner);
+                match s.queue.pop_front() {
+                    Some((_, tx)) => tx,
+                    None => {
+                        s.running = s.running.saturating_sub(1);
+                        return;
+                    }
+                }
+            };
+            let handed = Permit {
+                scheduler: Some(self.clone()),
+            };
+            match next.send(handed) {
+                Ok(()) => return,
+                // The waiter left between our pop and the send: take the permit back
+                // without releasing it again, and try the next waiter.
+                Err(mut back) => back.scheduler = None,
+            }
+        }
+    }
+}
+
+impl Drop for Permit {
+    fn drop(&mut self) {
+        if let Some(s) = self.scheduler.take() {
+            s.release();
+        }
+    }
+}
+
+impl Admission {
+    /// Waits until the task may run.
+    pub async fn ready(self) -> Option<Permit> {
+        match self {
+            Self::Run(p) => Some(p),
+            Self::Queued(mut t) => (&mut t.rx).await.ok(),
+        }
+    }
+}
+
+impl Drop for Ticket {
+    fn drop(&mut self) {
+        let mut s = lock(&self.scheduler.inner);
+        if let Some(pos) = s.queue.iter().position(|(id, _)| *id == self.id) {
+            s.queue.remove(pos);
+        }
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_bucket_allows_its_burst_then_says_when_to_retry() {
+        let r = RateLimiter::new(2, &[3]);
+        for _ in 0..3 {
+            assert!(r.try_acquire(0, 0).is_ok());
+        }
+        let retry = r.try_acquire(0, 0).unwrap_err();
+        assert!((1..=20).contains(&retry), "{retry}");
+        assert!(
+            r.try_acquire(1, 0).is_ok(),
+            "other principal has its own bucket"
+        );
+    }
+
+    #[tokio::test]
+    async fn slots_are_granted_in_fifo_order_and_the_queue_is_bounded() {
+        let s = Scheduler::new(1, 2);
+        let first = s.admit().expect("slot");
+        let a = s.admit().expect("queued");
+        let b = s.admit().expect("queued");
+        assert!(matches!(s.admit(), Err(Error::TooManyTasks)));
+        assert_eq!(s.depth(), (1, 2));
+        assert!(matches!(first, Admission::Run(_)));
+        drop(first);
+        let pa = a.ready().await.expect("a runs");
+        assert_eq!(s.depth(), (1, 1));
+        drop(pa);
+        let pb = b.ready().await.expect("b runs");
+        drop(pb);
+        assert_eq!(s.depth(), (0, 0));
+    }
+
+    #[tokio::test]
+    async fn a_waiter_that_leaves_frees_its_place_and_is_skipped() {
+        let s = Scheduler::new(1, 2);
+        let first = s.admit().expect("slot");
+        let gone = s.admit().expect("queued");
+        let next = s.admit().expect("queued");
+        drop(gone);
+        assert_eq!(s.depth(), (1, 1));
+        drop(first);
+        let p = next.ready().await.expect("runs");
+        drop(p);
+        assert_eq!(s.depth(), (0, 0));
+    }
+}

@@ -1,0 +1,113 @@
+//! The `a2ad` binary: parse the command line, load and validate the configuration
+//! (exit 2 on a bad one, before anything binds), serve, and drain on SIGINT/SIGTERM.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use a2ad::{Config, Server};
+use clap::Parser;
+
+/// An Agent-to-Agent (A2A) JSON-RPC server.
+///
+/// With no arguments it serves the built-in configuration: one agent `echo` (the echo
+/// backend) on 127.0.0.1:8080, with a random development API key printed once at
+/// start-up. It prints `listening on http://HOST:PORT` with the real bound port.
+/// SIGINT or SIGTERM stops accepting, cancels running tasks (reason "shutdown"), lets
+/// in-flight requests finish within `server.shutdown_grace_seconds`, and exits 0.
+/// A bad configuration file prints what is wrong (file, key) and exits 2.
+#[derive(Parser, Debug)]
+#[command(name = "a2ad", version)]
+struct Cli {
+    /// Serve the configuration in this TOML file (see docs/CONFIG.md).
+    #[arg(long, value_name = "FILE")]
+    config: Option<PathBuf>,
+    /// Override `server.listen`, e.g. 127.0.0.1:0 (port 0 picks a free port).
+    #[arg(long, value_name = "ADDR")]
+    listen: Option<String>,
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let cli = Cli::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+
+    let loaded = match &cli.config {
+        Some(path) => Config::load(path),
+        None => Ok(Config::default()),
+    };
+    let config = loaded.and_then(|mut c| {
+        if let Some(listen) = cli.listen {
+            c.server.listen = listen;
+        }
+        c.validated().map_err(|mut e| {
+            e.file = cli.config.as_ref().map(|p| p.display().to_string());
+            e
+        })
+    });
+    let config = match config {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("a2ad: {e}");
+            return ExitCode::from(2);
+        }
+    };
+
+    let server = match Server::bind(config).await {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("a2ad: cannot start: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    let addr = match server.local_addr() {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("a2ad: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    if let Some(key) = server.dev_key() {
+        println!("development API key (principal \"dev\", all agents): {key}");
+    }
+    println!("listening on http://{addr}");
+    let handle = match server.serve() {
+        Ok(h) => h,
+        Err(e) => {
+            eprintln!("a2ad: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    shutdown_signal().await;
+    tracing::info!("signal received; shutting down");
+    handle.stop();
+    handle.stopped().await;
+    ExitCode::SUCCESS
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        match signal(SignalKind::terminate()) {
+            Ok(mut term) => {
+                tokio::select! {
+                    _ = ctrl_c => {}
+                    _ = term.recv() => {}
+                }
+            }
+            Err(_) => {
+                let _ = ctrl_c.await;
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = ctrl_c.await;
+    }
+}

@@ -1,0 +1,118 @@
+//! Live counters: per agent for the card, and server-wide gauges. Plain atomics, so any
+//! thread updates them without a lock or a message.
+
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering::Relaxed};
+use std::time::Duration;
+
+use crate::model::TaskState;
+
+/// Counters of one agent, reported in its card.
+#[derive(Debug, Default)]
+pub struct AgentMetrics {
+    total_requests: AtomicU64,
+    completed: AtomicU64,
+    failed: AtomicU64,
+    canceled: AtomicU64,
+    /// Sum of submission-to-terminal times of finished tasks, in microseconds.
+    response_micros: AtomicU64,
+}
+
+/// A copy of an agent's counters.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct AgentMetricsSnapshot {
+    /// JSON-RPC requests for this agent, errors included.
+    pub total_requests: u64,
+    /// Mean milliseconds from submission to a terminal state (0 before any).
+    pub average_response_time: f64,
+    /// Completed ÷ terminal tasks × 100 (100 before any).
+    pub success_rate: f64,
+    /// Tasks that completed.
+    pub completed: u64,
+    /// Tasks that failed.
+    pub failed: u64,
+    /// Tasks that were canceled.
+    pub canceled: u64,
+}
+
+impl AgentMetrics {
+    /// Counts `n` JSON-RPC requests.
+    pub fn requests(&self, n: u64) {
+        self.total_requests.fetch_add(n, Relaxed);
+    }
+
+    /// Counts a task that reached `state` after `elapsed`.
+    pub fn finished(&self, state: TaskState, elapsed: Duration) {
+        let counter = match state {
+            TaskState::Completed => &self.completed,
+            TaskState::Failed | TaskState::Rejected => &self.failed,
+            TaskState::Canceled => &self.canceled,
+            _ => return,
+        };
+        let micros = u64::try_from(elapsed.as_micros()).unwrap_or(u64::MAX);
+        self.response_micros.fetch_add(micros, Relaxed);
+        counter.fetch_add(1, Relaxed);
+    }
+
+    /// The counters as the card shows them.
+    pub fn snapshot(&self) -> AgentMetricsSnapshot {
+        let completed = self.completed.load(Relaxed);
+        let failed = self.failed.load(Relaxed);
+        let canceled = self.canceled.load(Relaxed);
+        let terminal = completed + failed + canceled;
+        let (average, rate) = if terminal == 0 {
+            (0.0, 100.0)
+        } else {
+            let micros = self.response_micros.load(Relaxed) as f64;
+            (
+                micros / 1000.0 / terminal as f64,
+                completed as f64 * 100.0 / terminal as f64,
+            )
+        };
+        AgentMetricsSnapshot {
+            total_requests: self.total_requests.load(Relaxed),
+            average_response_time: (average * 1000.0).round() / 1000.0,
+            success_rate: (rate * 100.0).round() / 100.0,
+            completed,
+            failed,
+            canceled,
+        }
+    }
+}
+
+/// Server-wide gauges and counters.
+#[derive(Debug, Default)]
+pub struct Metrics {
+    /// Task actors alive now.
+    pub live_tasks: AtomicI64,
+    /// Streams open now.
+    pub open_streams: AtomicI64,
+    /// Streams closed because their client fell too far behind.
+    pub dropped_subscribers: AtomicU64,
+    /// Task actors that failed (a bug: logged at error level).
+    pub failed_actors: AtomicU64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_agent_with_no_finished_task_reports_zero_time_and_full_success() {
+        let m = AgentMetrics::default();
+        let s = m.snapshot();
+        assert_eq!((s.average_response_time, s.success_rate), (0.0, 100.0));
+    }
+
+    #[test]
+    fn success_rate_is_completed_over_terminal() {
+        let m = AgentMetrics::default();
+        m.finished(TaskState::Completed, Duration::from_millis(10));
+        m.finished(TaskState::Completed, Duration::from_millis(20));
+        m.finished(TaskState::Failed, Duration::from_millis(30));
+        m.finished(TaskState::Canceled, Duration::from_millis(40));
+        m.finished(TaskState::Working, Duration::from_millis(999));
+        let s = m.snapshot();
+        assert_eq!(s.success_rate, 50.0);
+        assert_eq!(s.average_response_time, 25.0);
+    }
+}

@@ -1,0 +1,286 @@
+//! Push notification (webhook) configurations: the neutral model, its rules, and the
+//! target-address policy shared by `set` (literal addresses) and delivery (resolved ones).
+
+use std::net::IpAddr;
+use std::sync::Arc;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+
+use chrono::{DateTime, Utc};
+
+use crate::error::Error;
+use crate::model::{AgentId, Principal, TaskId, TaskState};
+
+/// A webhook event name.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum WebhookEvent {
+    /// `task.submitted`
+    Submitted,
+    /// `task.working`
+    Working,
+    /// `task.completed`
+    Completed,
+    /// `task.failed`
+    Failed,
+    /// `task.canceled`
+    Canceled,
+}
+
+impl WebhookEvent {
+    /// Every event, in lifecycle order (the default selection).
+    pub const ALL: [Self; 5] = [
+        Self::Submitted,
+        Self::Working,
+        Self::Completed,
+        Self::Failed,
+        Self::Canceled,
+    ];
+
+    /// The wire name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Submitted => "task.submitted",
+            Self::Working => "task.working",
+            Self::Completed => "task.completed",
+            Self::Failed => "task.failed",
+            Self::Canceled => "task.canceled",
+        }
+    }
+
+    /// Parses a wire name.
+    pub fn parse(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|e| e.as_str() == name)
+    }
+
+    /// The event a state change produces, if any.
+    pub fn for_state(state: TaskState) -> Option<Self> {
+        match state {
+            TaskState::Submitted => Some(Self::Submitted),
+            TaskState::Working => Some(Self::Working),
+            TaskState::Completed => Some(Self::Completed),
+            TaskState::Failed => Some(Self::Failed),
+            TaskState::Canceled => Some(Self::Canceled),
+            _ => None,
+        }
+    }
+}
+
+/// How failed deliveries are retried.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct RetryPolicy {
+    /// Retries after the first attempt (0–10).
+    pub max_retries: u32,
+    /// Factor between successive delays (1.0–10.0).
+    pub backoff_multiplier: f64,
+    /// Seconds before the first retry (0.05–60).
+    pub initial_delay: f64,
+}
+
+impl RetryPolicy {
+    /// Bounds of `maxRetries`.
+    pub const MAX_RETRIES: (u32, u32) = (0, 10);
+    /// Bounds of `backoffMultiplier`.
+    pub const BACKOFF_MULTIPLIER: (f64, f64) = (1.0, 10.0);
+    /// Bounds of `initialDelay` in seconds.
+    pub const INITIAL_DELAY: (f64, f64) = (0.05, 60.0);
+}
+
+impl Default for RetryPolicy {
+    fn default() -> Self {
+        Self {
+            max_retries: 3,
+            backoff_multiplier: 2.0,
+            initial_delay: 1.0,
+        }
+    }
+}
+
+/// A validated configuration as the client set it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PushConfig {
+    /// Target URL (http or https).
+    pub url: String,
+    /// Extra headers sent with each delivery.
+    pub headers: Vec<(String, String)>,
+    /// Events delivered.
+    pub events: Vec<WebhookEvent>,
+    /// Retry policy.
+    pub retry: RetryPolicy,
+    /// HMAC key; never returned by `get`.
+    pub secret: Option<String>,
+}
+
+/// What a configuration applies to.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct PushScope {
+    /// Its owner.
+    pub principal: Principal,
+    /// The agent.
+    pub agent: AgentId,
+    /// One task, or every task of the principal on the agent.
+    pub task: Option<TaskId>,
+}
+
+/// A stored configuration with its delivery bookkeeping.
+#[derive(Debug)]
+pub struct StoredPushConfig {
+    /// Its id (UUID v4); a new one each time the scope is set again.
+    pub id: String,
+    /// What it applies to.
+    pub scope: PushScope,
+    /// The configuration.
+    pub config: PushConfig,
+    /// When it was set.
+    pub created_at: DateTime<Utc>,
+    /// Time of the last delivery attempt.
+    pub last_used: Mutex<Option<DateTime<Utc>>>,
+    /// False after too many deliveries in a row failed.
+    pub active: AtomicBool,
+    /// Deliveries in a row that finally failed.
+    pub consecutive_failures: AtomicU32,
+}
+
+impl StoredPushConfig {
+    /// Deliveries in a row that must finally fail before a configuration is deactivated.
+    pub const DEACTIVATE_AFTER: u32 = 10;
+
+    /// A fresh, active configuration.
+    pub fn new(scope: PushScope, config: PushConfig) -> Arc<Self> {
+        Arc::new(Self {
+            id: uuid::Uuid::new_v4().to_string(),
+            scope,
+            config,
+            created_at: Utc::now(),
+            last_used: Mutex::new(None),
+            active: AtomicBool::new(true),
+            consecutive_failures: AtomicU32::new(0),
+        })
+    }
+
+    /// Whether deliveries still go out.
+    pub fn is_active(&self) -> bool {
+        self.active.load(Ordering::Relaxed)
+    }
+
+    /// The time of the last delivery attempt.
+    pub fn last_used(&self) -> Option<DateTime<Utc>> {
+        *self.last_used.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// Whether a target address may receive deliveries.
+///
+/// Link-local, unspecified and multicast addresses are always refused; loopback and
+/// private ranges only when `allow_private` is set.
+pub fn address_allowed(ip: IpAddr, allow_private: bool) -> Result<(), &'static str> {
+    let ip = match ip {
+        IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, IpAddr::V4),
+        v4 => v4,
+    };
+    match ip {
+        IpAddr::V4(v4) => {
+            if v4.is_link_local() {
+                return Err("link-local addresses are never allowed");
+            }
+            if v4.is_unspecified() || v4.is_multicast() || v4.is_broadcast() {
+                return Err("unspecified, broadcast and multicast addresses are never allowed");
+            }
+            let o = v4.octets();
+            let private = v4.is_loopback()
+                || v4.is_private()
+                || (o[0] == 100 && (o[1] & 0xc0) == 64) // shared address space 100.64/10
+                || o[0] == 0;
+            if private && !allow_private {
+                return Err("loopback and private addresses are not allowed by this server");
+            }
+        }
+        IpAddr::V6(v6) => {
+            let seg0 = v6.segments()[0];
+            if (seg0 & 0xffc0) == 0xfe80 {
+                return Err("link-local addresses are never allowed");
+            }
+            if v6.is_unspecified() || v6.is_multicast() {
+                return Err("unspecified and multicast addresses are never allowed");
+            }
+            let private = v6.is_loopback() || (seg0 & 0xfe00) == 0xfc00;
+            if private && !allow_private {
+                return Err("loopback and private addresses are not allowed by this server");
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Checks a target URL: http or https, a host, and (for a literal IP) the address policy.
+///
+/// # Errors
+/// [`Error::InvalidParams`] on `config.url`.
+pub fn check_url(raw: &str, allow_private: bool) -> Result<(), Error> {
+    let field = "config.url";
+    let url =
+        url::Url::parse(raw).map_err(|e| Error::invalid(field, format!("not a valid URL: {e}")))?;
+    if !matches!(url.scheme(), "http" | "https") {
+        return Err(Error::invalid(
+            field,
+            "only http and https URLs are allowed",
+        ));
+    }
+    match url.host() {
+        None => Err(Error::invalid(field, "the URL has no host")),
+        Some(url::Host::Ipv4(v4)) => {
+            address_allowed(IpAddr::V4(v4), allow_private).map_err(|r| Error::invalid(field, r))
+        }
+        Some(url::Host::Ipv6(v6)) => {
+            address_allowed(IpAddr::V6(v6), allow_private).map_err(|r| Error::invalid(field, r))
+        }
+        Some(url::Host::Domain(_)) => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn link_local_unspecified_and_multicast_are_always_refused() {
+        for ip in [
+            "169.254.169.254",
+            "0.0.0.0",
+            "224.0.0.1",
+            "fe80::1",
+            "::",
+            "ff02::1",
+            "::ffff:169.254.1.1",
+        ] {
+            let ip: IpAddr = ip.parse().expect("ip");
+            assert!(address_allowed(ip, true).is_err(), "{ip}");
+        }
+    }
+
+    #[test]
+    fn loopback_and_private_need_the_switch() {
+        for ip in [
+            "127.0.0.1",
+            "10.1.2.3",
+            "192.168.1.1",
+            "172.16.0.1",
+            "::1",
+            "fd00::1",
+        ] {
+            let ip: IpAddr = ip.parse().expect("ip");
+            assert!(address_allowed(ip, false).is_err(), "{ip}");
+            assert!(address_allowed(ip, true).is_ok(), "{ip}");
+        }
+        assert!(address_allowed("93.184.216.34".parse().expect("ip"), false).is_ok());
+    }
+
+    #[test]
+    fn urls_must_be_http_with_a_host() {
+        assert!(check_url("ftp://example.com/", true).is_err());
+        assert!(check_url("not a url", true).is_err());
+        assert!(check_url("http://169.254.169.254/latest", true).is_err());
+        assert!(check_url("http://127.0.0.1:9/x", false).is_err());
+        assert!(check_url("http://127.0.0.1:9/x", true).is_ok());
+        assert!(check_url("https://hooks.example.com/x", false).is_ok());
+    }
+}

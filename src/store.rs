@@ -1,0 +1,226 @@
+//! Storage behind small interfaces: finished-task records and push configurations.
+//!
+//! The in-memory implementations are the only ones today; a durable embedded store and a
+//! shared store for several nodes plug in behind the same traits. Implementations must
+//! never block for long: they are called from request handlers and actors (and
+//! [`TaskStore::get`] under a live-index guard, see `actors::Runtime::submit`).
+
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use dashmap::DashMap;
+
+use crate::model::{AgentId, Principal, TaskKey, TaskSnapshot};
+use crate::push::{PushScope, StoredPushConfig};
+
+/// A finished task, kept until retention evicts it. Cheap to clone.
+#[derive(Clone, Debug)]
+pub struct FinishedTask {
+    /// The task as it ended.
+    pub snapshot: Arc<TaskSnapshot>,
+    /// The `messageId` that created it (for idempotent replays).
+    pub message_id: Arc<str>,
+}
+
+/// Where finished tasks are kept.
+pub trait TaskStore: Send + Sync + 'static {
+    /// Stores a finished task (replacing any record under that key).
+    fn insert(&self, key: TaskKey, task: FinishedTask);
+    /// Looks a finished task up.
+    fn get(&self, key: &TaskKey) -> Option<FinishedTask>;
+    /// Evicts what is older than the retention or over the cap; returns how many went.
+    fn evict(&self, now: Instant) -> usize;
+    /// Records held.
+    fn len(&self) -> usize;
+    /// True when no record is held.
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// Where push configurations are kept.
+pub trait PushStore: Send + Sync + 'static {
+    /// Stores a configuration, replacing the one of the same scope.
+    fn set(&self, config: Arc<StoredPushConfig>);
+    /// The configuration of exactly this scope.
+    fn get_scope(&self, scope: &PushScope) -> Option<Arc<StoredPushConfig>>;
+    /// A configuration of this principal and agent by id.
+    fn get_id(
+        &self,
+        principal: &Principal,
+        agent: &AgentId,
+        id: &str,
+    ) -> Option<Arc<StoredPushConfig>>;
+    /// The configurations that apply to a task: its own and the agent-wide one.
+    fn for_task(&self, key: &TaskKey) -> Vec<Arc<StoredPushConfig>>;
+}
+
+/// Finished tasks in memory, evicted oldest first.
+///
+/// Retention is the same for every record, so insertion order is expiry order: a FIFO of
+/// keys makes eviction cost what it evicts, never a scan of the whole map.
+pub struct MemoryTaskStore {
+    records: DashMap<TaskKey, FinishedTask>,
+    /// Keys in insertion order with their expiry. Guarded by a std mutex: pushes and pops
+    /// are short and never await.
+    order: Mutex<VecDeque<(Instant, TaskKey)>>,
+    retention: Duration,
+    max_records: usize,
+}
+
+impl MemoryTaskStore {
+    /// A store keeping records for `retention`, at most `max_records` of them.
+    pub fn new(retention: Duration, max_records: usize) -> Self {
+        Self {
+            records: DashMap::new(),
+            order: Mutex::new(VecDeque::new()),
+            retention,
+            max_records,
+        }
+    }
+}
+
+impl TaskStore for MemoryTaskStore {
+    fn insert(&self, key: TaskKey, task: FinishedTask) {
+        let expires = Instant::now() + self.retention;
+        self.records.insert(key.clone(), task);
+        self.order
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push_back((expires, key));
+    }
+
+    fn get(&self, key: &TaskKey) -> Option<FinishedTask> {
+        self.records.get(key).map(|r| r.value().clone())
+    }
+
+    fn evict(&self, now: Instant) -> usize {
+        let mut evicted = 0;
+        loop {
+            let key = {
+                let mut order = self.order.lock().unwrap_or_else(|e| e.into_inner());
+                let over_cap = order.len() > self.max_records;
+                match order.front() {
+                    Some((expires, _)) if *expires <= now || over_cap => {
+                        order.pop_front().map(|(_, k)| k)
+                    }
+                    _ => None,
+                }
+            };
+            let Some(key) = key else { break };
+            if self.records.remove(&key).is_some() {
+                evicted += 1;
+            }
+        }
+        if evicted > 0 {
+            let mut order = self.order.lock().unwrap_or_else(|e| e.into_inner());
+            if order.capacity() > 1024 && order.len() < order.capacity() / 4 {
+                order.shrink_to_fit();
+            }
+            drop(order);
+            if self.records.capacity() > 1024 && self.records.len() < self.records.capacity() / 4 {
+                self.records.shrink_to_fit();
+            }
+        }
+        evicted
+    }
+
+    fn len(&self) -> usize {
+        self.records.len()
+    }
+}
+
+/// Push configurations in memory.
+#[derive(Default)]
+pub struct MemoryPushStore {
+    by_scope: DashMap<PushScope, Arc<StoredPushConfig>>,
+}
+
+impl PushStore for MemoryPushStore {
+    fn set(&self, config: Arc<StoredPushConfig>) {
+        self.by_scope.insert(config.scope.clone(), config);
+    }
+
+    fn get_scope(&self, scope: &PushScope) -> Option<Arc<StoredPushConfig>> {
+        self.by_scope.get(scope).map(|c| c.value().clone())
+    }
+
+    fn get_id(
+        &self,
+        principal: &Principal,
+        agent: &AgentId,
+        id: &str,
+    ) -> Option<Arc<StoredPushConfig>> {
+        self.by_scope
+            .iter()
+            .find(|c| c.id == id && &c.scope.principal == principal && &c.scope.agent == agent)
+            .map(|c| c.value().clone())
+    }
+
+    fn for_task(&self, key: &TaskKey) -> Vec<Arc<StoredPushConfig>> {
+        let mut scope = PushScope {
+            principal: key.principal.clone(),
+            agent: key.agent.clone(),
+            task: Some(key.task.clone()),
+        };
+        let own = self.get_scope(&scope);
+        scope.task = None;
+        let wide = self.get_scope(&scope);
+        own.into_iter().chain(wide).collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::{ContextId, TaskId, TaskState, TaskStatus};
+
+    fn key(n: usize) -> TaskKey {
+        TaskKey {
+            principal: "p".into(),
+            agent: "a".into(),
+            task: TaskId::new(n.to_string()),
+        }
+    }
+
+    fn record() -> FinishedTask {
+        let now = chrono::Utc::now();
+        FinishedTask {
+            snapshot: Arc::new(TaskSnapshot {
+                id: "t".into(),
+                context_id: ContextId::new("c"),
+                status: TaskStatus::new(TaskState::Completed),
+                seq: 3,
+                created_at: now,
+                updated_at: now,
+                history: vec![],
+                metadata: None,
+            }),
+            message_id: "m".into(),
+        }
+    }
+
+    #[test]
+    fn records_expire_after_retention_in_insertion_order() {
+        let s = MemoryTaskStore::new(Duration::from_secs(10), 100);
+        let t0 = Instant::now();
+        s.insert(key(1), record());
+        s.insert(key(2), record());
+        assert_eq!(s.evict(t0), 0);
+        assert_eq!(s.len(), 2);
+        assert_eq!(s.evict(t0 + Duration::from_secs(11)), 2);
+        assert!(s.get(&key(1)).is_none());
+    }
+
+    #[test]
+    fn the_cap_evicts_the_oldest_first() {
+        let s = MemoryTaskStore::new(Duration::from_secs(1000), 2);
+        for n in 0..5 {
+            s.insert(key(n), record());
+        }
+        assert_eq!(s.evict(Instant::now()), 3);
+        assert!(s.get(&key(2)).is_none());
+        assert!(s.get(&key(3)).is_some() && s.get(&key(4)).is_some());
+    }
+}

@@ -1,0 +1,317 @@
+//! Content checks on incoming messages: Base64, file size, MIME types and magic bytes,
+//! message length. Dialect-neutral: a dialect parses its JSON shape, then calls these.
+//!
+//! Every failure names the offending field (relative to `params`) and a reason a client
+//! can act on; nothing here panics on any input.
+
+use base64::Engine as _;
+use base64::engine::general_purpose::STANDARD;
+
+use crate::config::AgentLimits;
+use crate::error::Error;
+use crate::model::{FileContent, Message, Part};
+
+/// Checks a file part and returns its validated content.
+///
+/// `field` is the path of the part's `file` object, e.g. `message.parts[1].file`.
+///
+/// # Errors
+/// [`Error::InvalidParams`] naming `file.bytes` or `file.mimeType`.
+pub fn file_part(
+    field: &str,
+    name: String,
+    mime_type: String,
+    bytes: String,
+    limits: &AgentLimits,
+) -> Result<FileContent, Error> {
+    let bytes_field = || format!("{field}.bytes");
+    let mime_field = || format!("{field}.mimeType");
+    let essence = mime_essence(&mime_type);
+    if !is_mime_type(&essence) {
+        return Err(Error::invalid(
+            mime_field(),
+            format!("{mime_type:?} is not a MIME type such as \"text/plain\""),
+        ));
+    }
+    if !type_supported(&essence, &limits.supported_types) {
+        return Err(Error::invalid(
+            mime_field(),
+            format!(
+                "MIME type {essence:?} is not supported by this agent (supported: {})",
+                limits.supported_types.join(", ")
+            ),
+        ));
+    }
+    if bytes.len() >= 5 && bytes[..5].eq_ignore_ascii_case("data:") {
+        return Err(Error::invalid(
+            bytes_field(),
+            "must be pure Base64 without a \"data:<mime>;base64,\" prefix",
+        ));
+    }
+    let declared = decoded_len(&bytes);
+    if declared as u64 > limits.max_file_size {
+        return Err(too_large(bytes_field(), declared, limits.max_file_size));
+    }
+    let decoded = STANDARD.decode(bytes.as_bytes()).map_err(|_| {
+        Error::invalid(
+            bytes_field(),
+            "must be standard Base64 with padding and no whitespace",
+        )
+    })?;
+    if decoded.len() as u64 > limits.max_file_size {
+        return Err(too_large(
+            bytes_field(),
+            decoded.len(),
+            limits.max_file_size,
+        ));
+    }
+    if let Some(reason) = sniff_mismatch(&essence, &decoded) {
+        return Err(Error::invalid(bytes_field(), reason));
+    }
+    Ok(FileContent {
+        name,
+        mime_type,
+        size: decoded.len(),
+        bytes,
+    })
+}
+
+/// Checks the total length of the text parts.
+///
+/// # Errors
+/// [`Error::InvalidParams`] on `message.parts` when over `max_message_length`.
+pub fn message_length(message: &Message, limits: &AgentLimits) -> Result<(), Error> {
+    let mut total = 0usize;
+    for text in message.parts.iter().filter_map(Part::as_text) {
+        total = total.saturating_add(text.chars().count());
+    }
+    if total > limits.max_message_length {
+        return Err(Error::invalid(
+            "message.parts",
+            format!(
+                "text is {total} characters long; this agent accepts at most {}",
+                limits.max_message_length
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// True for a UUID v4 in canonical hyphenated form (version nibble 4, RFC 4122 variant).
+pub fn is_uuid_v4(s: &str) -> bool {
+    let b = s.as_bytes();
+    if b.len() != 36 {
+        return false;
+    }
+    for (i, &c) in b.iter().enumerate() {
+        let ok = match i {
+            8 | 13 | 18 | 23 => c == b'-',
+            _ => c.is_ascii_hexdigit(),
+        };
+        if !ok {
+            return false;
+        }
+    }
+    b[14] == b'4' && matches!(b[19], b'8' | b'9' | b'a' | b'b' | b'A' | b'B')
+}
+
+fn too_large(field: String, size: usize, max: u64) -> Error {
+    Error::invalid(
+        field,
+        format!("file is {size} bytes; this agent accepts at most {max} bytes"),
+    )
+}
+
+/// The size the Base64 text would decode to, without decoding it.
+fn decoded_len(b64: &str) -> usize {
+    let padding = b64.bytes().rev().take(2).filter(|&b| b == b'=').count();
+    (b64.len() / 4 * 3).saturating_sub(padding)
+}
+
+/// `type/subtype` lowercased, without parameters.
+fn mime_essence(mime: &str) -> String {
+    mime.split(';')
+        .next()
+        .unwrap_or("")
+        .trim()
+        .to_ascii_lowercase()
+}
+
+fn is_mime_type(essence: &str) -> bool {
+    let token = |s: &str| {
+        !s.is_empty()
+            && s.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"!#$&-^_.+".contains(&b))
+    };
+    matches!(essence.split_once('/'), Some((t, s)) if token(t) && token(s))
+}
+
+fn type_supported(essence: &str, supported: &[String]) -> bool {
+    supported.iter().any(|pattern| {
+        let pattern = pattern.to_ascii_lowercase();
+        match pattern.strip_suffix("/*") {
+            Some(prefix) => essence.split_once('/').is_some_and(|(ty, _)| ty == prefix),
+            None => pattern == essence,
+        }
+    })
+}
+
+/// Why `content` contradicts the declared type, if it does.
+fn sniff_mismatch(essence: &str, content: &[u8]) -> Option<String> {
+    let signatures: &[&[u8]] = match essence {
+        "image/png" => &[b"\x89PNG\r\n\x1a\n"],
+        "image/jpeg" | "image/jpg" => &[b"\xff\xd8\xff"],
+        "image/gif" => &[b"GIF87a", b"GIF89a"],
+        "application/pdf" => &[b"%PDF-"],
+        "application/zip" => &[b"PK\x03\x04", b"PK\x05\x06", b"PK\x07\x08"],
+        "image/webp" => {
+            let ok = content.len() >= 12 && &content[..4] == b"RIFF" && &content[8..12] == b"WEBP";
+            return (!ok).then(|| format!("content is not {essence} (bad signature)"));
+        }
+        "application/json" => {
+            return serde_json::from_slice::<serde::de::IgnoredAny>(content)
+                .is_err()
+                .then(|| {
+                    "content is not valid JSON, but the declared type is application/json"
+                        .to_string()
+                });
+        }
+        t if t.starts_with("text/") => {
+            return std::str::from_utf8(content)
+                .is_err()
+                .then(|| format!("content is not UTF-8 text, but the declared type is {t}"));
+        }
+        _ => return None,
+    };
+    (!signatures.iter().any(|sig| content.starts_with(sig)))
+        .then(|| format!("content is not {essence} (bad signature)"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn limits() -> AgentLimits {
+        AgentLimits {
+            max_file_size: 16,
+            ..AgentLimits::default()
+        }
+    }
+
+    fn check(mime: &str, content: &[u8]) -> Result<FileContent, Error> {
+        file_part(
+            "f",
+            "n".into(),
+            mime.into(),
+            STANDARD.encode(content),
+            &limits(),
+        )
+    }
+
+    fn reason(r: Result<FileContent, Error>) -> (String, String) {
+        match r {
+            Err(Error::InvalidParams { field, reason }) => (field, reason),
+            other => panic!("expected invalid params, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn uuid_v4_requires_version_and_variant() {
+        assert!(is_uuid_v4("6f1c2a1e-3b4d-4c5e-8f70-1a2b3c4d5e6f"));
+        assert!(is_uuid_v4("6F1C2A1E-3B4D-4C5E-BF70-1A2B3C4D5E6F"));
+        assert!(!is_uuid_v4("6f1c2a1e-3b4d-1c5e-8f70-1a2b3c4d5e6f"), "v1");
+        assert!(
+            !is_uuid_v4("6f1c2a1e-3b4d-4c5e-cf70-1a2b3c4d5e6f"),
+            "variant"
+        );
+        assert!(
+            !is_uuid_v4("6f1c2a1e3b4d4c5e8f701a2b3c4d5e6f"),
+            "no hyphens"
+        );
+        assert!(!is_uuid_v4("not-a-uuid"));
+        assert!(!is_uuid_v4("6f1c2a1e-3b4d-4c5e-8f70-1a2b3c4d5e6g"));
+    }
+
+    #[test]
+    fn valid_files_pass_and_report_their_decoded_size() {
+        assert_eq!(check("text/plain", b"hello").expect("ok").size, 5);
+        assert_eq!(
+            check("image/png", b"\x89PNG\r\n\x1a\nxx").expect("ok").size,
+            10
+        );
+        assert!(check("image/gif", b"GIF89a...").is_ok());
+        assert!(check("image/webp", b"RIFF\0\0\0\0WEBPVP8 ").is_ok());
+        assert!(check("application/pdf", b"%PDF-1.7").is_ok());
+        assert!(check("application/json", b"{\"a\":1}").is_ok());
+        assert!(check("text/plain; charset=utf-8", b"ok").is_ok());
+    }
+
+    #[test]
+    fn content_that_contradicts_its_type_is_rejected() {
+        for (mime, content) in [
+            ("image/png", &b"GIF89a"[..]),
+            ("image/jpeg", b"hello"),
+            ("image/webp", b"RIFF"),
+            ("application/pdf", b"PK\x03\x04"),
+            ("application/json", b"{nope"),
+            ("text/plain", b"\xff\xfe"),
+            ("image/png", b""),
+        ] {
+            let (field, _) = reason(check(mime, content));
+            assert_eq!(field, "f.bytes", "{mime}");
+        }
+    }
+
+    #[test]
+    fn unsupported_and_malformed_types_are_rejected_on_mime_type() {
+        assert_eq!(
+            reason(check("application/zip", b"PK\x03\x04")).0,
+            "f.mimeType"
+        );
+        assert_eq!(reason(check("png", b"x")).0, "f.mimeType");
+    }
+
+    #[test]
+    fn data_url_prefix_padding_whitespace_and_size_are_rejected() {
+        let l = limits();
+        let r = file_part(
+            "f",
+            "n".into(),
+            "text/plain".into(),
+            "data:text/plain;base64,aGk=".into(),
+            &l,
+        );
+        assert!(reason(r).1.contains("data:"));
+        let r = file_part("f", "n".into(), "text/plain".into(), "aGk".into(), &l);
+        assert!(reason(r).1.contains("padding"));
+        let r = file_part("f", "n".into(), "text/plain".into(), "aG k=".into(), &l);
+        assert_eq!(reason(r).0, "f.bytes");
+        let r = check("text/plain", &[b'a'; 17]);
+        assert!(reason(r).1.contains("at most 16"));
+        assert!(check("text/plain", &[b'a'; 16]).is_ok());
+    }
+
+    #[test]
+    fn wildcard_types_match_their_family_only() {
+        let s = vec!["image/*".to_string(), "text/plain".to_string()];
+        assert!(type_supported("image/png", &s));
+        assert!(type_supported("text/plain", &s));
+        assert!(!type_supported("text/html", &s));
+        assert!(!type_supported("imagex/png", &s));
+    }
+
+    #[test]
+    fn message_length_counts_unicode_scalar_values() {
+        let l = AgentLimits {
+            max_message_length: 3,
+            ..AgentLimits::default()
+        };
+        let m = |t: &str| Message {
+            role: crate::model::Role::User,
+            parts: vec![Part::Text(t.into())],
+            message_id: String::new(),
+        };
+        assert!(message_length(&m("ééé"), &l).is_ok());
+        assert!(message_length(&m("éééé"), &l).is_err());
+    }
+}
