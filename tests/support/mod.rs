@@ -1,0 +1,302 @@
+//! Test helpers: a real server on 127.0.0.1:0 per test, a JSON-RPC client over real HTTP,
+//! a byte-level SSE reader, and polling with a deadline instead of sleeps.
+#![allow(dead_code, unreachable_pub)]
+
+use std::future::Future;
+use std::time::Duration;
+
+use a2ad::config::{AgentConfig, ApiKeyConfig, Config};
+use a2ad::{Server, ServerHandle};
+use serde_json::{Value, json};
+
+pub const ALICE: &str = "key-alice-0123456789";
+pub const BOB: &str = "key-bob-0123456789";
+/// A key that may use only the agent `echo`.
+pub const CAROL: &str = "key-carol-0123456789";
+
+/// A configuration with keys for alice, bob and carol and one agent per id given, each
+/// with permissive limits so tests don't trip them by accident.
+pub fn config(agents: &[&str]) -> Config {
+    let mut c = Config::default();
+    c.server.listen = "127.0.0.1:0".into();
+    c.server.ping_interval_seconds = 15.0;
+    c.webhooks.allow_private_networks = true;
+    c.api_keys = vec![
+        ApiKeyConfig::new("alice", ALICE),
+        ApiKeyConfig::new("bob", BOB),
+        ApiKeyConfig {
+            name: "carol".into(),
+            key: CAROL.into(),
+            agents: vec!["echo".into()],
+        },
+    ];
+    c.agents = agents.iter().map(|id| agent(id)).collect();
+    c
+}
+
+/// An echo agent with a generous rate limit.
+pub fn agent(id: &str) -> AgentConfig {
+    let mut a = AgentConfig::new(id);
+    a.limits.requests_per_minute = 1_000_000;
+    a
+}
+
+pub struct TestServer {
+    pub base: String,
+    pub handle: Option<ServerHandle>,
+    pub client: reqwest::Client,
+}
+
+impl TestServer {
+    #[track_caller]
+    pub fn start(config: Config) -> impl Future<Output = TestServer> {
+        async move {
+            let config = config.validated().expect("valid test config");
+            let server = Server::bind(config).await.expect("bind");
+            let handle = server.serve().expect("serve");
+            let base = format!("http://{}", handle.local_addr());
+            let client = reqwest::Client::builder()
+                .timeout(Duration::from_secs(60))
+                .build()
+                .expect("client");
+            TestServer {
+                base,
+                handle: Some(handle),
+                client,
+            }
+        }
+    }
+
+    pub fn url(&self, agent: &str) -> String {
+        format!("{}/api/v1/a2a/{agent}", self.base)
+    }
+
+    /// POSTs a raw body with a key; returns status, headers and the parsed JSON body.
+    pub async fn post_raw(
+        &self,
+        agent: &str,
+        key: Option<&str>,
+        body: impl Into<reqwest::Body>,
+    ) -> (u16, reqwest::header::HeaderMap, Value) {
+        let mut req = self
+            .client
+            .post(self.url(agent))
+            .header("content-type", "application/json")
+            .body(body);
+        if let Some(k) = key {
+            req = req.header("x-api-key", k);
+        }
+        let resp = req.send().await.expect("request");
+        let status = resp.status().as_u16();
+        let headers = resp.headers().clone();
+        let bytes = resp.bytes().await.expect("body");
+        let json = serde_json::from_slice(&bytes)
+            .unwrap_or_else(|_| panic!("not JSON: {}", String::from_utf8_lossy(&bytes)));
+        (status, headers, json)
+    }
+
+    /// One JSON-RPC call as alice on `echo`-style agents; returns the whole envelope.
+    pub async fn call_as(&self, key: &str, agent: &str, method: &str, params: Value) -> Value {
+        let body = json!({"jsonrpc": "2.0", "id": 1, "method": method, "params": params});
+        let (status, _, v) = self.post_raw(agent, Some(key), body.to_string()).await;
+        assert!(status == 200 || status == 429, "HTTP {status}: {v}");
+        v
+    }
+
+    pub async fn call(&self, agent: &str, method: &str, params: Value) -> Value {
+        self.call_as(ALICE, agent, method, params).await
+    }
+
+    /// `result` of a call that must succeed.
+    #[track_caller]
+    pub fn ok(&self, v: Value) -> Value {
+        assert!(v.get("error").is_none(), "unexpected error: {v}");
+        v["result"].clone()
+    }
+
+    /// Sends a text message and returns the result.
+    pub async fn send(&self, agent: &str, text: &str, extra: Value) -> Value {
+        let v = self
+            .call(agent, "message/send", send_params(text, extra))
+            .await;
+        self.ok(v)
+    }
+
+    /// Opens an SSE stream for a streaming method.
+    pub async fn stream(
+        &self,
+        key: &str,
+        agent: &str,
+        method: &str,
+        params: Value,
+        last_event_id: Option<&str>,
+    ) -> reqwest::Response {
+        let body = json!({"jsonrpc": "2.0", "id": "s-1", "method": method, "params": params});
+        let mut req = self
+            .client
+            .post(self.url(agent))
+            .header("content-type", "application/json")
+            .header("accept", "text/event-stream")
+            .header("x-api-key", key)
+            .body(body.to_string());
+        if let Some(id) = last_event_id {
+            req = req.header("last-event-id", id);
+        }
+        req.send().await.expect("stream request")
+    }
+
+    pub async fn stop(mut self) {
+        if let Some(h) = self.handle.take() {
+            h.stop();
+            tokio::time::timeout(Duration::from_secs(30), h.stopped())
+                .await
+                .expect("server stopped within 30s");
+        }
+    }
+}
+
+pub fn new_id() -> String {
+    uuid::Uuid::new_v4().to_string()
+}
+
+/// `message/send` params with one text part and a fresh messageId, merged with `extra`.
+pub fn send_params(text: &str, extra: Value) -> Value {
+    let mut p = json!({
+        "message": {"role": "user", "messageId": new_id(), "parts": [{"type": "text", "text": text}]}
+    });
+    if let (Some(p), Value::Object(extra)) = (p.as_object_mut(), extra) {
+        p.extend(extra);
+    }
+    p
+}
+
+/// The text parts of a message, in order.
+pub fn texts(message: &Value) -> Vec<String> {
+    message["parts"]
+        .as_array()
+        .map(|ps| {
+            ps.iter()
+                .filter_map(|p| p["text"].as_str().map(str::to_string))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Polls `check` until it returns `Some`, up to `deadline`.
+#[track_caller]
+pub fn poll_until<T, F, Fut>(deadline: Duration, mut check: F) -> impl Future<Output = T>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    let caller = std::panic::Location::caller();
+    async move {
+        let end = tokio::time::Instant::now() + deadline;
+        loop {
+            if let Some(v) = check().await {
+                return v;
+            }
+            if tokio::time::Instant::now() > end {
+                panic!("condition not met within {deadline:?} (polled from {caller})");
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
+
+/// One SSE item.
+#[derive(Debug, Clone, PartialEq)]
+pub enum SseItem {
+    /// `id:` and the parsed `data:` JSON.
+    Event { id: Option<u64>, data: Value },
+    /// A `: ping` comment.
+    Ping,
+}
+
+/// Reads an SSE body chunk by chunk and splits it into items on blank lines, checking the
+/// framing byte by byte.
+pub struct SseReader {
+    resp: reqwest::Response,
+    buf: Vec<u8>,
+    pub raw: Vec<u8>,
+}
+
+impl SseReader {
+    pub fn new(resp: reqwest::Response) -> Self {
+        Self {
+            resp,
+            buf: Vec::new(),
+            raw: Vec::new(),
+        }
+    }
+
+    /// The next item, or `None` at the end of the body. Panics after 30 s of silence.
+    pub async fn next(&mut self) -> Option<SseItem> {
+        loop {
+            if let Some(pos) = self.buf.windows(2).position(|w| w == b"\n\n") {
+                let frame: Vec<u8> = self.buf.drain(..pos + 2).collect();
+                return Some(parse_frame(&frame[..pos]));
+            }
+            let chunk = tokio::time::timeout(Duration::from_secs(30), self.resp.chunk())
+                .await
+                .expect("SSE chunk within 30s")
+                .expect("SSE read");
+            match chunk {
+                Some(c) => {
+                    self.raw.extend_from_slice(&c);
+                    self.buf.extend_from_slice(&c);
+                }
+                None => {
+                    assert!(
+                        self.buf.is_empty(),
+                        "stream ended mid-frame: {:?}",
+                        String::from_utf8_lossy(&self.buf)
+                    );
+                    return None;
+                }
+            }
+        }
+    }
+
+    /// The next event (skipping pings).
+    pub async fn next_event(&mut self) -> Option<(Option<u64>, Value)> {
+        loop {
+            match self.next().await? {
+                SseItem::Event { id, data } => return Some((id, data)),
+                SseItem::Ping => {}
+            }
+        }
+    }
+
+    /// All events until the end of the body.
+    pub async fn collect(&mut self) -> Vec<(Option<u64>, Value)> {
+        let mut out = Vec::new();
+        while let Some(e) = self.next_event().await {
+            out.push(e);
+        }
+        out
+    }
+}
+
+fn parse_frame(frame: &[u8]) -> SseItem {
+    let text = std::str::from_utf8(frame).expect("SSE frame is UTF-8");
+    if text == ": ping" {
+        return SseItem::Ping;
+    }
+    let mut id = None;
+    let mut data = None;
+    for line in text.split('\n') {
+        if let Some(v) = line.strip_prefix("id: ") {
+            id = Some(v.parse().expect("numeric id"));
+        } else if let Some(v) = line.strip_prefix("data: ") {
+            assert!(data.is_none(), "one data line per event: {text:?}");
+            data = Some(serde_json::from_str(v).expect("data is JSON"));
+        } else {
+            panic!("unexpected SSE line {line:?} in {text:?}");
+        }
+    }
+    SseItem::Event {
+        id,
+        data: data.expect("an event has a data line"),
+    }
+}
