@@ -1,0 +1,201 @@
+//! The `a2ad` binary: --help, bad configuration (exit 2), the listening line, the
+//! development key, and SIGTERM during a stream (exit 0).
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use serde_json::json;
+
+const BIN: &str = env!("CARGO_BIN_EXE_a2ad");
+
+fn write_config(text: &str) -> (tempdir::Dir, String) {
+    let dir = tempdir::Dir::new();
+    let path = dir.path.join("a2ad.toml");
+    std::fs::write(&path, text).expect("write config");
+    let p = path.display().to_string();
+    (dir, p)
+}
+
+/// A minimal temporary directory, removed on drop.
+mod tempdir {
+    pub struct Dir {
+        pub path: std::path::PathBuf,
+    }
+    impl Dir {
+        pub fn new() -> Self {
+            let path = std::env::temp_dir().join(format!("a2ad-test-{}", uuid::Uuid::new_v4()));
+            std::fs::create_dir_all(&path).expect("mkdir");
+            Self { path }
+        }
+    }
+    impl Drop for Dir {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.path);
+        }
+    }
+}
+
+/// Starts the binary and reads stdout up to the listening line; returns (child, base url,
+/// lines seen before it).
+fn start(args: &[&str]) -> (Child, String, Vec<String>) {
+    let mut child = Command::new(BIN)
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn a2ad");
+    let stdout = child.stdout.take().expect("stdout");
+    let mut lines = BufReader::new(stdout).lines();
+    let mut seen = Vec::new();
+    for line in lines.by_ref() {
+        let line = line.expect("line");
+        if let Some(at) = line.find("listening on http://") {
+            let url = line[at + "listening on ".len()..].trim().to_string();
+            // Keep draining stdout so the child never blocks on a full pipe.
+            std::thread::spawn(move || for _ in lines {});
+            return (child, url, seen);
+        }
+        seen.push(line);
+    }
+    panic!("a2ad exited before listening; stdout: {seen:?}");
+}
+
+fn terminate(child: &Child) {
+    let status = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .expect("kill");
+    assert!(status.success());
+}
+
+fn wait_exit(child: &mut Child) -> i32 {
+    let end = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        if let Some(status) = child.try_wait().expect("wait") {
+            return status.code().expect("exit code");
+        }
+        assert!(
+            std::time::Instant::now() < end,
+            "a2ad did not exit within 30s"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn help_describes_the_options_and_exits_zero() {
+    let out = Command::new(BIN).arg("--help").output().expect("run");
+    assert_eq!(out.status.code(), Some(0));
+    let text = String::from_utf8_lossy(&out.stdout);
+    for needle in ["--config", "--listen", "listening on", "SIGTERM"] {
+        assert!(text.contains(needle), "--help lacks {needle}: {text}");
+    }
+}
+
+#[test]
+fn a_bad_configuration_names_file_and_key_and_exits_2() {
+    let cases = [
+        (
+            "[server]\nlisten = \"127.0.0.1:0\"\npingg = 3\n",
+            "server.pingg",
+        ),
+        (
+            "[[agents]]\nid = \"a\"\n[agents.limits]\nconcurrent_tasks = \"many\"\n",
+            "agents[0].limits.concurrent_tasks",
+        ),
+        (
+            "[[agents]]\nid = \"a\"\nbackend = \"gpt\"\n",
+            "agents[0].backend",
+        ),
+        ("[server\n", "line 1"),
+    ];
+    for (text, needle) in cases {
+        let (_dir, path) = write_config(text);
+        let out = Command::new(BIN)
+            .args(["--config", &path])
+            .output()
+            .expect("run");
+        assert_eq!(out.status.code(), Some(2), "{text}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(&path), "names the file: {err}");
+        assert!(err.contains(needle), "names {needle}: {err}");
+        assert!(
+            out.stdout.is_empty(),
+            "nothing starts: {}",
+            String::from_utf8_lossy(&out.stdout)
+        );
+    }
+    let out = Command::new(BIN)
+        .args(["--config", "/nonexistent/a2ad.toml"])
+        .output()
+        .expect("run");
+    assert_eq!(out.status.code(), Some(2));
+    let out = Command::new(BIN)
+        .args(["--listen", "not-an-address"])
+        .output()
+        .expect("run");
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("server.listen"));
+}
+
+#[tokio::test]
+async fn without_keys_a_development_key_is_printed_and_works() {
+    let (mut child, url, seen) = start(&["--listen", "127.0.0.1:0"]);
+    let key_line = seen
+        .iter()
+        .find(|l| l.contains("a2ad-dev-"))
+        .expect("dev key printed");
+    let key = key_line.split_whitespace().last().expect("key").to_string();
+    let client = reqwest::Client::new();
+    let call = |k: &str| {
+        client
+            .post(format!("{url}/api/v1/a2a/echo"))
+            .header("content-type", "application/json")
+            .header("x-api-key", k)
+            .body(
+                json!({"jsonrpc": "2.0", "id": 1, "method": "agent/authenticatedExtendedCard"})
+                    .to_string(),
+            )
+            .send()
+    };
+    assert_eq!(call(&key).await.expect("send").status().as_u16(), 200);
+    assert_eq!(call("guess").await.expect("send").status().as_u16(), 401);
+    terminate(&child);
+    assert_eq!(wait_exit(&mut child), 0);
+}
+
+#[tokio::test]
+async fn sigterm_ends_open_streams_and_exits_zero() {
+    let (_dir, path) = write_config(
+        "[server]\nlisten = \"127.0.0.1:0\"\n[[api_keys]]\nname = \"a\"\nkey = \"k-0123456789\"\n[[agents]]\nid = \"slow\"\n[agents.echo]\ndelay_ms = 60000\n",
+    );
+    let (mut child, url, _) = start(&["--config", &path]);
+    let mid = uuid::Uuid::new_v4().to_string();
+    let mut resp = reqwest::Client::new()
+        .post(format!("{url}/api/v1/a2a/slow"))
+        .header("content-type", "application/json")
+        .header("accept", "text/event-stream")
+        .header("x-api-key", "k-0123456789")
+        .body(json!({"jsonrpc": "2.0", "id": 1, "method": "message/stream", "params": {"message": {"role": "user", "messageId": mid, "parts": [{"type": "text", "text": "x"}]}}}).to_string())
+        .send()
+        .await
+        .expect("stream");
+    let first = resp.chunk().await.expect("read").expect("first event");
+    assert!(String::from_utf8_lossy(&first).contains("submitted"));
+    terminate(&child);
+    let mut rest = Vec::new();
+    while let Some(c) = tokio::time::timeout(Duration::from_secs(20), resp.chunk())
+        .await
+        .expect("stream ends")
+        .expect("read")
+    {
+        rest.extend_from_slice(&c);
+    }
+    let rest = String::from_utf8_lossy(&rest);
+    assert!(
+        rest.contains("\"canceled\"") && rest.contains("\"shutdown\""),
+        "{rest}"
+    );
+    assert_eq!(wait_exit(&mut child), 0);
+}

@@ -1,0 +1,102 @@
+//! Property tests: no bytes and no JSON value can panic the decoder or the seed parser.
+
+use a2ad::config::AgentLimits;
+use a2ad::rpc::{self, seed};
+use proptest::prelude::*;
+use serde_json::Value;
+
+fn arb_json() -> impl Strategy<Value = Value> {
+    let leaf = prop_oneof![
+        Just(Value::Null),
+        any::<bool>().prop_map(Value::Bool),
+        any::<i64>().prop_map(Value::from),
+        any::<f64>()
+            .prop_filter("finite", |f| f.is_finite())
+            .prop_map(Value::from),
+        "[ -~]{0,12}".prop_map(Value::String),
+        prop_oneof![
+            Just("text"),
+            Just("file"),
+            Just("user"),
+            Just("2.0"),
+            Just("message/send"),
+            Just("6f1c2a1e-3b4d-4c5e-8f70-1a2b3c4d5e6f"),
+            Just("aGk="),
+            Just("text/plain"),
+            Just("data:text/plain;base64,aGk="),
+            Just("image/png"),
+        ]
+        .prop_map(|s| Value::String(s.to_string())),
+    ];
+    leaf.prop_recursive(4, 48, 6, |inner| {
+        let keys = prop_oneof![
+            Just("jsonrpc"),
+            Just("id"),
+            Just("method"),
+            Just("params"),
+            Just("message"),
+            Just("role"),
+            Just("parts"),
+            Just("messageId"),
+            Just("type"),
+            Just("kind"),
+            Just("text"),
+            Just("file"),
+            Just("name"),
+            Just("mimeType"),
+            Just("bytes"),
+            Just("contextId"),
+            Just("sessionId"),
+            Just("taskId"),
+            Just("configuration"),
+            Just("blocking"),
+            Just("metadata"),
+            Just("config"),
+            Just("url"),
+            Just("events"),
+            Just("retryPolicy"),
+            Just("secret"),
+            Just("headers"),
+        ];
+        prop_oneof![
+            prop::collection::vec(inner.clone(), 0..4).prop_map(Value::Array),
+            prop::collection::vec((keys, inner), 0..6).prop_map(|kv| Value::Object(
+                kv.into_iter().map(|(k, v)| (k.to_string(), v)).collect()
+            )),
+        ]
+    })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(512))]
+
+    #[test]
+    fn arbitrary_bytes_never_panic_the_decoder(bytes in prop::collection::vec(any::<u8>(), 0..256)) {
+        let _ = rpc::decode(&bytes);
+    }
+
+    #[test]
+    fn arbitrary_json_never_panics_decoder_or_params(v in arb_json()) {
+        let text = v.to_string();
+        let _ = rpc::decode(text.as_bytes());
+        if let Value::Object(map) = v.clone() {
+            let limits = AgentLimits::default();
+            let _ = seed::send_params(map.clone(), &limits);
+            let _ = seed::push_config(&map, false);
+            let _ = seed::task_id_param(&map, true);
+        }
+        let raw = serde_json::value::RawValue::from_string(text).expect("valid JSON");
+        let _ = seed::params_object(Some(&raw));
+    }
+
+    #[test]
+    fn every_decoded_rejection_is_a_json_rpc_error(v in arb_json()) {
+        let text = v.to_string();
+        match rpc::decode(text.as_bytes()) {
+            Err(e) => prop_assert!(e.code == -32600 || e.code == -32700),
+            Ok(rpc::Body::Single(Err(r))) => prop_assert_eq!(r.error.code, -32600),
+            Ok(rpc::Body::Batch(items)) => prop_assert!(!items.is_empty()),
+            Ok(rpc::Body::Single(Ok(call))) => prop_assert!(!call.id.get().is_empty()),
+        }
+    }
+}

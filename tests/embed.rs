@@ -1,0 +1,146 @@
+//! The embedding API without HTTP: a custom backend, send, stream, cancel, get, card.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use a2ad::config::AgentConfig;
+use a2ad::{
+    Agent, AgentError, AgentFuture, AgentId, AgentRequest, Config, Error, Message, Part, Principal,
+    Role, Runtime, SendRequest, TaskState, Updates,
+};
+
+struct Upper;
+
+impl Agent for Upper {
+    fn kind(&self) -> &str {
+        "upper"
+    }
+
+    fn run(&self, request: AgentRequest, updates: Updates) -> AgentFuture {
+        Box::pin(async move {
+            updates.progress(Message::agent_text([format!("turn {}", request.turn)]));
+            let text = request.message.joined_text();
+            if text == "fail" {
+                return Err(AgentError::new("asked to fail"));
+            }
+            if text == "wait" {
+                request.cancel.cancelled().await;
+            }
+            let earlier = request.history.len();
+            Ok(Message::agent_text([
+                text.to_uppercase(),
+                format!("history {earlier}"),
+            ]))
+        })
+    }
+}
+
+fn request(text: &str, context: Option<a2ad::ContextId>) -> SendRequest {
+    SendRequest {
+        message: Message {
+            role: Role::User,
+            parts: vec![Part::Text(text.into())],
+            message_id: uuid::Uuid::new_v4().to_string(),
+        },
+        context_id: context,
+        task_id: None,
+        metadata: None,
+    }
+}
+
+async fn runtime() -> Runtime {
+    let mut c = Config::default();
+    c.agents = vec![AgentConfig::new("up")];
+    let c = c.validated().expect("valid");
+    let backends: HashMap<AgentId, Arc<dyn Agent>> =
+        HashMap::from([(AgentId::new("up"), Arc::new(Upper) as Arc<dyn Agent>)]);
+    Runtime::start_with(Arc::new(c), backends)
+        .await
+        .expect("start")
+}
+
+#[tokio::test]
+async fn a_custom_backend_runs_with_history_and_progress() {
+    let rt = runtime().await;
+    let me = Principal::new("me");
+    let up = AgentId::new("up");
+    let wait = Some(Duration::from_secs(10));
+    let first = rt
+        .send(&me, &up, request("one", None), wait)
+        .await
+        .expect("send");
+    assert_eq!(first.status.state, TaskState::Completed);
+    let second = rt
+        .send(
+            &me,
+            &up,
+            request("two", Some(first.context_id.clone())),
+            wait,
+        )
+        .await
+        .expect("send");
+    let reply = second.status.message.expect("reply");
+    assert_eq!(reply.joined_text(), "TWO\nhistory 2");
+    // history: user, progress, reply
+    assert_eq!(second.history.len(), 3);
+    let card = rt.card(&up).expect("card");
+    assert_eq!(card.kind, "upper");
+    assert_eq!(card.metrics.completed, 2);
+    rt.shutdown(Duration::from_secs(5)).await;
+}
+
+#[tokio::test]
+async fn a_stream_follows_a_task_to_its_end_and_cancel_stops_the_agent() {
+    let rt = runtime().await;
+    let me = Principal::new("me");
+    let up = AgentId::new("up");
+    let mut stream = rt
+        .stream(&me, &up, request("hi", None))
+        .await
+        .expect("stream");
+    let mut states = Vec::new();
+    while let Some(e) = stream.next().await {
+        states.push(e.status.state);
+    }
+    assert_eq!(
+        states,
+        [
+            TaskState::Submitted,
+            TaskState::Working,
+            TaskState::Working,
+            TaskState::Completed
+        ]
+    );
+
+    let pending = rt
+        .send(&me, &up, request("wait", None), None)
+        .await
+        .expect("send");
+    let canceled = rt
+        .cancel(&me, &up, &pending.id, None)
+        .await
+        .expect("cancel");
+    assert_eq!(canceled.status.state, TaskState::Canceled);
+    assert_eq!(canceled.status.reason.as_deref(), Some("Canceled by user"));
+    let again = rt.cancel(&me, &up, &pending.id, None).await;
+    assert!(matches!(again, Err(Error::TaskCanceled { .. })));
+
+    let failed = rt
+        .send(
+            &me,
+            &up,
+            request("fail", None),
+            Some(Duration::from_secs(10)),
+        )
+        .await
+        .expect("send");
+    assert_eq!(failed.status.state, TaskState::Failed);
+    assert_eq!(failed.status.error.expect("error").message, "asked to fail");
+    let other = Principal::new("other");
+    assert!(matches!(
+        rt.get(&other, &up, &failed.id).await,
+        Err(Error::TaskNotFound { .. })
+    ));
+    rt.shutdown(Duration::from_secs(5)).await;
+}
