@@ -596,7 +596,8 @@ impl Runtime {
         }
         let live_now = self.shared.metrics.live_tasks.load(Relaxed);
         if live_now >= self.shared.config.server.max_live_tasks as i64 {
-            return Err(Error::Busy);
+            // The server-wide cap answers like a full queue: the client should retry later.
+            return Err(Error::TooManyTasks);
         }
         let admission = agent.scheduler.admit()?;
 

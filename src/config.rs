@@ -253,12 +253,12 @@ impl Config {
         })
     }
 
-    /// The listen address, already checked by [`Config::validated`].
+    /// The listen address (a host name such as `localhost` is resolved).
+    ///
+    /// # Errors
+    /// A [`ConfigError`] on `server.listen` when it is not `HOST:PORT`.
     pub fn listen_addr(&self) -> Result<SocketAddr, ConfigError> {
-        self.server
-            .listen
-            .parse()
-            .map_err(|_| ConfigError::key("server.listen", "expected HOST:PORT with an IP address"))
+        resolve_listen(&self.server.listen)
     }
 }
 
@@ -273,6 +273,23 @@ impl Default for Config {
             agents: vec![AgentConfig::new(Self::DEFAULT_AGENT_ID)],
         }
     }
+}
+
+fn resolve_listen(listen: &str) -> Result<SocketAddr, ConfigError> {
+    use std::net::ToSocketAddrs as _;
+    if let Ok(addr) = listen.parse() {
+        return Ok(addr);
+    }
+    listen
+        .to_socket_addrs()
+        .ok()
+        .and_then(|mut addrs| addrs.next())
+        .ok_or_else(|| {
+            ConfigError::key(
+                "server.listen",
+                format!("expected HOST:PORT (e.g. 127.0.0.1:8080), got {listen:?}"),
+            )
+        })
 }
 
 fn toml_error(text: &str, e: &toml::de::Error, key: Option<String>) -> ConfigError {
@@ -323,15 +340,7 @@ impl ServerConfig {
     pub const DEFAULT_MAX_CONTEXT_TURNS: usize = 100;
 
     fn validate(&self) -> Result<(), ConfigError> {
-        if self.listen.parse::<SocketAddr>().is_err() {
-            return Err(ConfigError::key(
-                "server.listen",
-                format!(
-                    "expected HOST:PORT with an IP address (e.g. 127.0.0.1:8080), got {:?}",
-                    self.listen
-                ),
-            ));
-        }
+        resolve_listen(&self.listen)?;
         positive("server.ping_interval_seconds", self.ping_interval_seconds)?;
         non_negative("server.task_retention_seconds", self.task_retention_seconds)?;
         positive(
@@ -745,6 +754,7 @@ fail = false
             ),
             ("[[agents]]\nid = \"a b\"\n", "agents[0].id"),
             ("[server]\nlisten = \"nowhere\"\n", "server.listen"),
+            ("[server]\nlisten = \"127.0.0.1\"\n", "server.listen"),
             (
                 "[[api_keys]]\nname = \"n\"\nkey = \"sha256:abc\"\n",
                 "api_keys[0].key",
@@ -763,6 +773,12 @@ fail = false
             let e = Config::from_toml(text).expect_err(text);
             assert_eq!(e.key.as_deref(), Some(key), "{text} -> {e}");
         }
+    }
+
+    #[test]
+    fn listen_accepts_a_host_name() {
+        let c = Config::from_toml("[server]\nlisten = \"localhost:0\"\n").expect("valid");
+        assert!(c.listen_addr().expect("resolves").ip().is_loopback());
     }
 
     #[test]

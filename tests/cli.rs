@@ -58,7 +58,9 @@ fn start(args: &[&str]) -> (Child, String, Vec<String>) {
         }
         seen.push(line);
     }
-    panic!("a2ad exited before listening; stdout: {seen:?}");
+    let _ = child.kill();
+    let status = child.wait();
+    panic!("a2ad exited before listening ({status:?}); stdout: {seen:?}");
 }
 
 fn terminate(child: &Child) {

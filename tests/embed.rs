@@ -50,8 +50,10 @@ fn request(text: &str, context: Option<a2ad::ContextId>) -> SendRequest {
 }
 
 async fn runtime() -> Runtime {
-    let mut c = Config::default();
-    c.agents = vec![AgentConfig::new("up")];
+    let c = Config {
+        agents: vec![AgentConfig::new("up")],
+        ..Config::default()
+    };
     let c = c.validated().expect("valid");
     let backends: HashMap<AgentId, Arc<dyn Agent>> =
         HashMap::from([(AgentId::new("up"), Arc::new(Upper) as Arc<dyn Agent>)]);

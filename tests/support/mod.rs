@@ -48,22 +48,19 @@ pub struct TestServer {
 }
 
 impl TestServer {
-    #[track_caller]
-    pub fn start(config: Config) -> impl Future<Output = TestServer> {
-        async move {
-            let config = config.validated().expect("valid test config");
-            let server = Server::bind(config).await.expect("bind");
-            let handle = server.serve().expect("serve");
-            let base = format!("http://{}", handle.local_addr());
-            let client = reqwest::Client::builder()
-                .timeout(Duration::from_secs(60))
-                .build()
-                .expect("client");
-            TestServer {
-                base,
-                handle: Some(handle),
-                client,
-            }
+    pub async fn start(config: Config) -> TestServer {
+        let config = config.validated().expect("valid test config");
+        let server = Server::bind(config).await.expect("bind");
+        let handle = server.serve().expect("serve");
+        let base = format!("http://{}", handle.local_addr());
+        let client = reqwest::Client::builder()
+            .timeout(Duration::from_secs(60))
+            .build()
+            .expect("client");
+        TestServer {
+            base,
+            handle: Some(handle),
+            client,
         }
     }
 
