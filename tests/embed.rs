@@ -146,3 +146,48 @@ async fn a_stream_follows_a_task_to_its_end_and_cancel_stops_the_agent() {
     ));
     rt.shutdown(Duration::from_secs(5)).await;
 }
+
+#[tokio::test]
+async fn a_stream_that_falls_behind_is_dropped_and_counted_and_the_task_goes_on() {
+    let mut c = Config {
+        agents: vec![AgentConfig::new("echo")],
+        ..Config::default()
+    };
+    c.server.stream_buffer = 1;
+    c.agents[0].echo.progress_steps = 20;
+    c.agents[0].echo.delay_ms = 100;
+    let rt = Runtime::start(Arc::new(c.validated().expect("valid")))
+        .await
+        .expect("start");
+    let me = Principal::new("me");
+    let echo = AgentId::new("echo");
+    // Never polled while the task runs: its one-slot buffer overflows.
+    let mut stream = rt
+        .stream(&me, &echo, request("flood", None))
+        .await
+        .expect("stream");
+    let id = stream.task_id.clone();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let t = rt.get(&me, &echo, &id).await.expect("get");
+        if t.status.state == TaskState::Completed {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "task did not complete"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(
+        rt.metrics()
+            .dropped_subscribers
+            .load(std::sync::atomic::Ordering::Relaxed)
+            >= 1
+    );
+    // What was buffered is still delivered, then the stream ends without a final event.
+    let first = stream.next().await.expect("the buffered event");
+    assert_eq!(first.seq, 1);
+    assert!(stream.next().await.is_none());
+    rt.shutdown(Duration::from_secs(5)).await;
+}

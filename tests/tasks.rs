@@ -753,3 +753,28 @@ async fn push_configuration_errors() {
         assert_eq!(v["error"]["code"], -32010, "{method}");
     }
 }
+
+#[tokio::test]
+async fn shutdown_answers_a_blocking_send_in_flight_with_canceled() {
+    let s = server_with(vec![slow("echo", 60_000)]).await;
+    let pending = s.call(
+        "echo",
+        "message/send",
+        send_params("wait", json!({"id": "inflight"})),
+    );
+    let stopper = async {
+        poll_until(Duration::from_secs(20), || async {
+            let v = s
+                .call("echo", "tasks/get", json!({"taskId": "inflight"}))
+                .await;
+            (v["result"]["status"]["state"] == "working").then_some(())
+        })
+        .await;
+        s.handle.as_ref().expect("handle").stop();
+    };
+    let (v, ()) = tokio::join!(pending, stopper);
+    let t = s.ok(v);
+    assert_eq!(t["status"]["state"], "canceled");
+    assert_eq!(t["status"]["reason"], "shutdown");
+    s.stop().await;
+}
