@@ -21,6 +21,7 @@ use tokio::sync::{mpsc, oneshot};
 pub(crate) mod context;
 pub(crate) mod supervisor;
 pub(crate) mod task;
+pub(crate) mod webhook;
 
 use crate::agent::{self, Agent};
 use crate::config::{AgentConfig, Config};
@@ -35,6 +36,8 @@ use crate::store::{FinishedTask, MemoryPushStore, MemoryTaskStore, TaskStore};
 use context::{ContextActor, ContextArgs, ContextMsg};
 use supervisor::{SupervisorMsg, TaskSupervisor};
 use task::{Follow, Subscriber, TaskActor, TaskArgs, TaskMsg};
+pub use webhook::WebhookMetrics;
+use webhook::WebhookPool;
 
 /// A conversation is owned by one principal.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -79,19 +82,6 @@ pub trait TaskObserver: Send + Sync + 'static {
         event: &Arc<TaskEvent>,
         created_at: chrono::DateTime<chrono::Utc>,
     );
-}
-
-struct NoObserver;
-
-impl TaskObserver for NoObserver {
-    fn task_event(
-        &self,
-        _: &TaskKey,
-        _: &ContextId,
-        _: &Arc<TaskEvent>,
-        _: chrono::DateTime<chrono::Utc>,
-    ) {
-    }
 }
 
 /// An agent as the runtime runs it.
@@ -148,6 +138,7 @@ pub struct Runtime {
     shared: Arc<Shared>,
     agents: Arc<HashMap<AgentId, Arc<AgentEntry>>>,
     supervisor: ActorRef<SupervisorMsg>,
+    webhooks: Arc<WebhookPool>,
 }
 
 /// What `submit` did: created the task, or found one with the same client-chosen id.
@@ -215,6 +206,39 @@ impl Runtime {
     ) -> Result<Self> {
         let server = &config.server;
         let retention = Duration::from_secs_f64(server.task_retention_seconds);
+        let agents: Arc<HashMap<AgentId, Arc<AgentEntry>>> = Arc::new(
+            config
+                .agents
+                .iter()
+                .enumerate()
+                .map(|(index, c)| {
+                    let id = AgentId::new(c.id.as_str());
+                    let backend = backends
+                        .remove(&id)
+                        .unwrap_or_else(|| agent::from_config(c));
+                    let entry = AgentEntry {
+                        config: c.clone(),
+                        index,
+                        backend,
+                        scheduler: Scheduler::new(c.limits.concurrent_tasks, c.limits.max_queued()),
+                        metrics: AgentMetrics::default(),
+                    };
+                    (id, Arc::new(entry))
+                })
+                .collect(),
+        );
+        let push: Arc<dyn PushStore> = Arc::new(MemoryPushStore::default());
+        let hooks = &config.webhooks;
+        let webhooks = Arc::new(
+            WebhookPool::start(
+                hooks.workers,
+                hooks.allow_private_networks,
+                hooks.max_pending_deliveries,
+                push.clone(),
+                agents.clone(),
+            )
+            .await?,
+        );
         let (contexts, _) = Actor::spawn(
             None,
             ContextActor,
@@ -228,10 +252,10 @@ impl Runtime {
         let shared = Arc::new(Shared {
             live: DashMap::new(),
             store: Arc::new(MemoryTaskStore::new(retention, server.max_finished_tasks)),
-            push: Arc::new(MemoryPushStore::default()),
+            push,
             metrics: Metrics::default(),
             contexts,
-            observer: Arc::new(NoObserver),
+            observer: webhooks.clone(),
             next_subscriber: AtomicU64::new(1),
             shutting_down: AtomicBool::new(false),
             call_timeout: Duration::from_secs_f64(server.actor_call_timeout_seconds),
@@ -240,29 +264,11 @@ impl Runtime {
         let (supervisor, _) = Actor::spawn(None, TaskSupervisor, shared.clone())
             .await
             .map_err(spawn_failed)?;
-        let agents = config
-            .agents
-            .iter()
-            .enumerate()
-            .map(|(index, c)| {
-                let id = AgentId::new(c.id.as_str());
-                let backend = backends
-                    .remove(&id)
-                    .unwrap_or_else(|| agent::from_config(c));
-                let entry = AgentEntry {
-                    config: c.clone(),
-                    index,
-                    backend,
-                    scheduler: Scheduler::new(c.limits.concurrent_tasks, c.limits.max_queued()),
-                    metrics: AgentMetrics::default(),
-                };
-                (id, Arc::new(entry))
-            })
-            .collect();
         Ok(Self {
             shared,
-            agents: Arc::new(agents),
+            agents,
             supervisor,
+            webhooks,
         })
     }
 
@@ -279,6 +285,11 @@ impl Runtime {
     /// Server-wide gauges.
     pub fn metrics(&self) -> &Metrics {
         &self.shared.metrics
+    }
+
+    /// Webhook delivery counters.
+    pub fn webhook_metrics(&self) -> &WebhookMetrics {
+        self.webhooks.metrics()
     }
 
     /// The push configuration store.
@@ -691,8 +702,9 @@ impl Runtime {
     }
 
     /// Stops taking work, cancels running tasks with reason `shutdown` (so their streams
-    /// end with a final `canceled` event) and waits up to `grace` for them to end, then
-    /// stops the actors.
+    /// end with a final `canceled` event), waits up to `grace` for them to end and for
+    /// pending webhooks to go out (what is left is logged with its delivery id and
+    /// dropped), then stops the actors.
     pub async fn shutdown(&self, grace: Duration) {
         self.shared.shutting_down.store(true, Relaxed);
         let actors: Vec<_> = self
@@ -713,6 +725,9 @@ impl Runtime {
         {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
+        self.webhooks
+            .drain(deadline.saturating_duration_since(tokio::time::Instant::now()))
+            .await;
         self.supervisor.stop(None);
         self.shared.contexts.stop(None);
     }

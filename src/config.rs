@@ -72,6 +72,9 @@ pub struct WebhooksConfig {
     pub allow_private_networks: bool,
     /// Webhook actors in the pool.
     pub workers: usize,
+    /// Deliveries accepted and not finished, at most; beyond it new ones are discarded
+    /// (logged and counted).
+    pub max_pending_deliveries: usize,
 }
 
 /// `[[api_keys]]`
@@ -216,6 +219,12 @@ impl Config {
         self.server.validate()?;
         if self.webhooks.workers == 0 {
             return Err(ConfigError::key("webhooks.workers", "must be at least 1"));
+        }
+        if self.webhooks.max_pending_deliveries == 0 {
+            return Err(ConfigError::key(
+                "webhooks.max_pending_deliveries",
+                "must be at least 1",
+            ));
         }
         let mut ids = HashSet::new();
         for (i, agent) in self.agents.iter_mut().enumerate() {
@@ -406,6 +415,7 @@ impl Default for WebhooksConfig {
         Self {
             allow_private_networks: false,
             workers: 8,
+            max_pending_deliveries: 100_000,
         }
     }
 }

@@ -41,8 +41,11 @@ pub mod rpc;
 pub mod server;
 pub mod store;
 pub mod validate;
+pub mod webhook;
 
-pub use actors::{AgentCard, Replay, Resubscribed, Runtime, SendRequest, TaskStream};
+pub use actors::{
+    AgentCard, Replay, Resubscribed, Runtime, SendRequest, TaskStream, WebhookMetrics,
+};
 pub use agent::{Agent, AgentError, AgentFuture, AgentRequest, EchoAgent, Updates};
 pub use config::{Config, ConfigError};
 pub use error::{Error, Result};

@@ -419,6 +419,11 @@ fn retry_policy(r: &Map<String, Value>) -> Result<RetryPolicy, Error> {
 
 // === rendering ===
 
+/// A message in this dialect's shape, as a JSON value (for webhook payloads).
+pub fn message_value(m: &Message) -> Value {
+    serde_json::to_value(MessageOut(m)).unwrap_or(Value::Null)
+}
+
 struct MessageOut<'a>(&'a Message);
 
 impl Serialize for MessageOut<'_> {

@@ -2,6 +2,8 @@
 //! a byte-level SSE reader, and polling with a deadline instead of sleeps.
 #![allow(dead_code, unreachable_pub)]
 
+pub mod receiver;
+
 use std::future::Future;
 use std::time::Duration;
 

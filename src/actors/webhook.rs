@@ -1,0 +1,494 @@
+//! The webhook pool: `webhooks.workers` actors that deliver signed, retried webhooks.
+//!
+//! A delivery belongs to a lane — one task and one configuration — and a lane has at most
+//! one attempt in flight, so a task's deliveries to a configuration go out in event order.
+//! Lanes are spread over the workers by hash, so one lane always lands on one worker.
+//! A worker never awaits the network: each attempt runs on its own tokio task (bounded by
+//! the 5 s attempt time-out) and casts its outcome back; retries wait on timer tasks. So a
+//! slow or dead receiver holds up only its own lanes, never a task, a stream, a worker's
+//! mailbox or another receiver.
+
+use std::collections::hash_map::DefaultHasher;
+use std::collections::{HashMap, VecDeque};
+use std::hash::{Hash, Hasher};
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::atomic::{AtomicI64, AtomicU64};
+use std::time::Duration;
+
+use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
+use serde_json::Value;
+
+use super::{AgentEntry, TaskObserver};
+use crate::model::{AgentId, ContextId, TaskEvent, TaskKey, iso8601};
+use crate::push::{StoredPushConfig, WebhookEvent, address_allowed};
+use crate::store::PushStore;
+use crate::webhook::{self, Outcome, Verdict};
+
+/// Webhook counters.
+#[derive(Debug, Default)]
+pub struct WebhookMetrics {
+    /// Deliveries a receiver accepted (2xx).
+    pub delivered: AtomicU64,
+    /// Retry attempts made.
+    pub retries: AtomicU64,
+    /// Deliveries that finally failed (retries exhausted, or a non-retryable answer).
+    pub failed: AtomicU64,
+    /// Deliveries dropped without an outcome (pool full, configuration deactivated, shutdown).
+    pub discarded: AtomicU64,
+    /// Deliveries accepted and not finished yet.
+    pub pending: AtomicI64,
+}
+
+/// One delivery: an event for one configuration, with its stable id.
+pub(crate) struct Delivery {
+    /// `X-Webhook-Delivery`: the same on every attempt.
+    id: uuid::Uuid,
+    config: Arc<StoredPushConfig>,
+    kind: WebhookEvent,
+    agent_id: AgentId,
+    task_id: String,
+    timestamp: String,
+    data: Arc<Value>,
+    attempt: u32,
+}
+
+type LaneKey = (TaskKey, String);
+
+/// Messages of a [`WebhookActor`].
+pub(crate) enum WebhookMsg {
+    /// A new delivery for its lane.
+    Deliver(LaneKey, Delivery),
+    /// An attempt ended.
+    AttemptDone(LaneKey, Delivery, Outcome),
+    /// A retry's wait is over.
+    Retry(LaneKey, Delivery),
+    /// Shutdown: log and drop what is left; replies with how many were dropped.
+    DropAll(RpcReplyPort<usize>),
+}
+
+/// One worker of the pool.
+pub(crate) struct WebhookActor;
+
+/// What a worker shares with its pool.
+#[derive(Clone)]
+pub(crate) struct WebhookArgs {
+    client: reqwest::Client,
+    metrics: Arc<WebhookMetrics>,
+    allow_private: bool,
+}
+
+/// A worker's lanes.
+pub(crate) struct WebhookState {
+    args: WebhookArgs,
+    lanes: HashMap<LaneKey, Lane>,
+}
+
+#[derive(Default)]
+struct Lane {
+    queue: VecDeque<Delivery>,
+    /// The id of the delivery in flight (attempting or waiting to retry).
+    busy: Option<uuid::Uuid>,
+}
+
+impl Actor for WebhookActor {
+    type Msg = WebhookMsg;
+    type State = WebhookState;
+    type Arguments = WebhookArgs;
+
+    async fn pre_start(
+        &self,
+        _myself: ActorRef<WebhookMsg>,
+        args: WebhookArgs,
+    ) -> Result<WebhookState, ActorProcessingErr> {
+        Ok(WebhookState {
+            args,
+            lanes: HashMap::new(),
+        })
+    }
+
+    async fn handle(
+        &self,
+        myself: ActorRef<WebhookMsg>,
+        msg: WebhookMsg,
+        state: &mut WebhookState,
+    ) -> Result<(), ActorProcessingErr> {
+        match msg {
+            WebhookMsg::Deliver(lane, delivery) => {
+                let entry = state.lanes.entry(lane.clone()).or_default();
+                entry.queue.push_back(delivery);
+                if entry.busy.is_none() {
+                    state.start_next(&myself, lane);
+                }
+            }
+            WebhookMsg::AttemptDone(lane, mut delivery, outcome) => {
+                let m = &state.args.metrics;
+                let attempts = webhook::max_attempts(&delivery.config.config.retry);
+                match webhook::verdict(&outcome) {
+                    Verdict::Delivered => {
+                        delivery.config.consecutive_failures.store(0, Relaxed);
+                        m.delivered.fetch_add(1, Relaxed);
+                        m.pending.fetch_sub(1, Relaxed);
+                        state.finish(&myself, lane);
+                    }
+                    Verdict::Retry(asked) if delivery.attempt < attempts => {
+                        let wait = asked.unwrap_or_else(|| {
+                            webhook::backoff(&delivery.config.config.retry, delivery.attempt)
+                        });
+                        tracing::debug!(delivery = %delivery.id, attempt = delivery.attempt, ?outcome, ?wait, "webhook attempt failed; retrying");
+                        delivery.attempt += 1;
+                        m.retries.fetch_add(1, Relaxed);
+                        let me = myself.clone();
+                        tokio::spawn(async move {
+                            tokio::time::sleep(wait).await;
+                            let _ = me.cast(WebhookMsg::Retry(lane, delivery));
+                        });
+                    }
+                    Verdict::Retry(_) | Verdict::Fail => {
+                        let c = &delivery.config;
+                        let failures = c.consecutive_failures.fetch_add(1, Relaxed) + 1;
+                        if failures >= StoredPushConfig::DEACTIVATE_AFTER {
+                            c.active.store(false, Relaxed);
+                        }
+                        m.failed.fetch_add(1, Relaxed);
+                        m.pending.fetch_sub(1, Relaxed);
+                        tracing::error!(
+                            delivery = %delivery.id,
+                            url = %c.config.url,
+                            event = delivery.kind.as_str(),
+                            attempts = delivery.attempt,
+                            ?outcome,
+                            deactivated = failures >= StoredPushConfig::DEACTIVATE_AFTER,
+                            "webhook delivery failed"
+                        );
+                        state.finish(&myself, lane);
+                    }
+                }
+            }
+            WebhookMsg::Retry(lane, delivery) => state.attempt(&myself, lane, delivery),
+            WebhookMsg::DropAll(reply) => {
+                let mut dropped = 0;
+                for (_, lane) in state.lanes.drain() {
+                    for d in lane.queue {
+                        tracing::error!(delivery = %d.id, url = %d.config.config.url, event = d.kind.as_str(), "webhook delivery dropped at shutdown");
+                        dropped += 1;
+                    }
+                    if let Some(id) = lane.busy {
+                        tracing::error!(delivery = %id, "webhook delivery dropped at shutdown (in flight)");
+                        dropped += 1;
+                    }
+                }
+                let m = &state.args.metrics;
+                m.discarded.fetch_add(dropped as u64, Relaxed);
+                m.pending.fetch_sub(dropped as i64, Relaxed);
+                let _ = reply.send(dropped);
+            }
+        }
+        Ok(())
+    }
+}
+
+impl WebhookState {
+    /// Starts the lane's next delivery, or forgets the lane when it is empty.
+    fn start_next(&mut self, myself: &ActorRef<WebhookMsg>, key: LaneKey) {
+        let Some(lane) = self.lanes.get_mut(&key) else {
+            return;
+        };
+        match lane.queue.pop_front() {
+            Some(delivery) => {
+                lane.busy = Some(delivery.id);
+                self.attempt(myself, key, delivery);
+            }
+            None => {
+                self.lanes.remove(&key);
+            }
+        }
+    }
+
+    fn finish(&mut self, myself: &ActorRef<WebhookMsg>, key: LaneKey) {
+        if let Some(lane) = self.lanes.get_mut(&key) {
+            lane.busy = None;
+        }
+        self.start_next(myself, key);
+    }
+
+    /// Spawns one attempt; its outcome comes back as [`WebhookMsg::AttemptDone`].
+    fn attempt(&mut self, myself: &ActorRef<WebhookMsg>, key: LaneKey, delivery: Delivery) {
+        if !delivery.config.is_active() {
+            tracing::warn!(delivery = %delivery.id, "webhook configuration deactivated; delivery discarded");
+            let m = &self.args.metrics;
+            m.discarded.fetch_add(1, Relaxed);
+            m.pending.fetch_sub(1, Relaxed);
+            self.finish(myself, key);
+            return;
+        }
+        let args = self.args.clone();
+        let me = myself.clone();
+        tokio::spawn(async move {
+            let outcome = send(&args, &delivery).await;
+            let _ = me.cast(WebhookMsg::AttemptDone(key, delivery, outcome));
+        });
+    }
+}
+
+/// One HTTP attempt, bounded by [`webhook::ATTEMPT_TIMEOUT`].
+async fn send(args: &WebhookArgs, d: &Delivery) -> Outcome {
+    let config = &d.config.config;
+    *d.config.last_used.lock().unwrap_or_else(|e| e.into_inner()) = Some(chrono::Utc::now());
+    // A literal address never reaches the resolver, so it is checked here, every time.
+    if let Ok(url) = url::Url::parse(&config.url) {
+        let literal = match url.host() {
+            Some(url::Host::Ipv4(v4)) => Some(IpAddr::V4(v4)),
+            Some(url::Host::Ipv6(v6)) => Some(IpAddr::V6(v6)),
+            _ => None,
+        };
+        if let Some(ip) = literal
+            && let Err(reason) = address_allowed(ip, args.allow_private)
+        {
+            return Outcome::Refused(reason.to_string());
+        }
+    }
+    let max = webhook::max_attempts(&config.retry);
+    let body = webhook::payload(
+        d.kind,
+        &d.timestamp,
+        d.agent_id.as_str(),
+        &d.task_id,
+        &d.data,
+        d.attempt,
+        max,
+    );
+    let mut req = args
+        .client
+        .post(&config.url)
+        .timeout(webhook::ATTEMPT_TIMEOUT)
+        .header("content-type", "application/json")
+        .header("x-webhook-event", d.kind.as_str())
+        .header("x-webhook-delivery", d.id.to_string())
+        .header("user-agent", webhook::USER_AGENT);
+    for (name, value) in &config.headers {
+        if !webhook::RESERVED_HEADERS.contains(&name.to_ascii_lowercase().as_str()) {
+            req = req.header(name, value);
+        }
+    }
+    if let Some(secret) = &config.secret {
+        req = req.header(
+            "x-webhook-signature",
+            webhook::signature(secret.as_bytes(), &body),
+        );
+    }
+    match req.body(body).send().await {
+        Ok(resp) => {
+            let retry_after = resp
+                .headers()
+                .get("retry-after")
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.trim().parse::<u64>().ok());
+            Outcome::Status(resp.status().as_u16(), retry_after)
+        }
+        Err(e) if e.is_timeout() => Outcome::Timeout,
+        Err(e) => {
+            let text = error_chain(&e);
+            if text.contains(REFUSED_MARK) {
+                Outcome::Refused(text)
+            } else {
+                Outcome::Connect(text)
+            }
+        }
+    }
+}
+
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        text.push_str(": ");
+        text.push_str(&s.to_string());
+        source = s.source();
+    }
+    text
+}
+
+const REFUSED_MARK: &str = "webhook target refused";
+
+/// Resolves host names and keeps only the addresses the policy allows, so the connection
+/// can only go to an address that was checked at this delivery (no DNS-rebinding gap).
+struct GuardedResolver {
+    allow_private: bool,
+}
+
+impl reqwest::dns::Resolve for GuardedResolver {
+    fn resolve(&self, name: reqwest::dns::Name) -> reqwest::dns::Resolving {
+        let allow_private = self.allow_private;
+        let host = name.as_str().to_string();
+        Box::pin(async move {
+            let addrs: Vec<SocketAddr> = tokio::time::timeout(
+                webhook::ATTEMPT_TIMEOUT,
+                tokio::net::lookup_host((host.as_str(), 0)),
+            )
+            .await
+            .map_err(|_| format!("resolving {host} timed out"))??
+            .collect();
+            let allowed: Vec<SocketAddr> = addrs
+                .iter()
+                .copied()
+                .filter(|a| address_allowed(a.ip(), allow_private).is_ok())
+                .collect();
+            if allowed.is_empty() {
+                let why = addrs
+                    .first()
+                    .and_then(|a| address_allowed(a.ip(), allow_private).err())
+                    .unwrap_or("no address");
+                return Err(format!("{REFUSED_MARK}: {host}: {why}").into());
+            }
+            Ok(Box::new(allowed.into_iter()) as reqwest::dns::Addrs)
+        })
+    }
+}
+
+/// The pool and the observer that feeds it.
+pub(crate) struct WebhookPool {
+    workers: Vec<ActorRef<WebhookMsg>>,
+    push: Arc<dyn PushStore>,
+    agents: Arc<HashMap<AgentId, Arc<AgentEntry>>>,
+    metrics: Arc<WebhookMetrics>,
+    max_pending: i64,
+}
+
+impl WebhookPool {
+    /// Spawns `workers` webhook actors sharing one HTTP client.
+    pub(crate) async fn start(
+        workers: usize,
+        allow_private: bool,
+        max_pending: usize,
+        push: Arc<dyn PushStore>,
+        agents: Arc<HashMap<AgentId, Arc<AgentEntry>>>,
+    ) -> Result<Self, crate::Error> {
+        let client = reqwest::Client::builder()
+            .redirect(reqwest::redirect::Policy::none())
+            .no_proxy()
+            .connect_timeout(webhook::ATTEMPT_TIMEOUT)
+            .timeout(webhook::ATTEMPT_TIMEOUT)
+            .pool_idle_timeout(Duration::from_secs(30))
+            .dns_resolver(GuardedResolver { allow_private })
+            .build()
+            .map_err(|e| {
+                tracing::error!(error = %e, "webhook HTTP client");
+                crate::Error::Internal
+            })?;
+        let metrics = Arc::new(WebhookMetrics::default());
+        let args = WebhookArgs {
+            client,
+            metrics: metrics.clone(),
+            allow_private,
+        };
+        let mut refs = Vec::with_capacity(workers);
+        for _ in 0..workers.max(1) {
+            let (r, _) = Actor::spawn(None, WebhookActor, args.clone())
+                .await
+                .map_err(|e| {
+                    tracing::error!(error = %e, "webhook actor spawn");
+                    crate::Error::Internal
+                })?;
+            refs.push(r);
+        }
+        Ok(Self {
+            workers: refs,
+            push,
+            agents,
+            metrics,
+            max_pending: i64::try_from(max_pending).unwrap_or(i64::MAX),
+        })
+    }
+
+    /// The counters.
+    pub(crate) fn metrics(&self) -> &Arc<WebhookMetrics> {
+        &self.metrics
+    }
+
+    /// Waits up to `grace` for pending deliveries, then drops (and logs) the rest and
+    /// stops the workers.
+    pub(crate) async fn drain(&self, grace: Duration) {
+        let deadline = tokio::time::Instant::now() + grace;
+        while self.metrics.pending.load(Relaxed) > 0 && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        for w in &self.workers {
+            let _ = w
+                .call(WebhookMsg::DropAll, Some(Duration::from_secs(1)))
+                .await;
+            w.stop(None);
+        }
+    }
+
+    fn worker(&self, lane: &LaneKey) -> &ActorRef<WebhookMsg> {
+        let mut h = DefaultHasher::new();
+        lane.hash(&mut h);
+        let i = (h.finish() % self.workers.len() as u64) as usize;
+        &self.workers[i]
+    }
+}
+
+impl TaskObserver for WebhookPool {
+    fn task_event(
+        &self,
+        key: &TaskKey,
+        context: &ContextId,
+        event: &Arc<TaskEvent>,
+        created_at: chrono::DateTime<chrono::Utc>,
+    ) {
+        let Some(kind) = WebhookEvent::for_state(event.status.state) else {
+            return;
+        };
+        let configs = self.push.for_task(key);
+        let mut data = None;
+        for config in configs {
+            if !config.is_active() || !config.config.events.contains(&kind) {
+                continue;
+            }
+            if self.metrics.pending.load(Relaxed) >= self.max_pending {
+                self.metrics.discarded.fetch_add(1, Relaxed);
+                tracing::error!(url = %config.config.url, event = kind.as_str(), task = %key.task, "webhook pool full; delivery discarded");
+                continue;
+            }
+            let data = data
+                .get_or_insert_with(|| {
+                    let estimated = self
+                        .agents
+                        .get(&key.agent)
+                        .map(|a| a.metrics.snapshot().average_response_time.round() as u64)
+                        .unwrap_or(0);
+                    Arc::new(webhook::event_data(
+                        kind,
+                        key.task.as_str(),
+                        context.as_str(),
+                        event,
+                        &created_at,
+                        estimated,
+                    ))
+                })
+                .clone();
+            let lane = (key.clone(), config.id.clone());
+            let delivery = Delivery {
+                id: uuid::Uuid::new_v4(),
+                kind,
+                agent_id: key.agent.clone(),
+                task_id: key.task.to_string(),
+                timestamp: iso8601(&event.status.timestamp),
+                data,
+                attempt: 1,
+                config,
+            };
+            self.metrics.pending.fetch_add(1, Relaxed);
+            if self
+                .worker(&lane)
+                .cast(WebhookMsg::Deliver(lane, delivery))
+                .is_err()
+            {
+                self.metrics.pending.fetch_sub(1, Relaxed);
+                self.metrics.discarded.fetch_add(1, Relaxed);
+            }
+        }
+    }
+}

@@ -1,0 +1,229 @@
+//! Webhook delivery rules, free of I/O: the signature, the retry schedule, which answers
+//! are retried, and the payload. The delivering actors live in `actors::webhook`.
+
+use std::time::Duration;
+
+use hmac::{KeyInit, Mac};
+use serde_json::{Value, json};
+use sha2::Sha256;
+
+use crate::model::{TaskEvent, TaskState, iso8601};
+use crate::push::{RetryPolicy, WebhookEvent};
+
+/// The `User-Agent` of every delivery.
+pub const USER_AGENT: &str = "a2ad-webhook/1.0";
+
+/// How long a receiver has to answer one attempt.
+pub const ATTEMPT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The longest `Retry-After` honoured.
+pub const MAX_RETRY_AFTER: Duration = Duration::from_secs(60);
+
+/// Headers the service sets itself; configured headers cannot replace them.
+pub const RESERVED_HEADERS: [&str; 9] = [
+    "content-type",
+    "content-length",
+    "host",
+    "user-agent",
+    "x-webhook-event",
+    "x-webhook-signature",
+    "x-webhook-delivery",
+    "transfer-encoding",
+    "connection",
+];
+
+/// `sha256=` + lowercase hex HMAC-SHA256 of `body` keyed with `secret`.
+pub fn signature(secret: &[u8], body: &[u8]) -> String {
+    let mut mac = <hmac::Hmac<Sha256> as KeyInit>::new_from_slice(secret)
+        .expect("HMAC accepts keys of any length");
+    mac.update(body);
+    let digest = mac.finalize().into_bytes();
+    let mut out = String::with_capacity(7 + 64);
+    out.push_str("sha256=");
+    for b in digest {
+        out.push(char::from_digit(u32::from(b >> 4), 16).unwrap_or('0'));
+        out.push(char::from_digit(u32::from(b & 0xf), 16).unwrap_or('0'));
+    }
+    out
+}
+
+/// Attempts in all: the first one plus the retries.
+pub fn max_attempts(policy: &RetryPolicy) -> u32 {
+    policy.max_retries + 1
+}
+
+/// The wait after attempt `k` (from 1) failed: `initialDelay × backoffMultiplier^(k-1)`.
+pub fn backoff(policy: &RetryPolicy, failed_attempt: u32) -> Duration {
+    let exp = i32::try_from(failed_attempt.saturating_sub(1)).unwrap_or(i32::MAX);
+    let secs = policy.initial_delay * policy.backoff_multiplier.powi(exp);
+    Duration::try_from_secs_f64(secs).unwrap_or(Duration::MAX)
+}
+
+/// What one attempt came to.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    /// The receiver answered with this status (and `Retry-After` seconds, if any).
+    Status(u16, Option<u64>),
+    /// No answer within [`ATTEMPT_TIMEOUT`].
+    Timeout,
+    /// The connection failed (refused, reset, TLS, DNS).
+    Connect(String),
+    /// The target address is not allowed (SSRF guard); never retried.
+    Refused(String),
+}
+
+/// What to do after an attempt.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Verdict {
+    /// Delivered.
+    Delivered,
+    /// Try again, after this wait if the receiver asked for one.
+    Retry(Option<Duration>),
+    /// Give up now.
+    Fail,
+}
+
+/// Connection errors, time-outs, 408, 429 and 5xx are retried; 2xx is success; anything
+/// else (other 4xx, 3xx: redirects are not followed) fails at once.
+pub fn verdict(outcome: &Outcome) -> Verdict {
+    match outcome {
+        Outcome::Status(s, _) if (200..300).contains(s) => Verdict::Delivered,
+        Outcome::Status(429, retry_after) => {
+            Verdict::Retry(retry_after.map(|s| Duration::from_secs(s).min(MAX_RETRY_AFTER)))
+        }
+        Outcome::Status(s, _) if *s == 408 || (500..600).contains(s) => Verdict::Retry(None),
+        Outcome::Status(..) | Outcome::Refused(_) => Verdict::Fail,
+        Outcome::Timeout | Outcome::Connect(_) => Verdict::Retry(None),
+    }
+}
+
+/// The `data` of an event's payload.
+pub fn event_data(
+    kind: WebhookEvent,
+    task_id: &str,
+    context_id: &str,
+    event: &TaskEvent,
+    created_at: &chrono::DateTime<chrono::Utc>,
+    estimated_ms: u64,
+) -> Value {
+    let status = &event.status;
+    let at = iso8601(&status.timestamp);
+    let duration = (status.timestamp - *created_at).num_milliseconds().max(0);
+    match kind {
+        WebhookEvent::Submitted => json!({
+            "taskId": task_id,
+            "submittedAt": at,
+            "estimatedDuration": estimated_ms,
+        }),
+        WebhookEvent::Working => json!({
+            "taskId": task_id,
+            "startedAt": at,
+            "progress": 0,
+        }),
+        WebhookEvent::Completed => json!({
+            "taskId": task_id,
+            "status": {
+                "state": TaskState::Completed.as_str(),
+                "message": status.message.as_deref().map(crate::rpc::seed::message_value),
+            },
+            "contextId": context_id,
+            "duration": duration,
+            "completedAt": at,
+        }),
+        WebhookEvent::Failed => json!({
+            "taskId": task_id,
+            "status": {
+                "state": TaskState::Failed.as_str(),
+                "error": status.error.as_ref().map(|e| json!({"code": e.code, "message": e.message})),
+            },
+            "duration": duration,
+            "failedAt": at,
+        }),
+        WebhookEvent::Canceled => json!({
+            "taskId": task_id,
+            "reason": status.reason.as_deref().unwrap_or("Canceled by user"),
+            "canceledAt": at,
+        }),
+    }
+}
+
+/// The body of one attempt.
+pub fn payload(
+    kind: WebhookEvent,
+    timestamp: &str,
+    agent_id: &str,
+    task_id: &str,
+    data: &Value,
+    attempt: u32,
+    max_attempts: u32,
+) -> Vec<u8> {
+    let body = json!({
+        "event": kind.as_str(),
+        "timestamp": timestamp,
+        "agentId": agent_id,
+        "taskId": task_id,
+        "data": data,
+        "delivery": {"attempt": attempt, "maxAttempts": max_attempts},
+    });
+    serde_json::to_vec(&body).unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_signature_is_lowercase_hex_hmac_sha256() {
+        // RFC 4231 test case 2.
+        let sig = signature(b"Jefe", b"what do ya want for nothing?");
+        assert_eq!(
+            sig,
+            "sha256=5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843"
+        );
+    }
+
+    #[test]
+    fn backoff_grows_geometrically_from_the_initial_delay() {
+        let p = RetryPolicy {
+            max_retries: 3,
+            backoff_multiplier: 2.0,
+            initial_delay: 0.1,
+        };
+        assert_eq!(max_attempts(&p), 4);
+        let waits: Vec<_> = (1..=3).map(|k| backoff(&p, k).as_millis()).collect();
+        assert_eq!(waits, [100, 200, 400]);
+    }
+
+    #[test]
+    fn which_answers_are_retried() {
+        assert_eq!(verdict(&Outcome::Status(200, None)), Verdict::Delivered);
+        assert_eq!(verdict(&Outcome::Status(204, None)), Verdict::Delivered);
+        for s in [408, 500, 502, 503] {
+            assert_eq!(
+                verdict(&Outcome::Status(s, None)),
+                Verdict::Retry(None),
+                "{s}"
+            );
+        }
+        assert_eq!(
+            verdict(&Outcome::Status(429, Some(3))),
+            Verdict::Retry(Some(Duration::from_secs(3)))
+        );
+        assert_eq!(
+            verdict(&Outcome::Status(429, Some(600))),
+            Verdict::Retry(Some(MAX_RETRY_AFTER))
+        );
+        for s in [301, 302, 400, 401, 404, 410] {
+            assert_eq!(verdict(&Outcome::Status(s, None)), Verdict::Fail, "{s}");
+        }
+        assert_eq!(verdict(&Outcome::Timeout), Verdict::Retry(None));
+        assert_eq!(
+            verdict(&Outcome::Connect("refused".into())),
+            Verdict::Retry(None)
+        );
+        assert_eq!(
+            verdict(&Outcome::Refused("link-local".into())),
+            Verdict::Fail
+        );
+    }
+}
