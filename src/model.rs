@@ -114,6 +114,18 @@ impl TaskState {
         )
     }
 
+    /// Whether the state machine allows `self` → `next` (spec §3). `working` → `working` is
+    /// an intermediate update; terminal states have no further transitions.
+    pub fn can_become(self, next: TaskState) -> bool {
+        use TaskState::*;
+        matches!(
+            (self, next),
+            (Submitted, Working | Canceled)
+                | (Working, Working | Completed | Failed | Canceled)
+                | (InputRequired | AuthRequired, Working | Canceled | Failed)
+        )
+    }
+
     /// The seed dialect's name for the state.
     pub fn as_str(self) -> &'static str {
         match self {
@@ -336,6 +348,41 @@ mod tests {
                 TaskState::Rejected
             ]
         );
+    }
+
+    #[test]
+    fn the_transition_table_is_the_specs() {
+        use TaskState::*;
+        let all = [
+            Submitted,
+            Working,
+            Completed,
+            Failed,
+            Canceled,
+            InputRequired,
+            AuthRequired,
+            Rejected,
+        ];
+        let allowed: Vec<(TaskState, TaskState)> = all
+            .iter()
+            .flat_map(|&a| all.iter().map(move |&b| (a, b)))
+            .filter(|(a, b)| a.can_become(*b))
+            .filter(|(a, _)| matches!(a, Submitted | Working | Completed | Failed | Canceled))
+            .collect();
+        assert_eq!(
+            allowed,
+            vec![
+                (Submitted, Working),
+                (Submitted, Canceled),
+                (Working, Working),
+                (Working, Completed),
+                (Working, Failed),
+                (Working, Canceled),
+            ]
+        );
+        for terminal in [Completed, Failed, Canceled, Rejected] {
+            assert!(all.iter().all(|&n| !terminal.can_become(n)), "{terminal}");
+        }
     }
 
     #[test]

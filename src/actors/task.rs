@@ -198,10 +198,10 @@ impl Actor for TaskActor {
     ) -> Result<(), ActorProcessingErr> {
         let terminal = state.status.state.is_terminal();
         match msg {
-            TaskMsg::Started if state.status.state == TaskState::Submitted => {
+            TaskMsg::Started => {
                 state.transition(&myself, TaskStatus::new(TaskState::Working));
             }
-            TaskMsg::Progress(message) if !terminal => {
+            TaskMsg::Progress(message) if state.status.state == TaskState::Working => {
                 let message = Arc::new(message);
                 state.history.push(message.clone());
                 let mut status = TaskStatus::new(TaskState::Working);
@@ -228,7 +228,7 @@ impl Actor for TaskActor {
                 };
                 state.transition(&myself, status);
             }
-            TaskMsg::TimedOut if !terminal => {
+            TaskMsg::TimedOut => {
                 state.transition(&myself, canceled("timeout".into()));
             }
             TaskMsg::Cancel { reason, reply } => {
@@ -265,7 +265,7 @@ impl Actor for TaskActor {
             }
             TaskMsg::Unsubscribe(id) => state.subscribers.retain(|s| s.id != id),
             // Late messages for a task that already moved on: nothing to do.
-            TaskMsg::Started | TaskMsg::Progress(_) | TaskMsg::Finished(_) | TaskMsg::TimedOut => {}
+            TaskMsg::Progress(_) | TaskMsg::Finished(_) => {}
         }
         Ok(())
     }
@@ -354,6 +354,10 @@ impl TaskActorState {
 
     fn transition(&mut self, myself: &ActorRef<TaskMsg>, status: TaskStatus) {
         let previous = self.status.state;
+        if !previous.can_become(status.state) {
+            tracing::debug!(task = %self.key.task, from = %previous, to = %status.state, "transition ignored");
+            return;
+        }
         let event = self.record(status);
         let state = event.status.state;
         if state.is_terminal() {
