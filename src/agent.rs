@@ -18,8 +18,10 @@ use crate::config::AgentConfig;
 use crate::model::{ContextId, Message, TaskId};
 
 mod echo;
+mod openai;
 
 pub use echo::EchoAgent;
+pub use openai::OpenAiAgent;
 
 /// The future an agent returns.
 pub type AgentFuture = Pin<Box<dyn Future<Output = Result<Message, AgentError>> + Send>>;
@@ -84,17 +86,30 @@ impl Updates {
         Self { task: None }
     }
 
-    /// Emits a progress message. Returns false when the task is gone.
+    /// Emits a progress message: a `working` update that is also kept in the task's
+    /// history. Returns false when the task is gone.
     pub fn progress(&self, message: Message) -> bool {
+        self.send(message, true)
+    }
+
+    /// Emits a partial result (e.g. a chunk of streamed tokens): a `working` update that
+    /// streams see but the task's history does not keep. Returns false when the task is gone.
+    pub fn partial(&self, message: Message) -> bool {
+        self.send(message, false)
+    }
+
+    fn send(&self, message: Message, keep: bool) -> bool {
         self.task
             .as_ref()
-            .is_some_and(|t| t.cast(TaskMsg::Progress(message)).is_ok())
+            .is_some_and(|t| t.cast(TaskMsg::Progress { message, keep }).is_ok())
     }
 }
 
 /// Builds the backend named by an agent's configuration.
 pub fn from_config(config: &AgentConfig) -> Arc<dyn Agent> {
-    // `Config::validated` only lets known backends through; `echo` is the only one yet.
-    debug_assert_eq!(config.backend, "echo");
-    Arc::new(EchoAgent::new(config.echo.clone()))
+    // `Config::validated` only lets known backends through, each with its own table.
+    match (&config.backend[..], &config.openai) {
+        ("openai", Some(openai)) => Arc::new(OpenAiAgent::new(openai.clone())),
+        _ => Arc::new(EchoAgent::new(config.echo.clone())),
+    }
 }

@@ -119,6 +119,104 @@ pub struct AgentConfig {
     /// `[agents.echo]`
     #[serde(default)]
     pub echo: EchoConfig,
+    /// `[agents.openai]`: required with `backend = "openai"`.
+    #[serde(default)]
+    pub openai: Option<OpenAiConfig>,
+}
+
+/// `[agents.openai]`: an OpenAI-compatible Chat Completions upstream.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OpenAiConfig {
+    /// The API base, e.g. `http://127.0.0.1:11434/v1` (`/chat/completions` is appended).
+    pub base_url: String,
+    /// The model name.
+    pub model: String,
+    /// The environment variable holding the upstream API key (none: no `Authorization`).
+    #[serde(default)]
+    pub api_key_env: Option<String>,
+    /// A system message sent first.
+    #[serde(default)]
+    pub system_prompt: Option<String>,
+    /// Sampling temperature (0–2).
+    #[serde(default)]
+    pub temperature: Option<f64>,
+    /// Upper bound on generated tokens.
+    #[serde(default)]
+    pub max_tokens: Option<u32>,
+    /// Bound on one upstream call, from request to the last chunk.
+    #[serde(default = "OpenAiConfig::default_timeout")]
+    pub request_timeout_seconds: f64,
+    /// Earlier turns of the conversation sent as chat history (oldest dropped first).
+    #[serde(default = "OpenAiConfig::default_history_turns")]
+    pub max_history_turns: usize,
+}
+
+impl OpenAiConfig {
+    /// Default upstream time-out.
+    pub const DEFAULT_REQUEST_TIMEOUT_SECONDS: f64 = 120.0;
+    /// Default history turns.
+    pub const DEFAULT_MAX_HISTORY_TURNS: usize = 20;
+
+    /// An upstream at `base_url` serving `model`, every other option at its default.
+    pub fn new(base_url: &str, model: &str) -> Self {
+        Self {
+            base_url: base_url.to_string(),
+            model: model.to_string(),
+            api_key_env: None,
+            system_prompt: None,
+            temperature: None,
+            max_tokens: None,
+            request_timeout_seconds: Self::DEFAULT_REQUEST_TIMEOUT_SECONDS,
+            max_history_turns: Self::DEFAULT_MAX_HISTORY_TURNS,
+        }
+    }
+
+    fn default_timeout() -> f64 {
+        Self::DEFAULT_REQUEST_TIMEOUT_SECONDS
+    }
+
+    fn default_history_turns() -> usize {
+        Self::DEFAULT_MAX_HISTORY_TURNS
+    }
+
+    fn validate(&self, at: &dyn Fn(&str) -> String) -> Result<(), ConfigError> {
+        match url::Url::parse(&self.base_url) {
+            Ok(u) if matches!(u.scheme(), "http" | "https") && u.host().is_some() => {}
+            _ => {
+                return Err(ConfigError::key(
+                    at("openai.base_url"),
+                    format!(
+                        "{:?} is not an http(s) URL such as \"http://127.0.0.1:11434/v1\"",
+                        self.base_url
+                    ),
+                ));
+            }
+        }
+        if self.model.is_empty() {
+            return Err(ConfigError::key(at("openai.model"), "must not be empty"));
+        }
+        if let Some(var) = &self.api_key_env
+            && std::env::var_os(var).is_none()
+        {
+            return Err(ConfigError::key(
+                at("openai.api_key_env"),
+                format!("the environment variable {var:?} is not set"),
+            ));
+        }
+        if let Some(t) = self.temperature
+            && !(0.0..=2.0).contains(&t)
+        {
+            return Err(ConfigError::key(
+                at("openai.temperature"),
+                "must be from 0 to 2",
+            ));
+        }
+        positive(
+            &at("openai.request_timeout_seconds"),
+            self.request_timeout_seconds,
+        )
+    }
 }
 
 /// `[agents.limits]`
@@ -435,6 +533,7 @@ impl AgentConfig {
             webhooks: true,
             limits: AgentLimits::default(),
             echo: EchoConfig::default(),
+            openai: None,
         }
     }
 
@@ -444,7 +543,7 @@ impl AgentConfig {
     }
 
     /// Backends this build knows.
-    pub const BACKENDS: &'static [&'static str] = &["echo"];
+    pub const BACKENDS: &'static [&'static str] = &["echo", "openai"];
 
     fn validate(&mut self, i: usize) -> Result<(), ConfigError> {
         let at = |k: &str| format!("agents[{i}].{k}");
@@ -473,6 +572,22 @@ impl AgentConfig {
                     Self::BACKENDS.join(", ")
                 ),
             ));
+        }
+        match (&self.backend[..], &self.openai) {
+            ("openai", None) => {
+                return Err(ConfigError::key(
+                    at("openai"),
+                    "backend \"openai\" needs an [agents.openai] table with base_url and model",
+                ));
+            }
+            ("openai", Some(o)) => o.validate(&at)?,
+            (_, Some(_)) => {
+                return Err(ConfigError::key(
+                    at("openai"),
+                    "[agents.openai] is only used with backend = \"openai\"",
+                ));
+            }
+            _ => {}
         }
         let l = &mut self.limits;
         if l.requests_per_minute == 0 {
@@ -782,6 +897,36 @@ fail = false
         for (text, key) in cases {
             let e = Config::from_toml(text).expect_err(text);
             assert_eq!(e.key.as_deref(), Some(key), "{text} -> {e}");
+        }
+    }
+
+    #[test]
+    fn an_openai_agent_needs_its_table_and_a_valid_url() {
+        let ok = "[[agents]]\nid = \"llm\"\nbackend = \"openai\"\n[agents.openai]\nbase_url = \"http://127.0.0.1:11434/v1\"\nmodel = \"llama3\"\n";
+        let c = Config::from_toml(ok).expect("valid");
+        let o = c.agents[0].openai.as_ref().expect("openai");
+        assert_eq!(o.request_timeout_seconds, 120.0);
+        assert_eq!(o.max_history_turns, 20);
+        for (text, key) in [
+            (
+                "[[agents]]\nid = \"llm\"\nbackend = \"openai\"\n",
+                "agents[0].openai",
+            ),
+            (
+                "[[agents]]\nid = \"llm\"\nbackend = \"openai\"\n[agents.openai]\nbase_url = \"nope\"\nmodel = \"m\"\n",
+                "agents[0].openai.base_url",
+            ),
+            (
+                "[[agents]]\nid = \"llm\"\nbackend = \"openai\"\n[agents.openai]\nbase_url = \"http://x/v1\"\nmodel = \"m\"\napi_key_env = \"A2AD_SURELY_UNSET_VAR\"\n",
+                "agents[0].openai.api_key_env",
+            ),
+            (
+                "[[agents]]\nid = \"e\"\n[agents.openai]\nbase_url = \"http://x/v1\"\nmodel = \"m\"\n",
+                "agents[0].openai",
+            ),
+        ] {
+            let e = Config::from_toml(text).expect_err(text);
+            assert_eq!(e.key.as_deref(), Some(key), "{e}");
         }
     }
 

@@ -46,7 +46,7 @@ pub mod webhook;
 pub use actors::{
     AgentCard, Replay, Resubscribed, Runtime, SendRequest, TaskStream, WebhookMetrics,
 };
-pub use agent::{Agent, AgentError, AgentFuture, AgentRequest, EchoAgent, Updates};
+pub use agent::{Agent, AgentError, AgentFuture, AgentRequest, EchoAgent, OpenAiAgent, Updates};
 pub use config::{Config, ConfigError};
 pub use error::{Error, Result};
 pub use model::{

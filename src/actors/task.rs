@@ -30,8 +30,13 @@ use crate::store::FinishedTask;
 pub(crate) enum TaskMsg {
     /// The driver got a slot and the agent starts: `submitted` → `working`.
     Started,
-    /// An intermediate agent update.
-    Progress(Message),
+    /// An intermediate agent update; `keep` records it in the history.
+    Progress {
+        /// The update.
+        message: Message,
+        /// Kept in `history` (a progress message) or transient (a streamed chunk).
+        keep: bool,
+    },
     /// The agent ended.
     Finished(Result<Message, AgentError>),
     /// The task's time-out elapsed.
@@ -201,9 +206,11 @@ impl Actor for TaskActor {
             TaskMsg::Started => {
                 state.transition(&myself, TaskStatus::new(TaskState::Working));
             }
-            TaskMsg::Progress(message) if state.status.state == TaskState::Working => {
+            TaskMsg::Progress { message, keep } if state.status.state == TaskState::Working => {
                 let message = Arc::new(message);
-                state.history.push(message.clone());
+                if keep {
+                    state.history.push(message.clone());
+                }
                 let mut status = TaskStatus::new(TaskState::Working);
                 status.message = Some(message);
                 state.transition(&myself, status);
@@ -265,7 +272,7 @@ impl Actor for TaskActor {
             }
             TaskMsg::Unsubscribe(id) => state.subscribers.retain(|s| s.id != id),
             // Late messages for a task that already moved on: nothing to do.
-            TaskMsg::Progress(_) | TaskMsg::Finished(_) => {}
+            TaskMsg::Progress { .. } | TaskMsg::Finished(_) => {}
         }
         Ok(())
     }

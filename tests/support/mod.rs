@@ -3,6 +3,7 @@
 #![allow(dead_code, unreachable_pub)]
 
 pub mod receiver;
+pub mod upstream;
 
 use std::future::Future;
 use std::time::Duration;
