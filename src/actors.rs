@@ -14,6 +14,7 @@ use std::time::Duration;
 
 use dashmap::DashMap;
 use dashmap::mapref::entry::Entry;
+use foldhash::fast::RandomState;
 use ractor::rpc::CallResult;
 use ractor::{Actor, ActorRef};
 use tokio::sync::{mpsc, oneshot};
@@ -120,8 +121,9 @@ pub(crate) struct LiveTask {
 /// State shared by the runtime, the actors and the request path.
 pub(crate) struct Shared {
     pub(crate) config: Arc<Config>,
-    /// Live tasks. Guards are never held across an await (STYLE pitfall 10).
-    pub(crate) live: DashMap<TaskKey, LiveTask>,
+    /// Live tasks. Guards are never held across an await (STYLE pitfall 10). Hashed with
+    /// seeded foldhash: fast, and ids chosen by clients cannot be aimed at one shard.
+    pub(crate) live: DashMap<TaskKey, LiveTask, RandomState>,
     pub(crate) store: Arc<dyn TaskStore>,
     pub(crate) push: Arc<dyn PushStore>,
     pub(crate) metrics: Metrics,
@@ -250,7 +252,7 @@ impl Runtime {
         .await
         .map_err(spawn_failed)?;
         let shared = Arc::new(Shared {
-            live: DashMap::new(),
+            live: DashMap::default(),
             store: Arc::new(MemoryTaskStore::new(retention, server.max_finished_tasks)),
             push,
             metrics: Metrics::default(),

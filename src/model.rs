@@ -199,8 +199,8 @@ impl Message {
 pub enum Part {
     /// Plain text.
     Text(String),
-    /// A file carried inline.
-    File(FileContent),
+    /// A file carried inline (boxed: text parts, the common case, stay small).
+    File(Box<FileContent>),
 }
 
 impl Part {
@@ -391,12 +391,12 @@ mod tests {
             role: Role::User,
             parts: vec![
                 Part::Text("a".into()),
-                Part::File(FileContent {
+                Part::File(Box::new(FileContent {
                     name: "f".into(),
                     mime_type: "text/plain".into(),
                     bytes: "YQ==".into(),
                     size: 1,
-                }),
+                })),
                 Part::Text("b".into()),
             ],
             message_id: "x".into(),

@@ -54,29 +54,50 @@ struct Envelope<'a> {
     params: Option<&'a RawValue>,
 }
 
-/// Decodes a request body.
+/// Decodes a request body in one pass over it.
 ///
 /// # Errors
 /// -32700 when the body is not JSON; -32600 for an empty batch or a non-object body.
 pub fn decode(body: &[u8]) -> Result<Body, RpcError> {
-    let raw: &RawValue = serde_json::from_slice(body).map_err(|e| {
+    use serde_json::error::Category;
+    let parse_error = |e: serde_json::Error| {
         RpcError::parse_error(format!(
             "invalid JSON at line {}, column {}",
             e.line(),
             e.column()
         ))
-    })?;
-    let text = raw.get();
-    match text.as_bytes().first() {
+    };
+    match body.iter().find(|b| !b.is_ascii_whitespace()) {
+        Some(b'{') => match serde_json::from_slice::<Envelope<'_>>(body) {
+            Ok(env) => Ok(Body::Single(decode_envelope(env))),
+            Err(e)
+                if matches!(
+                    e.classify(),
+                    Category::Syntax | Category::Eof | Category::Io
+                ) =>
+            {
+                Err(parse_error(e))
+            }
+            // Valid JSON of the wrong shape (e.g. a duplicate member).
+            Err(_) => Ok(Body::Single(Err(Rejected {
+                id: None,
+                error: RpcError::invalid_request("malformed request object (duplicate member?)"),
+            }))),
+        },
         Some(b'[') => {
-            let items: Vec<&RawValue> = serde_json::from_str(text)
-                .map_err(|_| RpcError::invalid_request("the batch is not an array of requests"))?;
+            let items: Vec<&RawValue> = serde_json::from_slice(body).map_err(parse_error)?;
             if items.is_empty() {
                 return Err(RpcError::invalid_request("empty batch"));
             }
             Ok(Body::Batch(items.into_iter().map(decode_one).collect()))
         }
-        _ => Ok(Body::Single(decode_one(raw))),
+        _ => {
+            serde_json::from_slice::<serde::de::IgnoredAny>(body).map_err(parse_error)?;
+            Ok(Body::Single(Err(Rejected {
+                id: None,
+                error: RpcError::invalid_request("a request must be a JSON object"),
+            })))
+        }
     }
 }
 
@@ -90,6 +111,14 @@ fn decode_one(raw: &RawValue) -> Result<Call, Rejected> {
     }
     let env: Envelope<'_> = serde_json::from_str(raw.get())
         .map_err(|_| reject(None, "malformed request object (duplicate member?)"))?;
+    decode_envelope(env)
+}
+
+fn decode_envelope(env: Envelope<'_>) -> Result<Call, Rejected> {
+    let reject = |id: Option<&RawValue>, reason: &str| Rejected {
+        id: id.map(RawValue::to_owned),
+        error: RpcError::invalid_request(reason),
+    };
     let id = env.id.filter(|id| is_valid_id(id));
     let Some(id) = id else {
         let reason = if env.id.is_some() {

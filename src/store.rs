@@ -10,6 +10,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use dashmap::DashMap;
+use foldhash::fast::RandomState;
 
 use crate::model::{AgentId, Principal, TaskKey, TaskSnapshot};
 use crate::push::{PushScope, StoredPushConfig};
@@ -54,6 +55,8 @@ pub trait PushStore: Send + Sync + 'static {
     ) -> Option<Arc<StoredPushConfig>>;
     /// The configurations that apply to a task: its own and the agent-wide one.
     fn for_task(&self, key: &TaskKey) -> Vec<Arc<StoredPushConfig>>;
+    /// True when no configuration is stored at all (the hot path skips webhooks then).
+    fn is_empty(&self) -> bool;
 }
 
 /// Finished tasks in memory, evicted oldest first.
@@ -61,7 +64,7 @@ pub trait PushStore: Send + Sync + 'static {
 /// Retention is the same for every record, so insertion order is expiry order: a FIFO of
 /// keys makes eviction cost what it evicts, never a scan of the whole map.
 pub struct MemoryTaskStore {
-    records: DashMap<TaskKey, FinishedTask>,
+    records: DashMap<TaskKey, FinishedTask, RandomState>,
     /// Keys in insertion order with their expiry. Guarded by a std mutex: pushes and pops
     /// are short and never await.
     order: Mutex<VecDeque<(Instant, TaskKey)>>,
@@ -73,7 +76,7 @@ impl MemoryTaskStore {
     /// A store keeping records for `retention`, at most `max_records` of them.
     pub fn new(retention: Duration, max_records: usize) -> Self {
         Self {
-            records: DashMap::new(),
+            records: DashMap::default(),
             order: Mutex::new(VecDeque::new()),
             retention,
             max_records,
@@ -134,7 +137,7 @@ impl TaskStore for MemoryTaskStore {
 /// Push configurations in memory.
 #[derive(Default)]
 pub struct MemoryPushStore {
-    by_scope: DashMap<PushScope, Arc<StoredPushConfig>>,
+    by_scope: DashMap<PushScope, Arc<StoredPushConfig>, RandomState>,
 }
 
 impl PushStore for MemoryPushStore {
@@ -156,6 +159,10 @@ impl PushStore for MemoryPushStore {
             .iter()
             .find(|c| c.id == id && &c.scope.principal == principal && &c.scope.agent == agent)
             .map(|c| c.value().clone())
+    }
+
+    fn is_empty(&self) -> bool {
+        self.by_scope.is_empty()
     }
 
     fn for_task(&self, key: &TaskKey) -> Vec<Arc<StoredPushConfig>> {

@@ -67,7 +67,7 @@ pub(crate) struct ContextArgs {
 
 /// State of the context actor.
 pub(crate) struct ContextState {
-    conversations: HashMap<ContextKey, Conversation>,
+    conversations: HashMap<ContextKey, Conversation, foldhash::fast::RandomState>,
     retention: Duration,
     max_turns: usize,
     /// Aborted in `post_stop`.
@@ -95,7 +95,7 @@ impl Actor for ContextActor {
             (args.retention / 4).clamp(Duration::from_millis(100), Duration::from_secs(60));
         let sweeper = myself.send_interval(period, || ContextMsg::Sweep);
         Ok(ContextState {
-            conversations: HashMap::new(),
+            conversations: HashMap::default(),
             retention: args.retention,
             max_turns: args.max_turns,
             sweeper: Some(sweeper),

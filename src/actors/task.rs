@@ -367,25 +367,24 @@ impl TaskActorState {
         }
         let event = self.record(status);
         let state = event.status.state;
-        if state.is_terminal() {
-            self.persist(myself);
-        }
+        let finished = state.is_terminal().then(|| self.persist(myself));
         self.fan_out(&event);
         if state != previous {
             self.shared
                 .observer
                 .task_event(&self.key, &self.context_id, &event, self.created_at);
         }
-        if state.is_terminal() {
-            self.finish(myself);
+        if let Some(snapshot) = finished {
+            self.finish(myself, &snapshot);
         }
     }
 
     /// Stores the finished record and leaves the live index, before anyone hears of the
     /// terminal state: whoever saw it will find the record.
-    fn persist(&mut self, myself: &ActorRef<TaskMsg>) {
+    fn persist(&mut self, myself: &ActorRef<TaskMsg>) -> Arc<TaskSnapshot> {
+        let snapshot = Arc::new(self.snapshot());
         let record = FinishedTask {
-            snapshot: Arc::new(self.snapshot()),
+            snapshot: snapshot.clone(),
             message_id: self.message.message_id.as_str().into(),
         };
         self.shared.store.insert(self.key.clone(), record);
@@ -393,10 +392,10 @@ impl TaskActorState {
         self.shared
             .live
             .remove_if(&self.key, |_, live| live.actor.get_id() == me);
+        snapshot
     }
 
-    fn finish(&mut self, myself: &ActorRef<TaskMsg>) {
-        let snapshot = self.snapshot();
+    fn finish(&mut self, myself: &ActorRef<TaskMsg>, snapshot: &TaskSnapshot) {
         for waiter in self.waiters.drain(..) {
             let _ = waiter.send(snapshot.clone());
         }

@@ -438,6 +438,9 @@ impl TaskObserver for WebhookPool {
         event: &Arc<TaskEvent>,
         created_at: chrono::DateTime<chrono::Utc>,
     ) {
+        if self.push.is_empty() {
+            return;
+        }
         let Some(kind) = WebhookEvent::for_state(event.status.state) else {
             return;
         };

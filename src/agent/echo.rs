@@ -77,12 +77,12 @@ mod tests {
             role: Role::User,
             parts: vec![
                 Part::Text("hi".into()),
-                Part::File(FileContent {
+                Part::File(Box::new(FileContent {
                     name: "a.txt".into(),
                     mime_type: "text/plain".into(),
                     bytes: "aGk=".into(),
                     size: 2,
-                }),
+                })),
                 Part::Text("there".into()),
             ],
             message_id: "m".into(),

@@ -332,18 +332,18 @@ mod tests {
             role: Role::User,
             parts: vec![
                 Part::Text("look".into()),
-                Part::File(FileContent {
+                Part::File(Box::new(FileContent {
                     name: "p.png".into(),
                     mime_type: "image/png".into(),
                     bytes: "iVBORw0KGgo=".into(),
                     size: 8,
-                }),
-                Part::File(FileContent {
+                })),
+                Part::File(Box::new(FileContent {
                     name: "d.pdf".into(),
                     mime_type: "application/pdf".into(),
                     bytes: "JVBERi0=".into(),
                     size: 5,
-                }),
+                })),
             ],
             message_id: "m".into(),
         };

@@ -264,7 +264,8 @@ fn parse_part(i: usize, v: Value, limits: &AgentLimits) -> Result<Part, Error> {
             let name = take("name")?;
             let mime = take("mimeType")?;
             let bytes = take("bytes")?;
-            validate::file_part(&at(".file"), name, mime, bytes, limits).map(Part::File)
+            validate::file_part(&at(".file"), name, mime, bytes, limits)
+                .map(|f| Part::File(Box::new(f)))
         }
         other => Err(Error::invalid(
             at(".type"),

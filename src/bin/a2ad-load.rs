@@ -1,0 +1,651 @@
+//! `a2ad-load`: drives an a2ad server over real HTTP and reports requests/s, latency
+//! percentiles, errors by kind and (for a server it started, or one given by `--server-pid`)
+//! peak RSS and CPU seconds per 1,000 requests. `--baseline` measures a minimal hyper
+//! server (the floor) with the same client and settings, and prints a2ad as a ratio of it.
+//! See docs/PERFORMANCE.md.
+
+use std::collections::BTreeMap;
+use std::io::IsTerminal as _;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::time::{Duration, Instant};
+
+use clap::{Parser, ValueEnum};
+use serde_json::{Value, json};
+
+#[path = "a2ad-load/client.rs"]
+mod client;
+#[path = "a2ad-load/floor.rs"]
+mod floor;
+#[path = "a2ad-load/procs.rs"]
+mod procs;
+#[path = "a2ad-load/receiver.rs"]
+mod receiver;
+
+use client::{Conn, Kind, Stats, Target};
+use procs::ServerProc;
+
+const BENCH_KEY: &str = "bench-key-0123456789";
+const WEBHOOK_SECRET: &str = "bench-webhook-secret-0123";
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum Scenario {
+    /// message/send to an echo agent.
+    Send,
+    /// message/stream, each read to its final event.
+    Stream,
+    /// N concurrent streams on a slow echo agent, held to the end.
+    Hold,
+    /// send, get, cancel and card calls (12:5:1:2).
+    Mixed,
+    /// Webhook deliveries per second to a receiver this tool runs, signatures checked.
+    Webhooks,
+    /// Many tasks through a server with a short retention; RSS over time.
+    Soak,
+}
+
+/// Load-test an a2ad server (or start one) over real HTTP.
+#[derive(Parser, Debug)]
+#[command(name = "a2ad-load", version)]
+struct Cli {
+    /// The scenario.
+    #[arg(long, value_enum, default_value = "send")]
+    scenario: Scenario,
+    /// Base URL of a running a2ad (e.g. http://127.0.0.1:8080); omit to start one.
+    #[arg(long)]
+    url: Option<String>,
+    /// Agent id for send/stream/mixed/webhooks (`--url` only; a started server has `echo`).
+    #[arg(long, default_value = "echo")]
+    agent: String,
+    /// Agent id for `hold` (`--url` only; a started server has `slow`).
+    #[arg(long, default_value = "slow")]
+    slow_agent: String,
+    /// API key (`--url` only; a started server accepts the tool's own key).
+    #[arg(long)]
+    key: Option<String>,
+    /// Pid of the server behind `--url`, for RSS and CPU figures.
+    #[arg(long)]
+    server_pid: Option<u32>,
+    /// Concurrent keep-alive connections.
+    #[arg(long, short = 'c', default_value_t = 64)]
+    connections: usize,
+    /// Seconds to run (send, stream, mixed, webhooks).
+    #[arg(long, short = 'd', default_value_t = 10.0)]
+    duration: f64,
+    /// Concurrent streams for `hold`.
+    #[arg(long, default_value_t = 10_000)]
+    streams: usize,
+    /// How long the slow agent of a started server takes, in ms (`hold`).
+    #[arg(long, default_value_t = 15_000)]
+    hold_ms: u64,
+    /// Tasks for `soak`.
+    #[arg(long, default_value_t = 1_000_000)]
+    tasks: u64,
+    /// Retention of a started server for `soak`, in seconds.
+    #[arg(long, default_value_t = 5.0)]
+    retention: f64,
+    /// Also measure the floor server with the same client and settings.
+    #[arg(long)]
+    baseline: bool,
+    /// CPUs for the server(s) the tool starts (taskset list, e.g. `0`).
+    #[arg(long)]
+    server_cpus: Option<String>,
+    /// CPUs for this tool (taskset list, e.g. `1`).
+    #[arg(long)]
+    load_cpus: Option<String>,
+    /// The a2ad binary to start (default: next to this one).
+    #[arg(long)]
+    server_bin: Option<String>,
+    /// Write the results as JSON to this file.
+    #[arg(long)]
+    json: Option<String>,
+    /// Run as the floor server on this address (internal; used by --baseline).
+    #[arg(long, value_name = "ADDR")]
+    floor_server: Option<String>,
+}
+
+fn main() -> std::process::ExitCode {
+    let cli = Cli::parse();
+    if let Some(cpus) = &cli.load_cpus
+        && let Err(e) = procs::pin_self(cpus)
+    {
+        eprintln!("a2ad-load: {e}");
+        return std::process::ExitCode::from(2);
+    }
+    let mut rt = tokio::runtime::Builder::new_multi_thread();
+    if let Some(cpus) = cli
+        .load_cpus
+        .as_deref()
+        .filter(|_| cli.floor_server.is_none())
+    {
+        rt.worker_threads(procs::cpu_count(cpus));
+    }
+    let rt = match rt.enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("a2ad-load: {e}");
+            return std::process::ExitCode::from(1);
+        }
+    };
+    if let Some(addr) = &cli.floor_server {
+        return match rt.block_on(floor::serve(addr)) {
+            Ok(()) => std::process::ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("a2ad-load floor: {e}");
+                std::process::ExitCode::from(1)
+            }
+        };
+    }
+    match rt.block_on(run(cli)) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("a2ad-load: {e}");
+            std::process::ExitCode::from(1)
+        }
+    }
+}
+
+/// One measured run.
+struct Report {
+    scenario: Scenario,
+    target: &'static str,
+    connections: usize,
+    seconds: f64,
+    requests: u64,
+    latencies_ms: [f64; 4],
+    errors: BTreeMap<String, u64>,
+    peak_rss_mib: Option<f64>,
+    cpu_per_1k: Option<f64>,
+    extra: BTreeMap<&'static str, Value>,
+}
+
+impl Report {
+    fn rps(&self) -> f64 {
+        self.requests as f64 / self.seconds.max(1e-9)
+    }
+
+    fn json(&self) -> Value {
+        json!({
+            "scenario": format!("{:?}", self.scenario).to_lowercase(),
+            "target": self.target,
+            "connections": self.connections,
+            "seconds": self.seconds,
+            "requests": self.requests,
+            "rps": self.rps(),
+            "p50_ms": self.latencies_ms[0], "p90_ms": self.latencies_ms[1],
+            "p99_ms": self.latencies_ms[2], "max_ms": self.latencies_ms[3],
+            "errors": self.errors,
+            "peak_rss_mib": self.peak_rss_mib,
+            "cpu_seconds_per_1k": self.cpu_per_1k,
+            "extra": self.extra,
+        })
+    }
+
+    fn print(&self) {
+        let errors = if self.errors.is_empty() {
+            "none".to_string()
+        } else {
+            self.errors
+                .iter()
+                .map(|(k, v)| format!("{k}={v}"))
+                .collect::<Vec<_>>()
+                .join(" ")
+        };
+        println!(
+            "{:<8} {:<5} c={:<5} {:>10.0} req/s  p50 {:>7.2} ms  p90 {:>7.2} ms  p99 {:>7.2} ms  max {:>8.2} ms  errors: {errors}{}{}",
+            format!("{:?}", self.scenario).to_lowercase(),
+            self.target,
+            self.connections,
+            self.rps(),
+            self.latencies_ms[0],
+            self.latencies_ms[1],
+            self.latencies_ms[2],
+            self.latencies_ms[3],
+            self.peak_rss_mib
+                .map(|m| format!("  peak RSS {m:.1} MiB"))
+                .unwrap_or_default(),
+            self.cpu_per_1k
+                .map(|c| format!("  CPU {c:.3} s/1k req"))
+                .unwrap_or_default(),
+        );
+        for (k, v) in &self.extra {
+            println!("         {k}: {v}");
+        }
+    }
+}
+
+async fn run(cli: Cli) -> Result<(), String> {
+    let mut reports = Vec::new();
+    let a2ad = measure_a2ad(&cli).await?;
+    a2ad.print();
+    if cli.baseline
+        && matches!(
+            cli.scenario,
+            Scenario::Send | Scenario::Stream | Scenario::Mixed
+        )
+    {
+        let floor = measure_floor(&cli).await?;
+        floor.print();
+        println!(
+            "ratio    a2ad/floor  req/s {:.1}%  p99 {:.2}x",
+            100.0 * a2ad.rps() / floor.rps().max(1e-9),
+            a2ad.latencies_ms[2] / floor.latencies_ms[2].max(1e-9)
+        );
+        reports.push(floor);
+    }
+    reports.insert(0, a2ad);
+    if let Some(path) = &cli.json {
+        let out: Vec<Value> = reports.iter().map(Report::json).collect();
+        std::fs::write(path, serde_json::to_vec_pretty(&out).unwrap_or_default())
+            .map_err(|e| format!("{path}: {e}"))?;
+    }
+    Ok(())
+}
+
+fn server_bin(cli: &Cli) -> Result<String, String> {
+    if let Some(b) = &cli.server_bin {
+        return Ok(b.clone());
+    }
+    let me = std::env::current_exe().map_err(|e| e.to_string())?;
+    Ok(me.with_file_name("a2ad").display().to_string())
+}
+
+fn bench_config(cli: &Cli) -> String {
+    let retention = if cli.scenario == Scenario::Soak {
+        cli.retention
+    } else {
+        120.0
+    };
+    let limits = "[agents.limits]\nrequests_per_minute = 1000000000\nconcurrent_tasks = 1000000\nmax_queued_tasks = 1000000\ntask_timeout_seconds = 600\nsync_wait_seconds = 600\n";
+    format!(
+        "[server]\nlisten = \"127.0.0.1:0\"\nlisten_backlog = 16384\ntask_retention_seconds = {retention}\nmax_live_tasks = 1000000\nmax_subscribers_per_task = 100000\n\n\
+         [webhooks]\nallow_private_networks = true\nworkers = 8\nmax_pending_deliveries = 1000000\n\n\
+         [[api_keys]]\nname = \"bench\"\nkey = \"{BENCH_KEY}\"\n\n\
+         [[agents]]\nid = \"echo\"\n{limits}\n\
+         [[agents]]\nid = \"slow\"\n{limits}[agents.echo]\ndelay_ms = {}\n",
+        cli.hold_ms
+    )
+}
+
+async fn measure_a2ad(cli: &Cli) -> Result<Report, String> {
+    let (server, base, key, pid) = match &cli.url {
+        Some(url) => {
+            let key = cli.key.clone().ok_or("--key is required with --url")?;
+            (
+                None,
+                url.trim_end_matches('/').to_string(),
+                key,
+                cli.server_pid,
+            )
+        }
+        None => {
+            let path = std::env::temp_dir().join(format!("a2ad-load-{}.toml", std::process::id()));
+            std::fs::write(&path, bench_config(cli)).map_err(|e| e.to_string())?;
+            let args = vec!["--config".to_string(), path.display().to_string()];
+            let s = ServerProc::start(&server_bin(cli)?, &args, cli.server_cpus.as_deref())?;
+            let base = format!("http://{}", s.addr);
+            let pid = s.pid();
+            (Some(s), base, BENCH_KEY.to_string(), Some(pid))
+        }
+    };
+    let started_server = server.is_some();
+    let agent = if started_server {
+        "echo"
+    } else {
+        cli.agent.as_str()
+    };
+    let slow = if started_server {
+        "slow"
+    } else {
+        cli.slow_agent.as_str()
+    };
+    let addr = base
+        .strip_prefix("http://")
+        .ok_or("only http:// URLs")?
+        .parse()
+        .map_err(|_| format!("{base}: expected http://IP:PORT"))?;
+    let target = |agent: &str| {
+        Arc::new(Target {
+            addr,
+            path: format!("/api/v1/a2a/{agent}"),
+            key: key.clone(),
+        })
+    };
+    let result = match cli.scenario {
+        Scenario::Send => timed(cli, target(agent), Kind::Send, pid, "a2ad").await,
+        Scenario::Stream => timed(cli, target(agent), Kind::Stream, pid, "a2ad").await,
+        Scenario::Mixed => timed(cli, target(agent), Kind::Mixed, pid, "a2ad").await,
+        Scenario::Hold => hold(cli, target(slow), pid).await,
+        Scenario::Webhooks => webhooks(cli, target(agent), pid).await,
+        Scenario::Soak => soak(cli, target(agent), pid).await,
+    };
+    if let Some(s) = server {
+        s.stop();
+    }
+    result
+}
+
+async fn measure_floor(cli: &Cli) -> Result<Report, String> {
+    let me = std::env::current_exe()
+        .map_err(|e| e.to_string())?
+        .display()
+        .to_string();
+    let args = vec!["--floor-server".to_string(), "127.0.0.1:0".to_string()];
+    let s = ServerProc::start(&me, &args, cli.server_cpus.as_deref())?;
+    let target = Arc::new(Target {
+        addr: s.addr,
+        path: "/api/v1/a2a/echo".into(),
+        key: BENCH_KEY.into(),
+    });
+    // The floor answers every call with one JSON result, so `send` is its workload.
+    let r = timed(cli, target, Kind::Send, Some(s.pid()), "floor").await;
+    s.stop();
+    r
+}
+
+/// Runs `connections` request loops for `duration` seconds after a short warm-up.
+async fn timed(
+    cli: &Cli,
+    target: Arc<Target>,
+    kind: Kind,
+    pid: Option<u32>,
+    name: &'static str,
+) -> Result<Report, String> {
+    // Warm-up: open the connections and let the server's allocator settle.
+    let warm = Instant::now() + Duration::from_secs_f64((cli.duration * 0.1).clamp(0.2, 2.0));
+    drive(cli.connections, target.clone(), kind, warm, None).await;
+    let cpu0 = pid.and_then(procs::cpu_seconds);
+    let t0 = Instant::now();
+    let deadline = t0 + Duration::from_secs_f64(cli.duration);
+    let progress = progress_line(
+        format!("{:?} c={}", cli.scenario, cli.connections).to_lowercase(),
+        cli.duration,
+    );
+    let stats = drive(cli.connections, target, kind, deadline, None).await;
+    progress.store(true, Relaxed);
+    let seconds = t0.elapsed().as_secs_f64();
+    Ok(report(
+        cli.scenario,
+        name,
+        cli.connections,
+        seconds,
+        stats,
+        pid,
+        cpu0,
+    ))
+}
+
+async fn drive(
+    connections: usize,
+    target: Arc<Target>,
+    kind: Kind,
+    deadline: Instant,
+    budget: Option<Arc<AtomicU64>>,
+) -> Stats {
+    let workers: Vec<_> = (0..connections)
+        .map(|_| {
+            tokio::spawn(client::run_loop(
+                target.clone(),
+                kind,
+                deadline,
+                budget.clone(),
+            ))
+        })
+        .collect();
+    let mut stats = Stats::default();
+    for w in workers {
+        match w.await {
+            Ok(s) => stats.merge(s),
+            Err(_) => stats.error("worker-panic"),
+        }
+    }
+    stats
+}
+
+fn report(
+    scenario: Scenario,
+    target: &'static str,
+    connections: usize,
+    seconds: f64,
+    mut stats: Stats,
+    pid: Option<u32>,
+    cpu0: Option<f64>,
+) -> Report {
+    stats.latencies.sort_unstable();
+    let l = &stats.latencies;
+    let requests = l.len() as u64;
+    let cpu_per_1k = match (cpu0, pid.and_then(procs::cpu_seconds)) {
+        (Some(a), Some(b)) if requests > 0 => Some((b - a) / requests as f64 * 1000.0),
+        _ => None,
+    };
+    Report {
+        scenario,
+        target,
+        connections,
+        seconds,
+        requests,
+        latencies_ms: [
+            client::percentile(l, 0.50),
+            client::percentile(l, 0.90),
+            client::percentile(l, 0.99),
+            client::percentile(l, 1.0),
+        ],
+        errors: stats.errors,
+        peak_rss_mib: pid
+            .and_then(procs::rss)
+            .map(|(_, peak)| peak as f64 / 1048576.0),
+        cpu_per_1k,
+        extra: BTreeMap::new(),
+    }
+}
+
+/// A status line on stderr while a run lasts, only when stderr is a terminal.
+fn progress_line(label: String, seconds: f64) -> Arc<AtomicBool> {
+    let done = Arc::new(AtomicBool::new(false));
+    if !std::io::stderr().is_terminal() {
+        return done;
+    }
+    let d = done.clone();
+    let start = Instant::now();
+    let base = client::DONE.load(Relaxed);
+    tokio::spawn(async move {
+        while !d.load(Relaxed) {
+            let n = client::DONE.load(Relaxed) - base;
+            let t = start.elapsed().as_secs_f64();
+            eprint!(
+                "\r{label}: {t:5.1}/{seconds:.0} s  {n:>10} requests  {:>9.0} req/s ",
+                n as f64 / t.max(1e-3)
+            );
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+        eprint!("\r{:80}\r", "");
+    });
+    done
+}
+
+/// Opens `streams` streams at once on the slow agent and holds each to its final event.
+async fn hold(cli: &Cli, target: Arc<Target>, pid: Option<u32>) -> Result<Report, String> {
+    let n = cli.streams;
+    let opened = Arc::new(AtomicU64::new(0));
+    let connects = Arc::new(tokio::sync::Semaphore::new(256));
+    let t0 = Instant::now();
+    let progress = progress_line(
+        format!("hold {n} streams"),
+        (cli.hold_ms as f64 / 1000.0) + 5.0,
+    );
+    let tasks: Vec<_> = (0..n)
+        .map(|_| {
+            let (target, opened, connects) = (target.clone(), opened.clone(), connects.clone());
+            tokio::spawn(async move {
+                let conn = {
+                    let _permit = connects.acquire().await;
+                    Conn::open(target).await
+                };
+                let mut conn = conn?;
+                opened.fetch_add(1, Relaxed);
+                let t = Instant::now();
+                let (status, body) = conn
+                    .post(client::send_body("message/stream", "hold", ""), true)
+                    .await?;
+                client::DONE.fetch_add(1, Relaxed);
+                if status != 200 {
+                    return Err(format!("http-{status}"));
+                }
+                if !client::contains(&body, b"\"final\":true") {
+                    return Err("no-final-event".to_string());
+                }
+                Ok(u32::try_from(t.elapsed().as_micros()).unwrap_or(u32::MAX))
+            })
+        })
+        .collect();
+    let mut stats = Stats::default();
+    for t in tasks {
+        match t.await {
+            Ok(Ok(micros)) => stats.latencies.push(micros),
+            Ok(Err(e)) => stats.error(e),
+            Err(_) => stats.error("worker-panic"),
+        }
+    }
+    progress.store(true, Relaxed);
+    let seconds = t0.elapsed().as_secs_f64();
+    let finished = stats.latencies.len();
+    let mut r = report(Scenario::Hold, "a2ad", n, seconds, stats, pid, None);
+    r.extra.insert("streams", json!(n));
+    r.extra.insert("finished_with_final_event", json!(finished));
+    r.extra.insert("dropped", json!(n - finished));
+    Ok(r)
+}
+
+/// Deliveries per second to a local receiver, every signature checked, none lost.
+async fn webhooks(cli: &Cli, target: Arc<Target>, pid: Option<u32>) -> Result<Report, String> {
+    let (addr, tally) = receiver::start(WEBHOOK_SECRET)
+        .await
+        .map_err(|e| e.to_string())?;
+    let mut conn = Conn::open(target.clone()).await?;
+    let set = format!(
+        r#"{{"jsonrpc":"2.0","id":1,"method":"tasks/pushNotificationConfig/set","params":{{"config":{{"url":"http://{addr}/hook","secret":"{WEBHOOK_SECRET}","events":["task.completed"],"retryPolicy":{{"maxRetries":3,"initialDelay":0.1}}}}}}}}"#
+    );
+    let (status, body) = conn.post(set, false).await?;
+    if let Some(e) = client::rpc_error(status, &body) {
+        return Err(format!("setting the push configuration failed: {e}"));
+    }
+    let mut r = timed(cli, target, Kind::Send, pid, "a2ad").await?;
+    let expected = r.requests;
+    // Wait (bounded) for the deliveries to catch up with the completed tasks.
+    let end = Instant::now() + Duration::from_secs(60);
+    loop {
+        let got = tally.lock().unwrap_or_else(|e| e.into_inner()).ids.len() as u64;
+        if got >= expected || Instant::now() > end {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let t = tally.lock().unwrap_or_else(|e| e.into_inner());
+    let unique = t.ids.len() as u64;
+    let span = match (t.first, t.last) {
+        (Some(a), Some(b)) => (b - a).as_secs_f64(),
+        _ => 0.0,
+    };
+    r.extra.insert("deliveries", json!(unique));
+    r.extra.insert(
+        "deliveries_per_second",
+        json!((unique as f64 / span.max(1e-9)).round()),
+    );
+    r.extra.insert("expected_deliveries", json!(expected));
+    r.extra
+        .insert("lost", json!(expected.saturating_sub(unique)));
+    r.extra.insert("bad_signatures", json!(t.bad_signatures));
+    r.extra
+        .insert("duplicates_received", json!(t.received - unique));
+    Ok(r)
+}
+
+/// `tasks` tasks through the server; RSS sampled every second; then the retention expires.
+async fn soak(cli: &Cli, target: Arc<Target>, pid: Option<u32>) -> Result<Report, String> {
+    let pid =
+        pid.ok_or("soak needs the server's pid (start it with the tool, or give --server-pid)")?;
+    // Warm-up, then the starting RSS.
+    drive(
+        cli.connections,
+        target.clone(),
+        Kind::Send,
+        Instant::now() + Duration::from_secs(1),
+        None,
+    )
+    .await;
+    tokio::time::sleep(Duration::from_secs_f64(cli.retention + 1.5)).await;
+    let start_rss = procs::rss(pid).map(|r| r.0).unwrap_or(0);
+    let budget = Arc::new(AtomicU64::new(cli.tasks));
+    let timeline = Arc::new(std::sync::Mutex::new(Vec::<(f64, u64)>::new()));
+    let stop = Arc::new(AtomicBool::new(false));
+    let t0 = Instant::now();
+    let sampler = {
+        let (timeline, stop) = (timeline.clone(), stop.clone());
+        tokio::spawn(async move {
+            while !stop.load(Relaxed) {
+                if let Some((rss, _)) = procs::rss(pid) {
+                    timeline
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .push((t0.elapsed().as_secs_f64(), rss));
+                }
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+        })
+    };
+    let progress = progress_line(
+        format!("soak {} tasks", cli.tasks),
+        cli.tasks as f64 / 20_000.0,
+    );
+    let cpu0 = procs::cpu_seconds(pid);
+    let far = Instant::now() + Duration::from_secs(24 * 3600);
+    let stats = drive(cli.connections, target, Kind::Send, far, Some(budget)).await;
+    progress.store(true, Relaxed);
+    let seconds = t0.elapsed().as_secs_f64();
+    let peak_during = procs::rss(pid).map(|r| r.0).unwrap_or(0);
+    // Let the retention expire and the sweeps run.
+    tokio::time::sleep(Duration::from_secs_f64(cli.retention * 2.0 + 2.0)).await;
+    let end_rss = procs::rss(pid).map(|r| r.0).unwrap_or(0);
+    stop.store(true, Relaxed);
+    let _ = sampler.await;
+    let mut r = report(
+        Scenario::Soak,
+        "a2ad",
+        cli.connections,
+        seconds,
+        stats,
+        Some(pid),
+        cpu0,
+    );
+    let rate = r.rps();
+    let retained = rate * cli.retention;
+    let mib = |b: u64| (b as f64 / 1048576.0 * 10.0).round() / 10.0;
+    r.extra.insert("rss_start_mib", json!(mib(start_rss)));
+    r.extra
+        .insert("rss_at_end_of_load_mib", json!(mib(peak_during)));
+    r.extra
+        .insert("rss_after_retention_mib", json!(mib(end_rss)));
+    r.extra.insert(
+        "rss_after_retention_vs_start",
+        json!(format!(
+            "{:+.1}%",
+            (end_rss as f64 / start_rss.max(1) as f64 - 1.0) * 100.0
+        )),
+    );
+    r.extra
+        .insert("retained_tasks_estimate", json!(retained.round()));
+    r.extra.insert(
+        "bytes_per_retained_task_estimate",
+        json!(((peak_during.saturating_sub(start_rss)) as f64 / retained.max(1.0)).round()),
+    );
+    let tl = timeline.lock().unwrap_or_else(|e| e.into_inner());
+    r.extra.insert(
+        "rss_timeline_mib",
+        json!(
+            tl.iter()
+                .map(|(t, b)| json!([(*t * 10.0).round() / 10.0, mib(*b)]))
+                .collect::<Vec<_>>()
+        ),
+    );
+    Ok(r)
+}

@@ -1,0 +1,252 @@
+//! The load client: keep-alive HTTP/1.1 connections (hyper's client), one task each, that
+//! issue requests back to back until a deadline and record every latency and error.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper::Request;
+use hyper::client::conn::http1::SendRequest;
+use hyper_util::rt::TokioIo;
+use tokio::net::TcpStream;
+
+/// Where requests go.
+#[derive(Clone, Debug)]
+pub struct Target {
+    pub addr: SocketAddr,
+    pub path: String,
+    pub key: String,
+}
+
+/// What one worker saw.
+#[derive(Default, Debug)]
+pub struct Stats {
+    /// Latency of each successful request, in microseconds.
+    pub latencies: Vec<u32>,
+    pub errors: BTreeMap<String, u64>,
+}
+
+impl Stats {
+    pub fn error(&mut self, kind: impl Into<String>) {
+        *self.errors.entry(kind.into()).or_default() += 1;
+    }
+
+    pub fn merge(&mut self, other: Stats) {
+        self.latencies.extend(other.latencies);
+        for (k, v) in other.errors {
+            *self.errors.entry(k).or_default() += v;
+        }
+    }
+}
+
+/// Requests completed so far, for the progress line.
+pub static DONE: AtomicU64 = AtomicU64::new(0);
+
+/// A keep-alive connection.
+pub struct Conn {
+    sender: SendRequest<Full<Bytes>>,
+    target: Arc<Target>,
+}
+
+impl Conn {
+    pub async fn open(target: Arc<Target>) -> Result<Self, String> {
+        let tcp = tokio::time::timeout(Duration::from_secs(10), TcpStream::connect(target.addr))
+            .await
+            .map_err(|_| "connect-timeout".to_string())?
+            .map_err(|_| "connect".to_string())?;
+        let _ = tcp.set_nodelay(true);
+        let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tcp))
+            .await
+            .map_err(|_| "handshake".to_string())?;
+        tokio::spawn(conn);
+        Ok(Self { sender, target })
+    }
+
+    /// POSTs a JSON-RPC body; returns the status and the whole response body.
+    pub async fn post(&mut self, body: String, sse: bool) -> Result<(u16, Bytes), String> {
+        let mut req = Request::post(&self.target.path)
+            .header("host", "a2ad")
+            .header("content-type", "application/json")
+            .header("x-api-key", &self.target.key);
+        if sse {
+            req = req.header("accept", "text/event-stream");
+        }
+        let req = req
+            .body(Full::new(Bytes::from(body)))
+            .map_err(|_| "request".to_string())?;
+        self.sender
+            .ready()
+            .await
+            .map_err(|_| "closed".to_string())?;
+        let resp = self
+            .sender
+            .send_request(req)
+            .await
+            .map_err(|_| "io".to_string())?;
+        let status = resp.status().as_u16();
+        let body = resp
+            .into_body()
+            .collect()
+            .await
+            .map_err(|_| "io-body".to_string())?
+            .to_bytes();
+        Ok((status, body))
+    }
+}
+
+/// A `message/send` or `message/stream` body with a fresh messageId.
+pub fn send_body(method: &str, text: &str, extra: &str) -> String {
+    format!(
+        r#"{{"jsonrpc":"2.0","id":1,"method":"{method}","params":{{"message":{{"role":"user","messageId":"{}","parts":[{{"type":"text","text":"{text}"}}]}}{extra}}}}}"#,
+        uuid::Uuid::new_v4()
+    )
+}
+
+/// Classifies a JSON-RPC response: `None` when it is a success.
+pub fn rpc_error(status: u16, body: &[u8]) -> Option<String> {
+    if status != 200 {
+        return Some(format!("http-{status}"));
+    }
+    let text = std::str::from_utf8(body).ok()?;
+    let at = text.find("\"error\":{\"code\":")?;
+    let code: String = text[at + 16..]
+        .chars()
+        .take_while(|c| *c == '-' || c.is_ascii_digit())
+        .collect();
+    Some(format!("rpc{code}"))
+}
+
+/// A task id out of a send result.
+pub fn task_id(body: &[u8]) -> Option<String> {
+    let v: serde_json::Value = serde_json::from_slice(body).ok()?;
+    v["result"]["id"].as_str().map(str::to_string)
+}
+
+/// What a request loop does each round.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    Send,
+    Stream,
+    Mixed,
+}
+
+/// One connection issuing requests back to back until `deadline` (or until `budget` runs
+/// out, when given).
+pub async fn run_loop(
+    target: Arc<Target>,
+    kind: Kind,
+    deadline: Instant,
+    budget: Option<Arc<AtomicU64>>,
+) -> Stats {
+    let mut stats = Stats::default();
+    let mut conn: Option<Conn> = None;
+    let mut recent: Vec<String> = Vec::new();
+    let mut round: u64 = 0;
+    while Instant::now() < deadline {
+        if let Some(b) = &budget
+            && b.fetch_update(Relaxed, Relaxed, |n| n.checked_sub(1))
+                .is_err()
+        {
+            break;
+        }
+        if conn.is_none() {
+            match Conn::open(target.clone()).await {
+                Ok(c) => conn = Some(c),
+                Err(kind) => {
+                    stats.error(kind);
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            }
+        }
+        let Some(c) = conn.as_mut() else { continue };
+        round += 1;
+        let (body, sse, is_cancel) = match kind {
+            Kind::Send => (send_body("message/send", "load", ""), false, false),
+            Kind::Stream => (send_body("message/stream", "load", ""), true, false),
+            Kind::Mixed => mixed_body(round, &recent),
+        };
+        let t0 = Instant::now();
+        match c.post(body, sse).await {
+            Ok((status, bytes)) => {
+                let micros = u32::try_from(t0.elapsed().as_micros()).unwrap_or(u32::MAX);
+                let error = if sse {
+                    (!contains(&bytes, b"\"final\":true")).then(|| "no-final-event".to_string())
+                } else {
+                    rpc_error(status, &bytes)
+                };
+                match error {
+                    // Canceling a task that already finished is a normal outcome here.
+                    Some(e)
+                        if is_cancel
+                            && matches!(&e[..], "rpc-32001" | "rpc-32002" | "rpc-32003") =>
+                    {
+                        stats.latencies.push(micros);
+                    }
+                    Some(e) => stats.error(e),
+                    None => {
+                        stats.latencies.push(micros);
+                        if kind == Kind::Mixed
+                            && let Some(id) = task_id(&bytes)
+                        {
+                            if recent.len() >= 16 {
+                                recent.remove(0);
+                            }
+                            recent.push(id);
+                        }
+                    }
+                }
+                DONE.fetch_add(1, Relaxed);
+            }
+            Err(e) => {
+                stats.error(e);
+                conn = None;
+            }
+        }
+    }
+    stats
+}
+
+/// The mixed ratio per 20 requests: 12 send, 5 get, 1 cancel, 2 card.
+fn mixed_body(round: u64, recent: &[String]) -> (String, bool, bool) {
+    let pick = recent.get((round as usize) % recent.len().max(1)).cloned();
+    match (round % 20, pick) {
+        (12..=16, Some(id)) => (
+            format!(
+                r#"{{"jsonrpc":"2.0","id":2,"method":"tasks/get","params":{{"taskId":"{id}"}}}}"#
+            ),
+            false,
+            false,
+        ),
+        (17, Some(id)) => (
+            format!(
+                r#"{{"jsonrpc":"2.0","id":3,"method":"tasks/cancel","params":{{"taskId":"{id}"}}}}"#
+            ),
+            false,
+            true,
+        ),
+        (18 | 19, _) => (
+            r#"{"jsonrpc":"2.0","id":4,"method":"agent/authenticatedExtendedCard"}"#.to_string(),
+            false,
+            false,
+        ),
+        _ => (send_body("message/send", "mixed", ""), false, false),
+    }
+}
+
+pub fn contains(hay: &[u8], needle: &[u8]) -> bool {
+    hay.windows(needle.len()).any(|w| w == needle)
+}
+
+/// Percentile of sorted microsecond latencies, in milliseconds.
+pub fn percentile(sorted: &[u32], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    f64::from(sorted[i.min(sorted.len() - 1)]) / 1000.0
+}
