@@ -18,11 +18,13 @@ use hyper::body::Incoming;
 use hyper::header::{self, HeaderValue};
 use hyper::{Method, Request, Response, StatusCode};
 
+pub mod prometheus;
 pub mod sse;
 
 use crate::actors::Runtime;
 use crate::auth::{AuthError, KeyStore};
 use crate::limits::RateLimiter;
+use crate::metrics::RequestMetrics;
 use crate::model::AgentId;
 use crate::rpc::dispatch::{CallContext, Reply, dispatch};
 use crate::rpc::{self, RpcError, error as codes};
@@ -88,7 +90,12 @@ impl http_body::Body for Body {
 /// Handles one request. Never fails: every problem is an HTTP response.
 pub async fn handle(app: Arc<App>, req: Request<Incoming>) -> Result<Response<Body>, Infallible> {
     let path = req.uri().path();
-    let response = if path == "/healthz" {
+    let response = if path == "/metrics" {
+        match *req.method() {
+            Method::GET | Method::HEAD => prometheus::response(&app.runtime),
+            _ => method_not_allowed("GET, HEAD"),
+        }
+    } else if path == "/healthz" {
         match *req.method() {
             Method::GET | Method::HEAD => json(StatusCode::OK, br#"{"status":"ok"}"#.to_vec()),
             Method::OPTIONS => preflight(),
@@ -131,11 +138,11 @@ async fn endpoint(app: &App, agent_id: AgentId, req: Request<Incoming>) -> Respo
         );
     }
     if req.method() != Method::POST {
-        agent.metrics.requests(1);
+        refused(app, &agent, codes::INVALID_REQUEST);
         return method_not_allowed("POST, OPTIONS");
     }
     if !is_json(req.headers().get(header::CONTENT_TYPE)) {
-        agent.metrics.requests(1);
+        refused(app, &agent, codes::INVALID_REQUEST);
         return error_response(
             &RpcError::invalid_request("Content-Type must be application/json")
                 .with_status(StatusCode::UNSUPPORTED_MEDIA_TYPE),
@@ -153,7 +160,7 @@ async fn endpoint(app: &App, agent_id: AgentId, req: Request<Incoming>) -> Respo
     let body = match read_body(app, req).await {
         Ok(b) => b,
         Err(response) => {
-            agent.metrics.requests(1);
+            refused(app, &agent, codes::INVALID_REQUEST);
             return *response;
         }
     };
@@ -161,7 +168,7 @@ async fn endpoint(app: &App, agent_id: AgentId, req: Request<Incoming>) -> Respo
     let decoded = match rpc::decode(&body) {
         Ok(d) => d,
         Err(e) => {
-            agent.metrics.requests(1);
+            refused(app, &agent, e.code);
             return error_response(&e);
         }
     };
@@ -203,17 +210,37 @@ async fn endpoint(app: &App, agent_id: AgentId, req: Request<Incoming>) -> Respo
 /// Counts, rate-limits and dispatches one call.
 async fn one(app: &App, cx: &CallContext, call: Result<rpc::Call, rpc::Rejected>) -> Reply {
     cx.agent.metrics.requests(1);
-    let call = match call {
-        Ok(c) => c,
-        Err(r) => return Reply::error(r.id.as_deref(), &r.error),
+    let started = std::time::Instant::now();
+    let method = RequestMetrics::method_index(call.as_ref().ok().map(|c| c.method.as_str()));
+    let reply = match call {
+        Err(r) => Reply::error(r.id.as_deref(), &r.error),
+        Ok(call) => match app
+            .rate
+            .try_acquire(cx.caller.principal_index, cx.agent.index)
+        {
+            Err(retry_after) => Reply::error(Some(&call.id), &RpcError::rate_limited(retry_after)),
+            Ok(()) => dispatch(&app.runtime, cx, call).await,
+        },
     };
-    if let Err(retry_after) = app
-        .rate
-        .try_acquire(cx.caller.principal_index, cx.agent.index)
-    {
-        return Reply::error(Some(&call.id), &RpcError::rate_limited(retry_after));
-    }
-    dispatch(&app.runtime, cx, call).await
+    let code = match &reply {
+        Reply::Json { code, .. } => *code,
+        Reply::Stream { .. } => None,
+    };
+    app.runtime
+        .metrics()
+        .requests
+        .record(method, code, started.elapsed());
+    reply
+}
+
+/// Counts a request refused before JSON-RPC decoding (405, 413, 415, parse error).
+fn refused(app: &App, agent: &crate::actors::AgentEntry, code: i64) {
+    agent.metrics.requests(1);
+    app.runtime.metrics().requests.record(
+        RequestMetrics::method_index(None),
+        Some(code),
+        std::time::Duration::ZERO,
+    );
 }
 
 fn reply_response(app: &App, reply: Reply) -> Response<Body> {
@@ -222,6 +249,7 @@ fn reply_response(app: &App, reply: Reply) -> Response<Body> {
             body,
             status,
             retry_after,
+            ..
         } => {
             let mut r = json(status, body);
             if let Some(secs) = retry_after {

@@ -166,6 +166,11 @@ impl Actor for TaskActor {
             Follow::Final(tx) => state.waiters.push(tx),
             Follow::Stream(sub) => state.subscribers.push(sub),
         }
+        state
+            .shared
+            .metrics
+            .tasks_submitted
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let first = state.record(status);
         state.fan_out(&first);
         state
@@ -343,6 +348,20 @@ impl TaskActorState {
         event
     }
 
+    /// Keeps the `tasks by state` gauges of /metrics.
+    fn count_states(&self, from: TaskState, to: TaskState) {
+        use std::sync::atomic::Ordering::Relaxed;
+        let m = &self.shared.metrics;
+        match from {
+            TaskState::Submitted => m.tasks_submitted.fetch_sub(1, Relaxed),
+            TaskState::Working => m.tasks_working.fetch_sub(1, Relaxed),
+            _ => 0,
+        };
+        if to == TaskState::Working {
+            m.tasks_working.fetch_add(1, Relaxed);
+        }
+    }
+
     fn fan_out(&mut self, event: &Arc<TaskEvent>) {
         let metrics = &self.shared.metrics;
         self.subscribers
@@ -367,6 +386,9 @@ impl TaskActorState {
         }
         let event = self.record(status);
         let state = event.status.state;
+        if state != previous {
+            self.count_states(previous, state);
+        }
         let finished = state.is_terminal().then(|| self.persist(myself));
         self.fan_out(&event);
         if state != previous {

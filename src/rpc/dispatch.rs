@@ -39,6 +39,8 @@ pub enum Reply {
     Json {
         /// The encoded envelope.
         body: Vec<u8>,
+        /// The error code, for metrics (`None`: success).
+        code: Option<i64>,
         /// HTTP status when this is the whole response.
         status: hyper::StatusCode,
         /// `Retry-After` seconds.
@@ -58,6 +60,7 @@ impl Reply {
     pub fn error(id: Option<&serde_json::value::RawValue>, e: &RpcError) -> Self {
         Self::Json {
             body: failure(id, e),
+            code: Some(e.code),
             status: e.status,
             retry_after: e.retry_after,
         }
@@ -66,6 +69,7 @@ impl Reply {
     fn ok<T: serde::Serialize + ?Sized>(id: &serde_json::value::RawValue, result: &T) -> Self {
         Self::Json {
             body: success(id, result),
+            code: None,
             status: hyper::StatusCode::OK,
             retry_after: None,
         }

@@ -1,0 +1,223 @@
+//! `GET /metrics`: the server's counters in the Prometheus text format (0.0.4).
+//! Served without a key: it holds only aggregate counts, never a principal's data.
+
+use std::fmt::Write as _;
+use std::sync::atomic::Ordering::Relaxed;
+
+use bytes::Bytes;
+use hyper::header::{self, HeaderValue};
+use hyper::{Response, StatusCode};
+
+use super::Body;
+use crate::actors::Runtime;
+use crate::metrics::LATENCY_BUCKETS;
+
+/// The /metrics response.
+pub fn response(runtime: &Runtime) -> Response<Body> {
+    let mut r = Response::new(Body::Full(Some(Bytes::from(render(runtime)))));
+    *r.status_mut() = StatusCode::OK;
+    r.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
+    );
+    r.headers_mut().insert(
+        header::ACCESS_CONTROL_ALLOW_ORIGIN,
+        HeaderValue::from_static("*"),
+    );
+    r
+}
+
+/// Renders every metric.
+pub fn render(runtime: &Runtime) -> String {
+    let m = runtime.metrics();
+    let mut out = String::with_capacity(4096);
+    let counts: Vec<(String, f64)> = m
+        .requests
+        .counts()
+        .into_iter()
+        .map(|(method, outcome, n)| {
+            (
+                format!("method=\"{method}\",outcome=\"{outcome}\""),
+                n as f64,
+            )
+        })
+        .collect();
+    counter(
+        &mut out,
+        "a2ad_requests_total",
+        "JSON-RPC requests by method and outcome (ok or the error code).",
+        &refs(&counts),
+    );
+    let _ = writeln!(
+        out,
+        "# HELP a2ad_request_duration_seconds Time from decoding a JSON-RPC request to its response (to the start of the stream for streams).\n# TYPE a2ad_request_duration_seconds histogram"
+    );
+    for (method, buckets, sum) in m.requests.histograms() {
+        let mut cumulative = 0;
+        for (i, le) in LATENCY_BUCKETS.iter().enumerate() {
+            cumulative += buckets[i];
+            let _ = writeln!(
+                out,
+                "a2ad_request_duration_seconds_bucket{{method=\"{method}\",le=\"{le}\"}} {cumulative}"
+            );
+        }
+        cumulative += buckets[LATENCY_BUCKETS.len()];
+        let _ = writeln!(
+            out,
+            "a2ad_request_duration_seconds_bucket{{method=\"{method}\",le=\"+Inf\"}} {cumulative}"
+        );
+        let _ = writeln!(
+            out,
+            "a2ad_request_duration_seconds_sum{{method=\"{method}\"}} {sum}"
+        );
+        let _ = writeln!(
+            out,
+            "a2ad_request_duration_seconds_count{{method=\"{method}\"}} {cumulative}"
+        );
+    }
+
+    gauge(
+        &mut out,
+        "a2ad_tasks",
+        "Unfinished tasks by state.",
+        &[
+            (
+                "state=\"submitted\"",
+                m.tasks_submitted.load(Relaxed).max(0) as f64,
+            ),
+            (
+                "state=\"working\"",
+                m.tasks_working.load(Relaxed).max(0) as f64,
+            ),
+        ],
+    );
+    let mut finished = Vec::new();
+    let mut running = Vec::new();
+    let mut queued = Vec::new();
+    let mut ids: Vec<_> = runtime
+        .config()
+        .agents
+        .iter()
+        .map(|a| a.id.clone())
+        .collect();
+    ids.sort();
+    for id in &ids {
+        let Some(agent) = runtime.agent(&crate::AgentId::new(id.as_str())) else {
+            continue;
+        };
+        let s = agent.metrics.snapshot();
+        for (state, n) in [
+            ("completed", s.completed),
+            ("failed", s.failed),
+            ("canceled", s.canceled),
+        ] {
+            finished.push((format!("agent=\"{id}\",state=\"{state}\""), n as f64));
+        }
+        let (r, q) = agent.scheduler.depth();
+        running.push((format!("agent=\"{id}\""), r as f64));
+        queued.push((format!("agent=\"{id}\""), q as f64));
+    }
+    counter(
+        &mut out,
+        "a2ad_tasks_finished_total",
+        "Tasks that reached a terminal state, by agent and state.",
+        &refs(&finished),
+    );
+    gauge(
+        &mut out,
+        "a2ad_agent_tasks_running",
+        "Tasks holding one of the agent's concurrency slots.",
+        &refs(&running),
+    );
+    gauge(
+        &mut out,
+        "a2ad_agent_queue_depth",
+        "Tasks waiting in the agent's queue.",
+        &refs(&queued),
+    );
+    gauge(
+        &mut out,
+        "a2ad_task_actors",
+        "Live task actors.",
+        &[("", m.live_tasks.load(Relaxed).max(0) as f64)],
+    );
+    gauge(
+        &mut out,
+        "a2ad_finished_tasks_retained",
+        "Finished tasks kept for the retention period.",
+        &[("", runtime.finished_tasks() as f64)],
+    );
+    gauge(
+        &mut out,
+        "a2ad_streams_open",
+        "Open SSE streams.",
+        &[("", m.open_streams.load(Relaxed).max(0) as f64)],
+    );
+    counter(
+        &mut out,
+        "a2ad_stream_subscribers_dropped_total",
+        "Streams closed because their client fell too far behind.",
+        &[("", m.dropped_subscribers.load(Relaxed) as f64)],
+    );
+    counter(
+        &mut out,
+        "a2ad_task_actor_failures_total",
+        "Task actors that failed (a bug; logged).",
+        &[("", m.failed_actors.load(Relaxed) as f64)],
+    );
+    let w = runtime.webhook_metrics();
+    counter(
+        &mut out,
+        "a2ad_webhook_deliveries_total",
+        "Webhook deliveries a receiver accepted.",
+        &[("", w.delivered.load(Relaxed) as f64)],
+    );
+    counter(
+        &mut out,
+        "a2ad_webhook_retries_total",
+        "Webhook retry attempts.",
+        &[("", w.retries.load(Relaxed) as f64)],
+    );
+    counter(
+        &mut out,
+        "a2ad_webhook_failures_total",
+        "Webhook deliveries that finally failed.",
+        &[("", w.failed.load(Relaxed) as f64)],
+    );
+    counter(
+        &mut out,
+        "a2ad_webhook_discards_total",
+        "Webhook deliveries dropped without an outcome (pool full, configuration deactivated, shutdown).",
+        &[("", w.discarded.load(Relaxed) as f64)],
+    );
+    gauge(
+        &mut out,
+        "a2ad_webhook_pending",
+        "Webhook deliveries accepted and not finished.",
+        &[("", w.pending.load(Relaxed).max(0) as f64)],
+    );
+    out
+}
+
+fn refs(v: &[(String, f64)]) -> Vec<(&str, f64)> {
+    v.iter().map(|(l, n)| (l.as_str(), *n)).collect()
+}
+
+fn gauge(out: &mut String, name: &str, help: &str, samples: &[(&str, f64)]) {
+    series(out, name, "gauge", help, samples);
+}
+
+fn counter(out: &mut String, name: &str, help: &str, samples: &[(&str, f64)]) {
+    series(out, name, "counter", help, samples);
+}
+
+fn series(out: &mut String, name: &str, kind: &str, help: &str, samples: &[(&str, f64)]) {
+    let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
+    for (labels, value) in samples {
+        if labels.is_empty() {
+            let _ = writeln!(out, "{name} {value}");
+        } else {
+            let _ = writeln!(out, "{name}{{{labels}}} {value}");
+        }
+    }
+}

@@ -1,0 +1,151 @@
+//! GET /metrics: Prometheus text with requests, latency, tasks, streams, queues, webhooks.
+
+mod support;
+
+use std::time::Duration;
+
+use serde_json::json;
+use support::*;
+
+async fn scrape(s: &TestServer) -> String {
+    let r = s
+        .client
+        .get(format!("{}/metrics", s.base))
+        .send()
+        .await
+        .expect("scrape");
+    assert_eq!(r.status().as_u16(), 200);
+    assert!(
+        r.headers()["content-type"]
+            .to_str()
+            .expect("ascii")
+            .starts_with("text/plain; version=0.0.4")
+    );
+    r.text().await.expect("text")
+}
+
+fn value(text: &str, series: &str) -> Option<f64> {
+    text.lines()
+        .find(|l| l.starts_with(series) && l[series.len()..].starts_with(' '))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+}
+
+#[tokio::test]
+async fn metrics_count_requests_latency_tasks_and_queues() {
+    let mut slow = agent("slow");
+    slow.echo.delay_ms = 60_000;
+    slow.limits.concurrent_tasks = 1;
+    let mut c = config(&[]);
+    c.agents = vec![agent("echo"), slow];
+    let s = TestServer::start(c).await;
+    s.send("echo", "a", json!({})).await;
+    s.send("echo", "b", json!({})).await;
+    s.call("echo", "tasks/get", json!({"taskId": "missing"}))
+        .await;
+    s.call("echo", "agent/getAuthenticatedExtendedCard", json!({}))
+        .await;
+    s.post_raw("echo", Some(ALICE), "{oops").await;
+    for _ in 0..2 {
+        let v = s
+            .call(
+                "slow",
+                "message/send",
+                send_params("x", json!({"configuration": {"blocking": false}})),
+            )
+            .await;
+        s.ok(v);
+    }
+    let text = poll_until(Duration::from_secs(20), || async {
+        let t = scrape(&s).await;
+        (value(&t, "a2ad_tasks{state=\"working\"}") == Some(1.0)).then_some(t)
+    })
+    .await;
+    assert_eq!(
+        value(
+            &text,
+            r#"a2ad_requests_total{method="message/send",outcome="ok"}"#
+        ),
+        Some(4.0),
+        "{text}"
+    );
+    assert_eq!(
+        value(
+            &text,
+            r#"a2ad_requests_total{method="tasks/get",outcome="-32000"}"#
+        ),
+        Some(1.0)
+    );
+    assert_eq!(
+        value(
+            &text,
+            r#"a2ad_requests_total{method="agent/authenticatedExtendedCard",outcome="ok"}"#
+        ),
+        Some(1.0)
+    );
+    assert_eq!(
+        value(
+            &text,
+            r#"a2ad_requests_total{method="invalid",outcome="-32700"}"#
+        ),
+        Some(1.0)
+    );
+    assert_eq!(
+        value(
+            &text,
+            r#"a2ad_request_duration_seconds_count{method="message/send"}"#
+        ),
+        Some(4.0)
+    );
+    assert_eq!(
+        value(
+            &text,
+            r#"a2ad_request_duration_seconds_bucket{method="message/send",le="+Inf"}"#
+        ),
+        Some(4.0)
+    );
+    assert!(text.contains("# TYPE a2ad_request_duration_seconds histogram"));
+    assert_eq!(value(&text, r#"a2ad_tasks{state="submitted"}"#), Some(1.0));
+    assert_eq!(
+        value(
+            &text,
+            r#"a2ad_tasks_finished_total{agent="echo",state="completed"}"#
+        ),
+        Some(2.0)
+    );
+    assert_eq!(
+        value(&text, r#"a2ad_agent_tasks_running{agent="slow"}"#),
+        Some(1.0)
+    );
+    assert_eq!(
+        value(&text, r#"a2ad_agent_queue_depth{agent="slow"}"#),
+        Some(1.0)
+    );
+    assert_eq!(value(&text, "a2ad_task_actors"), Some(2.0));
+    assert_eq!(value(&text, "a2ad_finished_tasks_retained"), Some(2.0));
+    for name in [
+        "a2ad_streams_open",
+        "a2ad_stream_subscribers_dropped_total",
+        "a2ad_webhook_deliveries_total",
+        "a2ad_webhook_retries_total",
+        "a2ad_webhook_failures_total",
+        "a2ad_webhook_discards_total",
+        "a2ad_webhook_pending",
+    ] {
+        assert_eq!(value(&text, name), Some(0.0), "{name}");
+    }
+    // A stream is counted while it is open.
+    let resp = s
+        .stream(
+            ALICE,
+            "slow",
+            "message/stream",
+            send_params("x", json!({})),
+            None,
+        )
+        .await;
+    let mut r = SseReader::new(resp);
+    r.next_event().await.expect("first event");
+    let text = scrape(&s).await;
+    assert_eq!(value(&text, "a2ad_streams_open"), Some(1.0));
+}
