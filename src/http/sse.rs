@@ -14,6 +14,7 @@ use serde_json::value::RawValue;
 use tokio::time::{Instant, Sleep};
 
 use crate::actors::TaskStream;
+use crate::model::{ContextId, TaskEvent, TaskId};
 use crate::rpc::{seed, success};
 
 /// An SSE body over one task's events.
@@ -23,6 +24,28 @@ pub struct SseBody {
     ping_every: Duration,
     ping: Pin<Box<Sleep>>,
     done: bool,
+}
+
+/// One SSE frame: `id: <seq>`, `data: <JSON-RPC response for request id>`, blank line.
+pub fn encode_event(
+    id: &RawValue,
+    task_id: &TaskId,
+    context_id: &ContextId,
+    event: &TaskEvent,
+) -> Bytes {
+    let result = seed::EventOut {
+        task_id,
+        context_id,
+        event,
+    };
+    let json = success(id, &result);
+    let mut out = Vec::with_capacity(json.len() + 32);
+    out.extend_from_slice(b"id: ");
+    out.extend_from_slice(event.seq.to_string().as_bytes());
+    out.extend_from_slice(b"\ndata: ");
+    out.extend_from_slice(&json);
+    out.extend_from_slice(b"\n\n");
+    Bytes::from(out)
 }
 
 impl SseBody {
@@ -37,20 +60,13 @@ impl SseBody {
         }
     }
 
-    fn frame(&self, event: &crate::model::TaskEvent) -> Bytes {
-        let result = seed::EventOut {
-            task_id: &self.stream.task_id,
-            context_id: &self.stream.context_id,
+    fn frame(&self, event: &TaskEvent) -> Bytes {
+        encode_event(
+            &self.id,
+            &self.stream.task_id,
+            &self.stream.context_id,
             event,
-        };
-        let json = success(&self.id, &result);
-        let mut out = Vec::with_capacity(json.len() + 32);
-        out.extend_from_slice(b"id: ");
-        out.extend_from_slice(event.seq.to_string().as_bytes());
-        out.extend_from_slice(b"\ndata: ");
-        out.extend_from_slice(&json);
-        out.extend_from_slice(b"\n\n");
-        Bytes::from(out)
+        )
     }
 
     /// Polls the next chunk.
