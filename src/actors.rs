@@ -247,6 +247,7 @@ impl Runtime {
             ContextArgs {
                 retention,
                 max_turns: server.max_context_turns,
+                max_contexts: server.max_contexts,
             },
         )
         .await

@@ -62,6 +62,8 @@ pub struct ServerConfig {
     pub shutdown_grace_seconds: f64,
     /// Turns of a conversation kept for the agent (oldest dropped first).
     pub max_context_turns: usize,
+    /// Conversations kept at most, whatever their age (the oldest idle ones go first).
+    pub max_contexts: usize,
 }
 
 /// `[webhooks]`
@@ -445,6 +447,8 @@ impl ServerConfig {
     pub const DEFAULT_SHUTDOWN_GRACE_SECONDS: f64 = 10.0;
     /// Default conversation turns kept.
     pub const DEFAULT_MAX_CONTEXT_TURNS: usize = 100;
+    /// Default cap on conversations.
+    pub const DEFAULT_MAX_CONTEXTS: usize = 2_000_000;
 
     fn validate(&self) -> Result<(), ConfigError> {
         resolve_listen(&self.listen)?;
@@ -470,6 +474,7 @@ impl ServerConfig {
         at_least_one("server.stream_buffer", self.stream_buffer)?;
         at_least_one("server.max_live_tasks", self.max_live_tasks)?;
         at_least_one("server.max_connections", self.max_connections)?;
+        at_least_one("server.max_contexts", self.max_contexts)?;
         if self.listen_backlog == 0 {
             return Err(ConfigError::key(
                 "server.listen_backlog",
@@ -504,6 +509,7 @@ impl Default for ServerConfig {
             actor_call_timeout_seconds: Self::DEFAULT_ACTOR_CALL_TIMEOUT_SECONDS,
             shutdown_grace_seconds: Self::DEFAULT_SHUTDOWN_GRACE_SECONDS,
             max_context_turns: Self::DEFAULT_MAX_CONTEXT_TURNS,
+            max_contexts: Self::DEFAULT_MAX_CONTEXTS,
         }
     }
 }

@@ -778,3 +778,31 @@ async fn shutdown_answers_a_blocking_send_in_flight_with_canceled() {
     assert_eq!(t["status"]["reason"], "shutdown");
     s.stop().await;
 }
+
+#[tokio::test]
+async fn an_idle_conversation_is_forgotten_after_retention() {
+    let mut c = config(&["echo"]);
+    c.server.task_retention_seconds = 0.3;
+    let s = TestServer::start(c).await;
+    let first = s.send("echo", "one", json!({})).await;
+    let ctx = first["contextId"].clone();
+    // Still known right away.
+    let second = s.send("echo", "two", json!({"contextId": ctx})).await;
+    assert_eq!(
+        texts(&second["status"]["message"])
+            .last()
+            .map(String::as_str),
+        Some("turn 2")
+    );
+    poll_until(Duration::from_secs(20), || async {
+        let v = s
+            .call(
+                "echo",
+                "message/send",
+                send_params("later", json!({"contextId": ctx})),
+            )
+            .await;
+        (v["error"]["data"]["field"] == "contextId").then_some(())
+    })
+    .await;
+}

@@ -63,15 +63,59 @@ pub(crate) struct ContextArgs {
     pub(crate) retention: Duration,
     /// Turns kept per conversation.
     pub(crate) max_turns: usize,
+    /// Conversations kept at most (the oldest idle ones go first).
+    pub(crate) max_contexts: usize,
 }
 
 /// State of the context actor.
 pub(crate) struct ContextState {
     conversations: HashMap<ContextKey, Conversation, foldhash::fast::RandomState>,
+    /// When each conversation was last touched, oldest first. An entry is stale when its
+    /// conversation was touched again later; eviction checks the conversation itself, so
+    /// a sweep costs what it evicts, never a scan of every conversation.
+    touched: VecDeque<(Instant, ContextKey)>,
     retention: Duration,
     max_turns: usize,
+    max_contexts: usize,
     /// Aborted in `post_stop`.
     sweeper: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl ContextState {
+    /// Evicts idle conversations past the retention, and the oldest idle ones beyond the
+    /// cap. Conversations with a task in flight stay.
+    fn sweep(&mut self, now: Instant) {
+        let mut examined = 0usize;
+        while let Some((stamp, _)) = self.touched.front() {
+            let over_cap = self.conversations.len() > self.max_contexts;
+            if now.duration_since(*stamp) < self.retention && !over_cap {
+                break;
+            }
+            let Some((stamp, key)) = self.touched.pop_front() else {
+                break;
+            };
+            examined += 1;
+            let evict = self
+                .conversations
+                .get(&key)
+                .is_some_and(|c| c.in_flight == 0 && c.last_active <= stamp);
+            if evict {
+                self.conversations.remove(&key);
+            }
+            // Bound one sweep's work so the actor stays responsive; the next tick goes on.
+            if examined >= 100_000 {
+                break;
+            }
+        }
+        if self.conversations.capacity() > 1024
+            && self.conversations.len() < self.conversations.capacity() / 4
+        {
+            self.conversations.shrink_to_fit();
+        }
+        if self.touched.capacity() > 1024 && self.touched.len() < self.touched.capacity() / 4 {
+            self.touched.shrink_to_fit();
+        }
+    }
 }
 
 struct Conversation {
@@ -96,8 +140,10 @@ impl Actor for ContextActor {
         let sweeper = myself.send_interval(period, || ContextMsg::Sweep);
         Ok(ContextState {
             conversations: HashMap::default(),
+            touched: VecDeque::new(),
             retention: args.retention,
             max_turns: args.max_turns,
+            max_contexts: args.max_contexts,
             sweeper: Some(sweeper),
         })
     }
@@ -111,6 +157,7 @@ impl Actor for ContextActor {
         let now = Instant::now();
         match msg {
             ContextMsg::Create { key } => {
+                state.touched.push_back((now, key.clone()));
                 state.conversations.insert(
                     key,
                     Conversation {
@@ -146,6 +193,7 @@ impl Actor for ContextActor {
             }
             ContextMsg::Record { key, user, reply } => {
                 if let Some(c) = state.conversations.get_mut(&key) {
+                    state.touched.push_back((now, key));
                     c.in_flight = c.in_flight.saturating_sub(1);
                     c.last_active = now;
                     c.turns.push_back((user, reply));
@@ -154,17 +202,7 @@ impl Actor for ContextActor {
                     }
                 }
             }
-            ContextMsg::Sweep => {
-                let retention = state.retention;
-                state.conversations.retain(|_, c| {
-                    c.in_flight > 0 || now.duration_since(c.last_active) < retention
-                });
-                if state.conversations.capacity() > 1024
-                    && state.conversations.len() < state.conversations.capacity() / 4
-                {
-                    state.conversations.shrink_to_fit();
-                }
-            }
+            ContextMsg::Sweep => state.sweep(now),
         }
         Ok(())
     }

@@ -351,9 +351,24 @@ async fn timed(
     pid: Option<u32>,
     name: &'static str,
 ) -> Result<Report, String> {
-    // Warm-up: open the connections and let the server's allocator settle.
+    warm_up(cli, &target, kind).await;
+    measured(cli, target, kind, pid, name).await
+}
+
+/// Opens the connections and lets the server's allocator settle.
+async fn warm_up(cli: &Cli, target: &Arc<Target>, kind: Kind) {
     let warm = Instant::now() + Duration::from_secs_f64((cli.duration * 0.1).clamp(0.2, 2.0));
     drive(cli.connections, target.clone(), kind, warm, None).await;
+}
+
+/// One measured run of `duration` seconds.
+async fn measured(
+    cli: &Cli,
+    target: Arc<Target>,
+    kind: Kind,
+    pid: Option<u32>,
+    name: &'static str,
+) -> Result<Report, String> {
     let cpu0 = pid.and_then(procs::cpu_seconds);
     let t0 = Instant::now();
     let deadline = t0 + Duration::from_secs_f64(cli.duration);
@@ -529,7 +544,7 @@ async fn webhooks(cli: &Cli, target: Arc<Target>, pid: Option<u32>) -> Result<Re
     if let Some(e) = client::rpc_error(status, &body) {
         return Err(format!("setting the push configuration failed: {e}"));
     }
-    let mut r = timed(cli, target, Kind::Send, pid, "a2ad").await?;
+    let mut r = measured(cli, target, Kind::Send, pid, "a2ad").await?;
     let expected = r.requests;
     // Wait (bounded) for the deliveries to catch up with the completed tasks.
     let end = Instant::now() + Duration::from_secs(60);
