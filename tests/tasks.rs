@@ -794,7 +794,17 @@ async fn an_idle_conversation_is_forgotten_after_retention() {
             .map(String::as_str),
         Some("turn 2")
     );
-    poll_until(Duration::from_secs(20), || async {
+    // Each probe that finds the conversation continues it (and keeps it alive), so a probe
+    // is only made once the last turn's task has itself been evicted: by then the
+    // conversation has been idle for the whole retention.
+    let mut last = second["id"].clone();
+    let end = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        poll_until(Duration::from_secs(20), || async {
+            let v = s.call("echo", "tasks/get", json!({"taskId": last})).await;
+            (v["error"]["code"] == -32000).then_some(())
+        })
+        .await;
         let v = s
             .call(
                 "echo",
@@ -802,7 +812,13 @@ async fn an_idle_conversation_is_forgotten_after_retention() {
                 send_params("later", json!({"contextId": ctx})),
             )
             .await;
-        (v["error"]["data"]["field"] == "contextId").then_some(())
-    })
-    .await;
+        if v["error"]["data"]["field"] == "contextId" {
+            break;
+        }
+        last = s.ok(v)["id"].clone();
+        assert!(
+            tokio::time::Instant::now() < end,
+            "the conversation was never forgotten"
+        );
+    }
 }
