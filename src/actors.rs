@@ -661,31 +661,53 @@ impl Runtime {
             admission,
             follow,
         };
-        // Spawn under the index entry's guard (no await inside): two requests with the
-        // same client-chosen id cannot both create the task. The store is read under the
-        // guard too: a finished task writes its record before leaving the index.
-        let existing = match self.shared.live.entry(key.clone()) {
-            Entry::Occupied(o) => Err(Existing::Live(o.get().clone())),
-            Entry::Vacant(v) => match self.shared.store.get(&key) {
-                Some(f) => Err(Existing::Finished(f)),
-                None => {
-                    let (actor, _) = ractor::ActorRuntime::<TaskActor>::spawn_linked_instant(
-                        None,
-                        TaskActor,
-                        args,
-                        self.supervisor.get_cell(),
-                    )
-                    .map_err(spawn_failed)?;
-                    self.shared.metrics.live_tasks.fetch_add(1, Relaxed);
-                    v.insert(LiveTask {
-                        actor: actor.clone(),
-                        message_id: message.message_id.as_str().into(),
-                        context_id: context_id.clone(),
-                    });
-                    Ok(actor)
-                }
-            },
+        let existing = if request.task_id.is_none() {
+            // A server-generated id cannot collide: spawn awaiting `pre_start` here (no
+            // wrapper task), then index the task, then start its driver.
+            let (actor, _) = Actor::spawn_linked(None, TaskActor, args, self.supervisor.get_cell())
+                .await
+                .map_err(spawn_failed)?;
+            self.shared.metrics.live_tasks.fetch_add(1, Relaxed);
+            self.shared.live.insert(
+                key.clone(),
+                LiveTask {
+                    actor: actor.clone(),
+                    message_id: message.message_id.as_str().into(),
+                    context_id: context_id.clone(),
+                },
+            );
+            Ok(actor)
+        } else {
+            // A client-chosen id: spawn under the index entry's guard (no await inside), so
+            // two requests with the same id cannot both create the task. The store is read
+            // under the guard too: a finished task writes its record before leaving the index.
+            match self.shared.live.entry(key.clone()) {
+                Entry::Occupied(o) => Err(Existing::Live(o.get().clone())),
+                Entry::Vacant(v) => match self.shared.store.get(&key) {
+                    Some(f) => Err(Existing::Finished(f)),
+                    None => {
+                        let (actor, _) = ractor::ActorRuntime::<TaskActor>::spawn_linked_instant(
+                            None,
+                            TaskActor,
+                            args,
+                            self.supervisor.get_cell(),
+                        )
+                        .map_err(spawn_failed)?;
+                        self.shared.metrics.live_tasks.fetch_add(1, Relaxed);
+                        v.insert(LiveTask {
+                            actor: actor.clone(),
+                            message_id: message.message_id.as_str().into(),
+                            context_id: context_id.clone(),
+                        });
+                        Ok(actor)
+                    }
+                },
+            }
         };
+        if let Ok(actor) = &existing {
+            // Queued behind nothing the actor could do first: it starts the driver.
+            let _ = actor.cast(TaskMsg::Start);
+        }
         match existing {
             Ok(actor) => Ok(Submitted::Fresh {
                 key,

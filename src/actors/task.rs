@@ -63,6 +63,8 @@ pub(crate) enum TaskMsg {
     },
     /// A stream's client went away.
     Unsubscribe(u64),
+    /// The task is in the live index: start the driver. Sent once, by `Runtime::submit`.
+    Start,
 }
 
 /// A stream subscriber: a bounded channel fed with `try_send`.
@@ -180,26 +182,6 @@ impl Actor for TaskActor {
         Ok(state)
     }
 
-    async fn post_start(
-        &self,
-        myself: ActorRef<TaskMsg>,
-        state: &mut TaskActorState,
-    ) -> Result<(), ActorProcessingErr> {
-        if let Some((admission, request)) = state.start.take() {
-            let timeout = Duration::from_secs_f64(state.agent.config.limits.task_timeout_seconds);
-            let deadline = tokio::time::Instant::from_std(state.started) + timeout;
-            tokio::spawn(drive(
-                myself,
-                state.agent.clone(),
-                admission,
-                request,
-                state.cancel.clone(),
-                deadline,
-            ));
-        }
-        Ok(())
-    }
-
     async fn handle(
         &self,
         myself: ActorRef<TaskMsg>,
@@ -276,6 +258,7 @@ impl Actor for TaskActor {
                 let _ = reply.send(state.subscribe(subscriber, replay));
             }
             TaskMsg::Unsubscribe(id) => state.subscribers.retain(|s| s.id != id),
+            TaskMsg::Start => state.start_driver(&myself),
             // Late messages for a task that already moved on: nothing to do.
             TaskMsg::Progress { .. } | TaskMsg::Finished(_) => {}
         }
@@ -337,6 +320,23 @@ async fn drive(
 // === impl TaskActorState ===
 
 impl TaskActorState {
+    /// Starts the driver (once). It is started by a message, not in `post_start`, so that
+    /// the task is in the live index before it can possibly end.
+    fn start_driver(&mut self, myself: &ActorRef<TaskMsg>) {
+        if let Some((admission, request)) = self.start.take() {
+            let timeout = Duration::from_secs_f64(self.agent.config.limits.task_timeout_seconds);
+            let deadline = tokio::time::Instant::from_std(self.started) + timeout;
+            tokio::spawn(drive(
+                myself.clone(),
+                self.agent.clone(),
+                admission,
+                request,
+                self.cancel.clone(),
+                deadline,
+            ));
+        }
+    }
+
     /// Appends an event for `status` and feeds it to the subscribers.
     fn record(&mut self, status: TaskStatus) -> Arc<TaskEvent> {
         let event = Arc::new(TaskEvent {
