@@ -793,7 +793,7 @@ fn finished_error(snapshot: &TaskSnapshot) -> Error {
 fn replay_or_conflict(existing: Existing, message: &Message, task: &TaskId) -> Result<Existing> {
     let same = match &existing {
         Existing::Live(l) => *l.message_id == *message.message_id,
-        Existing::Finished(f) => *f.message_id == *message.message_id,
+        Existing::Finished(f) => f.message_id() == message.message_id,
     };
     if same {
         return Ok(existing);

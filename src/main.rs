@@ -31,8 +31,43 @@ struct Cli {
     listen: Option<String>,
 }
 
-#[tokio::main]
-async fn main() -> ExitCode {
+fn main() -> ExitCode {
+    tune_allocator();
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("a2ad: cannot start the runtime: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    runtime.block_on(serve())
+}
+
+/// mimalloc reads its options from the environment once, at start-up. Freed memory should go
+/// back to the system at once (`MIMALLOC_PURGE_DELAY=0`) rather than on some later
+/// allocation, so that RSS falls back after a burst (docs/PERFORMANCE.md). Setting a variable
+/// for our own process would need `unsafe` (`std::env::set_var`), so the process replaces
+/// itself once with the variable set: same pid, arguments and descriptors. An operator's own
+/// setting wins; if the exec fails, a2ad simply runs with mimalloc's default.
+fn tune_allocator() {
+    const OPTION: &str = "MIMALLOC_PURGE_DELAY";
+    #[cfg(unix)]
+    if std::env::var_os(OPTION).is_none()
+        && let Ok(exe) = std::env::current_exe()
+    {
+        use std::os::unix::process::CommandExt as _;
+        let err = std::process::Command::new(exe)
+            .args(std::env::args_os().skip(1))
+            .env(OPTION, "0")
+            .exec();
+        eprintln!("a2ad: note: running with mimalloc's default purge delay ({err})");
+    }
+}
+
+async fn serve() -> ExitCode {
     let cli = Cli::parse();
     tracing_subscriber::fmt()
         .with_env_filter(

@@ -18,10 +18,19 @@ use crate::push::{PushScope, StoredPushConfig};
 /// A finished task, kept until retention evicts it. Cheap to clone.
 #[derive(Clone, Debug)]
 pub struct FinishedTask {
-    /// The task as it ended.
+    /// The task as it ended; `history[0]` is the user message that created it.
     pub snapshot: Arc<TaskSnapshot>,
-    /// The `messageId` that created it (for idempotent replays).
-    pub message_id: Arc<str>,
+}
+
+impl FinishedTask {
+    /// The `messageId` that created the task (for idempotent replays); empty when the
+    /// record has no history (a task whose actor failed).
+    pub fn message_id(&self) -> &str {
+        self.snapshot
+            .history
+            .first()
+            .map_or("", |m| m.message_id.as_str())
+    }
 }
 
 /// Where finished tasks are kept.
@@ -204,7 +213,6 @@ mod tests {
                 history: vec![],
                 metadata: None,
             }),
-            message_id: "m".into(),
         }
     }
 

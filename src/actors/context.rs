@@ -157,7 +157,8 @@ impl Actor for ContextActor {
         let now = Instant::now();
         match msg {
             ContextMsg::Create { key } => {
-                state.touched.push_back((now, key.clone()));
+                // No stamp yet: a conversation with a task in flight is never evicted, and
+                // its `Record` stamps it when that task ends.
                 state.conversations.insert(
                     key,
                     Conversation {
@@ -189,6 +190,8 @@ impl Actor for ContextActor {
                 if let Some(c) = state.conversations.get_mut(&key) {
                     c.in_flight = c.in_flight.saturating_sub(1);
                     c.turns_begun = c.turns_begun.saturating_sub(1);
+                    c.last_active = now;
+                    state.touched.push_back((now, key));
                 }
             }
             ContextMsg::Record { key, user, reply } => {

@@ -11,7 +11,8 @@ use std::time::{Duration, Instant};
 
 use ractor::{Actor, ActorProcessingErr, ActorRef, SupervisionEvent};
 
-use super::Shared;
+use super::context::ContextMsg;
+use super::{ContextKey, Shared};
 use crate::model::{AGENT_ERROR_CODE, TaskError, TaskSnapshot, TaskState, TaskStatus};
 use crate::store::FinishedTask;
 
@@ -110,11 +111,17 @@ impl Actor for TaskSupervisor {
                         history: Vec::new(),
                         metadata: None,
                     };
+                    // Its turn will never be recorded: release the conversation.
+                    let _ = state.shared.contexts.cast(ContextMsg::Abandon {
+                        key: ContextKey {
+                            principal: key.principal.clone(),
+                            context: live.context_id.clone(),
+                        },
+                    });
                     state.shared.store.insert(
                         key,
                         FinishedTask {
                             snapshot: Arc::new(snapshot),
-                            message_id: live.message_id.clone(),
                         },
                     );
                 }

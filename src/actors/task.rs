@@ -407,7 +407,6 @@ impl TaskActorState {
         let snapshot = Arc::new(self.snapshot());
         let record = FinishedTask {
             snapshot: snapshot.clone(),
-            message_id: self.message.message_id.as_str().into(),
         };
         self.shared.store.insert(self.key.clone(), record);
         let me = myself.get_id();

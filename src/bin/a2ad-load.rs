@@ -575,6 +575,17 @@ async fn webhooks(cli: &Cli, target: Arc<Target>, pid: Option<u32>) -> Result<Re
     Ok(r)
 }
 
+/// `a2ad_finished_tasks_retained` from the server's /metrics.
+async fn retained_tasks(target: &Arc<Target>) -> Option<u64> {
+    let mut conn = Conn::open(target.clone()).await.ok()?;
+    let (_, body) = conn.get("/metrics").await.ok()?;
+    let text = String::from_utf8_lossy(&body);
+    text.lines()
+        .find_map(|l| l.strip_prefix("a2ad_finished_tasks_retained "))
+        .and_then(|v| v.trim().parse::<f64>().ok())
+        .map(|v| v as u64)
+}
+
 /// `tasks` tasks through the server; RSS sampled every second; then the retention expires.
 async fn soak(cli: &Cli, target: Arc<Target>, pid: Option<u32>) -> Result<Report, String> {
     let pid =
@@ -614,10 +625,21 @@ async fn soak(cli: &Cli, target: Arc<Target>, pid: Option<u32>) -> Result<Report
     );
     let cpu0 = procs::cpu_seconds(pid);
     let far = Instant::now() + Duration::from_secs(24 * 3600);
-    let stats = drive(cli.connections, target, Kind::Send, far, Some(budget)).await;
+    let stats = drive(
+        cli.connections,
+        target.clone(),
+        Kind::Send,
+        far,
+        Some(budget),
+    )
+    .await;
     progress.store(true, Relaxed);
     let seconds = t0.elapsed().as_secs_f64();
     let peak_during = procs::rss(pid).map(|r| r.0).unwrap_or(0);
+    // The cost of a retained task: RSS with the records held and no load, minus RSS once
+    // they expired, divided by the records /metrics reports.
+    let retained_now = retained_tasks(&target).await;
+    let rss_retained = procs::rss(pid).map(|r| r.0).unwrap_or(0);
     // Let the retention expire and the sweeps run.
     tokio::time::sleep(Duration::from_secs_f64(cli.retention * 2.0 + 2.0)).await;
     let end_rss = procs::rss(pid).map(|r| r.0).unwrap_or(0);
@@ -633,7 +655,7 @@ async fn soak(cli: &Cli, target: Arc<Target>, pid: Option<u32>) -> Result<Report
         cpu0,
     );
     let rate = r.rps();
-    let retained = rate * cli.retention;
+    let retained = retained_now.map_or(rate * cli.retention, |n| n as f64);
     let mib = |b: u64| (b as f64 / 1048576.0 * 10.0).round() / 10.0;
     r.extra.insert("rss_start_mib", json!(mib(start_rss)));
     r.extra
@@ -648,10 +670,12 @@ async fn soak(cli: &Cli, target: Arc<Target>, pid: Option<u32>) -> Result<Report
         )),
     );
     r.extra
-        .insert("retained_tasks_estimate", json!(retained.round()));
+        .insert("retained_tasks_after_load", json!(retained.round()));
+    r.extra
+        .insert("rss_with_retained_tasks_mib", json!(mib(rss_retained)));
     r.extra.insert(
-        "bytes_per_retained_task_estimate",
-        json!(((peak_during.saturating_sub(start_rss)) as f64 / retained.max(1.0)).round()),
+        "bytes_per_retained_task",
+        json!(((rss_retained.saturating_sub(end_rss)) as f64 / retained.max(1.0)).round()),
     );
     let tl = timeline.lock().unwrap_or_else(|e| e.into_inner());
     r.extra.insert(

@@ -66,6 +66,31 @@ impl Conn {
         Ok(Self { sender, target })
     }
 
+    /// GETs a path; returns the status and the whole response body.
+    pub async fn get(&mut self, path: &str) -> Result<(u16, Bytes), String> {
+        let req = Request::get(path)
+            .header("host", "a2ad")
+            .body(Full::new(Bytes::new()))
+            .map_err(|_| "request".to_string())?;
+        self.sender
+            .ready()
+            .await
+            .map_err(|_| "closed".to_string())?;
+        let resp = self
+            .sender
+            .send_request(req)
+            .await
+            .map_err(|_| "io".to_string())?;
+        let status = resp.status().as_u16();
+        let body = resp
+            .into_body()
+            .collect()
+            .await
+            .map_err(|_| "io-body".to_string())?
+            .to_bytes();
+        Ok((status, body))
+    }
+
     /// POSTs a JSON-RPC body; returns the status and the whole response body.
     pub async fn post(&mut self, body: String, sse: bool) -> Result<(u16, Bytes), String> {
         let mut req = Request::post(&self.target.path)
