@@ -98,19 +98,21 @@ pub struct Metrics {
     pub failed_actors: AtomicU64,
 }
 
-/// Method labels of the request metrics (aliases folded in).
-pub const METHOD_LABELS: [&str; 10] = [
-    "message/send",
-    "message/stream",
-    "tasks/get",
-    "tasks/cancel",
-    "tasks/resubscribe",
-    "tasks/pushNotificationConfig/set",
-    "tasks/pushNotificationConfig/get",
-    "agent/authenticatedExtendedCard",
-    "unknown",
-    "invalid",
-];
+/// Method labels of the request metrics: the dialect's methods (aliases folded in), then
+/// `unknown` (no such method) and `invalid` (not a decodable request).
+pub fn method_label(index: usize) -> &'static str {
+    crate::rpc::seed::METHODS
+        .get(index)
+        .copied()
+        .unwrap_or(if index == METHODS {
+            "unknown"
+        } else {
+            "invalid"
+        })
+}
+
+const METHODS: usize = crate::rpc::seed::METHODS.len();
+const METHOD_SLOTS: usize = METHODS + 2;
 
 /// Outcome labels: `ok` or a JSON-RPC error code.
 pub const OUTCOME_CODES: [i64; 16] = [
@@ -129,9 +131,9 @@ const BUCKETS: usize = LATENCY_BUCKETS.len() + 1;
 /// Request counters and latency histograms: fixed arrays of atomics, no lock on the hot path.
 #[derive(Debug)]
 pub struct RequestMetrics {
-    counts: [[AtomicU64; OUTCOMES]; METHOD_LABELS.len()],
-    buckets: [[AtomicU64; BUCKETS]; METHOD_LABELS.len()],
-    sum_micros: [AtomicU64; METHOD_LABELS.len()],
+    counts: [[AtomicU64; OUTCOMES]; METHOD_SLOTS],
+    buckets: [[AtomicU64; BUCKETS]; METHOD_SLOTS],
+    sum_micros: [AtomicU64; METHOD_SLOTS],
 }
 
 impl Default for RequestMetrics {
@@ -148,9 +150,14 @@ impl RequestMetrics {
     /// The label index of a method name (`None`: undecodable request).
     pub fn method_index(method: Option<&str>) -> usize {
         match method {
-            None => 9,
-            Some("agent/getAuthenticatedExtendedCard") => 7,
-            Some(m) => METHOD_LABELS[..8].iter().position(|l| *l == m).unwrap_or(8),
+            None => METHODS + 1,
+            Some("agent/getAuthenticatedExtendedCard") => {
+                RequestMetrics::method_index(Some("agent/authenticatedExtendedCard"))
+            }
+            Some(m) => crate::rpc::seed::METHODS
+                .iter()
+                .position(|l| *l == m)
+                .unwrap_or(METHODS),
         }
     }
 
@@ -168,7 +175,7 @@ impl RequestMetrics {
             .iter()
             .position(|b| secs <= *b)
             .unwrap_or(LATENCY_BUCKETS.len());
-        let m = method.min(METHOD_LABELS.len() - 1);
+        let m = method.min(METHOD_SLOTS - 1);
         self.counts[m][outcome].fetch_add(1, Relaxed);
         self.buckets[m][bucket].fetch_add(1, Relaxed);
         let micros = u64::try_from(elapsed.as_micros()).unwrap_or(u64::MAX);
@@ -187,7 +194,7 @@ impl RequestMetrics {
                     } else {
                         OUTCOME_CODES[o - 1].to_string()
                     };
-                    out.push((METHOD_LABELS[m], label, n));
+                    out.push((method_label(m), label, n));
                 }
             }
         }
@@ -196,12 +203,12 @@ impl RequestMetrics {
 
     /// Per method with traffic: (method, per-bucket counts, sum in seconds).
     pub fn histograms(&self) -> Vec<(&'static str, [u64; BUCKETS], f64)> {
-        (0..METHOD_LABELS.len())
+        (0..METHOD_SLOTS)
             .filter_map(|m| {
                 let b: [u64; BUCKETS] = std::array::from_fn(|i| self.buckets[m][i].load(Relaxed));
                 (b.iter().sum::<u64>() > 0).then(|| {
                     (
-                        METHOD_LABELS[m],
+                        method_label(m),
                         b,
                         self.sum_micros[m].load(Relaxed) as f64 / 1e6,
                     )

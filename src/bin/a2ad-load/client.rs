@@ -72,23 +72,7 @@ impl Conn {
             .header("host", "a2ad")
             .body(Full::new(Bytes::new()))
             .map_err(|_| "request".to_string())?;
-        self.sender
-            .ready()
-            .await
-            .map_err(|_| "closed".to_string())?;
-        let resp = self
-            .sender
-            .send_request(req)
-            .await
-            .map_err(|_| "io".to_string())?;
-        let status = resp.status().as_u16();
-        let body = resp
-            .into_body()
-            .collect()
-            .await
-            .map_err(|_| "io-body".to_string())?
-            .to_bytes();
-        Ok((status, body))
+        self.send(req).await
     }
 
     /// POSTs a JSON-RPC body; returns the status and the whole response body.
@@ -103,6 +87,10 @@ impl Conn {
         let req = req
             .body(Full::new(Bytes::from(body)))
             .map_err(|_| "request".to_string())?;
+        self.send(req).await
+    }
+
+    async fn send(&mut self, req: Request<Full<Bytes>>) -> Result<(u16, Bytes), String> {
         self.sender
             .ready()
             .await
