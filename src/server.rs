@@ -25,6 +25,20 @@ use crate::http::{self, App};
 use crate::limits::RateLimiter;
 
 /// A bound server, not yet serving.
+///
+/// ```
+/// # async fn run() -> a2ad::Result<()> {
+/// let mut config = a2ad::Config::default();
+/// config.server.listen = "127.0.0.1:0".into(); // any free port
+/// let server = a2ad::Server::bind(config.validated()?).await?;
+/// let handle = server.serve()?;
+/// println!("listening on http://{}", handle.local_addr());
+/// handle.stop(); // graceful: running tasks end `canceled` (reason "shutdown")
+/// handle.stopped().await;
+/// # Ok(())
+/// # }
+/// # tokio::runtime::Runtime::new().expect("runtime").block_on(run()).expect("serves");
+/// ```
 pub struct Server {
     listener: TcpListener,
     app: Arc<App>,
