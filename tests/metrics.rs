@@ -135,15 +135,7 @@ async fn metrics_count_requests_latency_tasks_and_queues() {
         assert_eq!(value(&text, name), Some(0.0), "{name}");
     }
     // A stream is counted while it is open.
-    let resp = s
-        .stream(
-            ALICE,
-            "slow",
-            "message/stream",
-            send_params("x", json!({})),
-            None,
-        )
-        .await;
+    let resp = s.stream_message("slow", send_params("x", json!({}))).await;
     let mut r = SseReader::new(resp);
     r.next_event().await.expect("first event");
     let text = scrape(&s).await;

@@ -69,13 +69,7 @@ async fn a_stream_shows_each_chunk_as_its_own_event() {
     let up = Upstream::start(words(&["one ", "two ", "three"], 100)).await;
     let s = server(llm(&up, |_| {})).await;
     let resp = s
-        .stream(
-            ALICE,
-            "llm",
-            "message/stream",
-            send_params("count", json!({})),
-            None,
-        )
+        .stream_message("llm", send_params("count", json!({})))
         .await;
     let events = SseReader::new(resp).collect().await;
     let partials: Vec<Vec<String>> = events

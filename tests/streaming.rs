@@ -28,15 +28,7 @@ fn state(data: &Value) -> &str {
 #[tokio::test]
 async fn a_stream_carries_every_state_change_numbered_from_one_then_closes() {
     let s = server(vec![echo(200, 3)]).await;
-    let resp = s
-        .stream(
-            ALICE,
-            "echo",
-            "message/stream",
-            send_params("hi", json!({})),
-            None,
-        )
-        .await;
+    let resp = s.stream_message("echo", send_params("hi", json!({}))).await;
     assert_eq!(resp.status().as_u16(), 200);
     assert_eq!(resp.headers()["content-type"], "text/event-stream");
     assert_eq!(resp.headers()["cache-control"], "no-cache");
@@ -270,15 +262,7 @@ async fn an_idle_stream_gets_pings() {
     c.agents = vec![echo(1200, 0)];
     c.server.ping_interval_seconds = 0.2;
     let s = TestServer::start(c).await;
-    let resp = s
-        .stream(
-            ALICE,
-            "echo",
-            "message/stream",
-            send_params("x", json!({})),
-            None,
-        )
-        .await;
+    let resp = s.stream_message("echo", send_params("x", json!({}))).await;
     let mut r = SseReader::new(resp);
     let mut pings = 0;
     let mut last = None;
@@ -302,15 +286,7 @@ async fn the_subscriber_limit_is_32004() {
     c.agents = vec![echo(60_000, 0)];
     c.server.max_subscribers_per_task = 2;
     let s = TestServer::start(c).await;
-    let resp = s
-        .stream(
-            ALICE,
-            "echo",
-            "message/stream",
-            send_params("x", json!({})),
-            None,
-        )
-        .await;
+    let resp = s.stream_message("echo", send_params("x", json!({}))).await;
     let mut first = SseReader::new(resp);
     let (_, e) = first.next_event().await.expect("event");
     let id = e["result"]["id"].as_str().expect("id").to_string();
@@ -357,13 +333,7 @@ async fn the_subscriber_limit_is_32004() {
 async fn a_client_that_disconnects_does_not_break_the_task() {
     let s = server(vec![echo(500, 3)]).await;
     let resp = s
-        .stream(
-            ALICE,
-            "echo",
-            "message/stream",
-            send_params("bye", json!({})),
-            None,
-        )
+        .stream_message("echo", send_params("bye", json!({})))
         .await;
     let mut r = SseReader::new(resp);
     let (_, first) = r.next_event().await.expect("event");
@@ -381,12 +351,8 @@ async fn a_client_that_disconnects_does_not_break_the_task() {
 async fn an_idempotent_stream_replay_follows_the_same_task() {
     let s = server(vec![echo(300, 0)]).await;
     let params = send_params("same", json!({"id": "stream-1"}));
-    let a = s
-        .stream(ALICE, "echo", "message/stream", params.clone(), None)
-        .await;
-    let b = s
-        .stream(ALICE, "echo", "message/stream", params, None)
-        .await;
+    let a = s.stream_message("echo", params.clone()).await;
+    let b = s.stream_message("echo", params).await;
     let (mut ra, mut rb) = (SseReader::new(a), SseReader::new(b));
     let (ea, eb) = tokio::join!(ra.collect(), rb.collect());
     for events in [&ea, &eb] {
@@ -399,15 +365,7 @@ async fn an_idempotent_stream_replay_follows_the_same_task() {
 #[tokio::test]
 async fn shutdown_ends_open_streams_with_a_final_canceled_event() {
     let s = server(vec![echo(60_000, 0)]).await;
-    let resp = s
-        .stream(
-            ALICE,
-            "echo",
-            "message/stream",
-            send_params("x", json!({})),
-            None,
-        )
-        .await;
+    let resp = s.stream_message("echo", send_params("x", json!({}))).await;
     let mut r = SseReader::new(resp);
     let (_, first) = r.next_event().await.expect("first event");
     assert_eq!(state(&first), "submitted");

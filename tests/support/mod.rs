@@ -145,6 +145,12 @@ impl TestServer {
         req.send().await.expect("stream request")
     }
 
+    /// Opens a `message/stream` as alice.
+    pub async fn stream_message(&self, agent: &str, params: Value) -> reqwest::Response {
+        self.stream(ALICE, agent, "message/stream", params, None)
+            .await
+    }
+
     pub async fn stop(mut self) {
         if let Some(h) = self.handle.take() {
             h.stop();
