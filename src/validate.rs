@@ -42,7 +42,11 @@ pub fn file_part(
             ),
         ));
     }
-    if bytes.len() >= 5 && bytes[..5].eq_ignore_ascii_case("data:") {
+    if bytes
+        .as_bytes()
+        .get(..5)
+        .is_some_and(|p| p.eq_ignore_ascii_case(b"data:"))
+    {
         return Err(Error::invalid(
             bytes_field(),
             "must be pure Base64 without a \"data:<mime>;base64,\" prefix",
@@ -285,6 +289,9 @@ mod tests {
         let r = file_part("f", "n".into(), "text/plain".into(), "aGk".into(), &l);
         assert!(reason(r).1.contains("padding"));
         let r = file_part("f", "n".into(), "text/plain".into(), "aG k=".into(), &l);
+        assert_eq!(reason(r).0, "f.bytes");
+        // Not Base64, and not ASCII: refused, never a panic on slicing.
+        let r = file_part("f", "n".into(), "text/plain".into(), "ééé".into(), &l);
         assert_eq!(reason(r).0, "f.bytes");
         let r = check("text/plain", &[b'a'; 17]);
         assert!(reason(r).1.contains("at most 16"));

@@ -14,6 +14,7 @@ fn arb_json() -> impl Strategy<Value = Value> {
             .prop_filter("finite", |f| f.is_finite())
             .prop_map(Value::from),
         "[ -~]{0,12}".prop_map(Value::String),
+        "\\PC{0,12}".prop_map(Value::String),
         prop_oneof![
             Just("text"),
             Just("file"),
@@ -67,6 +68,17 @@ fn arb_json() -> impl Strategy<Value = Value> {
     })
 }
 
+/// A message/send whose strings are arbitrary Unicode, in the places validation slices.
+fn arb_send() -> impl Strategy<Value = Value> {
+    ("\\PC{0,40}", "\\PC{0,20}", "\\PC{0,20}", "\\PC{0,40}").prop_map(|(bytes, mime, name, text)| {
+        serde_json::json!({"message": {"role": "user", "messageId": "6f1c2a1e-3b4d-4c5e-8f70-1a2b3c4d5e6f",
+            // A supported type first, so validation reaches `bytes` (the first bad part ends it).
+            "parts": [{"type": "text", "text": text},
+                      {"kind": "file", "file": {"name": "n", "mimeType": "text/plain", "bytes": bytes}},
+                      {"type": "file", "file": {"name": name, "mimeType": mime, "bytes": bytes}}]}})
+    })
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(512))]
 
@@ -87,6 +99,13 @@ proptest! {
         }
         let raw = serde_json::value::RawValue::from_string(text).expect("valid JSON");
         let _ = seed::params_object(Some(&raw));
+    }
+
+    #[test]
+    fn arbitrary_unicode_in_message_fields_never_panics_validation(v in arb_send()) {
+        if let Value::Object(map) = v {
+            let _ = seed::send_params(map, &AgentLimits::default());
+        }
     }
 
     #[test]
