@@ -407,6 +407,10 @@ async fn invalid_messages_are_32602_naming_field_and_reason() {
             "message.parts[0].file.bytes",
         ),
         (
+            msg(file("text/plain", "ééééé")),
+            "message.parts[0].file.bytes",
+        ),
+        (
             msg(file("text/plain", &STANDARD.encode(b"01234567890"))),
             "message.parts[0].file.bytes",
         ),
