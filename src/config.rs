@@ -751,19 +751,29 @@ impl fmt::Display for ConfigError {
 
 impl std::error::Error for ConfigError {}
 
+/// Seconds in a configuration are at most this (about 31 years): durations and deadlines
+/// built from them can never overflow.
+pub const MAX_SECONDS: f64 = 1e9;
+
 fn positive(key: &str, v: f64) -> Result<(), ConfigError> {
-    if v.is_finite() && v > 0.0 {
+    if v.is_finite() && v > 0.0 && v <= MAX_SECONDS {
         Ok(())
     } else {
-        Err(ConfigError::key(key, "must be a number greater than 0"))
+        Err(ConfigError::key(
+            key,
+            format!("must be a number greater than 0 and at most {MAX_SECONDS}"),
+        ))
     }
 }
 
 fn non_negative(key: &str, v: f64) -> Result<(), ConfigError> {
-    if v.is_finite() && v >= 0.0 {
+    if v.is_finite() && (0.0..=MAX_SECONDS).contains(&v) {
         Ok(())
     } else {
-        Err(ConfigError::key(key, "must be a number of at least 0"))
+        Err(ConfigError::key(
+            key,
+            format!("must be a number from 0 to {MAX_SECONDS}"),
+        ))
     }
 }
 
@@ -903,6 +913,14 @@ fail = false
                 "agents[0].limits.concurrent_tasks",
             ),
             ("[webhooks]\nworkers = 0\n", "webhooks.workers"),
+            (
+                "[[agents]]\nid = \"a\"\n[agents.limits]\ntask_timeout_seconds = 1e300\n",
+                "agents[0].limits.task_timeout_seconds",
+            ),
+            (
+                "[server]\nping_interval_seconds = 1e20\n",
+                "server.ping_interval_seconds",
+            ),
         ];
         for (text, key) in cases {
             let e = Config::from_toml(text).expect_err(text);

@@ -215,6 +215,11 @@ impl Report {
 }
 
 async fn run(cli: Cli) -> Result<(), String> {
+    for (name, v) in [("--duration", cli.duration), ("--retention", cli.retention)] {
+        if !(v.is_finite() && v > 0.0 && v <= 1e6) {
+            return Err(format!("{name} must be a number of seconds greater than 0"));
+        }
+    }
     let mut reports = Vec::new();
     let a2ad = measure_a2ad(&cli).await?;
     a2ad.print();
