@@ -146,7 +146,7 @@ async fn running_task(s: &TestServer) -> String {
 
 #[tokio::test]
 async fn resubscribe_sends_the_current_state_then_live_events() {
-    let s = server(vec![echo(1500, 2)]).await;
+    let s = server(vec![echo(4000, 2)]).await;
     let id = running_task(&s).await;
     let resp = s
         .stream(
@@ -181,7 +181,7 @@ async fn resubscribe_sends_the_current_state_then_live_events() {
 
 #[tokio::test]
 async fn resubscribe_with_history_replays_from_event_one() {
-    let s = server(vec![echo(1500, 2)]).await;
+    let s = server(vec![echo(4000, 2)]).await;
     let id = running_task(&s).await;
     let resp = s
         .stream(
@@ -201,7 +201,7 @@ async fn resubscribe_with_history_replays_from_event_one() {
 
 #[tokio::test]
 async fn last_event_id_replays_what_came_after_it_and_wins_over_include_history() {
-    let s = server(vec![echo(1500, 2)]).await;
+    let s = server(vec![echo(4000, 2)]).await;
     let id = running_task(&s).await;
     let resp = s
         .stream(

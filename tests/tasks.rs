@@ -91,7 +91,7 @@ async fn unknown_tasks_are_32000_with_task_id() {
 
 #[tokio::test]
 async fn non_blocking_send_returns_at_once_and_the_task_completes() {
-    let s = server_with(vec![slow("echo", 300)]).await;
+    let s = server_with(vec![slow("echo", 2000)]).await;
     let t = s
         .send(
             "echo",
