@@ -191,3 +191,23 @@ async fn a_stream_that_falls_behind_is_dropped_and_counted_and_the_task_goes_on(
     assert!(stream.next().await.is_none());
     rt.shutdown(Duration::from_secs(5)).await;
 }
+
+#[tokio::test]
+async fn after_shutdown_new_work_is_refused() {
+    let rt = runtime().await;
+    rt.shutdown(Duration::from_secs(5)).await;
+    assert!(rt.is_shutting_down());
+    let refused = rt
+        .send(
+            &Principal::new("me"),
+            &AgentId::new("up"),
+            request("late", None),
+            None,
+        )
+        .await;
+    assert!(
+        matches!(refused, Err(Error::ShuttingDown)),
+        "{:?}",
+        refused.err()
+    );
+}

@@ -192,3 +192,82 @@ impl From<&Error> for RpcError {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::{TaskId, TaskState};
+
+    #[test]
+    fn every_error_maps_to_its_code_and_status() {
+        let t = || TaskId::new("t1");
+        let cases: Vec<(Error, i64, u16)> = vec![
+            (
+                Error::invalid("message", "is required"),
+                INVALID_PARAMS,
+                200,
+            ),
+            (Error::TaskNotFound { task: t() }, TASK_NOT_FOUND, 200),
+            (
+                Error::TaskFinished {
+                    task: t(),
+                    state: TaskState::Failed,
+                },
+                TASK_ALREADY_COMPLETED,
+                200,
+            ),
+            (
+                Error::TaskCanceled { task: t() },
+                TASK_ALREADY_CANCELED,
+                200,
+            ),
+            (
+                Error::CancelFailed {
+                    task: t(),
+                    state: TaskState::Completed,
+                },
+                CANCELLATION_FAILED,
+                200,
+            ),
+            (
+                Error::SubscriptionFailed {
+                    task: t(),
+                    reason: "limit".into(),
+                },
+                SUBSCRIPTION_FAILED,
+                200,
+            ),
+            (Error::TaskInProgress { task: t() }, INVALID_PARAMS, 200),
+            (Error::TooManyTasks, TOO_MANY_TASKS, 429),
+            (Error::PushNotSupported, PUSH_NOT_SUPPORTED, 200),
+            (Error::AgentNotFound, AGENT_NOT_FOUND, 404),
+            (Error::Busy, INTERNAL_ERROR, 200),
+            (Error::ShuttingDown, INTERNAL_ERROR, 200),
+            (Error::Internal, INTERNAL_ERROR, 200),
+        ];
+        for (e, code, status) in cases {
+            let r = RpcError::from(&e);
+            assert_eq!((r.code, r.status.as_u16()), (code, status), "{e}");
+            if (TASK_ALREADY_COMPLETED..=TASK_NOT_FOUND).contains(&code) {
+                assert_eq!(
+                    r.data.as_ref().map(|d| d["taskId"].clone()),
+                    Some("t1".into()),
+                    "{e}"
+                );
+            }
+        }
+        let r = RpcError::from(&Error::CancelFailed {
+            task: t(),
+            state: TaskState::Completed,
+        });
+        assert_eq!(r.data.expect("data")["state"], "completed");
+        let internal = RpcError::from(&Error::Internal);
+        assert!(internal.data.is_none(), "no internals leaked");
+        let limited = RpcError::rate_limited(7);
+        assert_eq!(
+            (limited.code, limited.status.as_u16(), limited.retry_after),
+            (RATE_LIMITED, 429, Some(7))
+        );
+        assert_eq!(limited.data.expect("data")["retryAfter"], 7);
+    }
+}
