@@ -47,8 +47,8 @@ pub enum Error {
     /// A stream could not be opened on the task.
     #[error("subscription failed: {reason}")]
     SubscriptionFailed {
-        /// The task.
-        task: TaskId,
+        /// The task, when one exists (a refused `message/stream` has none yet).
+        task: Option<TaskId>,
         /// Why.
         reason: String,
     },

@@ -451,7 +451,7 @@ impl TaskActorState {
         }
         if self.subscribers.len() >= self.shared.config.server.max_subscribers_per_task {
             return Err(Error::SubscriptionFailed {
-                task: self.key.task.clone(),
+                task: Some(self.key.task.clone()),
                 reason: "the task's subscriber limit is reached".into(),
             });
         }

@@ -288,14 +288,10 @@ async fn send(args: &WebhookArgs, d: &Delivery) -> Outcome {
             Outcome::Status(resp.status().as_u16(), retry_after)
         }
         Err(e) if e.is_timeout() => Outcome::Timeout,
-        Err(e) => {
-            let text = error_chain(&e);
-            if text.contains(REFUSED_MARK) {
-                Outcome::Refused(text)
-            } else {
-                Outcome::Connect(text)
-            }
-        }
+        Err(e) => match refusal(&e) {
+            Some(refused) => Outcome::Refused(refused.to_string()),
+            None => Outcome::Connect(error_chain(&e)),
+        },
     }
 }
 
@@ -310,7 +306,32 @@ fn error_chain(e: &dyn std::error::Error) -> String {
     text
 }
 
-const REFUSED_MARK: &str = "webhook target refused";
+/// The resolver's refusal of a target address (SSRF guard), found again in reqwest's
+/// error chain by type.
+#[derive(Debug)]
+struct TargetRefused {
+    host: String,
+    why: &'static str,
+}
+
+impl std::fmt::Display for TargetRefused {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "webhook target {} refused: {}", self.host, self.why)
+    }
+}
+
+impl std::error::Error for TargetRefused {}
+
+fn refusal<'a>(e: &'a (dyn std::error::Error + 'static)) -> Option<&'a TargetRefused> {
+    let mut current: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(err) = current {
+        if let Some(refused) = err.downcast_ref::<TargetRefused>() {
+            return Some(refused);
+        }
+        current = err.source();
+    }
+    None
+}
 
 /// Resolves host names and keeps only the addresses the policy allows, so the connection
 /// can only go to an address that was checked at this delivery (no DNS-rebinding gap).
@@ -340,7 +361,9 @@ impl reqwest::dns::Resolve for GuardedResolver {
                     .first()
                     .and_then(|a| address_allowed(a.ip(), allow_private).err())
                     .unwrap_or("no address");
-                return Err(format!("{REFUSED_MARK}: {host}: {why}").into());
+                let refused: Box<dyn std::error::Error + Send + Sync> =
+                    Box::new(TargetRefused { host, why });
+                return Err(refused);
             }
             Ok(Box::new(allowed.into_iter()) as reqwest::dns::Addrs)
         })

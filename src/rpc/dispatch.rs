@@ -116,7 +116,7 @@ async fn run(runtime: &Runtime, cx: &CallContext, call: &Call) -> Result<Reply, 
         }
         "message/stream" => {
             if !agent.config.streaming {
-                return Err(not_streaming(TaskId::new("")));
+                return Err(not_streaming(None));
             }
             let p = seed::send_params(params()?, limits)?;
             let stream = runtime.stream(principal, &cx.agent_id, p.request).await?;
@@ -151,7 +151,7 @@ async fn run(runtime: &Runtime, cx: &CallContext, call: &Call) -> Result<Reply, 
             let p = params()?;
             let task = required_task(&p)?;
             if !agent.config.streaming {
-                return Err(not_streaming(task));
+                return Err(not_streaming(Some(task)));
             }
             let include_history = seed::opt_bool(&p, "includeHistory", "includeHistory")?;
             let replay = match &cx.last_event_id {
@@ -260,7 +260,7 @@ fn required_task(p: &serde_json::Map<String, serde_json::Value>) -> Result<TaskI
         .ok_or_else(|| Error::invalid("taskId", "is required"))
 }
 
-fn not_streaming(task: TaskId) -> Error {
+fn not_streaming(task: Option<TaskId>) -> Error {
     Error::SubscriptionFailed {
         task,
         reason: "this agent does not support streaming".into(),

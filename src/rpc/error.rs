@@ -9,6 +9,7 @@ use serde::Serialize;
 use serde_json::{Value, json};
 
 use crate::error::Error;
+use crate::model::TaskId;
 
 /// -32700: the body is not valid JSON.
 pub const PARSE_ERROR: i64 = -32700;
@@ -124,13 +125,8 @@ impl RpcError {
     }
 }
 
-fn task_error(code: i64, message: &'static str, task: &str, extra: Value) -> RpcError {
-    // A stream refused before any task exists has no task id to name.
-    let task = if task.is_empty() {
-        Value::Null
-    } else {
-        Value::from(task)
-    };
+/// A task-related error: `data.taskId` (null when no task exists yet) plus `extra`.
+fn task_error(code: i64, message: &'static str, task: Option<&str>, extra: Value) -> RpcError {
     let mut data = json!({ "taskId": task });
     if let (Some(d), Value::Object(extra)) = (data.as_object_mut(), extra) {
         d.extend(extra);
@@ -145,31 +141,31 @@ impl From<&Error> for RpcError {
             Error::TaskNotFound { task } => task_error(
                 TASK_NOT_FOUND,
                 "Task not found",
-                task.as_str(),
+                Some(task.as_str()),
                 json!({ "suggestion": "check the task id; finished tasks are kept for the server's retention period" }),
             ),
             Error::TaskFinished { task, state } => task_error(
                 TASK_ALREADY_COMPLETED,
                 "Task already completed",
-                task.as_str(),
+                Some(task.as_str()),
                 json!({ "state": state.as_str(), "suggestion": "the task is final; send a new message to start a new task" }),
             ),
             Error::TaskCanceled { task } => task_error(
                 TASK_ALREADY_CANCELED,
                 "Task already canceled",
-                task.as_str(),
+                Some(task.as_str()),
                 json!({ "state": "canceled", "suggestion": "the task is final; send a new message to start a new task" }),
             ),
             Error::CancelFailed { task, state } => task_error(
                 CANCELLATION_FAILED,
                 "Cancellation failed",
-                task.as_str(),
+                Some(task.as_str()),
                 json!({ "state": state.as_str(), "suggestion": "the task reached a final state before it could be canceled; read it with tasks/get" }),
             ),
             Error::SubscriptionFailed { task, reason } => task_error(
                 SUBSCRIPTION_FAILED,
                 "Subscription failed",
-                task.as_str(),
+                task.as_ref().map(TaskId::as_str),
                 json!({ "reason": reason, "suggestion": "poll with tasks/get instead" }),
             ),
             Error::TaskInProgress { task } => Self::new(INVALID_PARAMS, "Invalid params").with_data(json!({
@@ -196,7 +192,7 @@ impl From<&Error> for RpcError {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::{TaskId, TaskState};
+    use crate::model::TaskState;
 
     #[test]
     fn every_error_maps_to_its_code_and_status() {
@@ -231,7 +227,7 @@ mod tests {
             ),
             (
                 Error::SubscriptionFailed {
-                    task: t(),
+                    task: Some(t()),
                     reason: "limit".into(),
                 },
                 SUBSCRIPTION_FAILED,
