@@ -1,14 +1,17 @@
 //! Configuration: plain data read from the TOML file of `CONFIG.md`, with defaults and
 //! validation. Parsing is separate from I/O so tests build a `Config` in code.
 //!
-//! Unknown keys are errors, so a typo never silently falls back to a default.
+//! Unknown keys are errors, so a typo never silently falls back to a default; every number
+//! is range-checked (`config/check.rs`), so no setting can overflow a duration, disable a
+//! bound or exhaust memory by accident.
 
-use std::collections::HashSet;
 use std::fmt;
 use std::net::SocketAddr;
 use std::path::Path;
 
 use serde::Deserialize;
+
+mod check;
 
 /// The whole configuration.
 #[derive(Clone, Debug, Deserialize)]
@@ -48,14 +51,31 @@ pub struct ServerConfig {
     pub stream_buffer: usize,
     /// Finished tasks kept at most, whatever their age (oldest evicted first).
     pub max_finished_tasks: usize,
+    /// Bytes all retained finished tasks may hold together (oldest evicted first).
+    pub max_retained_bytes: u64,
     /// Tasks not yet finished, across all agents, at most (admission control).
     pub max_live_tasks: usize,
-    /// Open connections at most; further connections wait in the backlog.
+    /// Open connections at most; further connections wait in the backlog. Lowered at
+    /// start-up to what the process's file-descriptor limit allows.
     pub max_connections: usize,
-    /// Time allowed to send request headers (Slowloris guard).
+    /// Time a new connection has to send its first byte.
+    pub first_byte_timeout_seconds: f64,
+    /// Time an open connection with no request in flight may stay silent (keep-alive).
+    pub idle_timeout_seconds: f64,
+    /// Time a response write may make no progress before the connection is closed.
+    pub write_timeout_seconds: f64,
+    /// Time allowed to send request headers once the first byte arrived (Slowloris guard).
     pub header_read_timeout_seconds: f64,
+    /// Size of a request's header block at most (HTTP/1.1 and HTTP/2).
+    pub max_header_bytes: usize,
     /// Time allowed to send the request body once headers arrived.
     pub body_read_timeout_seconds: f64,
+    /// Requests in one JSON-RPC batch at most.
+    pub max_batch_size: usize,
+    /// Concurrent HTTP/2 streams per connection.
+    pub http2_max_concurrent_streams: u32,
+    /// HTTP/2 keep-alive: a PING after this much silence; no answer within it closes.
+    pub http2_keep_alive_seconds: f64,
     /// Bound on every internal actor call.
     pub actor_call_timeout_seconds: f64,
     /// Grace period on shutdown for in-flight requests and streams.
@@ -154,73 +174,6 @@ pub struct OpenAiConfig {
     pub max_history_turns: usize,
 }
 
-impl OpenAiConfig {
-    /// Default upstream time-out.
-    pub const DEFAULT_REQUEST_TIMEOUT_SECONDS: f64 = 120.0;
-    /// Default history turns.
-    pub const DEFAULT_MAX_HISTORY_TURNS: usize = 20;
-
-    /// An upstream at `base_url` serving `model`, every other option at its default.
-    pub fn new(base_url: &str, model: &str) -> Self {
-        Self {
-            base_url: base_url.to_string(),
-            model: model.to_string(),
-            api_key_env: None,
-            system_prompt: None,
-            temperature: None,
-            max_tokens: None,
-            request_timeout_seconds: Self::DEFAULT_REQUEST_TIMEOUT_SECONDS,
-            max_history_turns: Self::DEFAULT_MAX_HISTORY_TURNS,
-        }
-    }
-
-    fn default_timeout() -> f64 {
-        Self::DEFAULT_REQUEST_TIMEOUT_SECONDS
-    }
-
-    fn default_history_turns() -> usize {
-        Self::DEFAULT_MAX_HISTORY_TURNS
-    }
-
-    fn validate(&self, at: &dyn Fn(&str) -> String) -> Result<(), ConfigError> {
-        match url::Url::parse(&self.base_url) {
-            Ok(u) if matches!(u.scheme(), "http" | "https") && u.host().is_some() => {}
-            _ => {
-                return Err(ConfigError::key(
-                    at("openai.base_url"),
-                    format!(
-                        "{:?} is not an http(s) URL such as \"http://127.0.0.1:11434/v1\"",
-                        self.base_url
-                    ),
-                ));
-            }
-        }
-        if self.model.is_empty() {
-            return Err(ConfigError::key(at("openai.model"), "must not be empty"));
-        }
-        if let Some(var) = &self.api_key_env
-            && std::env::var_os(var).is_none()
-        {
-            return Err(ConfigError::key(
-                at("openai.api_key_env"),
-                format!("the environment variable {var:?} is not set"),
-            ));
-        }
-        if let Some(t) = self.temperature
-            && !(0.0..=2.0).contains(&t)
-        {
-            return Err(ConfigError::key(
-                at("openai.temperature"),
-                "must be from 0 to 2",
-            ));
-        }
-        positive(
-            &at("openai.request_timeout_seconds"),
-            self.request_timeout_seconds,
-        )
-    }
-}
-
 /// `[agents.limits]`
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -233,6 +186,8 @@ pub struct AgentLimits {
     pub max_queued_tasks: Option<usize>,
     /// Unicode scalar values over all text parts of a message.
     pub max_message_length: usize,
+    /// Parts of one message at most.
+    pub max_parts: usize,
     /// Decoded bytes of one file part.
     pub max_file_size: u64,
     /// Accepted MIME types of file parts; `type/*` entries allowed.
@@ -275,23 +230,32 @@ impl Config {
     pub const DEFAULT_LISTEN: &'static str = "127.0.0.1:8080";
     /// Default agent id of the built-in configuration.
     pub const DEFAULT_AGENT_ID: &'static str = "echo";
+    /// The request body cap never exceeds this, whatever the file says (1 GiB).
+    pub const MAX_BODY_BYTES: u64 = 1 << 30;
 
-    /// Reads, parses and validates a TOML file.
+    /// Reads, parses and validates a TOML file. A file with no keys at all is refused:
+    /// it is almost always the wrong file (run without `--config` for the built-in one).
     ///
     /// # Errors
     /// A [`ConfigError`] naming the file, and the key or position where there is one.
     pub fn load(path: &Path) -> Result<Self, ConfigError> {
         let file = path.display().to_string();
-        let text = std::fs::read_to_string(path).map_err(|e| ConfigError {
-            file: Some(file.clone()),
-            key: None,
-            position: None,
-            message: format!("cannot read file: {e}"),
-        })?;
-        Self::from_toml(&text).map_err(|mut e| {
-            e.file = Some(file);
+        let with_file = |mut e: ConfigError| {
+            e.file = Some(file.clone());
             e
-        })
+        };
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| with_file(ConfigError::new(None, format!("cannot read file: {e}"))))?;
+        let empty = text
+            .parse::<toml::Table>()
+            .is_ok_and(|table| table.is_empty());
+        if empty {
+            return Err(with_file(ConfigError::new(
+                None,
+                "the file holds no settings; run a2ad without --config to serve the built-in configuration",
+            )));
+        }
+        Self::from_toml(&text).map_err(with_file)
     }
 
     /// Parses and validates TOML text.
@@ -305,6 +269,11 @@ impl Config {
             let key = (path != ".").then_some(path);
             toml_error(text, e.inner(), key)
         })?;
+        // A backend's options on an agent of another backend are a mistake the typed
+        // structure cannot see (the tables have defaults), so look at the text's tables.
+        if let Ok(table) = text.parse::<toml::Table>() {
+            check::backend_tables(&table, &config)?;
+        }
         config.validated()
     }
 
@@ -316,42 +285,14 @@ impl Config {
         if self.agents.is_empty() {
             self.agents.push(AgentConfig::new(Self::DEFAULT_AGENT_ID));
         }
-        self.server.validate()?;
-        if self.webhooks.workers == 0 {
-            return Err(ConfigError::key("webhooks.workers", "must be at least 1"));
-        }
-        if self.webhooks.max_pending_deliveries == 0 {
-            return Err(ConfigError::key(
-                "webhooks.max_pending_deliveries",
-                "must be at least 1",
-            ));
-        }
-        let mut ids = HashSet::new();
-        for (i, agent) in self.agents.iter_mut().enumerate() {
-            agent.validate(i)?;
-            if !ids.insert(agent.id.clone()) {
-                return Err(ConfigError::key(
-                    format!("agents[{i}].id"),
-                    format!("duplicate agent id {:?}", agent.id),
-                ));
-            }
-        }
-        let mut keys = HashSet::new();
-        for (i, key) in self.api_keys.iter().enumerate() {
-            key.validate(i, &ids)?;
-            if !keys.insert(key.key.to_ascii_lowercase()) {
-                return Err(ConfigError::key(
-                    format!("api_keys[{i}].key"),
-                    "the same key is configured twice",
-                ));
-            }
-        }
+        check::config(&mut self)?;
         Ok(self)
     }
 
-    /// The request body cap: `max_body_bytes`, or the largest `max_file_size` × 4/3 + 1 MiB.
+    /// The request body cap: `max_body_bytes`, or the largest `max_file_size` × 4/3 + 1 MiB,
+    /// never above [`Config::MAX_BODY_BYTES`].
     pub fn max_body_bytes(&self) -> u64 {
-        self.server.max_body_bytes.unwrap_or_else(|| {
+        let cap = self.server.max_body_bytes.unwrap_or_else(|| {
             let largest = self
                 .agents
                 .iter()
@@ -359,7 +300,8 @@ impl Config {
                 .max()
                 .unwrap_or(0);
             largest.saturating_mul(4) / 3 + 1024 * 1024
-        })
+        });
+        cap.min(Self::MAX_BODY_BYTES)
     }
 
     /// The listen address (a host name such as `localhost` is resolved).
@@ -367,7 +309,7 @@ impl Config {
     /// # Errors
     /// A [`ConfigError`] on `server.listen` when it is not `HOST:PORT`.
     pub fn listen_addr(&self) -> Result<SocketAddr, ConfigError> {
-        resolve_listen(&self.server.listen)
+        check::resolve_listen(&self.server.listen)
     }
 }
 
@@ -382,23 +324,6 @@ impl Default for Config {
             agents: vec![AgentConfig::new(Self::DEFAULT_AGENT_ID)],
         }
     }
-}
-
-fn resolve_listen(listen: &str) -> Result<SocketAddr, ConfigError> {
-    use std::net::ToSocketAddrs as _;
-    if let Ok(addr) = listen.parse() {
-        return Ok(addr);
-    }
-    listen
-        .to_socket_addrs()
-        .ok()
-        .and_then(|mut addrs| addrs.next())
-        .ok_or_else(|| {
-            ConfigError::key(
-                "server.listen",
-                format!("expected HOST:PORT (e.g. 127.0.0.1:8080), got {listen:?}"),
-            )
-        })
 }
 
 fn toml_error(text: &str, e: &toml::de::Error, key: Option<String>) -> ConfigError {
@@ -437,14 +362,30 @@ impl ServerConfig {
     pub const DEFAULT_STREAM_BUFFER: usize = 1024;
     /// Default cap on retained finished tasks.
     pub const DEFAULT_MAX_FINISHED_TASKS: usize = 2_000_000;
+    /// Default byte budget of retained finished tasks (1 GiB).
+    pub const DEFAULT_MAX_RETAINED_BYTES: u64 = 1 << 30;
     /// Default cap on unfinished tasks.
     pub const DEFAULT_MAX_LIVE_TASKS: usize = 100_000;
-    /// Default cap on open connections.
+    /// Default cap on open connections (lowered to the file-descriptor limit at start-up).
     pub const DEFAULT_MAX_CONNECTIONS: usize = 50_000;
+    /// Default time a new connection has to send its first byte.
+    pub const DEFAULT_FIRST_BYTE_TIMEOUT_SECONDS: f64 = 10.0;
+    /// Default keep-alive idle time.
+    pub const DEFAULT_IDLE_TIMEOUT_SECONDS: f64 = 60.0;
+    /// Default stalled-write time.
+    pub const DEFAULT_WRITE_TIMEOUT_SECONDS: f64 = 30.0;
     /// Default header read time-out.
     pub const DEFAULT_HEADER_READ_TIMEOUT_SECONDS: f64 = 30.0;
+    /// Default header block cap (64 KiB).
+    pub const DEFAULT_MAX_HEADER_BYTES: usize = 64 * 1024;
     /// Default body read time-out.
     pub const DEFAULT_BODY_READ_TIMEOUT_SECONDS: f64 = 60.0;
+    /// Default batch cap.
+    pub const DEFAULT_MAX_BATCH_SIZE: usize = 100;
+    /// Default HTTP/2 streams per connection.
+    pub const DEFAULT_HTTP2_MAX_CONCURRENT_STREAMS: u32 = 256;
+    /// Default HTTP/2 keep-alive.
+    pub const DEFAULT_HTTP2_KEEP_ALIVE_SECONDS: f64 = 20.0;
     /// Default internal call bound.
     pub const DEFAULT_ACTOR_CALL_TIMEOUT_SECONDS: f64 = 10.0;
     /// Default shutdown grace.
@@ -453,46 +394,6 @@ impl ServerConfig {
     pub const DEFAULT_MAX_CONTEXT_TURNS: usize = 100;
     /// Default cap on conversations.
     pub const DEFAULT_MAX_CONTEXTS: usize = 2_000_000;
-
-    fn validate(&self) -> Result<(), ConfigError> {
-        resolve_listen(&self.listen)?;
-        positive("server.ping_interval_seconds", self.ping_interval_seconds)?;
-        non_negative("server.task_retention_seconds", self.task_retention_seconds)?;
-        positive(
-            "server.header_read_timeout_seconds",
-            self.header_read_timeout_seconds,
-        )?;
-        positive(
-            "server.body_read_timeout_seconds",
-            self.body_read_timeout_seconds,
-        )?;
-        positive(
-            "server.actor_call_timeout_seconds",
-            self.actor_call_timeout_seconds,
-        )?;
-        non_negative("server.shutdown_grace_seconds", self.shutdown_grace_seconds)?;
-        at_least_one(
-            "server.max_subscribers_per_task",
-            self.max_subscribers_per_task,
-        )?;
-        at_least_one("server.stream_buffer", self.stream_buffer)?;
-        at_least_one("server.max_live_tasks", self.max_live_tasks)?;
-        at_least_one("server.max_connections", self.max_connections)?;
-        at_least_one("server.max_contexts", self.max_contexts)?;
-        if self.listen_backlog == 0 {
-            return Err(ConfigError::key(
-                "server.listen_backlog",
-                "must be at least 1",
-            ));
-        }
-        if self.max_body_bytes == Some(0) {
-            return Err(ConfigError::key(
-                "server.max_body_bytes",
-                "must be at least 1",
-            ));
-        }
-        Ok(())
-    }
 }
 
 impl Default for ServerConfig {
@@ -506,10 +407,18 @@ impl Default for ServerConfig {
             max_subscribers_per_task: Self::DEFAULT_MAX_SUBSCRIBERS_PER_TASK,
             stream_buffer: Self::DEFAULT_STREAM_BUFFER,
             max_finished_tasks: Self::DEFAULT_MAX_FINISHED_TASKS,
+            max_retained_bytes: Self::DEFAULT_MAX_RETAINED_BYTES,
             max_live_tasks: Self::DEFAULT_MAX_LIVE_TASKS,
             max_connections: Self::DEFAULT_MAX_CONNECTIONS,
+            first_byte_timeout_seconds: Self::DEFAULT_FIRST_BYTE_TIMEOUT_SECONDS,
+            idle_timeout_seconds: Self::DEFAULT_IDLE_TIMEOUT_SECONDS,
+            write_timeout_seconds: Self::DEFAULT_WRITE_TIMEOUT_SECONDS,
             header_read_timeout_seconds: Self::DEFAULT_HEADER_READ_TIMEOUT_SECONDS,
+            max_header_bytes: Self::DEFAULT_MAX_HEADER_BYTES,
             body_read_timeout_seconds: Self::DEFAULT_BODY_READ_TIMEOUT_SECONDS,
+            max_batch_size: Self::DEFAULT_MAX_BATCH_SIZE,
+            http2_max_concurrent_streams: Self::DEFAULT_HTTP2_MAX_CONCURRENT_STREAMS,
+            http2_keep_alive_seconds: Self::DEFAULT_HTTP2_KEEP_ALIVE_SECONDS,
             actor_call_timeout_seconds: Self::DEFAULT_ACTOR_CALL_TIMEOUT_SECONDS,
             shutdown_grace_seconds: Self::DEFAULT_SHUTDOWN_GRACE_SECONDS,
             max_context_turns: Self::DEFAULT_MAX_CONTEXT_TURNS,
@@ -518,12 +427,21 @@ impl Default for ServerConfig {
     }
 }
 
+// === impl WebhooksConfig ===
+
+impl WebhooksConfig {
+    /// Default pool size.
+    pub const DEFAULT_WORKERS: usize = 8;
+    /// Default cap on pending deliveries.
+    pub const DEFAULT_MAX_PENDING_DELIVERIES: usize = 100_000;
+}
+
 impl Default for WebhooksConfig {
     fn default() -> Self {
         Self {
             allow_private_networks: false,
-            workers: 8,
-            max_pending_deliveries: 100_000,
+            workers: Self::DEFAULT_WORKERS,
+            max_pending_deliveries: Self::DEFAULT_MAX_PENDING_DELIVERIES,
         }
     }
 }
@@ -531,6 +449,9 @@ impl Default for WebhooksConfig {
 // === impl AgentConfig ===
 
 impl AgentConfig {
+    /// Backends this build knows.
+    pub const BACKENDS: &'static [&'static str] = &["echo", "openai"];
+
     /// An agent with every default and the given id.
     pub fn new(id: &str) -> Self {
         Self {
@@ -551,91 +472,40 @@ impl AgentConfig {
     pub fn display_name(&self) -> &str {
         self.name.as_deref().unwrap_or(&self.id)
     }
+}
 
-    /// Backends this build knows.
-    pub const BACKENDS: &'static [&'static str] = &["echo", "openai"];
+// === impl OpenAiConfig ===
 
-    fn validate(&mut self, i: usize) -> Result<(), ConfigError> {
-        let at = |k: &str| format!("agents[{i}].{k}");
-        if self.id.is_empty() {
-            return Err(ConfigError::key(at("id"), "must not be empty"));
+impl OpenAiConfig {
+    /// Default upstream time-out.
+    pub const DEFAULT_REQUEST_TIMEOUT_SECONDS: f64 = 120.0;
+    /// Default history turns.
+    pub const DEFAULT_MAX_HISTORY_TURNS: usize = 20;
+
+    /// An upstream at `base_url` serving `model`, every other option at its default.
+    pub fn new(base_url: &str, model: &str) -> Self {
+        Self {
+            base_url: base_url.to_string(),
+            model: model.to_string(),
+            api_key_env: None,
+            system_prompt: None,
+            temperature: None,
+            max_tokens: None,
+            request_timeout_seconds: Self::DEFAULT_REQUEST_TIMEOUT_SECONDS,
+            max_history_turns: Self::DEFAULT_MAX_HISTORY_TURNS,
         }
-        if !self
-            .id
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b"-._~".contains(&b))
-        {
-            return Err(ConfigError::key(
-                at("id"),
-                format!(
-                    "{:?} must use only letters, digits, '-', '.', '_' and '~' (it is a URL path segment)",
-                    self.id
-                ),
-            ));
-        }
-        if !Self::BACKENDS.contains(&self.backend.as_str()) {
-            return Err(ConfigError::key(
-                at("backend"),
-                format!(
-                    "unknown backend {:?}; known: {}",
-                    self.backend,
-                    Self::BACKENDS.join(", ")
-                ),
-            ));
-        }
-        match (&self.backend[..], &self.openai) {
-            ("openai", None) => {
-                return Err(ConfigError::key(
-                    at("openai"),
-                    "backend \"openai\" needs an [agents.openai] table with base_url and model",
-                ));
-            }
-            ("openai", Some(o)) => o.validate(&at)?,
-            (_, Some(_)) => {
-                return Err(ConfigError::key(
-                    at("openai"),
-                    "[agents.openai] is only used with backend = \"openai\"",
-                ));
-            }
-            _ => {}
-        }
-        let l = &mut self.limits;
-        if l.requests_per_minute == 0 {
-            return Err(ConfigError::key(
-                at("limits.requests_per_minute"),
-                "must be at least 1",
-            ));
-        }
-        at_least_one(&at("limits.concurrent_tasks"), l.concurrent_tasks)?;
-        at_least_one(&at("limits.max_message_length"), l.max_message_length)?;
-        positive(&at("limits.task_timeout_seconds"), l.task_timeout_seconds)?;
-        non_negative(&at("limits.sync_wait_seconds"), l.sync_wait_seconds)?;
-        for (j, t) in l.supported_types.iter().enumerate() {
-            if !is_mime_pattern(t) {
-                return Err(ConfigError::key(
-                    at(&format!("limits.supported_types[{j}]")),
-                    format!("{t:?} is not a MIME type such as \"text/plain\" or \"image/*\""),
-                ));
-            }
-        }
-        if l.max_queued_tasks.is_none() {
-            l.max_queued_tasks = Some(l.concurrent_tasks.saturating_mul(10));
-        }
-        Ok(())
+    }
+
+    fn default_timeout() -> f64 {
+        Self::DEFAULT_REQUEST_TIMEOUT_SECONDS
+    }
+
+    fn default_history_turns() -> usize {
+        Self::DEFAULT_MAX_HISTORY_TURNS
     }
 }
 
-fn is_mime_pattern(t: &str) -> bool {
-    let token = |s: &str| {
-        !s.is_empty()
-            && s.bytes()
-                .all(|b| b.is_ascii_alphanumeric() || b"!#$&-^_.+".contains(&b))
-    };
-    match t.split_once('/') {
-        Some((ty, sub)) => token(ty) && (sub == "*" || token(sub)),
-        None => false,
-    }
-}
+// === impl AgentLimits ===
 
 impl AgentLimits {
     /// Default requests per minute.
@@ -644,6 +514,8 @@ impl AgentLimits {
     pub const DEFAULT_CONCURRENT_TASKS: usize = 16;
     /// Default message length.
     pub const DEFAULT_MAX_MESSAGE_LENGTH: usize = 100_000;
+    /// Default parts per message.
+    pub const DEFAULT_MAX_PARTS: usize = 100;
     /// Default file size (10 MiB).
     pub const DEFAULT_MAX_FILE_SIZE: u64 = 10_485_760;
     /// Default task time-out.
@@ -665,6 +537,7 @@ impl Default for AgentLimits {
             concurrent_tasks: Self::DEFAULT_CONCURRENT_TASKS,
             max_queued_tasks: None,
             max_message_length: Self::DEFAULT_MAX_MESSAGE_LENGTH,
+            max_parts: Self::DEFAULT_MAX_PARTS,
             max_file_size: Self::DEFAULT_MAX_FILE_SIZE,
             supported_types: [
                 "text/plain",
@@ -691,45 +564,22 @@ impl ApiKeyConfig {
             agents: default_key_agents(),
         }
     }
-
-    fn validate(&self, i: usize, agent_ids: &HashSet<String>) -> Result<(), ConfigError> {
-        let at = |k: &str| format!("api_keys[{i}].{k}");
-        if self.name.is_empty() {
-            return Err(ConfigError::key(at("name"), "must not be empty"));
-        }
-        if self.key.is_empty() {
-            return Err(ConfigError::key(at("key"), "must not be empty"));
-        }
-        if let Some(hex) = self.key.strip_prefix("sha256:")
-            && (hex.len() != 64 || !hex.bytes().all(|b| b.is_ascii_hexdigit()))
-        {
-            return Err(ConfigError::key(
-                at("key"),
-                "a hashed key is \"sha256:\" followed by 64 hex digits",
-            ));
-        }
-        for (j, agent) in self.agents.iter().enumerate() {
-            if agent != "*" && !agent_ids.contains(agent) {
-                return Err(ConfigError::key(
-                    at(&format!("agents[{j}]")),
-                    format!("no agent with id {agent:?} is configured"),
-                ));
-            }
-        }
-        Ok(())
-    }
 }
 
 // === impl ConfigError ===
 
 impl ConfigError {
-    fn key(key: impl Into<String>, message: impl Into<String>) -> Self {
+    fn new(key: Option<String>, message: impl Into<String>) -> Self {
         Self {
             file: None,
-            key: Some(key.into()),
+            key,
             position: None,
             message: message.into(),
         }
+    }
+
+    fn key(key: impl Into<String>, message: impl Into<String>) -> Self {
+        Self::new(Some(key.into()), message)
     }
 }
 
@@ -755,36 +605,6 @@ impl std::error::Error for ConfigError {}
 /// built from them can never overflow.
 pub const MAX_SECONDS: f64 = 1e9;
 
-fn positive(key: &str, v: f64) -> Result<(), ConfigError> {
-    if v.is_finite() && v > 0.0 && v <= MAX_SECONDS {
-        Ok(())
-    } else {
-        Err(ConfigError::key(
-            key,
-            format!("must be a number greater than 0 and at most {MAX_SECONDS}"),
-        ))
-    }
-}
-
-fn non_negative(key: &str, v: f64) -> Result<(), ConfigError> {
-    if v.is_finite() && (0.0..=MAX_SECONDS).contains(&v) {
-        Ok(())
-    } else {
-        Err(ConfigError::key(
-            key,
-            format!("must be a number from 0 to {MAX_SECONDS}"),
-        ))
-    }
-}
-
-fn at_least_one(key: &str, v: usize) -> Result<(), ConfigError> {
-    if v >= 1 {
-        Ok(())
-    } else {
-        Err(ConfigError::key(key, "must be at least 1"))
-    }
-}
-
 fn default_key_agents() -> Vec<String> {
     vec!["*".to_string()]
 }
@@ -802,186 +622,4 @@ fn yes() -> bool {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_documented_example_file_parses_with_its_defaults() {
-        let text = r#"
-[server]
-listen = "127.0.0.1:8080"
-listen_backlog = 4096
-ping_interval_seconds = 15
-task_retention_seconds = 3600
-max_subscribers_per_task = 1000
-
-[webhooks]
-allow_private_networks = false
-workers = 8
-
-[[api_keys]]
-name = "alice"
-key = "dev-key-alice"
-agents = ["*"]
-
-[[agents]]
-id = "echo"
-name = "Echo"
-description = "Replies with what it was sent"
-version = "1.0.0"
-backend = "echo"
-streaming = true
-webhooks = true
-
-[agents.limits]
-requests_per_minute = 600
-concurrent_tasks = 16
-max_queued_tasks = 160
-max_message_length = 100000
-max_file_size = 10485760
-supported_types = ["text/plain", "application/json", "application/pdf", "image/*"]
-task_timeout_seconds = 300
-sync_wait_seconds = 30
-
-[agents.echo]
-delay_ms = 0
-progress_steps = 0
-fail = false
-"#;
-        let c = Config::from_toml(text).expect("valid");
-        assert_eq!(c.agents[0].limits.max_queued(), 160);
-        assert_eq!(c.max_body_bytes(), 10_485_760 * 4 / 3 + 1024 * 1024);
-        assert_eq!(c.agents[0].display_name(), "Echo");
-    }
-
-    #[test]
-    fn only_the_agent_id_is_required_and_queue_defaults_to_ten_times_concurrency() {
-        let c =
-            Config::from_toml("[[agents]]\nid = \"a\"\n[agents.limits]\nconcurrent_tasks = 3\n")
-                .expect("valid");
-        let a = &c.agents[0];
-        assert_eq!(a.display_name(), "a");
-        assert_eq!(a.version, "1.0.0");
-        assert!(a.streaming && a.webhooks);
-        assert_eq!(a.limits.max_queued(), 30);
-    }
-
-    #[test]
-    fn an_unknown_key_is_named() {
-        let e =
-            Config::from_toml("[[agents]]\nid = \"a\"\n[agents.limits]\nrpm = 3\n").unwrap_err();
-        assert_eq!(e.key.as_deref(), Some("agents[0].limits.rpm"));
-        assert!(e.message.contains("rpm"), "{e}");
-    }
-
-    #[test]
-    fn a_wrong_type_names_the_key() {
-        let e = Config::from_toml("[server]\nping_interval_seconds = \"x\"\n").unwrap_err();
-        assert_eq!(e.key.as_deref(), Some("server.ping_interval_seconds"));
-    }
-
-    #[test]
-    fn a_syntax_error_names_line_and_column() {
-        let e = Config::from_toml("[server]\nlisten = \n").unwrap_err();
-        assert_eq!(e.position.map(|p| p.0), Some(2), "{e}");
-    }
-
-    #[test]
-    fn semantic_errors_name_the_key() {
-        let cases = [
-            (
-                "[[agents]]\nid = \"a\"\n[[agents]]\nid = \"a\"\n",
-                "agents[1].id",
-            ),
-            (
-                "[[agents]]\nid = \"a\"\nbackend = \"gpt\"\n",
-                "agents[0].backend",
-            ),
-            ("[[agents]]\nid = \"a b\"\n", "agents[0].id"),
-            ("[server]\nlisten = \"nowhere\"\n", "server.listen"),
-            ("[server]\nlisten = \"127.0.0.1\"\n", "server.listen"),
-            (
-                "[[api_keys]]\nname = \"n\"\nkey = \"sha256:abc\"\n",
-                "api_keys[0].key",
-            ),
-            (
-                "[[api_keys]]\nname = \"n\"\nkey = \"k\"\nagents = [\"zzz\"]\n",
-                "api_keys[0].agents[0]",
-            ),
-            (
-                "[[agents]]\nid = \"a\"\n[agents.limits]\nconcurrent_tasks = 0\n",
-                "agents[0].limits.concurrent_tasks",
-            ),
-            ("[webhooks]\nworkers = 0\n", "webhooks.workers"),
-            (
-                "[[agents]]\nid = \"a\"\n[agents.limits]\ntask_timeout_seconds = 1e300\n",
-                "agents[0].limits.task_timeout_seconds",
-            ),
-            (
-                "[server]\nping_interval_seconds = 1e20\n",
-                "server.ping_interval_seconds",
-            ),
-        ];
-        for (text, key) in cases {
-            let e = Config::from_toml(text).expect_err(text);
-            assert_eq!(e.key.as_deref(), Some(key), "{text} -> {e}");
-        }
-    }
-
-    #[test]
-    fn an_openai_agent_needs_its_table_and_a_valid_url() {
-        let ok = "[[agents]]\nid = \"llm\"\nbackend = \"openai\"\n[agents.openai]\nbase_url = \"http://127.0.0.1:11434/v1\"\nmodel = \"llama3\"\n";
-        let c = Config::from_toml(ok).expect("valid");
-        let o = c.agents[0].openai.as_ref().expect("openai");
-        assert_eq!(o.request_timeout_seconds, 120.0);
-        assert_eq!(o.max_history_turns, 20);
-        for (text, key) in [
-            (
-                "[[agents]]\nid = \"llm\"\nbackend = \"openai\"\n",
-                "agents[0].openai",
-            ),
-            (
-                "[[agents]]\nid = \"llm\"\nbackend = \"openai\"\n[agents.openai]\nbase_url = \"nope\"\nmodel = \"m\"\n",
-                "agents[0].openai.base_url",
-            ),
-            (
-                "[[agents]]\nid = \"llm\"\nbackend = \"openai\"\n[agents.openai]\nbase_url = \"http://x/v1\"\nmodel = \"m\"\napi_key_env = \"A2AD_SURELY_UNSET_VAR\"\n",
-                "agents[0].openai.api_key_env",
-            ),
-            (
-                "[[agents]]\nid = \"e\"\n[agents.openai]\nbase_url = \"http://x/v1\"\nmodel = \"m\"\n",
-                "agents[0].openai",
-            ),
-        ] {
-            let e = Config::from_toml(text).expect_err(text);
-            assert_eq!(e.key.as_deref(), Some(key), "{e}");
-        }
-    }
-
-    #[test]
-    fn listen_accepts_a_host_name() {
-        let c = Config::from_toml("[server]\nlisten = \"localhost:0\"\n").expect("valid");
-        assert!(c.listen_addr().expect("resolves").ip().is_loopback());
-    }
-
-    #[test]
-    fn an_empty_file_is_the_built_in_configuration() {
-        let c = Config::from_toml("").expect("valid");
-        assert_eq!(c.agents.len(), 1);
-        assert_eq!(c.agents[0].id, "echo");
-        assert_eq!(c.server.listen, "127.0.0.1:8080");
-        assert!(c.api_keys.is_empty());
-    }
-
-    #[test]
-    fn the_message_names_the_file() {
-        let e = ConfigError {
-            file: Some("a.toml".into()),
-            ..ConfigError::key("server.listen", "bad")
-        };
-        assert_eq!(
-            e.to_string(),
-            "configuration error in a.toml: key `server.listen`: bad"
-        );
-    }
-}
+mod tests;

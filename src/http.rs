@@ -28,6 +28,7 @@ use crate::metrics::RequestMetrics;
 use crate::model::AgentId;
 use crate::rpc::dispatch::{CallContext, Reply, dispatch};
 use crate::rpc::{self, RpcError, error as codes};
+use crate::server::conn::InFlight;
 use sse::SseBody;
 
 /// The path prefix of the per-agent endpoint.
@@ -49,12 +50,46 @@ pub struct App {
     pub ping_every: Duration,
 }
 
-/// A response body: a whole buffer, or an SSE stream.
-pub enum Body {
-    /// A complete body (or none).
+/// A response body: a whole buffer, or an SSE stream. It may carry the connection's
+/// in-flight guard, so the connection counts as busy until the body is written or dropped.
+pub struct Body {
+    inner: Inner,
+    _in_flight: Option<InFlight>,
+}
+
+enum Inner {
     Full(Option<Bytes>),
-    /// A stream of task events.
     Sse(Box<SseBody>),
+}
+
+impl Body {
+    /// A complete body.
+    pub fn full(bytes: impl Into<Bytes>) -> Self {
+        Self::from_inner(Inner::Full(Some(bytes.into())))
+    }
+
+    /// No body.
+    pub fn empty() -> Self {
+        Self::from_inner(Inner::Full(None))
+    }
+
+    /// A stream of task events.
+    pub fn sse(body: SseBody) -> Self {
+        Self::from_inner(Inner::Sse(Box::new(body)))
+    }
+
+    fn from_inner(inner: Inner) -> Self {
+        Self {
+            inner,
+            _in_flight: None,
+        }
+    }
+
+    /// Keeps `guard` until the body is done.
+    pub(crate) fn guarded(mut self, guard: InFlight) -> Self {
+        self._in_flight = Some(guard);
+        self
+    }
 }
 
 impl http_body::Body for Body {
@@ -65,24 +100,24 @@ impl http_body::Body for Body {
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
-        match self.get_mut() {
-            Body::Full(bytes) => Poll::Ready(bytes.take().map(|b| Ok(Frame::data(b)))),
-            Body::Sse(s) => s.poll_chunk(cx).map(|f| f.map(Ok)),
+        match &mut self.get_mut().inner {
+            Inner::Full(bytes) => Poll::Ready(bytes.take().map(|b| Ok(Frame::data(b)))),
+            Inner::Sse(s) => s.poll_chunk(cx).map(|f| f.map(Ok)),
         }
     }
 
     fn is_end_stream(&self) -> bool {
-        match self {
-            Body::Full(b) => b.is_none(),
-            Body::Sse(s) => s.is_done(),
+        match &self.inner {
+            Inner::Full(b) => b.is_none(),
+            Inner::Sse(s) => s.is_done(),
         }
     }
 
     fn size_hint(&self) -> http_body::SizeHint {
-        match self {
-            Body::Full(Some(b)) => http_body::SizeHint::with_exact(b.len() as u64),
-            Body::Full(None) => http_body::SizeHint::with_exact(0),
-            Body::Sse(_) => http_body::SizeHint::default(),
+        match &self.inner {
+            Inner::Full(Some(b)) => http_body::SizeHint::with_exact(b.len() as u64),
+            Inner::Full(None) => http_body::SizeHint::with_exact(0),
+            Inner::Sse(_) => http_body::SizeHint::default(),
         }
     }
 }
@@ -260,7 +295,7 @@ fn reply_response(app: &App, reply: Reply) -> Response<Body> {
         }
         Reply::Stream { id, stream } => {
             let body = SseBody::new(id, stream, app.ping_every);
-            let mut r = Response::new(Body::Sse(Box::new(body)));
+            let mut r = Response::new(Body::sse(body));
             let h = r.headers_mut();
             h.insert(
                 header::CONTENT_TYPE,
@@ -315,7 +350,7 @@ fn is_json(value: Option<&HeaderValue>) -> bool {
 
 /// A JSON response with CORS.
 pub fn json(status: StatusCode, body: Vec<u8>) -> Response<Body> {
-    let mut r = Response::new(Body::Full(Some(Bytes::from(body))));
+    let mut r = Response::new(Body::full(body));
     *r.status_mut() = status;
     r.headers_mut().insert(
         header::CONTENT_TYPE,
@@ -366,7 +401,7 @@ fn not_found_path() -> Response<Body> {
 }
 
 fn preflight() -> Response<Body> {
-    let mut r = Response::new(Body::Full(None));
+    let mut r = Response::new(Body::empty());
     *r.status_mut() = StatusCode::NO_CONTENT;
     let h = r.headers_mut();
     cors(h);

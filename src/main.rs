@@ -97,6 +97,7 @@ async fn serve() -> ExitCode {
         }
     };
 
+    raise_open_file_limit();
     let server = match Server::bind(config).await {
         Ok(s) => s,
         Err(e) => {
@@ -127,6 +128,15 @@ async fn serve() -> ExitCode {
     handle.stop();
     handle.stopped().await;
     ExitCode::SUCCESS
+}
+
+/// Raises the soft open-file limit to the hard one, as servers do: every connection is a
+/// descriptor. `server.max_connections` is then lowered to what the limit allows.
+fn raise_open_file_limit() {
+    #[cfg(unix)]
+    if let Err(e) = rlimit::increase_nofile_limit(u64::MAX) {
+        tracing::warn!(error = %e, "cannot raise the open-file limit");
+    }
 }
 
 async fn shutdown_signal() {

@@ -96,6 +96,25 @@ pub struct Metrics {
     pub dropped_subscribers: AtomicU64,
     /// Task actors that failed (a bug: logged at error level).
     pub failed_actors: AtomicU64,
+    /// Connections.
+    pub connections: ConnectionMetrics,
+}
+
+/// Connection counters.
+#[derive(Debug, Default)]
+pub struct ConnectionMetrics {
+    /// Connections open now.
+    pub open: AtomicI64,
+    /// Connections accepted.
+    pub accepted: AtomicU64,
+    /// `accept` calls that failed (e.g. the process is out of file descriptors).
+    pub accept_errors: AtomicU64,
+    /// Closed because no first byte arrived in time.
+    pub closed_first_byte: AtomicU64,
+    /// Closed because they stayed idle with nothing in flight.
+    pub closed_idle: AtomicU64,
+    /// Closed because a response write made no progress.
+    pub closed_write_stalled: AtomicU64,
 }
 
 /// Method labels of the request metrics: the dialect's methods (aliases folded in), then

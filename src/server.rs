@@ -5,24 +5,29 @@
 //! accepting, cancel running tasks with reason `shutdown` (their streams end with a final
 //! event), let in-flight requests finish within the grace period, then close everything.
 
+use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::sync::atomic::Ordering::Relaxed;
 use std::time::Duration;
 
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
-use hyper_util::server::graceful::GracefulShutdown;
-use tokio::net::TcpListener;
-use tokio::sync::{Semaphore, watch};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
 use tracing::Instrument as _;
 
 use crate::actors::Runtime;
 use crate::auth::KeyStore;
-use crate::config::Config;
+use crate::config::{Config, ServerConfig};
 use crate::error::Result;
 use crate::http::{self, App};
 use crate::limits::RateLimiter;
+
+pub(crate) mod conn;
+
+use conn::{Activity, Closed, InFlight, Pressure, Timeouts, Tracked};
 
 /// A bound server, not yet serving.
 ///
@@ -167,24 +172,118 @@ fn listen(addr: SocketAddr, backlog: u32) -> std::io::Result<TcpListener> {
     TcpListener::from_std(socket.into())
 }
 
-async fn accept_loop(listener: TcpListener, app: Arc<App>, mut stop: watch::Receiver<bool>) {
-    let config = app.runtime.config().clone();
-    let s = &config.server;
-    // One permit per open connection; further connections wait in the kernel backlog.
-    let permits = Arc::new(Semaphore::new(s.max_connections));
-    let graceful = GracefulShutdown::new();
+/// `max_connections`, lowered so that open connections can never use up the process's
+/// file descriptors (the store, webhooks and upstreams need some too).
+fn connection_cap(configured: usize) -> usize {
+    let Some(limit) = open_file_limit() else {
+        return configured;
+    };
+    let reserve = (limit / 8).clamp(64, 4096);
+    let fit = usize::try_from(limit.saturating_sub(reserve).max(16)).unwrap_or(usize::MAX);
+    if configured > fit {
+        tracing::warn!(
+            configured,
+            allowed = fit,
+            open_file_limit = limit,
+            "server.max_connections lowered to fit the open-file limit; raise `ulimit -n` to allow more"
+        );
+        return fit;
+    }
+    configured
+}
+
+#[cfg(unix)]
+fn open_file_limit() -> Option<u64> {
+    rlimit::getrlimit(rlimit::Resource::NOFILE)
+        .ok()
+        .map(|(soft, _)| soft)
+        .filter(|&soft| soft != rlimit::INFINITY)
+}
+
+#[cfg(not(unix))]
+fn open_file_limit() -> Option<u64> {
+    None
+}
+
+/// hyper's connection settings: HTTP/1.1 and HTTP/2 (prior knowledge), each with its bounds.
+fn http_builder(s: &ServerConfig) -> auto::Builder<TokioExecutor> {
     let mut builder = auto::Builder::new(TokioExecutor::new());
     builder
         .http1()
         .timer(TokioTimer::new())
         .header_read_timeout(Duration::from_secs_f64(s.header_read_timeout_seconds))
-        .keep_alive(true);
-    builder.http2().timer(TokioTimer::new());
+        .keep_alive(true)
+        // The read buffer must hold the whole request head; a larger one is 431.
+        .max_buf_size(s.max_header_bytes.max(8192));
+    let keep_alive = Duration::from_secs_f64(s.http2_keep_alive_seconds);
+    builder
+        .http2()
+        .timer(TokioTimer::new())
+        .max_concurrent_streams(s.http2_max_concurrent_streams)
+        .max_header_list_size(u32::try_from(s.max_header_bytes).unwrap_or(u32::MAX))
+        .keep_alive_interval(keep_alive)
+        .keep_alive_timeout(keep_alive)
+        // Rapid-reset guard: streams reset before they are accepted, and streams the
+        // server had to reset for protocol errors, are bounded (then GOAWAY).
+        .max_pending_accept_reset_streams(20)
+        .max_local_error_reset_streams(1024);
+    builder
+}
+
+/// Connection slots: the permits, and whether they run short (see `conn::Pressure`).
+struct Slots {
+    permits: Arc<Semaphore>,
+    max: usize,
+    pressure: Pressure,
+}
+
+impl Slots {
+    /// Pressure turns on below 10% free slots and off above 20% (hysteresis).
+    fn update(&self) {
+        let free = self.permits.available_permits();
+        if free.saturating_mul(10) < self.max {
+            self.pressure.set(true);
+        } else if free.saturating_mul(5) > self.max {
+            self.pressure.set(false);
+        }
+    }
+}
+
+/// What connections are told once the listener is closed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Phase {
+    Serve,
+    /// Finish what is in flight, take nothing new.
+    Drain,
+    /// The grace period is over: close now.
+    Abort,
+}
+
+async fn accept_loop(listener: TcpListener, app: Arc<App>, mut stop: watch::Receiver<bool>) {
+    let config = app.runtime.config().clone();
+    let s = &config.server;
+    let max = connection_cap(s.max_connections);
+    let slots = Arc::new(Slots {
+        permits: Arc::new(Semaphore::new(max)),
+        max,
+        pressure: Pressure::default(),
+    });
+    let builder = Arc::new(http_builder(s));
+    let limits = Timeouts {
+        first_byte: Duration::from_secs_f64(s.first_byte_timeout_seconds),
+        idle: Duration::from_secs_f64(s.idle_timeout_seconds),
+        write: Duration::from_secs_f64(s.write_timeout_seconds),
+    };
+    let (phase, phase_rx) = watch::channel(Phase::Serve);
+    let metrics = &app.runtime.metrics().connections;
+    const MIN_BACKOFF: Duration = Duration::from_millis(10);
+    let mut backoff = MIN_BACKOFF;
 
     loop {
+        // One permit per open connection; further connections wait in the kernel backlog.
         let permit = tokio::select! {
             () = stop_requested(&mut stop) => break,
-            p = permits.clone().acquire_owned() => match p {
+            p = slots.permits.clone().acquire_owned() => match p {
                 Ok(p) => p,
                 Err(_) => break,
             },
@@ -192,27 +291,35 @@ async fn accept_loop(listener: TcpListener, app: Arc<App>, mut stop: watch::Rece
         let (tcp, peer) = tokio::select! {
             () = stop_requested(&mut stop) => break,
             accepted = listener.accept() => match accepted {
-                Ok(a) => a,
+                Ok(a) => {
+                    backoff = MIN_BACKOFF;
+                    a
+                }
                 Err(e) => {
-                    // EMFILE and friends: back off briefly instead of spinning.
-                    tracing::warn!(error = %e, "accept failed");
-                    tokio::time::sleep(Duration::from_millis(20)).await;
+                    // EMFILE and friends: back off (up to 1 s) instead of spinning; the
+                    // connection waits in the backlog. Logged once per streak.
+                    metrics.accept_errors.fetch_add(1, Relaxed);
+                    if backoff == MIN_BACKOFF {
+                        tracing::warn!(error = %e, "accept failed; backing off");
+                    }
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(Duration::from_secs(1));
                     continue;
                 }
             },
         };
+        slots.update();
         let _ = tcp.set_nodelay(true);
-        let app = app.clone();
-        let service = service_fn(move |req| http::handle(app.clone(), req));
-        let conn = builder.serve_connection(TokioIo::new(tcp), service);
-        let conn = graceful.watch(conn.into_owned());
         tokio::spawn(
-            async move {
-                if let Err(e) = conn.await {
-                    tracing::debug!(error = %e, "connection ended with an error");
-                }
-                drop(permit);
-            }
+            serve_connection(
+                tcp,
+                app.clone(),
+                builder.clone(),
+                limits,
+                slots.clone(),
+                phase_rx.clone(),
+                permit,
+            )
             .instrument(tracing::debug_span!("conn", %peer)),
         );
     }
@@ -225,16 +332,99 @@ async fn accept_loop(listener: TcpListener, app: Arc<App>, mut stop: watch::Rece
     );
     let deadline = tokio::time::Instant::now() + grace;
     app.runtime.shutdown(grace).await;
+    let _ = phase.send(Phase::Drain);
     let remaining = deadline.saturating_duration_since(tokio::time::Instant::now());
-    if tokio::time::timeout(
+    let all = u32::try_from(max).unwrap_or(u32::MAX);
+    let drained = tokio::time::timeout(
         remaining.max(Duration::from_millis(100)),
-        graceful.shutdown(),
+        slots.permits.acquire_many(all),
     )
-    .await
-    .is_err()
-    {
+    .await;
+    if drained.is_err() {
         tracing::warn!("grace period over; closing remaining connections");
+        let _ = phase.send(Phase::Abort);
+        // Each connection closes as soon as it sees the phase; wait for them briefly.
+        let _ = tokio::time::timeout(Duration::from_secs(1), slots.permits.acquire_many(all)).await;
     }
+}
+
+/// Serves one connection until it ends, its watchdog closes it, or shutdown does.
+async fn serve_connection(
+    tcp: TcpStream,
+    app: Arc<App>,
+    builder: Arc<auto::Builder<TokioExecutor>>,
+    limits: Timeouts,
+    slots: Arc<Slots>,
+    mut phase: watch::Receiver<Phase>,
+    permit: OwnedSemaphorePermit,
+) {
+    let metrics = &app.runtime.metrics().connections;
+    metrics.accepted.fetch_add(1, Relaxed);
+    metrics.open.fetch_add(1, Relaxed);
+    let activity = Activity::new();
+    let io = TokioIo::new(Tracked::new(tcp, activity.clone()));
+    let service = {
+        let app = app.clone();
+        let activity = activity.clone();
+        service_fn(move |req| {
+            // Counted from the request's start to the end of its response body.
+            let guard = InFlight::new(&activity);
+            let app = app.clone();
+            async move {
+                let response = match http::handle(app, req).await {
+                    Ok(r) => r,
+                    Err(never) => match never {},
+                };
+                Ok::<_, Infallible>(response.map(|body| body.guarded(guard)))
+            }
+        })
+    };
+    let conn = builder.serve_connection(io, service);
+    tokio::pin!(conn);
+    enum Stop {
+        Ended,
+        Watchdog(Closed),
+        Draining,
+    }
+    let stop = tokio::select! {
+        r = conn.as_mut() => {
+            if let Err(e) = r {
+                tracing::debug!(error = %e, "connection ended with an error");
+            }
+            Stop::Ended
+        }
+        why = conn::watchdog(&activity, limits, &slots.pressure) => Stop::Watchdog(why),
+        _ = phase.wait_for(|p| *p >= Phase::Drain) => Stop::Draining,
+    };
+    match stop {
+        Stop::Ended => {}
+        // A peer that does not read would not read a GOAWAY either: close at once.
+        Stop::Watchdog(Closed::WriteStalled) => {
+            metrics.closed_write_stalled.fetch_add(1, Relaxed);
+            tracing::debug!("connection closed: a response write made no progress");
+        }
+        Stop::Watchdog(why) => {
+            let counter = match why {
+                Closed::FirstByte => &metrics.closed_first_byte,
+                _ => &metrics.closed_idle,
+            };
+            counter.fetch_add(1, Relaxed);
+            tracing::debug!(reason = why.label(), "connection closed");
+            // Nothing is in flight: an HTTP/2 peer gets its GOAWAY, then the socket closes.
+            conn.as_mut().graceful_shutdown();
+            let _ = tokio::time::timeout(Duration::from_secs(1), conn.as_mut()).await;
+        }
+        Stop::Draining => {
+            conn.as_mut().graceful_shutdown();
+            tokio::select! {
+                _ = conn.as_mut() => {}
+                _ = phase.wait_for(|p| *p >= Phase::Abort) => {}
+            }
+        }
+    }
+    metrics.open.fetch_sub(1, Relaxed);
+    drop(permit);
+    slots.update();
 }
 
 /// Resolves once `true` was sent (or the handle was dropped).

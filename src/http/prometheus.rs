@@ -4,7 +4,6 @@
 use std::fmt::Write as _;
 use std::sync::atomic::Ordering::Relaxed;
 
-use bytes::Bytes;
 use hyper::header::{self, HeaderValue};
 use hyper::{Response, StatusCode};
 
@@ -14,7 +13,7 @@ use crate::metrics::LATENCY_BUCKETS;
 
 /// The /metrics response.
 pub fn response(runtime: &Runtime) -> Response<Body> {
-    let mut r = Response::new(Body::Full(Some(Bytes::from(render(runtime)))));
+    let mut r = Response::new(Body::full(render(runtime)));
     *r.status_mut() = StatusCode::OK;
     r.headers_mut().insert(
         header::CONTENT_TYPE,
@@ -164,6 +163,44 @@ pub fn render(runtime: &Runtime) -> String {
         "a2ad_task_actor_failures_total",
         "Task actors that failed (a bug; logged).",
         &[("", m.failed_actors.load(Relaxed) as f64)],
+    );
+    let c = &m.connections;
+    gauge(
+        &mut out,
+        "a2ad_connections_open",
+        "Open client connections.",
+        &[("", c.open.load(Relaxed).max(0) as f64)],
+    );
+    counter(
+        &mut out,
+        "a2ad_connections_accepted_total",
+        "Client connections accepted.",
+        &[("", c.accepted.load(Relaxed) as f64)],
+    );
+    counter(
+        &mut out,
+        "a2ad_accept_errors_total",
+        "Failed accept calls (e.g. out of file descriptors); the listener backs off.",
+        &[("", c.accept_errors.load(Relaxed) as f64)],
+    );
+    counter(
+        &mut out,
+        "a2ad_connections_closed_total",
+        "Connections the server closed, by reason.",
+        &[
+            (
+                "reason=\"first_byte_timeout\"",
+                c.closed_first_byte.load(Relaxed) as f64,
+            ),
+            (
+                "reason=\"idle_timeout\"",
+                c.closed_idle.load(Relaxed) as f64,
+            ),
+            (
+                "reason=\"write_stalled\"",
+                c.closed_write_stalled.load(Relaxed) as f64,
+            ),
+        ],
     );
     let w = runtime.webhook_metrics();
     counter(

@@ -1,0 +1,372 @@
+//! Every rule of the configuration in one place: the range of each number, the shape of
+//! each string, and the rules that tie keys together. Each failure names its key.
+//!
+//! The ranges are documented in docs/CONFIG.md; keep the two together.
+
+use std::collections::HashSet;
+use std::fmt::Display;
+use std::net::SocketAddr;
+
+use super::{
+    AgentConfig, AgentLimits, ApiKeyConfig, Config, ConfigError, EchoConfig, MAX_SECONDS,
+    OpenAiConfig, ServerConfig, WebhooksConfig,
+};
+
+/// The largest `max_file_size` (512 MiB): its Base64 body still fits the body ceiling.
+pub(super) const MAX_FILE_SIZE: u64 = 512 << 20;
+
+pub(super) fn config(c: &mut Config) -> Result<(), ConfigError> {
+    server(&c.server)?;
+    webhooks(&c.webhooks)?;
+    let mut ids = HashSet::new();
+    for (i, agent) in c.agents.iter_mut().enumerate() {
+        agent_config(agent, i)?;
+        if !ids.insert(agent.id.clone()) {
+            return Err(ConfigError::key(
+                format!("agents[{i}].id"),
+                format!("duplicate agent id {:?}", agent.id),
+            ));
+        }
+    }
+    let mut keys = HashSet::new();
+    for (i, key) in c.api_keys.iter().enumerate() {
+        api_key(key, i, &ids)?;
+        if !keys.insert(key.key.to_ascii_lowercase()) {
+            return Err(ConfigError::key(
+                format!("api_keys[{i}].key"),
+                "the same key is configured twice",
+            ));
+        }
+    }
+    Ok(())
+}
+
+fn server(s: &ServerConfig) -> Result<(), ConfigError> {
+    let k = |name: &str| format!("server.{name}");
+    resolve_listen(&s.listen)?;
+    int(&k("listen_backlog"), s.listen_backlog, 1, 65_535)?;
+    if let Some(n) = s.max_body_bytes {
+        int(&k("max_body_bytes"), n, 1, Config::MAX_BODY_BYTES)?;
+    }
+    seconds(&k("ping_interval_seconds"), s.ping_interval_seconds)?;
+    seconds_or_zero(&k("task_retention_seconds"), s.task_retention_seconds)?;
+    int(
+        &k("max_subscribers_per_task"),
+        s.max_subscribers_per_task,
+        1,
+        1_000_000,
+    )?;
+    int(&k("stream_buffer"), s.stream_buffer, 1, 1_000_000)?;
+    int(
+        &k("max_finished_tasks"),
+        s.max_finished_tasks,
+        0,
+        1_000_000_000,
+    )?;
+    int(
+        &k("max_retained_bytes"),
+        s.max_retained_bytes,
+        1 << 20,
+        1 << 40,
+    )?;
+    int(&k("max_live_tasks"), s.max_live_tasks, 1, 100_000_000)?;
+    int(&k("max_connections"), s.max_connections, 1, 10_000_000)?;
+    seconds(
+        &k("first_byte_timeout_seconds"),
+        s.first_byte_timeout_seconds,
+    )?;
+    seconds(&k("idle_timeout_seconds"), s.idle_timeout_seconds)?;
+    seconds(&k("write_timeout_seconds"), s.write_timeout_seconds)?;
+    seconds(
+        &k("header_read_timeout_seconds"),
+        s.header_read_timeout_seconds,
+    )?;
+    int(&k("max_header_bytes"), s.max_header_bytes, 4096, 1 << 20)?;
+    seconds(&k("body_read_timeout_seconds"), s.body_read_timeout_seconds)?;
+    int(&k("max_batch_size"), s.max_batch_size, 1, 10_000)?;
+    int(
+        &k("http2_max_concurrent_streams"),
+        s.http2_max_concurrent_streams,
+        1,
+        10_000,
+    )?;
+    seconds(&k("http2_keep_alive_seconds"), s.http2_keep_alive_seconds)?;
+    seconds(
+        &k("actor_call_timeout_seconds"),
+        s.actor_call_timeout_seconds,
+    )?;
+    seconds_or_zero(&k("shutdown_grace_seconds"), s.shutdown_grace_seconds)?;
+    int(&k("max_context_turns"), s.max_context_turns, 0, 100_000)?;
+    int(&k("max_contexts"), s.max_contexts, 1, 1_000_000_000)?;
+    Ok(())
+}
+
+fn webhooks(w: &WebhooksConfig) -> Result<(), ConfigError> {
+    int("webhooks.workers", w.workers, 1, 1024)?;
+    int(
+        "webhooks.max_pending_deliveries",
+        w.max_pending_deliveries,
+        1,
+        100_000_000,
+    )
+}
+
+fn agent_config(a: &mut AgentConfig, i: usize) -> Result<(), ConfigError> {
+    let at = |k: &str| format!("agents[{i}].{k}");
+    if a.id.is_empty() {
+        return Err(ConfigError::key(at("id"), "must not be empty"));
+    }
+    if !a
+        .id
+        .bytes()
+        .all(|b| b.is_ascii_alphanumeric() || b"-._~".contains(&b))
+    {
+        return Err(ConfigError::key(
+            at("id"),
+            format!(
+                "{:?} must use only letters, digits, '-', '.', '_' and '~' (it is a URL path segment)",
+                a.id
+            ),
+        ));
+    }
+    if !AgentConfig::BACKENDS.contains(&a.backend.as_str()) {
+        return Err(ConfigError::key(
+            at("backend"),
+            format!(
+                "unknown backend {:?}; known: {}",
+                a.backend,
+                AgentConfig::BACKENDS.join(", ")
+            ),
+        ));
+    }
+    match (&a.backend[..], &a.openai) {
+        ("openai", None) => {
+            return Err(ConfigError::key(
+                at("openai"),
+                "backend \"openai\" needs an [agents.openai] table with base_url and model",
+            ));
+        }
+        ("openai", Some(o)) => openai(o, &at)?,
+        (_, Some(_)) => {
+            return Err(ConfigError::key(
+                at("openai"),
+                "[agents.openai] is only used with backend = \"openai\"",
+            ));
+        }
+        _ => {}
+    }
+    limits(&mut a.limits, &at)?;
+    echo(&a.echo, &at)
+}
+
+fn limits(l: &mut AgentLimits, at: &dyn Fn(&str) -> String) -> Result<(), ConfigError> {
+    let k = |name: &str| at(&format!("limits.{name}"));
+    int(
+        &k("requests_per_minute"),
+        l.requests_per_minute,
+        1,
+        1_000_000_000_000,
+    )?;
+    int(&k("concurrent_tasks"), l.concurrent_tasks, 1, 10_000_000)?;
+    if let Some(n) = l.max_queued_tasks {
+        int(&k("max_queued_tasks"), n, 0, 100_000_000)?;
+    }
+    int(&k("max_message_length"), l.max_message_length, 1, 1 << 30)?;
+    int(&k("max_parts"), l.max_parts, 1, 100_000)?;
+    int(&k("max_file_size"), l.max_file_size, 0, MAX_FILE_SIZE)?;
+    seconds(&k("task_timeout_seconds"), l.task_timeout_seconds)?;
+    seconds_or_zero(&k("sync_wait_seconds"), l.sync_wait_seconds)?;
+    for (j, t) in l.supported_types.iter().enumerate() {
+        if !is_mime_pattern(t) {
+            return Err(ConfigError::key(
+                k(&format!("supported_types[{j}]")),
+                format!("{t:?} is not a MIME type such as \"text/plain\" or \"image/*\""),
+            ));
+        }
+    }
+    if l.max_queued_tasks.is_none() {
+        l.max_queued_tasks = Some(l.concurrent_tasks.saturating_mul(10));
+    }
+    Ok(())
+}
+
+fn echo(e: &EchoConfig, at: &dyn Fn(&str) -> String) -> Result<(), ConfigError> {
+    int(
+        &at("echo.delay_ms"),
+        e.delay_ms,
+        0,
+        (MAX_SECONDS * 1000.0) as u64,
+    )?;
+    int(&at("echo.progress_steps"), e.progress_steps, 0, 100_000)
+}
+
+fn openai(o: &OpenAiConfig, at: &dyn Fn(&str) -> String) -> Result<(), ConfigError> {
+    match url::Url::parse(&o.base_url) {
+        Ok(u) if matches!(u.scheme(), "http" | "https") && u.host().is_some() => {}
+        _ => {
+            return Err(ConfigError::key(
+                at("openai.base_url"),
+                format!(
+                    "{:?} is not an http(s) URL such as \"http://127.0.0.1:11434/v1\"",
+                    o.base_url
+                ),
+            ));
+        }
+    }
+    if o.model.is_empty() {
+        return Err(ConfigError::key(at("openai.model"), "must not be empty"));
+    }
+    if let Some(var) = &o.api_key_env
+        && std::env::var_os(var).is_none()
+    {
+        return Err(ConfigError::key(
+            at("openai.api_key_env"),
+            format!("the environment variable {var:?} is not set"),
+        ));
+    }
+    if let Some(t) = o.temperature
+        && !(t.is_finite() && (0.0..=2.0).contains(&t))
+    {
+        return Err(ConfigError::key(
+            at("openai.temperature"),
+            "must be from 0 to 2",
+        ));
+    }
+    if let Some(n) = o.max_tokens {
+        int(&at("openai.max_tokens"), n, 1, 100_000_000)?;
+    }
+    int(
+        &at("openai.max_history_turns"),
+        o.max_history_turns,
+        0,
+        100_000,
+    )?;
+    seconds(
+        &at("openai.request_timeout_seconds"),
+        o.request_timeout_seconds,
+    )
+}
+
+fn api_key(k: &ApiKeyConfig, i: usize, agent_ids: &HashSet<String>) -> Result<(), ConfigError> {
+    let at = |name: &str| format!("api_keys[{i}].{name}");
+    if k.name.is_empty() {
+        return Err(ConfigError::key(at("name"), "must not be empty"));
+    }
+    if k.key.is_empty() {
+        return Err(ConfigError::key(at("key"), "must not be empty"));
+    }
+    if let Some(hex) = k.key.strip_prefix("sha256:")
+        && (hex.len() != 64 || !hex.bytes().all(|b| b.is_ascii_hexdigit()))
+    {
+        return Err(ConfigError::key(
+            at("key"),
+            "a hashed key is \"sha256:\" followed by 64 hex digits",
+        ));
+    }
+    if k.agents.is_empty() {
+        return Err(ConfigError::key(
+            at("agents"),
+            "a key that may use no agent is useless: list agent ids, or \"*\" for all",
+        ));
+    }
+    for (j, agent) in k.agents.iter().enumerate() {
+        if agent != "*" && !agent_ids.contains(agent) {
+            return Err(ConfigError::key(
+                at(&format!("agents[{j}]")),
+                format!("no agent with id {agent:?} is configured"),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// A backend's option table (`[agents.echo]`, `[agents.openai]`) on an agent of another
+/// backend is refused: its options would silently do nothing.
+pub(super) fn backend_tables(table: &toml::Table, c: &Config) -> Result<(), ConfigError> {
+    let Some(toml::Value::Array(agents)) = table.get("agents") else {
+        return Ok(());
+    };
+    for (i, (raw, agent)) in agents.iter().zip(&c.agents).enumerate() {
+        let Some(raw) = raw.as_table() else { continue };
+        for backend in AgentConfig::BACKENDS {
+            if raw.contains_key(*backend) && agent.backend != *backend {
+                return Err(ConfigError::key(
+                    format!("agents[{i}].{backend}"),
+                    format!(
+                        "[agents.{backend}] is only used with backend = \"{backend}\" (this agent's backend is {:?})",
+                        agent.backend
+                    ),
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+pub(super) fn resolve_listen(listen: &str) -> Result<SocketAddr, ConfigError> {
+    use std::net::ToSocketAddrs as _;
+    if let Ok(addr) = listen.parse() {
+        return Ok(addr);
+    }
+    listen
+        .to_socket_addrs()
+        .ok()
+        .and_then(|mut addrs| addrs.next())
+        .ok_or_else(|| {
+            ConfigError::key(
+                "server.listen",
+                format!("expected HOST:PORT (e.g. 127.0.0.1:8080), got {listen:?}"),
+            )
+        })
+}
+
+fn is_mime_pattern(t: &str) -> bool {
+    let token = |s: &str| {
+        !s.is_empty()
+            && s.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"!#$&-^_.+".contains(&b))
+    };
+    match t.split_once('/') {
+        Some((ty, sub)) => token(ty) && (sub == "*" || token(sub)),
+        None => false,
+    }
+}
+
+/// An integer from `lo` to `hi`.
+fn int<T>(key: &str, v: T, lo: T, hi: T) -> Result<(), ConfigError>
+where
+    T: PartialOrd + Display + Copy,
+{
+    if v >= lo && v <= hi {
+        Ok(())
+    } else {
+        Err(ConfigError::key(
+            key,
+            format!("must be an integer from {lo} to {hi} (got {v})"),
+        ))
+    }
+}
+
+/// Seconds greater than 0 and at most [`MAX_SECONDS`].
+fn seconds(key: &str, v: f64) -> Result<(), ConfigError> {
+    if v.is_finite() && v > 0.0 && v <= MAX_SECONDS {
+        Ok(())
+    } else {
+        Err(ConfigError::key(
+            key,
+            format!("must be a number greater than 0 and at most {MAX_SECONDS}"),
+        ))
+    }
+}
+
+/// Seconds from 0 to [`MAX_SECONDS`].
+fn seconds_or_zero(key: &str, v: f64) -> Result<(), ConfigError> {
+    if v.is_finite() && (0.0..=MAX_SECONDS).contains(&v) {
+        Ok(())
+    } else {
+        Err(ConfigError::key(
+            key,
+            format!("must be a number from 0 to {MAX_SECONDS}"),
+        ))
+    }
+}
