@@ -22,8 +22,8 @@ fn decode_and_validate(c: &mut Criterion) {
             let rpc::Body::Single(Ok(call)) = body else {
                 panic!("a call")
             };
-            let params = seed::params_object(call.params.as_deref()).expect("params");
-            seed::send_params(params, &limits).expect("valid")
+            let params = seed::params(call.params.as_deref()).expect("params");
+            seed::send_params(&params, &limits).expect("valid")
         })
     });
 }

@@ -69,8 +69,8 @@ pub struct SendRequest {
     pub context_id: Option<ContextId>,
     /// A client-chosen task id (idempotent replays); `None` generates one.
     pub task_id: Option<TaskId>,
-    /// Free-form metadata kept with the task.
-    pub metadata: Option<serde_json::Map<String, serde_json::Value>>,
+    /// Free-form metadata kept with the task: a JSON object, kept as its text.
+    pub metadata: Option<Box<serde_json::value::RawValue>>,
 }
 
 /// Hears every state change of every task. The webhook pool plugs in here.
@@ -655,7 +655,7 @@ impl Runtime {
             key: key.clone(),
             context_id: context_id.clone(),
             message: message.clone(),
-            metadata: request.metadata.map(Arc::new),
+            metadata: request.metadata.map(Arc::from),
             history,
             turn,
             admission,

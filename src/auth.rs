@@ -39,7 +39,8 @@ pub enum AuthError {
     Missing,
     /// The key is not configured (or the Authorization header is not Bearer).
     Unknown,
-    /// `x-api-key` and the Bearer token are both present and differ.
+    /// Two credentials differ: `x-api-key` and the Bearer token, or two values of one
+    /// of those headers.
     Conflict,
 }
 
@@ -49,7 +50,9 @@ impl AuthError {
         match self {
             Self::Missing => "missing credentials: send x-api-key or Authorization: Bearer",
             Self::Unknown => "invalid API key or token",
-            Self::Conflict => "x-api-key and the Bearer token differ",
+            Self::Conflict => {
+                "the request carries different credentials (x-api-key, Authorization); send one key"
+            }
         }
     }
 }
@@ -105,10 +108,10 @@ impl KeyStore {
     /// # Errors
     /// [`AuthError`] when no usable credential is present.
     pub fn authenticate(&self, headers: &HeaderMap) -> Result<Arc<Caller>, AuthError> {
-        let api_key = headers.get("x-api-key").map(|v| v.as_bytes());
-        let bearer = match headers.get(hyper::header::AUTHORIZATION) {
+        let api_key = single(headers, "x-api-key")?;
+        let bearer = match single(headers, "authorization")? {
             None => None,
-            Some(v) => Some(bearer_token(v.as_bytes()).ok_or(AuthError::Unknown)?),
+            Some(v) => Some(bearer_token(v).ok_or(AuthError::Unknown)?),
         };
         let key = match (api_key, bearer) {
             (None, None) => return Err(AuthError::Missing),
@@ -121,6 +124,19 @@ impl KeyStore {
             .cloned()
             .ok_or(AuthError::Unknown)
     }
+}
+
+/// The one value of a header that may repeat only with the same value: two different
+/// credentials in one request are refused, never resolved by picking one.
+fn single<'h>(headers: &'h HeaderMap, name: &str) -> Result<Option<&'h [u8]>, AuthError> {
+    let mut values = headers.get_all(name).iter().map(|v| v.as_bytes());
+    let Some(first) = values.next() else {
+        return Ok(None);
+    };
+    if values.any(|other| other != first) {
+        return Err(AuthError::Conflict);
+    }
+    Ok(Some(first))
 }
 
 fn bearer_token(value: &[u8]) -> Option<&[u8]> {
@@ -222,6 +238,24 @@ mod tests {
             .unwrap_err(),
             AuthError::Conflict
         );
+    }
+
+    #[test]
+    fn repeated_credential_headers_must_agree() {
+        let s = store();
+        let mut h = HeaderMap::new();
+        h.append("x-api-key", HeaderValue::from_static("key-a"));
+        h.append("x-api-key", HeaderValue::from_static("key-a"));
+        assert!(
+            s.authenticate(&h).is_ok(),
+            "the same value twice is one key"
+        );
+        h.append("x-api-key", HeaderValue::from_static("key-b"));
+        assert_eq!(s.authenticate(&h).unwrap_err(), AuthError::Conflict);
+        let mut h = HeaderMap::new();
+        h.append("authorization", HeaderValue::from_static("Bearer key-a"));
+        h.append("authorization", HeaderValue::from_static("Bearer key-b"));
+        assert_eq!(s.authenticate(&h).unwrap_err(), AuthError::Conflict);
     }
 
     #[test]

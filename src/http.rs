@@ -200,7 +200,8 @@ async fn endpoint(app: &App, agent_id: AgentId, req: Request<Incoming>) -> Respo
         }
     };
 
-    let decoded = match rpc::decode(&body) {
+    let max_batch = app.runtime.config().server.max_batch_size;
+    let decoded = match rpc::decode_with(&body, max_batch) {
         Ok(d) => d,
         Err(e) => {
             refused(app, &agent, e.code);

@@ -301,8 +301,8 @@ pub struct TaskSnapshot {
     pub updated_at: DateTime<Utc>,
     /// The user message, then the agent messages, oldest first.
     pub history: Vec<Arc<Message>>,
-    /// The request's `metadata` (an object), if any.
-    pub metadata: Option<Arc<serde_json::Map<String, serde_json::Value>>>,
+    /// The request's `metadata` (a JSON object, kept as its text), if any.
+    pub metadata: Option<Arc<serde_json::value::RawValue>>,
 }
 
 impl TaskSnapshot {

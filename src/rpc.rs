@@ -9,6 +9,7 @@ use serde_json::value::RawValue;
 
 pub mod dispatch;
 pub mod error;
+pub mod json;
 pub mod seed;
 
 pub use error::RpcError;
@@ -54,11 +55,21 @@ struct Envelope<'a> {
     params: Option<&'a RawValue>,
 }
 
-/// Decodes a request body in one pass over it.
+/// Decodes a request body in one pass over it, with the default batch cap.
 ///
 /// # Errors
-/// -32700 when the body is not JSON; -32600 for an empty batch or a non-object body.
+/// As [`decode_with`].
 pub fn decode(body: &[u8]) -> Result<Body, RpcError> {
+    decode_with(body, crate::config::ServerConfig::DEFAULT_MAX_BATCH_SIZE)
+}
+
+/// Decodes a request body in one pass over it. A batch of more than `max_batch` requests
+/// is refused as soon as the parser reaches the one past the cap.
+///
+/// # Errors
+/// -32700 when the body is not JSON; -32600 for an empty or oversized batch or a
+/// non-object body.
+pub fn decode_with(body: &[u8], max_batch: usize) -> Result<Body, RpcError> {
     use serde_json::error::Category;
     let parse_error = |e: serde_json::Error| {
         RpcError::parse_error(format!(
@@ -85,7 +96,18 @@ pub fn decode(body: &[u8]) -> Result<Body, RpcError> {
             }))),
         },
         Some(b'[') => {
-            let items: Vec<&RawValue> = serde_json::from_slice(body).map_err(parse_error)?;
+            let text = std::str::from_utf8(body).map_err(|e| {
+                RpcError::parse_error(format!(
+                    "the body is not UTF-8 (at byte {})",
+                    e.valid_up_to()
+                ))
+            })?;
+            let items = json::seq(text, max_batch).map_err(|e| match e {
+                json::SeqError::TooMany => RpcError::invalid_request(&format!(
+                    "a batch may hold at most {max_batch} requests"
+                )),
+                json::SeqError::Json(e) => parse_error(e),
+            })?;
             if items.is_empty() {
                 return Err(RpcError::invalid_request("empty batch"));
             }

@@ -91,20 +91,20 @@ proptest! {
     fn arbitrary_json_never_panics_decoder_or_params(v in arb_json()) {
         let text = v.to_string();
         let _ = rpc::decode(text.as_bytes());
-        if let Value::Object(map) = v.clone() {
-            let limits = AgentLimits::default();
-            let _ = seed::send_params(map.clone(), &limits);
-            let _ = seed::push_config(&map, false);
-            let _ = seed::task_id_param(&map, true);
-        }
         let raw = serde_json::value::RawValue::from_string(text).expect("valid JSON");
-        let _ = seed::params_object(Some(&raw));
+        if let Ok(p) = seed::params(Some(&raw)) {
+            let limits = AgentLimits::default();
+            let _ = seed::send_params(&p, &limits);
+            let _ = seed::push_config(&p, false);
+            let _ = seed::task_id_param(&p, true);
+        }
     }
 
     #[test]
     fn arbitrary_unicode_in_message_fields_never_panics_validation(v in arb_send()) {
-        if let Value::Object(map) = v {
-            let _ = seed::send_params(map, &AgentLimits::default());
+        let raw = serde_json::value::RawValue::from_string(v.to_string()).expect("valid JSON");
+        if let Ok(p) = seed::params(Some(&raw)) {
+            let _ = seed::send_params(&p, &AgentLimits::default());
         }
     }
 

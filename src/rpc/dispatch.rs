@@ -9,6 +9,7 @@ use std::time::Duration;
 use serde_json::json;
 
 use super::error::RpcError;
+use super::json::Obj;
 use super::seed;
 use super::{Call, failure, success};
 use crate::actors::{AgentEntry, Replay, Resubscribed, Runtime, TaskStream};
@@ -96,10 +97,10 @@ async fn run(runtime: &Runtime, cx: &CallContext, call: &Call) -> Result<Reply, 
     let principal = &cx.caller.principal;
     let agent = &cx.agent;
     let limits = &agent.config.limits;
-    let params = || seed::params_object(call.params.as_deref());
+    let params = || seed::params(call.params.as_deref());
     match call.method.as_str() {
         "message/send" => {
-            let p = seed::send_params(params()?, limits)?;
+            let p = seed::send_params(&params()?, limits)?;
             let wait = p
                 .blocking
                 .then(|| Duration::from_secs_f64(limits.sync_wait_seconds));
@@ -118,7 +119,7 @@ async fn run(runtime: &Runtime, cx: &CallContext, call: &Call) -> Result<Reply, 
             if !agent.config.streaming {
                 return Err(not_streaming(None));
             }
-            let p = seed::send_params(params()?, limits)?;
+            let p = seed::send_params(&params()?, limits)?;
             let stream = runtime.stream(principal, &cx.agent_id, p.request).await?;
             Ok(Reply::Stream {
                 id: id.clone(),
@@ -141,7 +142,7 @@ async fn run(runtime: &Runtime, cx: &CallContext, call: &Call) -> Result<Reply, 
         "tasks/cancel" => {
             let p = params()?;
             let task = required_task(&p)?;
-            let reason = seed::opt_str(&p, "reason")?.map(str::to_string);
+            let reason = p.str("reason", "reason")?.map(|r| r.into_owned());
             let t = runtime
                 .cancel(principal, &cx.agent_id, &task, reason)
                 .await?;
@@ -153,7 +154,7 @@ async fn run(runtime: &Runtime, cx: &CallContext, call: &Call) -> Result<Reply, 
             if !agent.config.streaming {
                 return Err(not_streaming(Some(task)));
             }
-            let include_history = seed::opt_bool(&p, "includeHistory", "includeHistory")?;
+            let include_history = p.bool("includeHistory", "includeHistory")?;
             let replay = match &cx.last_event_id {
                 Some(raw) => Replay::After(
                     raw.trim()
@@ -222,8 +223,8 @@ async fn run(runtime: &Runtime, cx: &CallContext, call: &Call) -> Result<Reply, 
             }
             let p = params()?;
             let store = runtime.push_store();
-            let found = match seed::opt_str(&p, "configId")? {
-                Some(config_id) => store.get_id(principal, &cx.agent_id, config_id),
+            let found = match p.str("configId", "configId")? {
+                Some(config_id) => store.get_id(principal, &cx.agent_id, &config_id),
                 None => {
                     let task = seed::task_id_param(&p, false)?.map(TaskId::new);
                     let mut scope = PushScope {
@@ -242,8 +243,8 @@ async fn run(runtime: &Runtime, cx: &CallContext, call: &Call) -> Result<Reply, 
         }
         "agent/authenticatedExtendedCard" | "agent/getAuthenticatedExtendedCard" => {
             let p = params()?;
-            let caps = seed::opt_bool(&p, "includeCapabilities", "includeCapabilities")?;
-            let metrics = seed::opt_bool(&p, "includeMetrics", "includeMetrics")?;
+            let caps = p.bool("includeCapabilities", "includeCapabilities")?;
+            let metrics = p.bool("includeMetrics", "includeMetrics")?;
             let card = runtime.card(&cx.agent_id).ok_or(Error::AgentNotFound)?;
             Ok(Reply::ok(
                 id,
@@ -254,7 +255,7 @@ async fn run(runtime: &Runtime, cx: &CallContext, call: &Call) -> Result<Reply, 
     }
 }
 
-fn required_task(p: &serde_json::Map<String, serde_json::Value>) -> Result<TaskId, Error> {
+fn required_task(p: &Obj<'_>) -> Result<TaskId, Error> {
     seed::task_id_param(p, true)?
         .map(TaskId::new)
         .ok_or_else(|| Error::invalid("taskId", "is required"))

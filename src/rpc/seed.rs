@@ -20,6 +20,8 @@ use crate::model::{
 use crate::push::{PushConfig, RetryPolicy, StoredPushConfig, WebhookEvent};
 use crate::validate;
 
+use super::json::{self, Kind, Obj};
+
 /// The eight methods of the spec, in its order.
 pub const METHODS: [&str; 8] = [
     "message/send",
@@ -35,18 +37,25 @@ pub const METHODS: [&str; 8] = [
 /// Longest accepted client-chosen task or context id.
 pub const MAX_ID_LEN: usize = 256;
 
-/// Params as an object: absent means `{}` (the caller decides whether that is allowed).
+/// Headers of one push configuration at most.
+pub const MAX_WEBHOOK_HEADERS: usize = 32;
+/// Bytes of one configured header value at most.
+pub const MAX_WEBHOOK_HEADER_VALUE: usize = 4096;
+/// Bytes of all configured headers of one configuration (names and values) at most.
+pub const MAX_WEBHOOK_HEADER_BYTES: usize = 16 * 1024;
+/// Entries of a configuration's `events` array at most.
+pub const MAX_EVENT_NAMES: usize = 16;
+
+/// Params as an object: absent (or `null`) means `{}`; the caller decides whether that is
+/// allowed. Members are read lazily (see [`Obj`]).
 ///
 /// # Errors
 /// -32602 when params is present and not an object.
-pub fn params_object(raw: Option<&RawValue>) -> Result<Map<String, Value>, Error> {
-    let Some(raw) = raw else {
-        return Ok(Map::new());
-    };
-    match serde_json::from_str::<Value>(raw.get()) {
-        Ok(Value::Object(m)) => Ok(m),
-        Ok(Value::Null) => Ok(Map::new()),
-        _ => Err(Error::invalid("params", "must be an object")),
+pub fn params(raw: Option<&RawValue>) -> Result<Obj<'_>, Error> {
+    match raw {
+        None => Ok(Obj::default()),
+        Some(r) if json::kind(r) == Kind::Null => Ok(Obj::default()),
+        Some(r) => Obj::parse(r, "params"),
     }
 }
 
@@ -64,13 +73,13 @@ pub struct SendParams {
 ///
 /// # Errors
 /// -32602 naming the field.
-pub fn send_params(mut p: Map<String, Value>, limits: &AgentLimits) -> Result<SendParams, Error> {
-    let message = match p.remove("message") {
-        None | Some(Value::Null) => return Err(Error::invalid("message", "is required")),
+pub fn send_params(p: &Obj<'_>, limits: &AgentLimits) -> Result<SendParams, Error> {
+    let message = match p.get("message") {
+        None => return Err(Error::invalid("message", "is required")),
         Some(v) => parse_message(v, limits)?,
     };
-    let context = opt_id(&p, "contextId")?;
-    let session = opt_id(&p, "sessionId")?;
+    let context = opt_id(p, "contextId")?;
+    let session = opt_id(p, "sessionId")?;
     let context_id = match (context, session) {
         (Some(c), Some(s)) if c != s => {
             return Err(Error::invalid(
@@ -81,18 +90,21 @@ pub fn send_params(mut p: Map<String, Value>, limits: &AgentLimits) -> Result<Se
         (Some(c), _) | (None, Some(c)) => Some(ContextId::new(c)),
         (None, None) => None,
     };
-    let task_id = task_id_param(&p, false)?;
-    let (blocking, history_length) = match p.get("configuration") {
-        None | Some(Value::Null) => (true, None),
-        Some(Value::Object(c)) => (
-            opt_bool(c, "blocking", "configuration.blocking")?.unwrap_or(true),
-            opt_len(c, "historyLength", "configuration.historyLength")?,
+    let task_id = task_id_param(p, false)?;
+    let (blocking, history_length) = match p.obj("configuration", "configuration")? {
+        None => (true, None),
+        Some(c) => (
+            c.bool("blocking", "configuration.blocking")?
+                .unwrap_or(true),
+            opt_len(&c, "historyLength", "configuration.historyLength")?,
         ),
-        Some(_) => return Err(Error::invalid("configuration", "must be an object")),
     };
-    let metadata = match p.remove("metadata") {
-        None | Some(Value::Null) => None,
-        Some(Value::Object(m)) => Some(m),
+    let metadata = match p.get("metadata") {
+        None => None,
+        Some(m) if json::kind(m) == Kind::Object => {
+            json::check_depth(m, "metadata")?;
+            Some(m.to_owned())
+        }
         Some(_) => return Err(Error::invalid("metadata", "must be an object")),
     };
     Ok(SendParams {
@@ -112,7 +124,7 @@ pub fn send_params(mut p: Map<String, Value>, limits: &AgentLimits) -> Result<Se
 ///
 /// # Errors
 /// -32602 naming `taskId`.
-pub fn task_id_param(p: &Map<String, Value>, required: bool) -> Result<Option<String>, Error> {
+pub fn task_id_param(p: &Obj<'_>, required: bool) -> Result<Option<String>, Error> {
     let task_id = opt_id(p, "taskId")?;
     let id = opt_id(p, "id")?;
     match (task_id, id) {
@@ -130,81 +142,65 @@ pub fn task_id_param(p: &Map<String, Value>, required: bool) -> Result<Option<St
 ///
 /// # Errors
 /// -32602 naming `field`.
-pub fn opt_len(p: &Map<String, Value>, key: &str, field: &str) -> Result<Option<usize>, Error> {
-    match p.get(key) {
-        None | Some(Value::Null) => Ok(None),
-        Some(v) => v
-            .as_u64()
-            .map(|n| Some(usize::try_from(n).unwrap_or(usize::MAX)))
-            .ok_or_else(|| Error::invalid(field, "must be a non-negative integer")),
-    }
+pub fn opt_len(p: &Obj<'_>, key: &str, field: &str) -> Result<Option<usize>, Error> {
+    Ok(p.u64(key, field)?
+        .map(|n| usize::try_from(n).unwrap_or(usize::MAX)))
 }
 
-/// An optional boolean.
-///
-/// # Errors
-/// -32602 naming `field`.
-pub fn opt_bool(p: &Map<String, Value>, key: &str, field: &str) -> Result<Option<bool>, Error> {
-    match p.get(key) {
-        None | Some(Value::Null) => Ok(None),
-        Some(Value::Bool(b)) => Ok(Some(*b)),
-        Some(_) => Err(Error::invalid(field, "must be a boolean")),
-    }
-}
-
-/// An optional string.
-///
-/// # Errors
-/// -32602 naming `key`.
-pub fn opt_str<'a>(p: &'a Map<String, Value>, key: &str) -> Result<Option<&'a str>, Error> {
-    match p.get(key) {
-        None | Some(Value::Null) => Ok(None),
-        Some(Value::String(s)) => Ok(Some(s)),
-        Some(_) => Err(Error::invalid(key, "must be a string")),
-    }
-}
-
-fn opt_id(p: &Map<String, Value>, key: &str) -> Result<Option<String>, Error> {
-    match opt_str(p, key)? {
+fn opt_id(p: &Obj<'_>, key: &str) -> Result<Option<String>, Error> {
+    match p.str(key, key)? {
         None => Ok(None),
-        Some("") => Err(Error::invalid(key, "must not be empty")),
+        Some(s) if s.is_empty() => Err(Error::invalid(key, "must not be empty")),
         Some(s) if s.chars().count() > MAX_ID_LEN => Err(Error::invalid(
             key,
             format!("must be at most {MAX_ID_LEN} characters"),
         )),
-        Some(s) => Ok(Some(s.to_string())),
+        Some(s) => Ok(Some(s.into_owned())),
     }
 }
 
-fn parse_message(v: Value, limits: &AgentLimits) -> Result<Message, Error> {
-    let Value::Object(mut m) = v else {
-        return Err(Error::invalid("message", "must be an object"));
-    };
-    match m.get("role") {
-        Some(Value::String(r)) if r == "user" => {}
-        None | Some(Value::Null) => return Err(Error::invalid("message.role", "is required")),
+fn parse_message(raw: &RawValue, limits: &AgentLimits) -> Result<Message, Error> {
+    let m = Obj::parse(raw, "message")?;
+    match m.get("role").map(|r| r.get()) {
+        Some(r#""user""#) => {}
+        None => return Err(Error::invalid("message.role", "is required")),
         Some(_) => return Err(Error::invalid("message.role", "must be \"user\"")),
     }
-    let message_id = match m.remove("messageId") {
-        Some(Value::String(s)) if validate::is_uuid_v4(&s) => s,
-        None | Some(Value::Null) => {
-            return Err(Error::invalid("message.messageId", "is required"));
-        }
-        Some(_) => {
-            return Err(Error::invalid(
-                "message.messageId",
-                "must be a UUID v4 (e.g. 6f1c2a1e-3b4d-4c5e-8f70-1a2b3c4d5e6f)",
-            ));
-        }
+    let message_id = match m.get("messageId") {
+        None => return Err(Error::invalid("message.messageId", "is required")),
+        Some(v) => match json::string(v, "message.messageId") {
+            Ok(s) if validate::is_uuid_v4(&s) => s.into_owned(),
+            // A string that is not even valid text: say so.
+            Err(e) if json::kind(v) == Kind::String => return Err(e),
+            _ => {
+                return Err(Error::invalid(
+                    "message.messageId",
+                    "must be a UUID v4 (e.g. 6f1c2a1e-3b4d-4c5e-8f70-1a2b3c4d5e6f)",
+                ));
+            }
+        },
     };
-    let parts = match m.remove("parts") {
-        Some(Value::Array(parts)) if !parts.is_empty() => parts,
-        Some(Value::Array(_)) => {
-            return Err(Error::invalid("message.parts", "must not be empty"));
+    let parts = match m.get("parts") {
+        None => return Err(Error::invalid("message.parts", "is required")),
+        Some(v) if json::kind(v) != Kind::Array => {
+            return Err(Error::invalid("message.parts", "must be an array"));
         }
-        None | Some(Value::Null) => return Err(Error::invalid("message.parts", "is required")),
-        Some(_) => return Err(Error::invalid("message.parts", "must be an array")),
+        Some(v) => json::array(v, "message.parts", limits.max_parts).map_err(|e| match e {
+            Error::InvalidParams { reason, .. } if reason.starts_with("must hold at most") => {
+                Error::invalid(
+                    "message.parts",
+                    format!(
+                        "holds more than {0} parts; this agent accepts at most {0} per message",
+                        limits.max_parts
+                    ),
+                )
+            }
+            other => other,
+        })?,
     };
+    if parts.is_empty() {
+        return Err(Error::invalid("message.parts", "must not be empty"));
+    }
     let parts = parts
         .into_iter()
         .enumerate()
@@ -219,47 +215,42 @@ fn parse_message(v: Value, limits: &AgentLimits) -> Result<Message, Error> {
     Ok(message)
 }
 
-fn parse_part(i: usize, v: Value, limits: &AgentLimits) -> Result<Part, Error> {
+fn parse_part(i: usize, raw: &RawValue, limits: &AgentLimits) -> Result<Part, Error> {
     let at = |k: &str| format!("message.parts[{i}]{k}");
-    let Value::Object(mut p) = v else {
-        return Err(Error::invalid(at(""), "must be an object"));
-    };
-    let kind = match (opt_str(&p, "type"), opt_str(&p, "kind")) {
-        (Err(_), _) => return Err(Error::invalid(at(".type"), "must be a string")),
-        (_, Err(_)) => return Err(Error::invalid(at(".kind"), "must be a string")),
-        (Ok(Some(t)), Ok(Some(k))) if t != k => {
+    let p = Obj::parse(raw, &at(""))?;
+    let kind = match (p.str("type", &at(".type"))?, p.str("kind", &at(".kind"))?) {
+        (Some(t), Some(k)) if t != k => {
             return Err(Error::invalid(at(".type"), "type and kind differ"));
         }
-        (Ok(Some(t)), _) | (Ok(None), Ok(Some(t))) => t.to_string(),
-        (Ok(None), Ok(None)) => {
+        (Some(t), _) | (None, Some(t)) => t,
+        (None, None) => {
             return Err(Error::invalid(
                 at(".type"),
                 "is required (\"text\" or \"file\")",
             ));
         }
     };
-    match kind.as_str() {
-        "text" => match p.remove("text") {
-            Some(Value::String(t)) => Ok(Part::Text(t)),
-            None | Some(Value::Null) => Err(Error::invalid(at(".text"), "is required")),
-            Some(_) => Err(Error::invalid(at(".text"), "must be a string")),
+    match &*kind {
+        "text" => match p.get("text") {
+            Some(v) => Ok(Part::Text(json::string(v, &at(".text"))?.into_owned())),
+            None => Err(Error::invalid(at(".text"), "is required")),
         },
         "file" => {
-            let Some(Value::Object(mut f)) = p.remove("file") else {
-                return Err(Error::invalid(
-                    at(".file"),
-                    "must be an object with name, mimeType and bytes",
-                ));
-            };
-            let mut take = |k: &str| match f.remove(k) {
-                Some(Value::String(s)) => Ok(s),
-                None | Some(Value::Null) => {
-                    Err(Error::invalid(at(&format!(".file.{k}")), "is required"))
+            let f = match p.get("file") {
+                Some(v) if json::kind(v) == Kind::Object => Obj::parse(v, &at(".file"))?,
+                _ => {
+                    return Err(Error::invalid(
+                        at(".file"),
+                        "must be an object with name, mimeType and bytes",
+                    ));
                 }
-                Some(_) => Err(Error::invalid(
-                    at(&format!(".file.{k}")),
-                    "must be a string",
-                )),
+            };
+            let take = |k: &str| {
+                let field = at(&format!(".file.{k}"));
+                match f.str(k, &field)? {
+                    Some(s) => Ok(s.into_owned()),
+                    None => Err(Error::invalid(field, "is required")),
+                }
             };
             let name = take("name")?;
             let mime = take("mimeType")?;
@@ -278,36 +269,18 @@ fn parse_part(i: usize, v: Value, limits: &AgentLimits) -> Result<Part, Error> {
 ///
 /// # Errors
 /// -32602 naming the field.
-pub fn push_config(p: &Map<String, Value>, allow_private: bool) -> Result<PushConfig, Error> {
-    let c = match p.get("config") {
-        Some(Value::Object(c)) => c,
-        None | Some(Value::Null) => return Err(Error::invalid("config", "is required")),
-        Some(_) => return Err(Error::invalid("config", "must be an object")),
+pub fn push_config(p: &Obj<'_>, allow_private: bool) -> Result<PushConfig, Error> {
+    let Some(c) = p.obj("config", "config")? else {
+        return Err(Error::invalid("config", "is required"));
     };
-    let url = match c.get("url") {
-        Some(Value::String(u)) => u.clone(),
-        None | Some(Value::Null) => return Err(Error::invalid("config.url", "is required")),
-        Some(_) => return Err(Error::invalid("config.url", "must be a string")),
+    let url = match c.str("url", "config.url")? {
+        Some(u) => u.into_owned(),
+        None => return Err(Error::invalid("config.url", "is required")),
     };
     crate::push::check_url(&url, allow_private)?;
     let headers = match c.get("headers") {
-        None | Some(Value::Null) => Vec::new(),
-        Some(Value::Object(h)) => h
-            .iter()
-            .map(|(k, v)| {
-                let field = || format!("config.headers.{k}");
-                let v = v
-                    .as_str()
-                    .ok_or_else(|| Error::invalid(field(), "must be a string"))?;
-                if hyper::header::HeaderName::from_bytes(k.as_bytes()).is_err() {
-                    return Err(Error::invalid(field(), "is not a valid header name"));
-                }
-                if hyper::header::HeaderValue::from_str(v).is_err() {
-                    return Err(Error::invalid(field(), "is not a valid header value"));
-                }
-                Ok((k.clone(), v.to_string()))
-            })
-            .collect::<Result<_, _>>()?,
+        None => Vec::new(),
+        Some(h) if json::kind(h) == Kind::Object => headers(&Obj::parse(h, "config.headers")?)?,
         Some(_) => {
             return Err(Error::invalid(
                 "config.headers",
@@ -316,15 +289,14 @@ pub fn push_config(p: &Map<String, Value>, allow_private: bool) -> Result<PushCo
         }
     };
     let events = match c.get("events") {
-        None | Some(Value::Null) => WebhookEvent::ALL.to_vec(),
-        Some(Value::Array(names)) => {
+        None => WebhookEvent::ALL.to_vec(),
+        Some(v) if json::kind(v) == Kind::Array => {
+            let names = json::array(v, "config.events", MAX_EVENT_NAMES)?;
             let mut events = Vec::new();
             for (i, n) in names.iter().enumerate() {
                 let field = format!("config.events[{i}]");
-                let name = n
-                    .as_str()
-                    .ok_or_else(|| Error::invalid(&field, "must be a string"))?;
-                let e = WebhookEvent::parse(name).ok_or_else(|| {
+                let name = json::string(n, &field)?;
+                let e = WebhookEvent::parse(&name).ok_or_else(|| {
                     Error::invalid(
                         &field,
                         format!(
@@ -352,21 +324,19 @@ pub fn push_config(p: &Map<String, Value>, allow_private: bool) -> Result<PushCo
             ));
         }
     };
-    let retry = match c.get("retryPolicy") {
-        None | Some(Value::Null) => RetryPolicy::default(),
-        Some(Value::Object(r)) => retry_policy(r)?,
-        Some(_) => return Err(Error::invalid("config.retryPolicy", "must be an object")),
+    let retry = match c.obj("retryPolicy", "config.retryPolicy")? {
+        None => RetryPolicy::default(),
+        Some(r) => retry_policy(&r)?,
     };
-    let secret = match c.get("secret") {
-        None | Some(Value::Null) => None,
-        Some(Value::String(s)) if s.chars().count() >= 16 => Some(s.clone()),
-        Some(Value::String(_)) => {
+    let secret = match c.str("secret", "config.secret")? {
+        None => None,
+        Some(s) if s.chars().count() >= 16 => Some(s.into_owned()),
+        Some(_) => {
             return Err(Error::invalid(
                 "config.secret",
                 "must be at least 16 characters",
             ));
         }
-        Some(_) => return Err(Error::invalid("config.secret", "must be a string")),
     };
     Ok(PushConfig {
         url,
@@ -377,25 +347,64 @@ pub fn push_config(p: &Map<String, Value>, allow_private: bool) -> Result<PushCo
     })
 }
 
-fn retry_policy(r: &Map<String, Value>) -> Result<RetryPolicy, Error> {
+/// Configured delivery headers: valid names and values, bounded in count and size.
+fn headers(h: &Obj<'_>) -> Result<Vec<(String, String)>, Error> {
+    if h.len() > MAX_WEBHOOK_HEADERS {
+        return Err(Error::invalid(
+            "config.headers",
+            format!(
+                "holds {} headers; at most {MAX_WEBHOOK_HEADERS} are allowed",
+                h.len()
+            ),
+        ));
+    }
+    let mut total = 0usize;
+    let mut out = Vec::with_capacity(h.len());
+    for (k, v) in h.members() {
+        let field = || format!("config.headers.{k}");
+        let v = json::string(v, &field())?;
+        if hyper::header::HeaderName::from_bytes(k.as_bytes()).is_err() {
+            return Err(Error::invalid(field(), "is not a valid header name"));
+        }
+        if v.len() > MAX_WEBHOOK_HEADER_VALUE {
+            return Err(Error::invalid(
+                field(),
+                format!(
+                    "is {} bytes long; at most {MAX_WEBHOOK_HEADER_VALUE} are allowed",
+                    v.len()
+                ),
+            ));
+        }
+        if hyper::header::HeaderValue::from_str(&v).is_err() {
+            return Err(Error::invalid(field(), "is not a valid header value"));
+        }
+        total += k.len() + v.len();
+        if total > MAX_WEBHOOK_HEADER_BYTES {
+            return Err(Error::invalid(
+                "config.headers",
+                format!("hold more than {MAX_WEBHOOK_HEADER_BYTES} bytes of names and values"),
+            ));
+        }
+        out.push((k.to_string(), v.into_owned()));
+    }
+    Ok(out)
+}
+
+fn retry_policy(r: &Obj<'_>) -> Result<RetryPolicy, Error> {
     let d = RetryPolicy::default();
     let number = |k: &str, (lo, hi): (f64, f64), default: f64| -> Result<f64, Error> {
         let field = format!("config.retryPolicy.{k}");
-        match r.get(k) {
-            None | Some(Value::Null) => Ok(default),
-            Some(v) => match v.as_f64() {
-                Some(x) if x >= lo && x <= hi => Ok(x),
-                _ => Err(Error::invalid(
-                    field,
-                    format!("must be a number from {lo} to {hi}"),
-                )),
-            },
+        let out_of_range = || Error::invalid(&field, format!("must be a number from {lo} to {hi}"));
+        match r.f64(k, &field).map_err(|_| out_of_range())? {
+            None => Ok(default),
+            Some(x) if x >= lo && x <= hi => Ok(x),
+            Some(_) => Err(out_of_range()),
         }
     };
     let max_retries = match r.get("maxRetries") {
-        None | Some(Value::Null) => d.max_retries,
-        Some(v) => match v.as_u64() {
-            Some(n) if n <= u64::from(RetryPolicy::MAX_RETRIES.1) => n as u32,
+        None => d.max_retries,
+        Some(v) => match serde_json::from_str::<u64>(v.get()) {
+            Ok(n) if n <= u64::from(RetryPolicy::MAX_RETRIES.1) => n as u32,
             _ => {
                 return Err(Error::invalid(
                     "config.retryPolicy.maxRetries",
@@ -661,16 +670,27 @@ pub fn card_out(card: &AgentCard, capabilities: bool, metrics: bool) -> Value {
 mod tests {
     use super::*;
 
-    fn params(v: Value) -> Map<String, Value> {
-        match v {
-            Value::Object(m) => m,
-            _ => panic!("object"),
-        }
+    fn raw(v: Value) -> Box<RawValue> {
+        RawValue::from_string(v.to_string()).expect("json")
+    }
+
+    fn send(v: Value, l: &AgentLimits) -> Result<SendParams, Error> {
+        let r = raw(v);
+        send_params(&params(Some(&r))?, l)
+    }
+
+    fn push(v: Value) -> Result<PushConfig, Error> {
+        let r = raw(v);
+        push_config(&params(Some(&r))?, true)
     }
 
     fn field_of(r: Result<SendParams, Error>) -> String {
+        reason_of(r).0
+    }
+
+    fn reason_of(r: Result<SendParams, Error>) -> (String, String) {
         match r {
-            Err(Error::InvalidParams { field, .. }) => field,
+            Err(Error::InvalidParams { field, reason }) => (field, reason),
             Err(e) => panic!("unexpected {e}"),
             Ok(_) => panic!("expected an error"),
         }
@@ -680,13 +700,13 @@ mod tests {
 
     #[test]
     fn a_typical_send_parses_with_aliases() {
-        let p = params(json!({
+        let p = json!({
             "message": {"role": "user", "messageId": MID, "parts": [{"kind": "text", "text": "hi"}]},
             "sessionId": "ctx-1",
             "taskId": "t-1",
             "configuration": {"blocking": false},
-        }));
-        let s = send_params(p, &AgentLimits::default()).expect("valid");
+        });
+        let s = send(p, &AgentLimits::default()).expect("valid");
         assert_eq!(s.request.context_id, Some(ContextId::new("ctx-1")));
         assert_eq!(s.request.task_id, Some(TaskId::new("t-1")));
         assert!(!s.blocking);
@@ -696,9 +716,9 @@ mod tests {
     #[test]
     fn each_bad_field_is_named() {
         let l = AgentLimits::default();
-        let msg = |m: Value| params(json!({ "message": m }));
+        let msg = |m: Value| json!({ "message": m });
         let cases = [
-            (params(json!({})), "message"),
+            (json!({}), "message"),
             (msg(json!("x")), "message"),
             (
                 msg(
@@ -738,22 +758,18 @@ mod tests {
             ),
         ];
         for (p, field) in cases {
-            assert_eq!(field_of(send_params(p, &l)), field);
+            assert_eq!(field_of(send(p, &l)), field);
         }
-        let both = params(json!({
+        let both = json!({
             "message": {"role": "user", "messageId": MID, "parts": [{"type":"text","text":"a"}]},
             "contextId": "a", "sessionId": "b",
-        }));
-        assert_eq!(field_of(send_params(both, &l)), "contextId");
+        });
+        assert_eq!(field_of(send(both, &l)), "contextId");
     }
 
     #[test]
     fn push_config_defaults_and_bounds() {
-        let c = push_config(
-            &params(json!({"config": {"url": "http://127.0.0.1:1/h"}})),
-            true,
-        )
-        .expect("ok");
+        let c = push(json!({"config": {"url": "http://127.0.0.1:1/h"}})).expect("ok");
         assert_eq!(c.events.len(), 5);
         assert_eq!(c.retry, RetryPolicy::default());
         for bad in [
@@ -765,7 +781,56 @@ mod tests {
             json!({"config": {"url": "ftp://x/"}}),
             json!({"config": {}}),
         ] {
-            assert!(push_config(&params(bad.clone()), true).is_err(), "{bad}");
+            assert!(push(bad.clone()).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn parts_beyond_the_cap_are_refused_before_any_is_parsed() {
+        let l = AgentLimits {
+            max_parts: 3,
+            ..AgentLimits::default()
+        };
+        let parts: Vec<Value> = (0..4)
+            .map(|_| json!({"type": "text", "text": ""}))
+            .collect();
+        let p = json!({"message": {"role": "user", "messageId": MID, "parts": parts}});
+        let (field, reason) = reason_of(send(p, &l));
+        assert_eq!(field, "message.parts");
+        assert!(reason.contains("at most 3"), "{reason}");
+    }
+
+    #[test]
+    fn a_lone_surrogate_or_deep_metadata_is_named_for_what_it_is() {
+        let l = AgentLimits::default();
+        let body = format!(
+            r#"{{"message":{{"role":"user","messageId":"{MID}","parts":[{{"type":"text","text":"\ud800"}}]}}}}"#
+        );
+        let r = RawValue::from_string(body).expect("json");
+        let (field, reason) = reason_of(send_params(&params(Some(&r)).expect("object"), &l));
+        assert_eq!(field, "message.parts[0].text");
+        assert!(reason.contains("surrogate"), "{reason}");
+        let deep = format!("{}{}", "[".repeat(500), "]".repeat(500));
+        let body = format!(
+            r#"{{"message":{{"role":"user","messageId":"{MID}","parts":[{{"type":"text","text":"a"}}]}},"metadata":{{"x":{deep}}}}}"#
+        );
+        let r = RawValue::from_string(body).expect("json");
+        let (field, reason) = reason_of(send_params(&params(Some(&r)).expect("object"), &l));
+        assert_eq!(field, "metadata");
+        assert!(reason.contains("deeper than"), "{reason}");
+    }
+
+    #[test]
+    fn webhook_headers_and_events_are_bounded() {
+        let many: Map<String, Value> = (0..=MAX_WEBHOOK_HEADERS)
+            .map(|i| (format!("x-h{i}"), Value::from("v")))
+            .collect();
+        for bad in [
+            json!({"config": {"url": "http://x/", "headers": many}}),
+            json!({"config": {"url": "http://x/", "headers": {"x-big": "v".repeat(5000)}}}),
+            json!({"config": {"url": "http://x/", "events": vec!["task.completed"; 17]}}),
+        ] {
+            assert!(push(bad.clone()).is_err(), "{bad}");
         }
     }
 }
