@@ -254,7 +254,11 @@ impl Runtime {
         .map_err(spawn_failed)?;
         let shared = Arc::new(Shared {
             live: DashMap::default(),
-            store: Arc::new(MemoryTaskStore::new(retention, server.max_finished_tasks)),
+            store: Arc::new(MemoryTaskStore::new(
+                retention,
+                server.max_finished_tasks,
+                server.max_retained_bytes,
+            )),
             push,
             metrics: Metrics::default(),
             contexts,
@@ -303,6 +307,11 @@ impl Runtime {
     /// Finished tasks currently retained.
     pub fn finished_tasks(&self) -> usize {
         self.shared.store.len()
+    }
+
+    /// About how many bytes the retained finished tasks hold.
+    pub fn finished_bytes(&self) -> u64 {
+        self.shared.store.bytes()
     }
 
     /// The agent's card with live metrics.

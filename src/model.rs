@@ -181,6 +181,19 @@ impl Message {
         }
     }
 
+    /// About how many bytes the message holds in memory (for retention budgets).
+    pub fn approx_bytes(&self) -> usize {
+        let parts: usize = self
+            .parts
+            .iter()
+            .map(|p| match p {
+                Part::Text(t) => t.len(),
+                Part::File(f) => f.name.len() + f.mime_type.len() + f.bytes.len() + 48,
+            } + std::mem::size_of::<Part>())
+            .sum();
+        parts + self.message_id.len() + std::mem::size_of::<Self>()
+    }
+
     /// The text parts joined by a newline.
     pub fn joined_text(&self) -> String {
         let mut out = String::new();
@@ -306,6 +319,32 @@ pub struct TaskSnapshot {
 }
 
 impl TaskSnapshot {
+    /// About how many bytes the record holds in memory (for retention budgets). Shared
+    /// messages are counted in full: the budget errs on the safe side.
+    pub fn approx_bytes(&self) -> usize {
+        const FIXED: usize = 256;
+        let history: usize = self.history.iter().map(|m| m.approx_bytes() + 16).sum();
+        // A completed task's reply is also the last history entry: count it once.
+        let reply_in_history = match (&self.status.message, self.history.last()) {
+            (Some(m), Some(last)) => Arc::ptr_eq(m, last),
+            _ => false,
+        };
+        let status = self
+            .status
+            .message
+            .as_ref()
+            .filter(|_| !reply_in_history)
+            .map_or(0, |m| m.approx_bytes())
+            + self.status.reason.as_ref().map_or(0, |r| r.len())
+            + self.status.error.as_ref().map_or(0, |e| e.message.len());
+        FIXED
+            + self.id.as_str().len()
+            + self.context_id.as_str().len()
+            + history
+            + status
+            + self.metadata.as_ref().map_or(0, |m| m.get().len())
+    }
+
     /// The event that produced the current status.
     pub fn current_event(&self) -> TaskEvent {
         TaskEvent {

@@ -1,7 +1,7 @@
 //! Push notification (webhook) configurations: the neutral model, its rules, and the
 //! target-address policy shared by `set` (literal addresses) and delivery (resolved ones).
 
-use std::net::IpAddr;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::sync::Arc;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
@@ -171,44 +171,119 @@ impl StoredPushConfig {
 /// Whether a target address may receive deliveries.
 ///
 /// Link-local, unspecified and multicast addresses are always refused; loopback and
-/// private ranges only when `allow_private` is set.
+/// private ranges only when `allow_private` is set. An IPv6 address that carries an IPv4
+/// address (IPv4-mapped, IPv4-compatible, IPv4-translated, NAT64, 6to4, Teredo) is judged
+/// by the IPv4 rules for what it carries, so `[64:ff9b::a9fe:a9fe]` is 169.254.169.254.
 pub fn address_allowed(ip: IpAddr, allow_private: bool) -> Result<(), &'static str> {
-    let ip = match ip {
-        IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, IpAddr::V4),
-        v4 => v4,
-    };
     match ip {
-        IpAddr::V4(v4) => {
-            if v4.is_link_local() {
-                return Err("link-local addresses are never allowed");
-            }
-            if v4.is_unspecified() || v4.is_multicast() || v4.is_broadcast() {
-                return Err("unspecified, broadcast and multicast addresses are never allowed");
-            }
-            let o = v4.octets();
-            let private = v4.is_loopback()
-                || v4.is_private()
-                || (o[0] == 100 && (o[1] & 0xc0) == 64) // shared address space 100.64/10
-                || o[0] == 0;
-            if private && !allow_private {
-                return Err("loopback and private addresses are not allowed by this server");
-            }
-        }
+        IpAddr::V4(v4) => v4_allowed(v4, allow_private),
         IpAddr::V6(v6) => {
-            let seg0 = v6.segments()[0];
-            if (seg0 & 0xffc0) == 0xfe80 {
-                return Err("link-local addresses are never allowed");
+            for v4 in embedded_ipv4(v6).into_iter().flatten() {
+                v4_allowed(v4, allow_private)?;
             }
-            if v6.is_unspecified() || v6.is_multicast() {
-                return Err("unspecified and multicast addresses are never allowed");
+            if embedded_ipv4(v6)[0].is_some() {
+                // Mapped, compatible and translated forms are only their IPv4 address.
+                return Ok(());
             }
-            let private = v6.is_loopback() || (seg0 & 0xfe00) == 0xfc00;
-            if private && !allow_private {
-                return Err("loopback and private addresses are not allowed by this server");
-            }
+            v6_allowed(v6, allow_private)
         }
     }
+}
+
+fn v4_allowed(v4: Ipv4Addr, allow_private: bool) -> Result<(), &'static str> {
+    if v4.is_link_local() {
+        return Err("link-local addresses are never allowed");
+    }
+    if v4.is_unspecified() || v4.is_multicast() || v4.is_broadcast() {
+        return Err("unspecified, broadcast and multicast addresses are never allowed");
+    }
+    let o = v4.octets();
+    let private = v4.is_loopback()
+        || v4.is_private()
+        || (o[0] == 100 && (o[1] & 0xc0) == 64) // shared address space 100.64/10
+        || o[0] == 0;
+    if private && !allow_private {
+        return Err("loopback and private addresses are not allowed by this server");
+    }
     Ok(())
+}
+
+fn v6_allowed(v6: Ipv6Addr, allow_private: bool) -> Result<(), &'static str> {
+    let seg0 = v6.segments()[0];
+    if (seg0 & 0xffc0) == 0xfe80 {
+        return Err("link-local addresses are never allowed");
+    }
+    if v6.is_unspecified() || v6.is_multicast() {
+        return Err("unspecified and multicast addresses are never allowed");
+    }
+    let private = v6.is_loopback()
+        || (seg0 & 0xfe00) == 0xfc00 // unique local fc00::/7
+        || (seg0 & 0xffc0) == 0xfec0; // site local fec0::/10 (deprecated)
+    if private && !allow_private {
+        return Err("loopback and private addresses are not allowed by this server");
+    }
+    Ok(())
+}
+
+/// The IPv4 addresses an IPv6 address carries. Slot 0: forms that *are* an IPv4 address
+/// (mapped `::ffff:a.b.c.d`, compatible `::a.b.c.d`, translated `::ffff:0:a.b.c.d`);
+/// slots 1 and 2: tunnelling and translation prefixes (NAT64 `64:ff9b::/96` and
+/// `64:ff9b:1::/48`, 6to4 `2002::/16`, Teredo `2001::/32` server and client).
+fn embedded_ipv4(v6: Ipv6Addr) -> [Option<Ipv4Addr>; 3] {
+    let s = v6.segments();
+    let tail = Ipv4Addr::new((s[6] >> 8) as u8, s[6] as u8, (s[7] >> 8) as u8, s[7] as u8);
+    let pair =
+        |hi: u16, lo: u16| Ipv4Addr::new((hi >> 8) as u8, hi as u8, (lo >> 8) as u8, lo as u8);
+    if let Some(v4) = v6.to_ipv4_mapped() {
+        return [Some(v4), None, None];
+    }
+    if s[..6] == [0, 0, 0, 0, 0, 0] && !(s[6] == 0 && s[7] <= 1) {
+        return [Some(tail), None, None];
+    }
+    if s[..6] == [0, 0, 0, 0, 0xffff, 0] {
+        return [Some(tail), None, None];
+    }
+    if s[0] == 0x64 && s[1] == 0xff9b && (s[2..6] == [0, 0, 0, 0] || s[2] == 1) {
+        return [None, Some(tail), None];
+    }
+    if s[0] == 0x2002 {
+        return [None, Some(pair(s[1], s[2])), None];
+    }
+    if s[0] == 0x2001 && s[1] == 0 {
+        let client = Ipv4Addr::from(!u32::from(tail));
+        return [None, Some(pair(s[2], s[3])), Some(client)];
+    }
+    [None, None, None]
+}
+
+/// A URL safe to log or show: the password in its userinfo and its query values become
+/// `***` (they often carry tokens); an unparsable URL is not shown at all.
+pub fn redact_url(raw: &str) -> String {
+    let Ok(mut url) = url::Url::parse(raw) else {
+        return "<invalid url>".to_string();
+    };
+    if url.password().is_some() {
+        let _ = url.set_password(Some("***"));
+    }
+    if url.query().is_some() {
+        let pairs: Vec<(String, bool)> = url
+            .query_pairs()
+            .map(|(k, v)| (k.into_owned(), !v.is_empty()))
+            .collect();
+        let query = pairs
+            .iter()
+            .map(|(k, has_value)| {
+                if *has_value {
+                    format!("{k}=***")
+                } else {
+                    k.clone()
+                }
+            })
+            .collect::<Vec<_>>()
+            .join("&");
+        url.set_query(Some(&query));
+    }
+    url.to_string()
 }
 
 /// Checks a target URL: http or https, a host, and (for a literal IP) the address policy.
@@ -272,6 +347,49 @@ mod tests {
             assert!(address_allowed(ip, true).is_ok(), "{ip}");
         }
         assert!(address_allowed("93.184.216.34".parse().expect("ip"), false).is_ok());
+    }
+
+    #[test]
+    fn ipv6_forms_that_carry_an_ipv4_address_are_judged_by_it() {
+        for ip in [
+            "64:ff9b::a9fe:a9fe",             // NAT64 of 169.254.169.254
+            "64:ff9b:1::a9fe:a9fe",           // local-use NAT64
+            "2002:a9fe:a9fe::",               // 6to4
+            "::169.254.169.254",              // IPv4-compatible
+            "::ffff:0:169.254.169.254",       // IPv4-translated
+            "::ffff:169.254.169.254",         // IPv4-mapped
+            "2001:0:a9fe:a9fe::",             // Teredo server
+            "2001:0:5ef5:79fd:0:0:5601:5601", // Teredo client !0xa9fea9fe
+        ] {
+            let ip: IpAddr = ip.parse().expect("ip");
+            assert!(address_allowed(ip, true).is_err(), "{ip}");
+        }
+        for ip in [
+            "::127.0.0.1",
+            "64:ff9b::7f00:1",
+            "2002:7f00:1::",
+            "2002:a00:1::",
+        ] {
+            let ip: IpAddr = ip.parse().expect("ip");
+            assert!(address_allowed(ip, false).is_err(), "{ip}");
+            assert!(address_allowed(ip, true).is_ok(), "{ip}");
+        }
+        for ip in ["64:ff9b::5db8:d822", "2002:5db8:d822::1", "2606:4700::1111"] {
+            let ip: IpAddr = ip.parse().expect("ip");
+            assert!(address_allowed(ip, false).is_ok(), "{ip}");
+        }
+        assert!(check_url("http://[64:ff9b::a9fe:a9fe]/", true).is_err());
+        assert!(check_url("http://[::127.0.0.1]/", false).is_err());
+    }
+
+    #[test]
+    fn urls_are_redacted_for_logs_and_reads() {
+        assert_eq!(
+            redact_url("https://user:pa55word@hooks.example.com/x?token=abc&v=1&flag"),
+            "https://user:***@hooks.example.com/x?token=***&v=***&flag"
+        );
+        assert_eq!(redact_url("http://h/p"), "http://h/p");
+        assert_eq!(redact_url("nonsense"), "<invalid url>");
     }
 
     #[test]

@@ -223,6 +223,9 @@ fn http_builder(s: &ServerConfig) -> auto::Builder<TokioExecutor> {
         .max_header_list_size(u32::try_from(s.max_header_bytes).unwrap_or(u32::MAX))
         .keep_alive_interval(keep_alive)
         .keep_alive_timeout(keep_alive)
+        // What a stream may buffer beyond the peer's flow-control window: with the stream
+        // cap, this bounds what a client that grants no credit can make the server hold.
+        .max_send_buf_size(64 * 1024)
         // Rapid-reset guard: streams reset before they are accepted, and streams the
         // server had to reset for protocol errors, are bounded (then GOAWAY).
         .max_pending_accept_reset_streams(20)

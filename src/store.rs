@@ -43,6 +43,8 @@ pub trait TaskStore: Send + Sync + 'static {
     fn evict(&self, now: Instant) -> usize;
     /// Records held.
     fn len(&self) -> usize;
+    /// About how many bytes the records hold.
+    fn bytes(&self) -> u64;
     /// True when no record is held.
     fn is_empty(&self) -> bool {
         self.len() == 0
@@ -71,36 +73,92 @@ pub trait PushStore: Send + Sync + 'static {
 /// Finished tasks in memory, evicted oldest first.
 ///
 /// Retention is the same for every record, so insertion order is expiry order: a FIFO of
-/// keys makes eviction cost what it evicts, never a scan of the whole map.
+/// keys makes eviction cost what it evicts, never a scan of the whole map. Besides the
+/// age, a count cap and a byte budget bound what is kept; both are enforced as records
+/// arrive, so no burst can hold more than the budget until the next sweep.
 pub struct MemoryTaskStore {
     records: DashMap<TaskKey, FinishedTask, RandomState>,
-    /// Keys in insertion order with their expiry. Guarded by a std mutex: pushes and pops
-    /// are short and never await.
-    order: Mutex<VecDeque<(Instant, TaskKey)>>,
+    /// Keys in insertion order with their expiry and size, plus the bytes held. Guarded by
+    /// a std mutex: pushes and pops are short and never await.
+    order: Mutex<Order>,
     retention: Duration,
     max_records: usize,
+    max_bytes: u64,
+}
+
+#[derive(Default)]
+struct Order {
+    queue: VecDeque<(Instant, TaskKey)>,
+    bytes: u64,
 }
 
 impl MemoryTaskStore {
-    /// A store keeping records for `retention`, at most `max_records` of them.
-    pub fn new(retention: Duration, max_records: usize) -> Self {
+    /// A store keeping records for `retention`, at most `max_records` of them and at most
+    /// about `max_bytes` bytes of them.
+    pub fn new(retention: Duration, max_records: usize, max_bytes: u64) -> Self {
         Self {
             records: DashMap::default(),
-            order: Mutex::new(VecDeque::new()),
+            order: Mutex::new(Order::default()),
             retention,
             max_records,
+            max_bytes,
         }
+    }
+
+    /// About how many bytes the retained records hold.
+    pub fn bytes(&self) -> u64 {
+        self.lock().bytes
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Order> {
+        self.order.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Evicts from the front while `expired` says so or a cap is exceeded.
+    fn evict_while(&self, expired: impl Fn(&Instant) -> bool) -> usize {
+        let mut evicted = 0;
+        loop {
+            let key = {
+                let mut order = self.lock();
+                let over = order.queue.len() > self.max_records || order.bytes > self.max_bytes;
+                match order.queue.front() {
+                    Some((expires, _)) if over || expired(expires) => {
+                        order.queue.pop_front().map(|(_, k)| k)
+                    }
+                    _ => None,
+                }
+            };
+            let Some(key) = key else { break };
+            if let Some((_, gone)) = self.records.remove(&key) {
+                let size = gone.snapshot.approx_bytes() as u64;
+                let mut order = self.lock();
+                order.bytes = order.bytes.saturating_sub(size);
+                evicted += 1;
+            }
+        }
+        evicted
     }
 }
 
 impl TaskStore for MemoryTaskStore {
     fn insert(&self, key: TaskKey, task: FinishedTask) {
         let expires = Instant::now() + self.retention;
-        self.records.insert(key.clone(), task);
-        self.order
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .push_back((expires, key));
+        let size = task.snapshot.approx_bytes() as u64;
+        let replaced = self.records.insert(key.clone(), task);
+        let over = {
+            let mut order = self.lock();
+            order.bytes += size;
+            if let Some(old) = replaced {
+                order.bytes = order
+                    .bytes
+                    .saturating_sub(old.snapshot.approx_bytes() as u64);
+            }
+            order.queue.push_back((expires, key));
+            order.queue.len() > self.max_records || order.bytes > self.max_bytes
+        };
+        if over {
+            self.evict_while(|_| false);
+        }
     }
 
     fn get(&self, key: &TaskKey) -> Option<FinishedTask> {
@@ -108,27 +166,11 @@ impl TaskStore for MemoryTaskStore {
     }
 
     fn evict(&self, now: Instant) -> usize {
-        let mut evicted = 0;
-        loop {
-            let key = {
-                let mut order = self.order.lock().unwrap_or_else(|e| e.into_inner());
-                let over_cap = order.len() > self.max_records;
-                match order.front() {
-                    Some((expires, _)) if *expires <= now || over_cap => {
-                        order.pop_front().map(|(_, k)| k)
-                    }
-                    _ => None,
-                }
-            };
-            let Some(key) = key else { break };
-            if self.records.remove(&key).is_some() {
-                evicted += 1;
-            }
-        }
+        let evicted = self.evict_while(|expires| *expires <= now);
         if evicted > 0 {
-            let mut order = self.order.lock().unwrap_or_else(|e| e.into_inner());
-            if order.capacity() > 1024 && order.len() < order.capacity() / 4 {
-                order.shrink_to_fit();
+            let mut order = self.lock();
+            if order.queue.capacity() > 1024 && order.queue.len() < order.queue.capacity() / 4 {
+                order.queue.shrink_to_fit();
             }
             drop(order);
             if self.records.capacity() > 1024 && self.records.len() < self.records.capacity() / 4 {
@@ -140,6 +182,10 @@ impl TaskStore for MemoryTaskStore {
 
     fn len(&self) -> usize {
         self.records.len()
+    }
+
+    fn bytes(&self) -> u64 {
+        MemoryTaskStore::bytes(self)
     }
 }
 
@@ -218,7 +264,7 @@ mod tests {
 
     #[test]
     fn records_expire_after_retention_in_insertion_order() {
-        let s = MemoryTaskStore::new(Duration::from_secs(10), 100);
+        let s = MemoryTaskStore::new(Duration::from_secs(10), 100, u64::MAX);
         let t0 = Instant::now();
         s.insert(key(1), record());
         s.insert(key(2), record());
@@ -230,12 +276,24 @@ mod tests {
 
     #[test]
     fn the_cap_evicts_the_oldest_first() {
-        let s = MemoryTaskStore::new(Duration::from_secs(1000), 2);
+        let s = MemoryTaskStore::new(Duration::from_secs(1000), 2, u64::MAX);
         for n in 0..5 {
             s.insert(key(n), record());
         }
-        assert_eq!(s.evict(Instant::now()), 3);
+        assert_eq!(s.len(), 2, "the cap holds as records arrive");
         assert!(s.get(&key(2)).is_none());
         assert!(s.get(&key(3)).is_some() && s.get(&key(4)).is_some());
+    }
+
+    #[test]
+    fn the_byte_budget_evicts_the_oldest_as_records_arrive() {
+        let one = record().snapshot.approx_bytes() as u64;
+        let s = MemoryTaskStore::new(Duration::from_secs(1000), 1000, one * 3);
+        for n in 0..10 {
+            s.insert(key(n), record());
+        }
+        assert_eq!(s.len(), 3);
+        assert!(s.bytes() <= one * 3);
+        assert!(s.get(&key(9)).is_some() && s.get(&key(6)).is_none());
     }
 }

@@ -22,7 +22,7 @@ use serde_json::Value;
 
 use super::{AgentEntry, TaskObserver};
 use crate::model::{AgentId, ContextId, TaskEvent, TaskKey, iso8601};
-use crate::push::{StoredPushConfig, WebhookEvent, address_allowed};
+use crate::push::{StoredPushConfig, WebhookEvent, address_allowed, redact_url};
 use crate::store::PushStore;
 use crate::webhook::{self, Outcome, Verdict};
 
@@ -35,8 +35,11 @@ pub struct WebhookMetrics {
     pub retries: AtomicU64,
     /// Deliveries that finally failed (retries exhausted, or a non-retryable answer).
     pub failed: AtomicU64,
-    /// Deliveries dropped without an outcome (pool full, configuration deactivated, shutdown).
+    /// Deliveries dropped without an outcome (pool full, shutdown).
     pub discarded: AtomicU64,
+    /// Events not sent because their configuration is inactive (deactivated after too many
+    /// failures), at the event or when its turn in the lane came.
+    pub skipped: AtomicU64,
     /// Deliveries accepted and not finished yet.
     pub pending: AtomicI64,
 }
@@ -155,7 +158,7 @@ impl Actor for WebhookActor {
                         m.pending.fetch_sub(1, Relaxed);
                         tracing::error!(
                             delivery = %delivery.id,
-                            url = %c.config.url,
+                            url = %redact_url(&c.config.url),
                             event = delivery.kind.as_str(),
                             attempts = delivery.attempt,
                             ?outcome,
@@ -171,7 +174,7 @@ impl Actor for WebhookActor {
                 let mut dropped = 0;
                 for (_, lane) in state.lanes.drain() {
                     for d in lane.queue {
-                        tracing::error!(delivery = %d.id, url = %d.config.config.url, event = d.kind.as_str(), "webhook delivery dropped at shutdown");
+                        tracing::error!(delivery = %d.id, url = %redact_url(&d.config.config.url), event = d.kind.as_str(), "webhook delivery dropped at shutdown");
                         dropped += 1;
                     }
                     if let Some(id) = lane.busy {
@@ -216,9 +219,9 @@ impl WebhookState {
     /// Spawns one attempt; its outcome comes back as [`WebhookMsg::AttemptDone`].
     fn attempt(&mut self, myself: &ActorRef<WebhookMsg>, key: LaneKey, delivery: Delivery) {
         if !delivery.config.is_active() {
-            tracing::warn!(delivery = %delivery.id, "webhook configuration deactivated; delivery discarded");
+            tracing::warn!(delivery = %delivery.id, "webhook configuration deactivated; delivery skipped");
             let m = &self.args.metrics;
-            m.discarded.fetch_add(1, Relaxed);
+            m.skipped.fetch_add(1, Relaxed);
             m.pending.fetch_sub(1, Relaxed);
             self.finish(myself, key);
             return;
@@ -470,12 +473,16 @@ impl TaskObserver for WebhookPool {
         let configs = self.push.for_task(key);
         let mut data = None;
         for config in configs {
-            if !config.is_active() || !config.config.events.contains(&kind) {
+            if !config.config.events.contains(&kind) {
+                continue;
+            }
+            if !config.is_active() {
+                self.metrics.skipped.fetch_add(1, Relaxed);
                 continue;
             }
             if self.metrics.pending.load(Relaxed) >= self.max_pending {
                 self.metrics.discarded.fetch_add(1, Relaxed);
-                tracing::error!(url = %config.config.url, event = kind.as_str(), task = %key.task, "webhook pool full; delivery discarded");
+                tracing::error!(url = %redact_url(&config.config.url), event = kind.as_str(), task = %key.task, "webhook pool full; delivery discarded");
                 continue;
             }
             let data = data

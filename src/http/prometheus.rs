@@ -148,6 +148,12 @@ pub fn render(runtime: &Runtime) -> String {
     );
     gauge(
         &mut out,
+        "a2ad_finished_tasks_retained_bytes",
+        "About how many bytes the retained finished tasks hold (budget: server.max_retained_bytes).",
+        &[("", runtime.finished_bytes() as f64)],
+    );
+    gauge(
+        &mut out,
         "a2ad_streams_open",
         "Open SSE streams.",
         &[("", m.open_streams.load(Relaxed).max(0) as f64)],
@@ -224,8 +230,14 @@ pub fn render(runtime: &Runtime) -> String {
     counter(
         &mut out,
         "a2ad_webhook_discards_total",
-        "Webhook deliveries dropped without an outcome (pool full, configuration deactivated, shutdown).",
+        "Webhook deliveries dropped without an outcome (pool full, shutdown).",
         &[("", w.discarded.load(Relaxed) as f64)],
+    );
+    counter(
+        &mut out,
+        "a2ad_webhook_skipped_total",
+        "Webhook events not sent because their configuration is inactive (deactivated).",
+        &[("", w.skipped.load(Relaxed) as f64)],
     );
     gauge(
         &mut out,

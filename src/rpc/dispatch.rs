@@ -211,7 +211,7 @@ async fn run(runtime: &Runtime, cx: &CallContext, call: &Call) -> Result<Reply, 
                 &json!({
                     "configured": true,
                     "configId": stored.id,
-                    "url": stored.config.url,
+                    "url": crate::push::redact_url(&stored.config.url),
                     "events": stored.config.events.iter().map(|e| e.as_str()).collect::<Vec<_>>(),
                     "taskId": stored.scope.task.as_ref().map(TaskId::as_str),
                 }),

@@ -608,7 +608,7 @@ pub fn push_config_out(c: Option<&StoredPushConfig>) -> Value {
         .collect();
     json!({
         "config": {
-            "url": c.config.url,
+            "url": crate::push::redact_url(&c.config.url),
             "events": c.config.events.iter().map(|e| e.as_str()).collect::<Vec<_>>(),
             "retryPolicy": {
                 "maxRetries": c.config.retry.max_retries,

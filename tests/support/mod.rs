@@ -2,6 +2,7 @@
 //! a byte-level SSE reader, and polling with a deadline instead of sleeps.
 #![allow(dead_code, unreachable_pub)]
 
+pub mod binary;
 pub mod receiver;
 pub mod upstream;
 

@@ -1,7 +1,6 @@
 //! A real webhook receiver: a small hyper server on 127.0.0.1:0 that records every request
 //! (headers and exact body bytes) and answers according to a script.
 
-use std::convert::Infallible;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -36,17 +35,34 @@ impl Hit {
 /// How to answer request number `n` (0-based).
 #[derive(Clone, Copy, Debug)]
 pub struct Answer {
+    /// The status; [`Answer::RESET`] closes the connection without answering.
     pub status: u16,
     pub retry_after: Option<u64>,
     pub delay: Duration,
 }
 
 impl Answer {
+    /// Not a status: drop the connection without a response (after `delay`).
+    pub const RESET: u16 = 0;
+
     pub fn status(status: u16) -> Self {
         Self {
             status,
             retry_after: None,
             delay: Duration::ZERO,
+        }
+    }
+
+    /// Drops the connection without a response.
+    pub fn reset() -> Self {
+        Self::status(Self::RESET)
+    }
+
+    /// Answers `status` after `delay`.
+    pub fn after(status: u16, delay: Duration) -> Self {
+        Self {
+            delay,
+            ..Self::status(status)
         }
     }
 }
@@ -104,6 +120,11 @@ impl Receiver {
                             if !answer.delay.is_zero() {
                                 tokio::time::sleep(answer.delay).await;
                             }
+                            if answer.status == Answer::RESET {
+                                return Err::<Response<Full<Bytes>>, _>(std::io::Error::other(
+                                    "scripted reset",
+                                ));
+                            }
                             let mut resp = Response::new(Full::new(Bytes::from_static(b"ok")));
                             *resp.status_mut() =
                                 hyper::StatusCode::from_u16(answer.status).expect("status");
@@ -116,7 +137,7 @@ impl Receiver {
                                     "http://127.0.0.1:9/elsewhere".parse().expect("value"),
                                 );
                             }
-                            Ok::<_, Infallible>(resp)
+                            Ok::<_, std::io::Error>(resp)
                         }
                     });
                     let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
