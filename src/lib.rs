@@ -32,6 +32,8 @@ pub mod agent;
 pub mod auth;
 pub mod config;
 pub mod error;
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod http;
 pub mod limits;
 pub mod metrics;

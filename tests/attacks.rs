@@ -469,3 +469,27 @@ async fn events_of_a_deactivated_configuration_are_counted_as_skipped() {
     let m = scrape(&s).await;
     assert_eq!(metric(&m, "a2ad_webhook_skipped_total"), 3.0);
 }
+
+#[tokio::test]
+async fn an_h2c_upgrade_request_is_answered_over_http1() {
+    let s = TestServer::start(config(&["echo"])).await;
+    let mut conn = TcpStream::connect(addr(&s)).await.expect("connect");
+    let body = rpc("agent/authenticatedExtendedCard", json!({}));
+    let req = format!(
+        "POST /api/v1/a2a/echo HTTP/1.1\r\nHost: x\r\nConnection: Upgrade, HTTP2-Settings\r\nUpgrade: h2c\r\nHTTP2-Settings: AAMAAABkAARAAAAAAAIAAAAA\r\nx-api-key: {ALICE}\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    conn.write_all(req.as_bytes()).await.expect("write");
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    let end = tokio::time::Instant::now() + Duration::from_secs(20);
+    while !String::from_utf8_lossy(&got).contains("\"agent\"") {
+        let n = tokio::time::timeout_at(end, conn.read(&mut buf))
+            .await
+            .expect("an answer in time")
+            .expect("read");
+        assert!(n > 0, "closed early: {}", String::from_utf8_lossy(&got));
+        got.extend_from_slice(&buf[..n]);
+    }
+    assert!(String::from_utf8_lossy(&got).starts_with("HTTP/1.1 200"));
+}

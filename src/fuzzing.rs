@@ -1,0 +1,158 @@
+//! Entry points for the fuzz targets in `fuzz/` and the property tests: each takes
+//! arbitrary bytes, drives one parser of the server the way a request would, and checks
+//! the invariants that must hold whatever the input (it panics when one does not, which is
+//! what a fuzzer reports). Not part of the public API: it moves with the code it drives.
+
+use std::sync::Arc;
+
+use serde_json::value::RawValue;
+
+use crate::config::{AgentLimits, Config};
+use crate::model::{ContextId, Message, TaskEvent, TaskId, TaskState, TaskStatus};
+use crate::rpc::{self, seed};
+
+/// The JSON-RPC decoder, then the seed params parsers on whatever decodes: a rejection is
+/// always -32700 or -32600, never a panic.
+pub fn decode(data: &[u8]) {
+    match rpc::decode_with(data, 16) {
+        Err(e) => assert!(
+            e.code == rpc::error::PARSE_ERROR || e.code == rpc::error::INVALID_REQUEST,
+            "unexpected code {}",
+            e.code
+        ),
+        Ok(rpc::Body::Single(call)) => call_params(call),
+        Ok(rpc::Body::Batch(calls)) => {
+            assert!(!calls.is_empty() && calls.len() <= 16, "batch bounds");
+            calls.into_iter().for_each(call_params);
+        }
+    }
+}
+
+fn call_params(call: Result<rpc::Call, rpc::Rejected>) {
+    match call {
+        Err(r) => assert_eq!(r.error.code, rpc::error::INVALID_REQUEST),
+        Ok(call) => {
+            if let Ok(p) = seed::params(call.params.as_deref()) {
+                let _ = seed::send_params(&p, &limits());
+                let _ = seed::push_config(&p, false);
+                let _ = seed::task_id_param(&p, true);
+            }
+        }
+    }
+}
+
+/// The seed params parsers on an arbitrary JSON document: message, parts (Base64, MIME
+/// sniffing, UUIDs), push configurations. Every refusal is -32602 naming a field.
+pub fn params(data: &[u8]) {
+    let Ok(text) = std::str::from_utf8(data) else {
+        return;
+    };
+    let Ok(raw) = serde_json::from_str::<&RawValue>(text) else {
+        return;
+    };
+    let Ok(p) = seed::params(Some(raw)) else {
+        return;
+    };
+    for result in [
+        seed::send_params(&p, &limits()).map(|_| ()),
+        seed::push_config(&p, true).map(|_| ()),
+        seed::task_id_param(&p, false).map(|_| ()),
+    ] {
+        if let Err(e) = result {
+            assert!(
+                matches!(e, crate::Error::InvalidParams { ref field, .. } if !field.is_empty()),
+                "{e}"
+            );
+        }
+    }
+}
+
+/// File-part validation on raw pieces: `data` is split into a MIME type and Base64 text.
+pub fn file_part(data: &[u8]) {
+    let text = String::from_utf8_lossy(data);
+    let (mime, bytes) = text.split_once('\n').unwrap_or(("text/plain", &text));
+    let _ = crate::validate::file_part("f", "n".into(), mime.into(), bytes.into(), &limits());
+    let _ = crate::validate::is_uuid_v4(&text);
+}
+
+/// The TOML configuration loader: never a panic, and an error always says what is wrong.
+pub fn config(data: &[u8]) {
+    let Ok(text) = std::str::from_utf8(data) else {
+        return;
+    };
+    if let Err(e) = Config::from_toml(text) {
+        assert!(!e.message.is_empty());
+        let _ = e.to_string();
+    }
+}
+
+/// The SSE writer: whatever an agent says, a frame is `id: n`, one `data:` line of valid
+/// JSON echoing the request id, and a blank line.
+pub fn sse(data: &[u8]) {
+    let text = String::from_utf8_lossy(data).into_owned();
+    let seq = data.len() as u64 + 1;
+    let mut status = TaskStatus::new(TaskState::Working);
+    status.message = Some(Arc::new(Message::agent_text([text.clone()])));
+    status.reason = Some(text.as_str().into());
+    let event = TaskEvent { seq, status };
+    let id = RawValue::from_string(serde_json::to_string(&text).unwrap_or_default())
+        .unwrap_or_else(|_| rpc::null_id());
+    let frame = crate::http::sse::encode_event(
+        &id,
+        &TaskId::new(text.as_str()),
+        &ContextId::new(text.as_str()),
+        &event,
+    );
+    let frame = std::str::from_utf8(&frame).expect("a frame is UTF-8");
+    let body = frame
+        .strip_suffix("\n\n")
+        .expect("a frame ends with a blank line");
+    let mut lines = body.split('\n');
+    assert_eq!(lines.next(), Some(format!("id: {seq}").as_str()));
+    let data_line = lines.next().expect("a data line");
+    assert!(lines.next().is_none(), "one data line per frame");
+    let json = data_line.strip_prefix("data: ").expect("data: prefix");
+    let v: serde_json::Value = serde_json::from_str(json).expect("data is JSON");
+    assert_eq!(
+        v["id"].as_str(),
+        Some(text.as_str()),
+        "the request id is echoed"
+    );
+}
+
+/// The webhook URL and address checks: never a panic; an accepted URL is http(s) with a
+/// host, and its redacted form holds neither its password nor its query values.
+pub fn webhook_url(data: &[u8]) {
+    let text = String::from_utf8_lossy(data);
+    for allow_private in [false, true] {
+        if crate::push::check_url(&text, allow_private).is_ok() {
+            let url = url::Url::parse(&text).expect("accepted URLs parse");
+            assert!(matches!(url.scheme(), "http" | "https"));
+            assert!(url.host().is_some());
+            let redacted =
+                url::Url::parse(&crate::push::redact_url(&text)).expect("a redacted URL parses");
+            assert!(matches!(redacted.password(), None | Some("***")));
+            assert!(
+                redacted
+                    .query_pairs()
+                    .all(|(_, v)| v.is_empty() || v == "***")
+            );
+        }
+    }
+    if data.len() == 16 {
+        let ip = std::net::IpAddr::from(<[u8; 16]>::try_from(data).expect("16 bytes"));
+        let _ = crate::push::address_allowed(ip, false);
+    }
+    if data.len() == 4 {
+        let ip = std::net::IpAddr::from(<[u8; 4]>::try_from(data).expect("4 bytes"));
+        let _ = crate::push::address_allowed(ip, false);
+    }
+}
+
+fn limits() -> AgentLimits {
+    AgentLimits {
+        max_file_size: 4096,
+        max_parts: 16,
+        ..AgentLimits::default()
+    }
+}
