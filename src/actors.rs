@@ -32,6 +32,7 @@ use crate::metrics::{AgentMetrics, AgentMetricsSnapshot, Metrics};
 use crate::model::{
     AgentId, ContextId, Message, Principal, TaskEvent, TaskId, TaskKey, TaskSnapshot, TaskState,
 };
+use crate::push::{PushConfig, PushScope, StoredPushConfig};
 use crate::store::PushStore;
 use crate::store::{FinishedTask, MemoryPushStore, MemoryTaskStore, TaskStore};
 use context::{ContextActor, ContextArgs, ContextMsg};
@@ -71,6 +72,23 @@ pub struct SendRequest {
     pub task_id: Option<TaskId>,
     /// Free-form metadata kept with the task: a JSON object, kept as its text.
     pub metadata: Option<Box<serde_json::value::RawValue>>,
+}
+
+/// What a request carries beside its message, as its dialect understood it.
+#[derive(Debug, Default)]
+#[non_exhaustive]
+pub struct SubmitOptions {
+    /// A push configuration for the new task. It is stored before the task's first
+    /// event, so it receives every event it selects from `task.submitted` on. It is not
+    /// applied to an idempotent replay (the task exists already).
+    pub push: Option<PushConfig>,
+}
+
+impl SubmitOptions {
+    /// Options with a push configuration for the new task.
+    pub fn with_push(push: Option<PushConfig>) -> Self {
+        Self { push }
+    }
 }
 
 /// Hears every state change of every task. The webhook pool plugs in here.
@@ -335,12 +353,31 @@ impl Runtime {
         request: SendRequest,
         wait: Option<Duration>,
     ) -> Result<TaskSnapshot> {
+        self.send_with(principal, agent, request, wait, SubmitOptions::default())
+            .await
+    }
+
+    /// [`Runtime::send`] with the options a dialect found in the request.
+    ///
+    /// # Errors
+    /// As [`Runtime::send`].
+    pub async fn send_with(
+        &self,
+        principal: &Principal,
+        agent: &AgentId,
+        request: SendRequest,
+        wait: Option<Duration>,
+        options: SubmitOptions,
+    ) -> Result<TaskSnapshot> {
         let (tx, rx) = oneshot::channel();
         let follow = match wait {
             Some(_) => Follow::Final(tx),
             None => Follow::Nobody,
         };
-        match self.submit(principal, agent, request, follow).await? {
+        match self
+            .submit(principal, agent, request, follow, options)
+            .await?
+        {
             Submitted::Fresh { key, .. } => match wait {
                 Some(wait) => self.await_final(&key, rx, wait).await,
                 None => self.get_key(&key).await,
@@ -381,10 +418,31 @@ impl Runtime {
         agent: &AgentId,
         request: SendRequest,
     ) -> Result<TaskStream> {
+        self.stream_with(principal, agent, request, SubmitOptions::default())
+            .await
+    }
+
+    /// [`Runtime::stream`] with the options a dialect found in the request.
+    ///
+    /// # Errors
+    /// As [`Runtime::stream`].
+    pub async fn stream_with(
+        &self,
+        principal: &Principal,
+        agent: &AgentId,
+        request: SendRequest,
+        options: SubmitOptions,
+    ) -> Result<TaskStream> {
         let (subscriber, rx) = self.subscriber();
         let id = subscriber.id;
         match self
-            .submit(principal, agent, request, Follow::Stream(subscriber))
+            .submit(
+                principal,
+                agent,
+                request,
+                Follow::Stream(subscriber),
+                options,
+            )
             .await?
         {
             Submitted::Fresh {
@@ -604,6 +662,7 @@ impl Runtime {
         agent_id: &AgentId,
         request: SendRequest,
         follow: Follow,
+        options: SubmitOptions,
     ) -> Result<Submitted> {
         if self.shared.shutting_down.load(Relaxed) {
             return Err(Error::ShuttingDown);
@@ -644,13 +703,7 @@ impl Runtime {
                     Some(self.shared.call_timeout),
                 );
                 match call.await {
-                    Ok(CallResult::Success(Some(turn))) => (context, turn.number, turn.history),
-                    Ok(CallResult::Success(None)) => {
-                        return Err(Error::invalid(
-                            "contextId",
-                            "unknown context: use a contextId returned by this server for your key",
-                        ));
-                    }
+                    Ok(CallResult::Success(turn)) => (context, turn.number, turn.history),
                     Ok(CallResult::Timeout) => return Err(Error::Busy),
                     Err(_) | Ok(CallResult::SenderError) => return Err(Error::Internal),
                 }
@@ -670,12 +723,38 @@ impl Runtime {
             admission,
             follow,
         };
+        // An inline push configuration is in place before event 1 is recorded, so it
+        // hears `task.submitted`; it is undone if the task is not created after all.
+        let push_scope = PushScope {
+            principal: principal.clone(),
+            agent: agent_id.clone(),
+            task: Some(task.clone()),
+        };
+        let mut push = options.push;
+        let mut store_push = || match push.take() {
+            Some(config) => {
+                self.shared
+                    .push
+                    .set(StoredPushConfig::new(push_scope.clone(), config));
+                true
+            }
+            None => false,
+        };
+        let undo_push = |stored: bool| {
+            if stored {
+                self.shared.push.remove(&push_scope);
+            }
+        };
         let existing = if request.task_id.is_none() {
             // A server-generated id cannot collide: spawn awaiting `pre_start` here (no
             // wrapper task), then index the task, then start its driver.
+            let stored = store_push();
             let (actor, _) = Actor::spawn_linked(None, TaskActor, args, self.supervisor.get_cell())
                 .await
-                .map_err(spawn_failed)?;
+                .map_err(|e| {
+                    undo_push(stored);
+                    spawn_failed(e)
+                })?;
             self.shared.metrics.live_tasks.fetch_add(1, Relaxed);
             self.shared.live.insert(
                 key.clone(),
@@ -695,13 +774,17 @@ impl Runtime {
                 Entry::Vacant(v) => match self.shared.store.get(&key) {
                     Some(f) => Err(Existing::Finished(f)),
                     None => {
+                        let stored = store_push();
                         let (actor, _) = ractor::ActorRuntime::<TaskActor>::spawn_linked_instant(
                             None,
                             TaskActor,
                             args,
                             self.supervisor.get_cell(),
                         )
-                        .map_err(spawn_failed)?;
+                        .map_err(|e| {
+                            undo_push(stored);
+                            spawn_failed(e)
+                        })?;
                         self.shared.metrics.live_tasks.fetch_add(1, Relaxed);
                         v.insert(LiveTask {
                             actor: actor.clone(),

@@ -46,7 +46,8 @@ pub mod validate;
 pub mod webhook;
 
 pub use actors::{
-    AgentCard, Replay, Resubscribed, Runtime, SendRequest, TaskStream, WebhookMetrics,
+    AgentCard, Replay, Resubscribed, Runtime, SendRequest, SubmitOptions, TaskStream,
+    WebhookMetrics,
 };
 pub use agent::{Agent, AgentError, AgentFuture, AgentRequest, EchoAgent, OpenAiAgent, Updates};
 pub use config::{Config, ConfigError};

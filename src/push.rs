@@ -291,6 +291,29 @@ pub fn redact_url(raw: &str) -> String {
 /// # Errors
 /// [`Error::InvalidParams`] on `config.url`.
 pub fn check_url(raw: &str, allow_private: bool) -> Result<(), Error> {
+    let url = parse(raw)?;
+    let refused = |r: &str| Error::invalid("config.url", r);
+    match url.host() {
+        Some(url::Host::Ipv4(v4)) => {
+            address_allowed(IpAddr::V4(v4), allow_private).map_err(refused)
+        }
+        Some(url::Host::Ipv6(v6)) => {
+            address_allowed(IpAddr::V6(v6), allow_private).map_err(refused)
+        }
+        _ => Ok(()),
+    }
+}
+
+/// Checks only the shape of a target URL: http or https, with a host. The address
+/// policy is checked with [`check_url`] where the server's policy is known.
+///
+/// # Errors
+/// [`Error::InvalidParams`] on `config.url`.
+pub fn check_shape(raw: &str) -> Result<(), Error> {
+    parse(raw).map(|_| ())
+}
+
+fn parse(raw: &str) -> Result<url::Url, Error> {
     let field = "config.url";
     let url =
         url::Url::parse(raw).map_err(|e| Error::invalid(field, format!("not a valid URL: {e}")))?;
@@ -300,16 +323,10 @@ pub fn check_url(raw: &str, allow_private: bool) -> Result<(), Error> {
             "only http and https URLs are allowed",
         ));
     }
-    match url.host() {
-        None => Err(Error::invalid(field, "the URL has no host")),
-        Some(url::Host::Ipv4(v4)) => {
-            address_allowed(IpAddr::V4(v4), allow_private).map_err(|r| Error::invalid(field, r))
-        }
-        Some(url::Host::Ipv6(v6)) => {
-            address_allowed(IpAddr::V6(v6), allow_private).map_err(|r| Error::invalid(field, r))
-        }
-        Some(url::Host::Domain(_)) => Ok(()),
+    if url.host().is_none() {
+        return Err(Error::invalid(field, "the URL has no host"));
     }
+    Ok(url)
 }
 
 #[cfg(test)]

@@ -55,6 +55,8 @@ pub trait TaskStore: Send + Sync + 'static {
 pub trait PushStore: Send + Sync + 'static {
     /// Stores a configuration, replacing the one of the same scope.
     fn set(&self, config: Arc<StoredPushConfig>);
+    /// Removes the configuration of exactly this scope.
+    fn remove(&self, scope: &PushScope);
     /// The configuration of exactly this scope.
     fn get_scope(&self, scope: &PushScope) -> Option<Arc<StoredPushConfig>>;
     /// A configuration of this principal and agent by id.
@@ -198,6 +200,10 @@ pub struct MemoryPushStore {
 impl PushStore for MemoryPushStore {
     fn set(&self, config: Arc<StoredPushConfig>) {
         self.by_scope.insert(config.scope.clone(), config);
+    }
+
+    fn remove(&self, scope: &PushScope) {
+        self.by_scope.remove(scope);
     }
 
     fn get_scope(&self, scope: &PushScope) -> Option<Arc<StoredPushConfig>> {

@@ -27,6 +27,15 @@ pub fn file_part(
     let bytes_field = || format!("{field}.bytes");
     let mime_field = || format!("{field}.mimeType");
     let essence = mime_essence(&mime_type);
+    if essence.is_empty() {
+        return Err(Error::invalid(
+            mime_field(),
+            format!(
+                "is empty (browsers send an empty type for files they do not recognise): set it to the file's real type, e.g. \"application/pdf\"; this agent accepts {}",
+                limits.supported_types.join(", ")
+            ),
+        ));
+    }
     if !is_mime_type(&essence) {
         return Err(Error::invalid(
             mime_field(),
@@ -273,6 +282,9 @@ mod tests {
             "f.mimeType"
         );
         assert_eq!(reason(check("png", b"x")).0, "f.mimeType");
+        let (field, why) = reason(check("", b"x"));
+        assert_eq!(field, "f.mimeType");
+        assert!(why.contains("is empty") && why.contains("e.g."), "{why}");
     }
 
     #[test]

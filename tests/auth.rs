@@ -117,6 +117,7 @@ async fn another_principal_never_sees_a_task_context_or_config() {
         assert_eq!(v["error"]["data"]["taskId"], id);
         assert!(!v.to_string().contains("private"));
     }
+    // Naming alice's context starts bob's own conversation under that id (DECISIONS §3).
     let v = s
         .call_as(
             BOB,
@@ -125,8 +126,23 @@ async fn another_principal_never_sees_a_task_context_or_config() {
             send_params("x", json!({"contextId": ctx})),
         )
         .await;
-    assert_eq!(v["error"]["code"], -32602);
-    assert_eq!(v["error"]["data"]["field"], "contextId");
+    let bobs = s.ok(v);
+    assert_eq!(bobs["contextId"], ctx);
+    assert_eq!(
+        support::texts(&bobs["status"]["message"])
+            .last()
+            .map(String::as_str),
+        Some("turn 1")
+    );
+    assert!(!bobs.to_string().contains("private"));
+    let alices = s.send("echo", "again", json!({"contextId": ctx})).await;
+    assert_eq!(
+        support::texts(&alices["status"]["message"])
+            .last()
+            .map(String::as_str),
+        Some("turn 2"),
+        "bob's turn is not alice's"
+    );
 
     let v = s
         .call(

@@ -329,15 +329,37 @@ async fn a_context_carries_turns_and_earlier_messages() {
             .map(String::as_str),
         Some("turn 1")
     );
-    let v = s
-        .call(
-            "echo",
-            "message/send",
-            send_params("x", json!({"contextId": "unknown"})),
-        )
+    // A context id this principal has not used starts a conversation under that name.
+    let named = s
+        .send("echo", "x", json!({"contextId": "my-own-ctx"}))
         .await;
-    assert_eq!(v["error"]["code"], -32602);
-    assert_eq!(v["error"]["data"]["field"], "contextId");
+    assert_eq!(named["contextId"], "my-own-ctx");
+    assert_eq!(
+        texts(&named["status"]["message"])
+            .last()
+            .map(String::as_str),
+        Some("turn 1")
+    );
+    let again = s
+        .send("echo", "y", json!({"contextId": "my-own-ctx"}))
+        .await;
+    assert_eq!(
+        texts(&again["status"]["message"])
+            .last()
+            .map(String::as_str),
+        Some("turn 2")
+    );
+    for bad in [json!(""), json!("c".repeat(257)), json!(5)] {
+        let v = s
+            .call(
+                "echo",
+                "message/send",
+                send_params("x", json!({"contextId": bad})),
+            )
+            .await;
+        assert_eq!(v["error"]["code"], -32602, "{bad}");
+        assert_eq!(v["error"]["data"]["field"], "contextId");
+    }
 }
 
 #[tokio::test]
@@ -816,10 +838,12 @@ async fn an_idle_conversation_is_forgotten_after_retention() {
                 send_params("later", json!({"contextId": ctx})),
             )
             .await;
-        if v["error"]["data"]["field"] == "contextId" {
+        let v = s.ok(v);
+        // Forgotten: the same name now starts a new conversation.
+        if texts(&v["status"]["message"]).last().map(String::as_str) == Some("turn 1") {
             break;
         }
-        last = s.ok(v)["id"].clone();
+        last = v["id"].clone();
         assert!(
             tokio::time::Instant::now() < end,
             "the conversation was never forgotten"

@@ -2,7 +2,8 @@
 //!
 //! One actor serves all contexts (measure before sharding it: see docs/ARCHITECTURE.md).
 //! New conversations are created by a cast, so a fresh `message/send` never waits on it;
-//! continuing one is a bounded `call` that returns the turn number and earlier turns.
+//! continuing one — or starting one under a name the client chose — is a bounded `call`
+//! that returns the turn number and earlier turns.
 //! Idle conversations with no task in flight are evicted after the task retention.
 
 use std::collections::{HashMap, VecDeque};
@@ -21,12 +22,13 @@ pub(crate) enum ContextMsg {
         /// The conversation.
         key: ContextKey,
     },
-    /// A further turn begins: its number and the earlier turns, or `None` if unknown.
+    /// A turn begins in a conversation the client named: its number and the earlier
+    /// turns. A name this principal has not used yet starts a new conversation (turn 1).
     Open {
         /// The conversation.
         key: ContextKey,
-        /// The turn, or `None`.
-        reply: RpcReplyPort<Option<Turn>>,
+        /// The turn.
+        reply: RpcReplyPort<Turn>,
     },
     /// A begun turn that never ran (its task was refused).
     Abandon {
@@ -170,20 +172,27 @@ impl Actor for ContextActor {
                 );
             }
             ContextMsg::Open { key, reply } => {
-                let turn = state.conversations.get_mut(&key).map(|c| {
-                    c.turns_begun = c.turns_begun.saturating_add(1);
-                    c.in_flight += 1;
-                    c.last_active = now;
-                    Turn {
-                        number: c.turns_begun,
-                        history: c
-                            .turns
-                            .iter()
-                            .flat_map(|(user, reply)| std::iter::once(user).chain(reply))
-                            .cloned()
-                            .collect(),
-                    }
-                });
+                let c = state
+                    .conversations
+                    .entry(key)
+                    .or_insert_with(|| Conversation {
+                        turns_begun: 0,
+                        in_flight: 0,
+                        turns: VecDeque::new(),
+                        last_active: now,
+                    });
+                c.turns_begun = c.turns_begun.saturating_add(1);
+                c.in_flight += 1;
+                c.last_active = now;
+                let turn = Turn {
+                    number: c.turns_begun,
+                    history: c
+                        .turns
+                        .iter()
+                        .flat_map(|(user, reply)| std::iter::once(user).chain(reply))
+                        .cloned()
+                        .collect(),
+                };
                 let _ = reply.send(turn);
             }
             ContextMsg::Abandon { key } => {

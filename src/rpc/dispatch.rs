@@ -12,7 +12,7 @@ use super::error::RpcError;
 use super::json::Obj;
 use super::seed;
 use super::{Call, failure, success};
-use crate::actors::{AgentEntry, Replay, Resubscribed, Runtime, TaskStream};
+use crate::actors::{AgentEntry, Replay, Resubscribed, Runtime, SubmitOptions, TaskStream};
 use crate::auth::Caller;
 use crate::error::Error;
 use crate::model::{AgentId, TaskId};
@@ -101,11 +101,12 @@ async fn run(runtime: &Runtime, cx: &CallContext, call: &Call) -> Result<Reply, 
     match call.method.as_str() {
         "message/send" => {
             let p = seed::send_params(&params()?, limits)?;
+            let options = inline_push(runtime, agent, p.push)?;
             let wait = p
                 .blocking
                 .then(|| Duration::from_secs_f64(limits.sync_wait_seconds));
             let task = runtime
-                .send(principal, &cx.agent_id, p.request, wait)
+                .send_with(principal, &cx.agent_id, p.request, wait, options)
                 .await?;
             Ok(Reply::ok(
                 id,
@@ -120,7 +121,10 @@ async fn run(runtime: &Runtime, cx: &CallContext, call: &Call) -> Result<Reply, 
                 return Err(not_streaming(None));
             }
             let p = seed::send_params(&params()?, limits)?;
-            let stream = runtime.stream(principal, &cx.agent_id, p.request).await?;
+            let options = inline_push(runtime, agent, p.push)?;
+            let stream = runtime
+                .stream_with(principal, &cx.agent_id, p.request, options)
+                .await?;
             Ok(Reply::Stream {
                 id: id.clone(),
                 stream,
@@ -259,6 +263,28 @@ fn required_task(p: &Obj<'_>) -> Result<TaskId, Error> {
     seed::task_id_param(p, true)?
         .map(TaskId::new)
         .ok_or_else(|| Error::invalid("taskId", "is required"))
+}
+
+/// Evo AI's inline push configuration: refused like `set` on an agent without webhooks,
+/// and its target checked against the server's policy, before any task exists.
+fn inline_push(
+    runtime: &Runtime,
+    agent: &AgentEntry,
+    push: Option<crate::push::PushConfig>,
+) -> Result<SubmitOptions, Error> {
+    if let Some(config) = &push {
+        if !agent.config.webhooks {
+            return Err(Error::PushNotSupported);
+        }
+        let allow_private = runtime.config().webhooks.allow_private_networks;
+        crate::push::check_url(&config.url, allow_private).map_err(|e| match e {
+            Error::InvalidParams { reason, .. } => {
+                Error::invalid("pushNotificationConfig.url", reason)
+            }
+            other => other,
+        })?;
+    }
+    Ok(SubmitOptions::with_push(push))
 }
 
 fn not_streaming(task: Option<TaskId>) -> Error {

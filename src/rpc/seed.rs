@@ -67,6 +67,9 @@ pub struct SendParams {
     pub blocking: bool,
     /// `configuration.historyLength`.
     pub history_length: Option<usize>,
+    /// Evo AI's inline `pushNotificationConfig`: a configuration for the new task. Its
+    /// target address is checked by the caller, who knows the server's policy.
+    pub push: Option<PushConfig>,
 }
 
 /// Parses `message/send` and `message/stream` params.
@@ -99,6 +102,7 @@ pub fn send_params(p: &Obj<'_>, limits: &AgentLimits) -> Result<SendParams, Erro
             opt_len(&c, "historyLength", "configuration.historyLength")?,
         ),
     };
+    let push = inline_push_config(p)?;
     let metadata = match p.get("metadata") {
         None => None,
         Some(m) if json::kind(m) == Kind::Object => {
@@ -116,6 +120,7 @@ pub fn send_params(p: &Obj<'_>, limits: &AgentLimits) -> Result<SendParams, Erro
         },
         blocking,
         history_length,
+        push,
     })
 }
 
@@ -265,36 +270,137 @@ fn parse_part(i: usize, raw: &RawValue, limits: &AgentLimits) -> Result<Part, Er
     }
 }
 
-/// Parses `tasks/pushNotificationConfig/set`'s `config`.
+/// Parses `tasks/pushNotificationConfig/set`'s configuration: `config`, or Evo AI's
+/// `pushNotificationConfig` (not both).
 ///
 /// # Errors
 /// -32602 naming the field.
 pub fn push_config(p: &Obj<'_>, allow_private: bool) -> Result<PushConfig, Error> {
-    let Some(c) = p.obj("config", "config")? else {
-        return Err(Error::invalid("config", "is required"));
+    let config = p.obj("config", "config")?;
+    let evo = p.obj("pushNotificationConfig", "pushNotificationConfig")?;
+    let (prefix, c) = match (config, evo) {
+        (Some(_), Some(_)) => {
+            return Err(Error::invalid(
+                "config",
+                "send config or pushNotificationConfig, not both",
+            ));
+        }
+        (Some(c), None) => ("config", c),
+        (None, Some(c)) => ("pushNotificationConfig", c),
+        (None, None) => return Err(Error::invalid("config", "is required")),
     };
-    let url = match c.str("url", "config.url")? {
-        Some(u) => u.into_owned(),
-        None => return Err(Error::invalid("config.url", "is required")),
+    let config = config_object(prefix, &c)?;
+    crate::push::check_url(&config.url, allow_private)
+        .map_err(|e| rename_field(e, "config.url", &format!("{prefix}.url")))?;
+    Ok(config)
+}
+
+/// Evo AI's `params.pushNotificationConfig` inside `message/send` / `message/stream`.
+/// The target address is checked against the server's policy by the caller.
+///
+/// # Errors
+/// -32602 naming the field.
+pub fn inline_push_config(p: &Obj<'_>) -> Result<Option<PushConfig>, Error> {
+    p.obj("pushNotificationConfig", "pushNotificationConfig")?
+        .map(|c| {
+            let config = config_object("pushNotificationConfig", &c)?;
+            crate::push::check_shape(&config.url)
+                .map_err(|e| rename_field(e, "config.url", "pushNotificationConfig.url"))?;
+            Ok(config)
+        })
+        .transpose()
+}
+
+fn rename_field(e: Error, from: &str, to: &str) -> Error {
+    match e {
+        Error::InvalidParams { field, reason } if field == from => Error::invalid(to, reason),
+        other => other,
+    }
+}
+
+/// One configuration object; `prefix` names it in errors.
+fn config_object(prefix: &str, c: &Obj<'_>) -> Result<PushConfig, Error> {
+    let at = |k: &str| format!("{prefix}.{k}");
+    let url = match (
+        c.str("url", &at("url"))?,
+        c.str("webhookUrl", &at("webhookUrl"))?,
+    ) {
+        (Some(a), Some(b)) if a != b => {
+            return Err(Error::invalid(
+                at("url"),
+                "url and webhookUrl differ; send one of them",
+            ));
+        }
+        (Some(u), _) | (None, Some(u)) => u.into_owned(),
+        (None, None) => return Err(Error::invalid(at("url"), "is required")),
     };
-    crate::push::check_url(&url, allow_private)?;
-    let headers = match c.get("headers") {
+    let mut headers = match c.get("headers") {
         None => Vec::new(),
-        Some(h) if json::kind(h) == Kind::Object => headers(&Obj::parse(h, "config.headers")?)?,
+        Some(h) if json::kind(h) == Kind::Object => {
+            headers(prefix, &Obj::parse(h, &at("headers"))?)?
+        }
         Some(_) => {
             return Err(Error::invalid(
-                "config.headers",
+                at("headers"),
                 "must be an object of strings",
             ));
         }
     };
+    if let Some(auth) = c.obj(
+        "webhookAuthenticationInfo",
+        &at("webhookAuthenticationInfo"),
+    )? {
+        let field = at("webhookAuthenticationInfo.type");
+        match auth.str("type", &field)?.as_deref() {
+            Some("none") => {}
+            Some("bearer") => {
+                let token_field = at("webhookAuthenticationInfo.token");
+                let token = match auth.str("token", &token_field)? {
+                    Some(t) if !t.is_empty() => format!("Bearer {t}"),
+                    _ => {
+                        return Err(Error::invalid(
+                            token_field,
+                            "is required with type \"bearer\"",
+                        ));
+                    }
+                };
+                if hyper::header::HeaderValue::from_str(&token).is_err()
+                    || token.len() > MAX_WEBHOOK_HEADER_VALUE
+                {
+                    return Err(Error::invalid(token_field, "is not a valid header value"));
+                }
+                if headers
+                    .iter()
+                    .any(|(k, _)| k.eq_ignore_ascii_case("authorization"))
+                {
+                    return Err(Error::invalid(
+                        at("webhookAuthenticationInfo"),
+                        "a bearer token and headers.Authorization cannot both be set",
+                    ));
+                }
+                headers.push(("Authorization".to_string(), token));
+            }
+            Some(other) => {
+                return Err(Error::invalid(
+                    field,
+                    format!("unknown type {other:?}; use \"none\" or \"bearer\" (with token)"),
+                ));
+            }
+            None => {
+                return Err(Error::invalid(
+                    field,
+                    "is required (\"none\" or \"bearer\")",
+                ));
+            }
+        }
+    }
     let events = match c.get("events") {
         None => WebhookEvent::ALL.to_vec(),
         Some(v) if json::kind(v) == Kind::Array => {
-            let names = json::array(v, "config.events", MAX_EVENT_NAMES)?;
+            let names = json::array(v, &at("events"), MAX_EVENT_NAMES)?;
             let mut events = Vec::new();
             for (i, n) in names.iter().enumerate() {
-                let field = format!("config.events[{i}]");
+                let field = format!("{prefix}.events[{i}]");
                 let name = json::string(n, &field)?;
                 let e = WebhookEvent::parse(&name).ok_or_else(|| {
                     Error::invalid(
@@ -310,30 +416,27 @@ pub fn push_config(p: &Obj<'_>, allow_private: bool) -> Result<PushConfig, Error
                 }
             }
             if events.is_empty() {
-                return Err(Error::invalid(
-                    "config.events",
-                    "must name at least one event",
-                ));
+                return Err(Error::invalid(at("events"), "must name at least one event"));
             }
             events
         }
         Some(_) => {
             return Err(Error::invalid(
-                "config.events",
+                at("events"),
                 "must be an array of event names",
             ));
         }
     };
-    let retry = match c.obj("retryPolicy", "config.retryPolicy")? {
+    let retry = match c.obj("retryPolicy", &at("retryPolicy"))? {
         None => RetryPolicy::default(),
-        Some(r) => retry_policy(&r)?,
+        Some(r) => retry_policy(prefix, &r)?,
     };
-    let secret = match c.str("secret", "config.secret")? {
+    let secret = match c.str("secret", &at("secret"))? {
         None => None,
         Some(s) if s.chars().count() >= 16 => Some(s.into_owned()),
         Some(_) => {
             return Err(Error::invalid(
-                "config.secret",
+                at("secret"),
                 "must be at least 16 characters",
             ));
         }
@@ -348,10 +451,10 @@ pub fn push_config(p: &Obj<'_>, allow_private: bool) -> Result<PushConfig, Error
 }
 
 /// Configured delivery headers: valid names and values, bounded in count and size.
-fn headers(h: &Obj<'_>) -> Result<Vec<(String, String)>, Error> {
+fn headers(prefix: &str, h: &Obj<'_>) -> Result<Vec<(String, String)>, Error> {
     if h.len() > MAX_WEBHOOK_HEADERS {
         return Err(Error::invalid(
-            "config.headers",
+            format!("{prefix}.headers"),
             format!(
                 "holds {} headers; at most {MAX_WEBHOOK_HEADERS} are allowed",
                 h.len()
@@ -361,7 +464,7 @@ fn headers(h: &Obj<'_>) -> Result<Vec<(String, String)>, Error> {
     let mut total = 0usize;
     let mut out = Vec::with_capacity(h.len());
     for (k, v) in h.members() {
-        let field = || format!("config.headers.{k}");
+        let field = || format!("{prefix}.headers.{k}");
         let v = json::string(v, &field())?;
         if hyper::header::HeaderName::from_bytes(k.as_bytes()).is_err() {
             return Err(Error::invalid(field(), "is not a valid header name"));
@@ -381,7 +484,7 @@ fn headers(h: &Obj<'_>) -> Result<Vec<(String, String)>, Error> {
         total += k.len() + v.len();
         if total > MAX_WEBHOOK_HEADER_BYTES {
             return Err(Error::invalid(
-                "config.headers",
+                format!("{prefix}.headers"),
                 format!("hold more than {MAX_WEBHOOK_HEADER_BYTES} bytes of names and values"),
             ));
         }
@@ -390,10 +493,10 @@ fn headers(h: &Obj<'_>) -> Result<Vec<(String, String)>, Error> {
     Ok(out)
 }
 
-fn retry_policy(r: &Obj<'_>) -> Result<RetryPolicy, Error> {
+fn retry_policy(prefix: &str, r: &Obj<'_>) -> Result<RetryPolicy, Error> {
     let d = RetryPolicy::default();
     let number = |k: &str, (lo, hi): (f64, f64), default: f64| -> Result<f64, Error> {
-        let field = format!("config.retryPolicy.{k}");
+        let field = format!("{prefix}.retryPolicy.{k}");
         let out_of_range = || Error::invalid(&field, format!("must be a number from {lo} to {hi}"));
         match r.f64(k, &field).map_err(|_| out_of_range())? {
             None => Ok(default),
@@ -407,7 +510,7 @@ fn retry_policy(r: &Obj<'_>) -> Result<RetryPolicy, Error> {
             Ok(n) if n <= u64::from(RetryPolicy::MAX_RETRIES.1) => n as u32,
             _ => {
                 return Err(Error::invalid(
-                    "config.retryPolicy.maxRetries",
+                    format!("{prefix}.retryPolicy.maxRetries"),
                     format!(
                         "must be an integer from 0 to {}",
                         RetryPolicy::MAX_RETRIES.1
@@ -543,6 +646,9 @@ impl Serialize for TaskOut<'_> {
         map.serialize_entry("createdAt", &iso8601(&t.created_at))?;
         map.serialize_entry("updatedAt", &iso8601(&t.updated_at))?;
         map.serialize_entry("history", &HistoryOut(history))?;
+        if let Some(reply) = ReplyArtifact::of(&t.status) {
+            map.serialize_entry("artifacts", &[reply])?;
+        }
         match &t.metadata {
             Some(m) => map.serialize_entry("metadata", &**m)?,
             None => map.serialize_entry("metadata", &Map::new())?,
@@ -576,6 +682,37 @@ impl Serialize for EventOut<'_> {
         map.serialize_entry("contextId", self.context_id.as_str())?;
         map.serialize_entry("status", &StatusOut(&self.event.status))?;
         map.serialize_entry("final", &self.event.is_final())?;
+        if let Some(reply) = ReplyArtifact::of(&self.event.status) {
+            map.serialize_entry("artifacts", &[reply])?;
+        }
+        map.end()
+    }
+}
+
+/// A completed task's reply as Evo AI's clients read it (`result.artifacts[0].parts`):
+/// `{"artifactId", "name": "reply", "parts"}`. The same reply is `status.message`; the
+/// artifact id is derived from the reply's message id, so it is the same in every view.
+struct ReplyArtifact<'a>(&'a Message);
+
+impl<'a> ReplyArtifact<'a> {
+    /// Namespace of the derived artifact ids (a UUID v5 of the reply's message id).
+    const NAMESPACE: uuid::Uuid = uuid::Uuid::from_u128(0x5b1e_2a2d_9c1e_4e0b_8a6f_a2ad_0000_0001);
+
+    fn of(status: &'a TaskStatus) -> Option<Self> {
+        match (&status.state, &status.message) {
+            (crate::model::TaskState::Completed, Some(m)) => Some(Self(m)),
+            _ => None,
+        }
+    }
+}
+
+impl Serialize for ReplyArtifact<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let id = uuid::Uuid::new_v5(&Self::NAMESPACE, self.0.message_id.as_bytes());
+        let mut map = s.serialize_map(Some(3))?;
+        map.serialize_entry("artifactId", &id.hyphenated().to_string())?;
+        map.serialize_entry("name", "reply")?;
+        map.serialize_entry("parts", &PartsOut(&self.0.parts))?;
         map.end()
     }
 }

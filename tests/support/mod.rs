@@ -53,8 +53,16 @@ pub struct TestServer {
 
 impl TestServer {
     pub async fn start(config: Config) -> TestServer {
+        Self::start_with(config, Default::default()).await
+    }
+
+    /// A server with some agents served by the given backends.
+    pub async fn start_with(
+        config: Config,
+        backends: std::collections::HashMap<a2ad::AgentId, std::sync::Arc<dyn a2ad::Agent>>,
+    ) -> TestServer {
         let config = config.validated().expect("valid test config");
-        let server = Server::bind(config).await.expect("bind");
+        let server = Server::bind_with(config, backends).await.expect("bind");
         let handle = server.serve().expect("serve");
         let base = format!("http://{}", handle.local_addr());
         let client = reqwest::Client::builder()
