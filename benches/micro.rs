@@ -5,9 +5,9 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use a2ad::config::{AgentConfig, AgentLimits};
-use a2ad::model::{ContextId, TaskEvent, TaskId, TaskState, TaskStatus};
-use a2ad::rpc::{self, seed};
+use a2ad::StreamItem;
+use a2ad::config::AgentConfig;
+use a2ad::model::{ContextId, TaskEvent, TaskId, TaskSnapshot, TaskState, TaskStatus};
 use a2ad::{AgentId, Config, Message, Part, Principal, Role, Runtime, SendRequest};
 use criterion::{Criterion, criterion_group, criterion_main};
 use serde_json::value::RawValue;
@@ -15,16 +15,8 @@ use serde_json::value::RawValue;
 const SEND: &str = r#"{"jsonrpc":"2.0","id":1,"method":"message/send","params":{"message":{"role":"user","messageId":"6f1c2a1e-3b4d-4c5e-8f70-1a2b3c4d5e6f","parts":[{"type":"text","text":"Summarise the quarterly report in three bullet points."}]},"metadata":{"client":"bench"}}}"#;
 
 fn decode_and_validate(c: &mut Criterion) {
-    let limits = AgentLimits::default();
     c.bench_function("decode + validate message/send", |b| {
-        b.iter(|| {
-            let body = rpc::decode(std::hint::black_box(SEND.as_bytes())).expect("decodes");
-            let rpc::Body::Single(Ok(call)) = body else {
-                panic!("a call")
-            };
-            let params = seed::params(call.params.as_deref()).expect("params");
-            seed::send_params(&params, &limits).expect("valid")
-        })
+        b.iter(|| a2ad::fuzzing::decode_send(std::hint::black_box(SEND.as_bytes())))
     });
 }
 
@@ -78,28 +70,37 @@ fn sse_encoding(c: &mut Criterion) {
     let id = RawValue::from_string("\"req-1\"".into()).expect("json");
     let mut status = TaskStatus::new(TaskState::Completed);
     status.message = Some(Arc::new(Message::agent_text(["echo: hello", "turn 1"])));
-    let event = TaskEvent { seq: 3, status };
-    let (task, ctx) = (TaskId::generate(), ContextId::generate());
+    let task = Arc::new(snapshot(status.clone()));
+    let item = StreamItem {
+        event: Arc::new(TaskEvent::status(3, status)),
+        task,
+    };
     c.bench_function("SSE event encoding (final event with reply)", |b| {
-        b.iter(|| a2ad::http::sse::encode_event(&id, &task, &ctx, std::hint::black_box(&event)))
+        b.iter(|| a2ad::fuzzing::sse_frame(&id, std::hint::black_box(&item)))
     });
 }
 
 fn webhook_signing(c: &mut Criterion) {
-    let body = a2ad::webhook::payload(
-        a2ad::push::WebhookEvent::Completed,
-        "2026-11-22T08:00:00.000Z",
-        "echo",
-        "6f1c2a1e-3b4d-4c5e-8f70-1a2b3c4d5e6f",
-        &serde_json::json!({"taskId": "t", "status": {"state": "completed"}, "duration": 3}),
-        1,
-        4,
-    );
+    let mut status = TaskStatus::new(TaskState::Completed);
+    status.message = Some(Arc::new(Message::agent_text(["echo: hello", "turn 1"])));
+    let body = a2ad::fuzzing::seed_payload(&snapshot(status));
     c.bench_function("webhook signing (HMAC-SHA256 of a delivery body)", |b| {
-        b.iter(|| {
-            a2ad::webhook::signature(b"bench-webhook-secret-0123", std::hint::black_box(&body))
-        })
+        b.iter(|| a2ad::signature(b"bench-webhook-secret-0123", std::hint::black_box(&body)))
     });
+}
+
+fn snapshot(status: TaskStatus) -> TaskSnapshot {
+    TaskSnapshot {
+        id: TaskId::generate(),
+        context_id: ContextId::generate(),
+        seq: 3,
+        created_at: status.timestamp,
+        updated_at: status.timestamp,
+        history: status.message.iter().cloned().collect(),
+        artifacts: Vec::new(),
+        metadata: None,
+        status,
+    }
 }
 
 criterion_group!(

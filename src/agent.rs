@@ -1,8 +1,8 @@
 //! Pluggable agent backends.
 //!
 //! A backend implements [`Agent`]: it receives the user's message, the context's earlier
-//! turns, a way to emit intermediate updates and a cancellation signal, and ends with a
-//! reply or an error. It runs on its own tokio task (never inside an actor's `handle`);
+//! turns, a way to emit intermediate updates and artifacts, and a cancellation signal, and
+//! ends with a reply (or, through [`Agent::run_task`], another [`Outcome`]) or an error. It runs on its own tokio task (never inside an actor's `handle`);
 //! when the task is canceled or times out, its future is dropped, so any I/O it was
 //! awaiting is aborted at once.
 
@@ -15,7 +15,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::actors::task::TaskMsg;
 use crate::config::AgentConfig;
-use crate::model::{ContextId, Message, TaskId};
+use crate::model::{Artifact, ArtifactUpdate, ContextId, Message, TaskId};
 
 mod echo;
 mod openai;
@@ -26,6 +26,23 @@ pub use openai::OpenAiAgent;
 /// The future an agent returns.
 pub type AgentFuture = Pin<Box<dyn Future<Output = Result<Message, AgentError>> + Send>>;
 
+/// The future of [`Agent::run_task`].
+pub type OutcomeFuture = Pin<Box<dyn Future<Output = Result<Outcome, AgentError>> + Send>>;
+
+/// How a run of the agent ends the task (or pauses it).
+#[derive(Clone, Debug, PartialEq)]
+pub enum Outcome {
+    /// The task completes with this reply.
+    Completed(Message),
+    /// The agent needs more input: the task waits in `input-required` (interrupted) until a
+    /// message that names it continues it.
+    InputRequired(Message),
+    /// The agent needs authentication: like [`Outcome::InputRequired`], in `auth-required`.
+    AuthRequired(Message),
+    /// The agent refuses the task (terminal `rejected`).
+    Rejected(Message),
+}
+
 /// An agent backend.
 pub trait Agent: Send + Sync + 'static {
     /// The kind reported as `agent.type` in the card (e.g. `echo`, `llm`).
@@ -33,6 +50,21 @@ pub trait Agent: Send + Sync + 'static {
 
     /// Runs one task: returns the agent's reply message, or an error that fails the task.
     fn run(&self, request: AgentRequest, updates: Updates) -> AgentFuture;
+
+    /// Runs one task (or one continuation of an interrupted task) to its [`Outcome`]. The
+    /// default completes the task with [`Agent::run`]'s reply; backends that pause or refuse
+    /// tasks override it.
+    fn run_task(&self, request: AgentRequest, updates: Updates) -> OutcomeFuture {
+        let run = self.run(request, updates);
+        Box::pin(async move { run.await.map(Outcome::Completed) })
+    }
+
+    /// A reply given at once, instead of a task, for this message — or `None` (the
+    /// default): a task is created and [`Agent::run_task`] runs it. Only dialects that
+    /// allow a bare message as a result ask (DIALECTS.md §5).
+    fn direct_reply(&self, _message: &Message) -> Option<Message> {
+        None
+    }
 }
 
 /// What an agent gets for one task.
@@ -46,6 +78,9 @@ pub struct AgentRequest {
     pub message: Arc<Message>,
     /// Earlier turns of the context, oldest first: user and agent messages alternating.
     pub history: Vec<Arc<Message>>,
+    /// This task's own messages before `message`, oldest first: empty on its first run;
+    /// when an interrupted task is continued, its first message, the agent's question, ...
+    pub task_history: Vec<Arc<Message>>,
     /// This turn's number in the context, from 1.
     pub turn: u32,
     /// Fires when the task is canceled or times out. The future is dropped then anyway;
@@ -96,6 +131,20 @@ impl Updates {
     /// streams see but the task's history does not keep. Returns false when the task is gone.
     pub fn partial(&self, message: Message) -> bool {
         self.send(message, false)
+    }
+
+    /// Emits an artifact, or a chunk of one: `append` adds `artifact`'s parts to the
+    /// artifact with the same id sent before, `last_chunk` says it is complete. Returns
+    /// false when the task is gone.
+    pub fn artifact(&self, artifact: Artifact, append: bool, last_chunk: bool) -> bool {
+        let update = ArtifactUpdate {
+            artifact: Arc::new(artifact),
+            append,
+            last_chunk,
+        };
+        self.task
+            .as_ref()
+            .is_some_and(|t| t.cast(TaskMsg::Artifact(update)).is_ok())
     }
 
     fn send(&self, message: Message, keep: bool) -> bool {

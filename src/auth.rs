@@ -15,7 +15,7 @@ use crate::model::{AgentId, Principal};
 
 /// What a valid key grants.
 #[derive(Debug)]
-pub struct Caller {
+pub(crate) struct Caller {
     /// The owner of everything this key creates.
     pub principal: Principal,
     /// Dense index of the principal (for per-principal tables).
@@ -25,7 +25,7 @@ pub struct Caller {
 
 impl Caller {
     /// Whether this caller may use the agent.
-    pub fn may_use(&self, agent: &AgentId) -> bool {
+    pub(crate) fn may_use(&self, agent: &AgentId) -> bool {
         self.agents
             .as_ref()
             .is_none_or(|set| set.contains(agent.as_str()))
@@ -34,7 +34,7 @@ impl Caller {
 
 /// Why a request is not authenticated.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum AuthError {
+pub(crate) enum AuthError {
     /// Neither `x-api-key` nor `Authorization: Bearer` was sent.
     Missing,
     /// The key is not configured (or the Authorization header is not Bearer).
@@ -46,7 +46,7 @@ pub enum AuthError {
 
 impl AuthError {
     /// A message for the client.
-    pub fn message(self) -> &'static str {
+    pub(crate) fn message(self) -> &'static str {
         match self {
             Self::Missing => "missing credentials: send x-api-key or Authorization: Bearer",
             Self::Unknown => "invalid API key or token",
@@ -59,7 +59,7 @@ impl AuthError {
 
 /// The configured keys.
 #[derive(Debug)]
-pub struct KeyStore {
+pub(crate) struct KeyStore {
     by_digest: HashMap<[u8; 32], Arc<Caller>>,
     principals: usize,
 }
@@ -67,7 +67,7 @@ pub struct KeyStore {
 impl KeyStore {
     /// Builds the store. With no key configured, a random development key is generated
     /// and returned so the binary can print it once: the server never runs open.
-    pub fn from_config(config: &Config) -> (Self, Option<String>) {
+    pub(crate) fn from_config(config: &Config) -> (Self, Option<String>) {
         let (keys, dev_key) = if config.api_keys.is_empty() {
             let key = format!("a2ad-dev-{}", uuid::Uuid::new_v4().simple());
             (vec![ApiKeyConfig::new("dev", &key)], Some(key))
@@ -99,7 +99,7 @@ impl KeyStore {
     }
 
     /// Distinct principals.
-    pub fn principals(&self) -> usize {
+    pub(crate) fn principals(&self) -> usize {
         self.principals
     }
 
@@ -107,7 +107,7 @@ impl KeyStore {
     ///
     /// # Errors
     /// [`AuthError`] when no usable credential is present.
-    pub fn authenticate(&self, headers: &HeaderMap) -> Result<Arc<Caller>, AuthError> {
+    pub(crate) fn authenticate(&self, headers: &HeaderMap) -> Result<Arc<Caller>, AuthError> {
         let api_key = single(headers, "x-api-key")?;
         let bearer = match single(headers, "authorization")? {
             None => None,

@@ -53,6 +53,9 @@ pub struct ServerConfig {
     pub max_finished_tasks: usize,
     /// Bytes all retained finished tasks may hold together (oldest evicted first).
     pub max_retained_bytes: u64,
+    /// Messages one task's history keeps at most; later progress updates are streamed
+    /// but not kept (the reply always is).
+    pub max_task_history: usize,
     /// Tasks not yet finished, across all agents, at most (admission control).
     pub max_live_tasks: usize,
     /// Open connections at most; further connections wait in the backlog. Lowered at
@@ -97,6 +100,8 @@ pub struct WebhooksConfig {
     /// Deliveries accepted and not finished, at most; beyond it new ones are discarded
     /// (logged and counted).
     pub max_pending_deliveries: usize,
+    /// Push configurations addressed by id that one task may hold (official dialects).
+    pub max_configs_per_task: usize,
 }
 
 /// `[[api_keys]]`
@@ -364,6 +369,8 @@ impl ServerConfig {
     pub const DEFAULT_MAX_FINISHED_TASKS: usize = 2_000_000;
     /// Default byte budget of retained finished tasks (1 GiB).
     pub const DEFAULT_MAX_RETAINED_BYTES: u64 = 1 << 30;
+    /// Default cap on a task's kept messages.
+    pub const DEFAULT_MAX_TASK_HISTORY: usize = 1000;
     /// Default cap on unfinished tasks.
     pub const DEFAULT_MAX_LIVE_TASKS: usize = 100_000;
     /// Default cap on open connections (lowered to the file-descriptor limit at start-up).
@@ -408,6 +415,7 @@ impl Default for ServerConfig {
             stream_buffer: Self::DEFAULT_STREAM_BUFFER,
             max_finished_tasks: Self::DEFAULT_MAX_FINISHED_TASKS,
             max_retained_bytes: Self::DEFAULT_MAX_RETAINED_BYTES,
+            max_task_history: Self::DEFAULT_MAX_TASK_HISTORY,
             max_live_tasks: Self::DEFAULT_MAX_LIVE_TASKS,
             max_connections: Self::DEFAULT_MAX_CONNECTIONS,
             first_byte_timeout_seconds: Self::DEFAULT_FIRST_BYTE_TIMEOUT_SECONDS,
@@ -434,6 +442,8 @@ impl WebhooksConfig {
     pub const DEFAULT_WORKERS: usize = 8;
     /// Default cap on pending deliveries.
     pub const DEFAULT_MAX_PENDING_DELIVERIES: usize = 100_000;
+    /// Default cap on a task's named configurations.
+    pub const DEFAULT_MAX_CONFIGS_PER_TASK: usize = 10;
 }
 
 impl Default for WebhooksConfig {
@@ -442,6 +452,7 @@ impl Default for WebhooksConfig {
             allow_private_networks: false,
             workers: Self::DEFAULT_WORKERS,
             max_pending_deliveries: Self::DEFAULT_MAX_PENDING_DELIVERIES,
+            max_configs_per_task: Self::DEFAULT_MAX_CONFIGS_PER_TASK,
         }
     }
 }

@@ -58,6 +58,21 @@ pub enum Error {
         /// The task.
         task: TaskId,
     },
+    /// A message names a task that cannot take one: it is not waiting for input (still
+    /// running, or finished).
+    #[error("task cannot be continued: it is {state}")]
+    TaskNotContinuable {
+        /// The task.
+        task: TaskId,
+        /// Its state.
+        state: TaskState,
+    },
+    /// A message names a task of another conversation than the one it gives.
+    #[error("the task belongs to another context")]
+    ContextMismatch {
+        /// The task.
+        task: TaskId,
+    },
     /// The agent's task queue is full.
     #[error("too many tasks: the agent's queue is full")]
     TooManyTasks,

@@ -8,8 +8,9 @@ use std::sync::Arc;
 use serde_json::value::RawValue;
 
 use crate::config::{AgentLimits, Config};
-use crate::model::{ContextId, Message, TaskEvent, TaskId, TaskState, TaskStatus};
-use crate::rpc::{self, seed};
+use crate::model::{ContextId, Message, TaskEvent, TaskId, TaskSnapshot, TaskState, TaskStatus};
+use crate::rpc::{self, seed::params as seed};
+use crate::runtime::StreamItem;
 
 /// The JSON-RPC decoder, then the seed params parsers on whatever decodes: a rejection is
 /// always -32700 or -32600, never a panic.
@@ -94,15 +95,25 @@ pub fn sse(data: &[u8]) {
     let mut status = TaskStatus::new(TaskState::Working);
     status.message = Some(Arc::new(Message::agent_text([text.clone()])));
     status.reason = Some(text.as_str().into());
-    let event = TaskEvent { seq, status };
+    let event = TaskEvent::status(seq, status.clone());
     let id = RawValue::from_string(serde_json::to_string(&text).unwrap_or_default())
         .unwrap_or_else(|_| rpc::null_id());
-    let frame = crate::http::sse::encode_event(
-        &id,
-        &TaskId::new(text.as_str()),
-        &ContextId::new(text.as_str()),
-        &event,
-    );
+    let task = TaskSnapshot {
+        id: TaskId::new(text.as_str()),
+        context_id: ContextId::new(text.as_str()),
+        status,
+        seq,
+        created_at: chrono::Utc::now(),
+        updated_at: chrono::Utc::now(),
+        history: Vec::new(),
+        artifacts: Vec::new(),
+        metadata: None,
+    };
+    let item = StreamItem {
+        event: Arc::new(event),
+        task: Arc::new(task),
+    };
+    let frame = sse_frame(&id, &item);
     let frame = std::str::from_utf8(&frame).expect("a frame is UTF-8");
     let body = frame
         .strip_suffix("\n\n")
@@ -147,6 +158,41 @@ pub fn webhook_url(data: &[u8]) {
         let ip = std::net::IpAddr::from(<[u8; 4]>::try_from(data).expect("4 bytes"));
         let _ = crate::push::address_allowed(ip, false);
     }
+}
+
+/// One seed SSE frame for a stream item (benches and fuzzing).
+pub fn sse_frame(id: &RawValue, item: &StreamItem) -> bytes::Bytes {
+    let json = rpc::seed::render::sse_data(id, item, false);
+    rpc::sse_frame(item.seq, &json)
+}
+
+/// Decodes a `message/send` body and parses its params the seed's way (benches).
+///
+/// # Panics
+/// When `body` is not a valid `message/send` request.
+pub fn decode_send(body: &[u8]) -> crate::runtime::SendRequest {
+    let Ok(rpc::Body::Single(Ok(call))) = rpc::decode(body) else {
+        panic!("not a single request");
+    };
+    let params = seed::params(call.params.as_deref()).expect("params");
+    seed::send_params(&params, &AgentLimits::default())
+        .expect("valid")
+        .request
+}
+
+/// A seed webhook body for a completed task (benches).
+pub fn seed_payload(task: &TaskSnapshot) -> Vec<u8> {
+    use crate::webhook::PayloadRenderer as _;
+    rpc::seed::webhook::SeedPayload
+        .render(&crate::webhook::PayloadInput {
+            agent_id: &crate::model::AgentId::new("bench"),
+            event: &task.current_event(),
+            task,
+            estimated_ms: 12,
+            attempt: 1,
+            max_attempts: 4,
+        })
+        .body
 }
 
 fn limits() -> AgentLimits {

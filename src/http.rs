@@ -17,31 +17,36 @@ use http_body_util::{BodyExt, Limited};
 use hyper::body::Incoming;
 use hyper::header::{self, HeaderValue};
 use hyper::{Method, Request, Response, StatusCode};
+use tracing::Instrument as _;
 
-pub mod prometheus;
-pub mod sse;
+mod metrics;
+pub(crate) mod prometheus;
+pub(crate) mod sse;
 
-use crate::actors::Runtime;
+pub(crate) use metrics::{LATENCY_BUCKETS, RequestMetrics};
+
 use crate::auth::{AuthError, KeyStore};
 use crate::limits::RateLimiter;
-use crate::metrics::RequestMetrics;
 use crate::model::AgentId;
-use crate::rpc::dispatch::{CallContext, Reply, dispatch};
-use crate::rpc::{self, RpcError, error as codes};
+use crate::rpc::error::{INVALID_REQUEST, METHOD_NOT_FOUND};
+use crate::rpc::{self, CallContext, Dialect, Refusal, Reply, RpcError};
+use crate::runtime::Runtime;
 use crate::server::conn::InFlight;
 use sse::SseBody;
 
 /// The path prefix of the per-agent endpoint.
-pub const ENDPOINT_PREFIX: &str = "/api/v1/a2a/";
+pub(crate) const ENDPOINT_PREFIX: &str = "/api/v1/a2a/";
 
 /// What every request handler shares.
-pub struct App {
+pub(crate) struct App {
     /// The actor system.
     pub runtime: Runtime,
     /// API keys.
     pub keys: KeyStore,
     /// Request rate per principal per agent.
     pub rate: RateLimiter,
+    /// JSON-RPC requests by dialect, method and outcome.
+    pub(crate) requests: RequestMetrics,
     /// Request body cap in bytes.
     pub max_body: u64,
     /// Time allowed for the body to arrive.
@@ -52,7 +57,7 @@ pub struct App {
 
 /// A response body: a whole buffer, or an SSE stream. It may carry the connection's
 /// in-flight guard, so the connection counts as busy until the body is written or dropped.
-pub struct Body {
+pub(crate) struct Body {
     inner: Inner,
     _in_flight: Option<InFlight>,
 }
@@ -64,17 +69,17 @@ enum Inner {
 
 impl Body {
     /// A complete body.
-    pub fn full(bytes: impl Into<Bytes>) -> Self {
+    pub(crate) fn full(bytes: impl Into<Bytes>) -> Self {
         Self::from_inner(Inner::Full(Some(bytes.into())))
     }
 
     /// No body.
-    pub fn empty() -> Self {
+    pub(crate) fn empty() -> Self {
         Self::from_inner(Inner::Full(None))
     }
 
     /// A stream of task events.
-    pub fn sse(body: SseBody) -> Self {
+    pub(crate) fn sse(body: SseBody) -> Self {
         Self::from_inner(Inner::Sse(Box::new(body)))
     }
 
@@ -123,11 +128,14 @@ impl http_body::Body for Body {
 }
 
 /// Handles one request. Never fails: every problem is an HTTP response.
-pub async fn handle(app: Arc<App>, req: Request<Incoming>) -> Result<Response<Body>, Infallible> {
+pub(crate) async fn handle(
+    app: Arc<App>,
+    req: Request<Incoming>,
+) -> Result<Response<Body>, Infallible> {
     let path = req.uri().path();
     let response = if path == "/metrics" {
         match *req.method() {
-            Method::GET | Method::HEAD => prometheus::response(&app.runtime),
+            Method::GET | Method::HEAD => prometheus::response(&app),
             _ => method_not_allowed("GET, HEAD"),
         }
     } else if path == "/healthz" {
@@ -136,13 +144,10 @@ pub async fn handle(app: Arc<App>, req: Request<Incoming>) -> Result<Response<Bo
             Method::OPTIONS => preflight(),
             _ => method_not_allowed("GET, HEAD"),
         }
-    } else if let Some(agent) = path.strip_prefix(ENDPOINT_PREFIX) {
-        let agent = agent.strip_suffix('/').unwrap_or(agent);
-        if agent.is_empty() || agent.contains('/') {
-            not_found_path()
-        } else {
-            let agent = AgentId::new(agent);
-            endpoint(&app, agent, req).await
+    } else if let Some(rest) = path.strip_prefix(ENDPOINT_PREFIX) {
+        match route(rest) {
+            Some((agent, dialect)) => endpoint(&app, AgentId::new(agent), dialect, req).await,
+            None => not_found_path(),
         }
     } else {
         not_found_path()
@@ -150,38 +155,46 @@ pub async fn handle(app: Arc<App>, req: Request<Incoming>) -> Result<Response<Bo
     Ok(response)
 }
 
-async fn endpoint(app: &App, agent_id: AgentId, req: Request<Incoming>) -> Response<Body> {
+/// The agent and the dialect of a path under the endpoint prefix (a trailing `/` is the
+/// same resource).
+fn route(rest: &str) -> Option<(&str, Dialect)> {
+    let rest = rest.strip_suffix('/').unwrap_or(rest);
+    if rest.is_empty() || rest.contains('/') {
+        return None;
+    }
+    Some((rest, Dialect::Seed))
+}
+
+async fn endpoint(
+    app: &App,
+    agent_id: AgentId,
+    dialect: Dialect,
+    req: Request<Incoming>,
+) -> Response<Body> {
     if req.method() == Method::OPTIONS {
         return preflight();
     }
     let caller = match app.keys.authenticate(req.headers()) {
         Ok(c) => c,
-        Err(e) => return unauthorized(e),
+        Err(e) => return unauthorized(dialect, e),
     };
     let Some(agent) = app.runtime.agent(&agent_id).cloned() else {
-        return error_response(
-            &RpcError::new(codes::AGENT_NOT_FOUND, "Agent not found")
-                .with_data(serde_json::json!({ "agentId": agent_id.as_str() }))
-                .with_status(StatusCode::NOT_FOUND),
-        );
+        return error_response(&dialect.refusal(&Refusal::AgentNotFound(agent_id)));
     };
     if !caller.may_use(&agent_id) {
-        return error_response(
-            &RpcError::new(codes::FORBIDDEN, "Forbidden")
-                .with_data(serde_json::json!({ "agentId": agent_id.as_str(), "reason": "this key may not use this agent" }))
-                .with_status(StatusCode::FORBIDDEN),
-        );
+        return error_response(&dialect.refusal(&Refusal::Forbidden(agent_id)));
     }
     if req.method() != Method::POST {
-        refused(app, &agent, codes::INVALID_REQUEST);
-        return method_not_allowed("POST, OPTIONS");
+        refused(app, dialect, &agent, INVALID_REQUEST);
+        let mut r = error_response(&dialect.refusal(&Refusal::MethodNotAllowed));
+        r.headers_mut()
+            .insert(header::ALLOW, HeaderValue::from_static("POST, OPTIONS"));
+        return r;
     }
     if !is_json(req.headers().get(header::CONTENT_TYPE)) {
-        refused(app, &agent, codes::INVALID_REQUEST);
-        return error_response(
-            &RpcError::invalid_request("Content-Type must be application/json")
-                .with_status(StatusCode::UNSUPPORTED_MEDIA_TYPE),
-        );
+        let e = dialect.refusal(&Refusal::UnsupportedMediaType);
+        refused(app, dialect, &agent, e.code);
+        return error_response(&e);
     }
     let accepts_sse = req
         .headers()
@@ -194,9 +207,10 @@ async fn endpoint(app: &App, agent_id: AgentId, req: Request<Incoming>) -> Respo
         .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned());
     let body = match read_body(app, req).await {
         Ok(b) => b,
-        Err(response) => {
-            refused(app, &agent, codes::INVALID_REQUEST);
-            return *response;
+        Err(refusal) => {
+            let e = dialect.refusal(&refusal);
+            refused(app, dialect, &agent, e.code);
+            return error_response(&e);
         }
     };
 
@@ -204,7 +218,7 @@ async fn endpoint(app: &App, agent_id: AgentId, req: Request<Incoming>) -> Respo
     let decoded = match rpc::decode_with(&body, max_batch) {
         Ok(d) => d,
         Err(e) => {
-            refused(app, &agent, e.code);
+            refused(app, dialect, &agent, e.code);
             return error_response(&e);
         }
     };
@@ -217,9 +231,9 @@ async fn endpoint(app: &App, agent_id: AgentId, req: Request<Incoming>) -> Respo
         in_batch: matches!(decoded, rpc::Body::Batch(_)),
     };
     match decoded {
-        rpc::Body::Single(call) => reply_response(app, one(app, &cx, call).await),
+        rpc::Body::Single(call) => reply_response(app, one(app, dialect, &cx, call).await),
         rpc::Body::Batch(calls) => {
-            let replies = join_all(calls.into_iter().map(|c| one(app, &cx, c))).await;
+            let replies = join_all(calls.into_iter().map(|c| one(app, dialect, &cx, c))).await;
             let mut out = Vec::with_capacity(replies.len() * 128 + 2);
             out.push(b'[');
             for (i, reply) in replies.into_iter().enumerate() {
@@ -243,40 +257,61 @@ async fn endpoint(app: &App, agent_id: AgentId, req: Request<Incoming>) -> Respo
     }
 }
 
-/// Counts, rate-limits and dispatches one call.
-async fn one(app: &App, cx: &CallContext, call: Result<rpc::Call, rpc::Rejected>) -> Reply {
+/// Counts, rate-limits and dispatches one call, in a span that names its dialect,
+/// method, agent, task and outcome (`RUST_LOG=a2ad=debug` to follow requests).
+async fn one(
+    app: &App,
+    dialect: Dialect,
+    cx: &CallContext,
+    call: Result<rpc::Call, rpc::Rejected>,
+) -> Reply {
     cx.agent.metrics.requests(1);
     let started = std::time::Instant::now();
-    let method = RequestMetrics::method_index(call.as_ref().ok().map(|c| c.method.as_str()));
-    let reply = match call {
-        Err(r) => Reply::error(r.id.as_deref(), &r.error),
-        Ok(call) => match app
-            .rate
-            .try_acquire(cx.caller.principal_index, cx.agent.index)
-        {
-            Err(retry_after) => Reply::error(Some(&call.id), &RpcError::rate_limited(retry_after)),
-            Ok(()) => dispatch(&app.runtime, cx, call).await,
-        },
-    };
+    let method = call.as_ref().ok().map(|c| c.method.as_str());
+    let slot = app.requests.slot(dialect, method);
+    let span = tracing::debug_span!(
+        "rpc",
+        dialect = dialect.name(),
+        method = method.unwrap_or("-"),
+        agent = %cx.agent_id,
+        task = tracing::field::Empty,
+        outcome = tracing::field::Empty,
+    );
+    let reply = async {
+        match call {
+            Err(r) => Reply::error(r.id.as_deref(), &r.error),
+            Ok(call) => match app
+                .rate
+                .try_acquire(cx.caller.principal_index, cx.agent.index)
+            {
+                Err(retry_after) => Reply::error(
+                    Some(&call.id),
+                    &dialect.refusal(&Refusal::RateLimited(retry_after)),
+                ),
+                Ok(()) => dialect.dispatch(&app.runtime, cx, &call).await,
+            },
+        }
+    }
+    .instrument(span.clone())
+    .await;
     let code = match &reply {
         Reply::Json { code, .. } => *code,
         Reply::Stream { .. } => None,
     };
-    app.runtime
-        .metrics()
-        .requests
-        .record(method, code, started.elapsed());
+    match code {
+        None => span.record("outcome", "ok"),
+        Some(c) => span.record("outcome", c),
+    };
+    tracing::debug!(parent: &span, elapsed_us = started.elapsed().as_micros() as u64, "request done");
+    app.requests.record(slot, code, started.elapsed());
     reply
 }
 
 /// Counts a request refused before JSON-RPC decoding (405, 413, 415, parse error).
-fn refused(app: &App, agent: &crate::actors::AgentEntry, code: i64) {
+fn refused(app: &App, dialect: Dialect, agent: &crate::actors::AgentEntry, code: i64) {
     agent.metrics.requests(1);
-    app.runtime.metrics().requests.record(
-        RequestMetrics::method_index(None),
-        Some(code),
-        std::time::Duration::ZERO,
-    );
+    app.requests
+        .record(app.requests.slot(dialect, None), Some(code), Duration::ZERO);
 }
 
 fn reply_response(app: &App, reply: Reply) -> Response<Body> {
@@ -294,8 +329,8 @@ fn reply_response(app: &App, reply: Reply) -> Response<Body> {
             }
             r
         }
-        Reply::Stream { id, stream } => {
-            let body = SseBody::new(id, stream, app.ping_every);
+        Reply::Stream { id, stream, frames } => {
+            let body = SseBody::new(id, stream, frames, app.ping_every);
             let mut r = Response::new(Body::sse(body));
             let h = r.headers_mut();
             h.insert(
@@ -310,34 +345,24 @@ fn reply_response(app: &App, reply: Reply) -> Response<Body> {
     }
 }
 
-async fn read_body(app: &App, req: Request<Incoming>) -> Result<Bytes, Box<Response<Body>>> {
-    let too_large = || {
-        Box::new(error_response(
-            &RpcError::new(codes::INVALID_REQUEST, "Request body too large")
-                .with_data(serde_json::json!({ "limit": app.max_body }))
-                .with_status(StatusCode::PAYLOAD_TOO_LARGE),
-        ))
-    };
+async fn read_body(app: &App, req: Request<Incoming>) -> Result<Bytes, Refusal> {
     let declared = req
         .headers()
         .get(header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<u64>().ok());
     if declared.is_some_and(|n| n > app.max_body) {
-        return Err(too_large());
+        return Err(Refusal::TooLarge(app.max_body));
     }
     let limit = usize::try_from(app.max_body).unwrap_or(usize::MAX);
     let collect = Limited::new(req.into_body(), limit).collect();
     match tokio::time::timeout(app.body_timeout, collect).await {
         Ok(Ok(collected)) => Ok(collected.to_bytes()),
-        Ok(Err(e)) if e.is::<http_body_util::LengthLimitError>() => Err(too_large()),
-        Ok(Err(_)) => Err(Box::new(error_response(&RpcError::invalid_request(
-            "the request body could not be read",
-        )))),
-        Err(_) => Err(Box::new(error_response(
-            &RpcError::invalid_request("the request body did not arrive in time")
-                .with_status(StatusCode::REQUEST_TIMEOUT),
-        ))),
+        Ok(Err(e)) if e.is::<http_body_util::LengthLimitError>() => {
+            Err(Refusal::TooLarge(app.max_body))
+        }
+        Ok(Err(_)) => Err(Refusal::BodyUnreadable),
+        Err(_) => Err(Refusal::BodyTimeout),
     }
 }
 
@@ -350,7 +375,7 @@ fn is_json(value: Option<&HeaderValue>) -> bool {
 }
 
 /// A JSON response with CORS.
-pub fn json(status: StatusCode, body: Vec<u8>) -> Response<Body> {
+pub(crate) fn json(status: StatusCode, body: Vec<u8>) -> Response<Body> {
     let mut r = Response::new(Body::full(body));
     *r.status_mut() = status;
     r.headers_mut().insert(
@@ -370,12 +395,8 @@ fn error_response(e: &RpcError) -> Response<Body> {
     r
 }
 
-fn unauthorized(e: AuthError) -> Response<Body> {
-    let mut r = error_response(
-        &RpcError::new(codes::UNAUTHORIZED, "Unauthorized")
-            .with_data(serde_json::json!({ "reason": e.message() }))
-            .with_status(StatusCode::UNAUTHORIZED),
-    );
+fn unauthorized(dialect: Dialect, e: AuthError) -> Response<Body> {
+    let mut r = error_response(&dialect.refusal(&Refusal::Unauthorized(e.message())));
     r.headers_mut().insert(
         header::WWW_AUTHENTICATE,
         HeaderValue::from_static(r#"Bearer realm="a2ad", ApiKey realm="a2ad" header="x-api-key""#),
@@ -395,7 +416,7 @@ fn method_not_allowed(allow: &'static str) -> Response<Body> {
 
 fn not_found_path() -> Response<Body> {
     error_response(
-        &RpcError::new(codes::METHOD_NOT_FOUND, "Not found")
+        &RpcError::new(METHOD_NOT_FOUND, "Not found")
             .with_data(serde_json::json!({ "reason": "no such endpoint; POST JSON-RPC to /api/v1/a2a/{agent_id}" }))
             .with_status(StatusCode::NOT_FOUND),
     )

@@ -27,33 +27,45 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs, unreachable_pub, rust_2018_idioms)]
 
-pub mod actors;
+mod actors;
 pub mod agent;
-pub mod auth;
+mod auth;
 pub mod config;
 pub mod error;
 #[doc(hidden)]
 pub mod fuzzing;
-pub mod http;
-pub mod limits;
-pub mod metrics;
+mod http;
+mod limits;
+mod metrics;
 pub mod model;
-pub mod push;
-pub mod rpc;
-pub mod server;
-pub mod store;
-pub mod validate;
-pub mod webhook;
+mod push;
+mod rpc;
+mod runtime;
+mod server;
+mod store;
+mod validate;
+mod webhook;
 
-pub use actors::{
-    AgentCard, Replay, Resubscribed, Runtime, SendRequest, SubmitOptions, TaskStream,
-    WebhookMetrics,
+pub use actors::webhook::WebhookMetrics;
+pub use actors::{AgentEntry, TaskObserver};
+pub use agent::{
+    Agent, AgentError, AgentFuture, AgentRequest, EchoAgent, OpenAiAgent, Outcome, OutcomeFuture,
+    Updates,
 };
-pub use agent::{Agent, AgentError, AgentFuture, AgentRequest, EchoAgent, OpenAiAgent, Updates};
 pub use config::{Config, ConfigError};
 pub use error::{Error, Result};
+pub use metrics::{AgentMetrics, AgentMetricsSnapshot, Metrics};
 pub use model::{
-    AgentId, ContextId, FileContent, Message, Part, Principal, Role, TaskEvent, TaskId,
+    AgentId, Artifact, ContextId, FileContent, Message, Part, Principal, Role, TaskEvent, TaskId,
     TaskSnapshot, TaskState, TaskStatus,
 };
+pub use push::{
+    Events, PushAuth, PushConfig, PushScope, RetryPolicy, StoredPushConfig, WebhookEvent,
+};
+pub use runtime::{
+    AgentCard, NewPushConfig, Replay, Resubscribed, Runtime, SendRequest, Sent, StreamItem,
+    Streamed, SubmitOptions, TaskIdUse, TaskStream,
+};
 pub use server::{Server, ServerHandle};
+pub use store::{ListPage, ListQuery, PageToken, PushStore, TaskStore};
+pub use webhook::{Payload, PayloadInput, PayloadRenderer, signature};

@@ -13,7 +13,7 @@ use tokio::sync::oneshot;
 use crate::error::Error;
 
 /// One token bucket per (principal, agent).
-pub struct RateLimiter {
+pub(crate) struct RateLimiter {
     buckets: Vec<Mutex<Bucket>>,
     agents: usize,
     /// Per agent: (capacity = requests per minute, refill per second).
@@ -27,7 +27,7 @@ struct Bucket {
 
 impl RateLimiter {
     /// Buckets for `principals` × the agents' per-minute rates, all full.
-    pub fn new(principals: usize, per_minute: &[u64]) -> Self {
+    pub(crate) fn new(principals: usize, per_minute: &[u64]) -> Self {
         let rates: Vec<(f64, f64)> = per_minute
             .iter()
             .map(|&n| (n as f64, n as f64 / 60.0))
@@ -52,7 +52,7 @@ impl RateLimiter {
     ///
     /// # Errors
     /// The `Retry-After` seconds (at least 1) when the bucket is empty.
-    pub fn try_acquire(&self, principal: usize, agent: usize) -> Result<(), u64> {
+    pub(crate) fn try_acquire(&self, principal: usize, agent: usize) -> Result<(), u64> {
         let Some(bucket) = self.buckets.get(principal * self.agents + agent) else {
             return Ok(());
         };

@@ -82,8 +82,6 @@ impl AgentMetrics {
 /// Server-wide gauges and counters.
 #[derive(Debug, Default)]
 pub struct Metrics {
-    /// JSON-RPC requests by method and outcome, with latency histograms.
-    pub requests: RequestMetrics,
     /// Tasks in `submitted` now.
     pub tasks_submitted: AtomicI64,
     /// Tasks in `working` now.
@@ -117,126 +115,6 @@ pub struct ConnectionMetrics {
     pub closed_write_stalled: AtomicU64,
 }
 
-/// Method labels of the request metrics: the dialect's methods (aliases folded in), then
-/// `unknown` (no such method) and `invalid` (not a decodable request).
-pub fn method_label(index: usize) -> &'static str {
-    crate::rpc::seed::METHODS
-        .get(index)
-        .copied()
-        .unwrap_or(if index == METHODS {
-            "unknown"
-        } else {
-            "invalid"
-        })
-}
-
-const METHODS: usize = crate::rpc::seed::METHODS.len();
-const METHOD_SLOTS: usize = METHODS + 2;
-
-/// Outcome labels: `ok` or a JSON-RPC error code.
-pub const OUTCOME_CODES: [i64; 16] = [
-    -32700, -32600, -32601, -32602, -32603, -32000, -32001, -32002, -32003, -32004, -32005, -32006,
-    -32007, -32008, -32009, -32010,
-];
-
-/// Upper bounds (seconds) of the latency histogram buckets; `+Inf` is implied.
-pub const LATENCY_BUCKETS: [f64; 14] = [
-    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
-];
-
-const OUTCOMES: usize = OUTCOME_CODES.len() + 1;
-const BUCKETS: usize = LATENCY_BUCKETS.len() + 1;
-
-/// Request counters and latency histograms: fixed arrays of atomics, no lock on the hot path.
-#[derive(Debug)]
-pub struct RequestMetrics {
-    counts: [[AtomicU64; OUTCOMES]; METHOD_SLOTS],
-    buckets: [[AtomicU64; BUCKETS]; METHOD_SLOTS],
-    sum_micros: [AtomicU64; METHOD_SLOTS],
-}
-
-impl Default for RequestMetrics {
-    fn default() -> Self {
-        Self {
-            counts: std::array::from_fn(|_| std::array::from_fn(|_| AtomicU64::new(0))),
-            buckets: std::array::from_fn(|_| std::array::from_fn(|_| AtomicU64::new(0))),
-            sum_micros: std::array::from_fn(|_| AtomicU64::new(0)),
-        }
-    }
-}
-
-impl RequestMetrics {
-    /// The label index of a method name (`None`: undecodable request).
-    pub fn method_index(method: Option<&str>) -> usize {
-        match method {
-            None => METHODS + 1,
-            Some("agent/getAuthenticatedExtendedCard") => {
-                RequestMetrics::method_index(Some("agent/authenticatedExtendedCard"))
-            }
-            Some(m) => crate::rpc::seed::METHODS
-                .iter()
-                .position(|l| *l == m)
-                .unwrap_or(METHODS),
-        }
-    }
-
-    /// Counts one request with its outcome (`None` = success) and latency.
-    pub fn record(&self, method: usize, error_code: Option<i64>, elapsed: Duration) {
-        let outcome = match error_code {
-            None => 0,
-            Some(c) => OUTCOME_CODES
-                .iter()
-                .position(|x| *x == c)
-                .map_or(0, |i| i + 1),
-        };
-        let secs = elapsed.as_secs_f64();
-        let bucket = LATENCY_BUCKETS
-            .iter()
-            .position(|b| secs <= *b)
-            .unwrap_or(LATENCY_BUCKETS.len());
-        let m = method.min(METHOD_SLOTS - 1);
-        self.counts[m][outcome].fetch_add(1, Relaxed);
-        self.buckets[m][bucket].fetch_add(1, Relaxed);
-        let micros = u64::try_from(elapsed.as_micros()).unwrap_or(u64::MAX);
-        self.sum_micros[m].fetch_add(micros, Relaxed);
-    }
-
-    /// Non-zero (method, outcome label, count) triples.
-    pub fn counts(&self) -> Vec<(&'static str, String, u64)> {
-        let mut out = Vec::new();
-        for (m, row) in self.counts.iter().enumerate() {
-            for (o, c) in row.iter().enumerate() {
-                let n = c.load(Relaxed);
-                if n > 0 {
-                    let label = if o == 0 {
-                        "ok".to_string()
-                    } else {
-                        OUTCOME_CODES[o - 1].to_string()
-                    };
-                    out.push((method_label(m), label, n));
-                }
-            }
-        }
-        out
-    }
-
-    /// Per method with traffic: (method, per-bucket counts, sum in seconds).
-    pub fn histograms(&self) -> Vec<(&'static str, [u64; BUCKETS], f64)> {
-        (0..METHOD_SLOTS)
-            .filter_map(|m| {
-                let b: [u64; BUCKETS] = std::array::from_fn(|i| self.buckets[m][i].load(Relaxed));
-                (b.iter().sum::<u64>() > 0).then(|| {
-                    (
-                        method_label(m),
-                        b,
-                        self.sum_micros[m].load(Relaxed) as f64 / 1e6,
-                    )
-                })
-            })
-            .collect()
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -246,34 +124,6 @@ mod tests {
         let m = AgentMetrics::default();
         let s = m.snapshot();
         assert_eq!((s.average_response_time, s.success_rate), (0.0, 100.0));
-    }
-
-    #[test]
-    fn requests_are_counted_by_method_outcome_and_bucket() {
-        let r = RequestMetrics::default();
-        let send = RequestMetrics::method_index(Some("message/send"));
-        r.record(send, None, Duration::from_micros(300));
-        r.record(send, Some(-32602), Duration::from_millis(3));
-        r.record(
-            RequestMetrics::method_index(Some("agent/getAuthenticatedExtendedCard")),
-            None,
-            Duration::ZERO,
-        );
-        r.record(
-            RequestMetrics::method_index(Some("nope")),
-            Some(-32601),
-            Duration::ZERO,
-        );
-        let counts = r.counts();
-        assert!(counts.contains(&("message/send", "ok".into(), 1)));
-        assert!(counts.contains(&("message/send", "-32602".into(), 1)));
-        assert!(counts.contains(&("agent/authenticatedExtendedCard", "ok".into(), 1)));
-        assert!(counts.contains(&("unknown", "-32601".into(), 1)));
-        let h = r.histograms();
-        let (_, buckets, sum) = h.iter().find(|(m, ..)| *m == "message/send").expect("send");
-        assert_eq!(buckets[0], 1, "0.3 ms falls in the 0.5 ms bucket");
-        assert_eq!(buckets[3], 1, "3 ms falls in the 5 ms bucket");
-        assert!((sum - 0.0033).abs() < 1e-9);
     }
 
     #[test]

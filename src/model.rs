@@ -83,8 +83,8 @@ pub struct TaskKey {
     pub task: TaskId,
 }
 
-/// The state of a task. The seed dialect only ever produces the first five; the others
-/// exist so that backends and dialects that need them fit without changing the model.
+/// The state of a task. The built-in backends produce the first five; the others are for
+/// backends that need them (the official dialects show them; DIALECTS.md §4).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum TaskState {
     /// Received and queued.
@@ -114,19 +114,42 @@ impl TaskState {
         )
     }
 
-    /// Whether the state machine allows `self` → `next` (spec §3). `working` → `working` is
-    /// an intermediate update; terminal states have no further transitions.
+    /// Interrupted states wait for the client (more input, or authentication): they end
+    /// a stream or a blocking send like a terminal state, but a later message continues
+    /// the task.
+    pub fn is_interrupted(self) -> bool {
+        matches!(self, Self::InputRequired | Self::AuthRequired)
+    }
+
+    /// A stream or a blocking send ends at this state (terminal or interrupted).
+    pub fn ends_stream(self) -> bool {
+        self.is_terminal() || self.is_interrupted()
+    }
+
+    /// Whether the state machine allows `self` → `next` (spec §3, extended by the official
+    /// states). `working` → `working` is an intermediate update; terminal states have no
+    /// further transitions; an interrupted task works again when it is continued.
     pub fn can_become(self, next: TaskState) -> bool {
         use TaskState::*;
         matches!(
             (self, next),
-            (Submitted, Working | Canceled)
-                | (Working, Working | Completed | Failed | Canceled)
+            (Submitted, Working | Canceled | Failed)
+                | (
+                    Working,
+                    Working
+                        | Completed
+                        | Failed
+                        | Canceled
+                        | InputRequired
+                        | AuthRequired
+                        | Rejected
+                )
                 | (InputRequired | AuthRequired, Working | Canceled | Failed)
         )
     }
 
-    /// The seed dialect's name for the state.
+    /// a2ad's own name for the state (kebab case), used in logs and metric labels. Each
+    /// dialect renders states in its own way.
     pub fn as_str(self) -> &'static str {
         match self {
             Self::Submitted => "submitted",
@@ -189,6 +212,7 @@ impl Message {
             .map(|p| match p {
                 Part::Text(t) => t.len(),
                 Part::File(f) => f.name.len() + f.mime_type.len() + f.bytes.len() + 48,
+                Part::Data(d) => d.get().len() + 16,
             } + std::mem::size_of::<Part>())
             .sum();
         parts + self.message_id.len() + std::mem::size_of::<Self>()
@@ -207,13 +231,33 @@ impl Message {
     }
 }
 
-/// One piece of a message.
+/// One piece of a message or an artifact.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Part {
     /// Plain text.
     Text(String),
     /// A file carried inline (boxed: text parts, the common case, stay small).
     File(Box<FileContent>),
+    /// Structured data (a JSON value, kept as its text). Agents may produce it; clients'
+    /// messages may not carry it (DIALECTS.md §4).
+    Data(RawJson),
+}
+
+/// A JSON value kept as its text (compact, never a tree; compared by its text).
+#[derive(Clone, Debug)]
+pub struct RawJson(pub Arc<serde_json::value::RawValue>);
+
+impl RawJson {
+    /// The JSON text.
+    pub fn get(&self) -> &str {
+        self.0.get()
+    }
+}
+
+impl PartialEq for RawJson {
+    fn eq(&self, other: &Self) -> bool {
+        self.get() == other.get()
+    }
 }
 
 impl Part {
@@ -221,9 +265,45 @@ impl Part {
     pub fn as_text(&self) -> Option<&str> {
         match self {
             Self::Text(t) => Some(t),
-            Self::File(_) => None,
+            Self::File(_) | Self::Data(_) => None,
         }
     }
+}
+
+/// An output of a task, apart from its messages: a document, a file, data.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Artifact {
+    /// Unique within its task; chunks of one artifact share it.
+    pub artifact_id: String,
+    /// A name, if the agent gave one.
+    pub name: Option<String>,
+    /// A description, if the agent gave one.
+    pub description: Option<String>,
+    /// The content.
+    pub parts: Vec<Part>,
+}
+
+impl Artifact {
+    /// An artifact with a fresh id.
+    pub fn new(name: Option<&str>, parts: Vec<Part>) -> Self {
+        Self {
+            artifact_id: uuid::Uuid::new_v4().to_string(),
+            name: name.map(str::to_string),
+            description: None,
+            parts,
+        }
+    }
+}
+
+/// One artifact event: a whole artifact, or a chunk of one.
+#[derive(Clone, Debug)]
+pub struct ArtifactUpdate {
+    /// The artifact (the chunk's parts only, when `append`).
+    pub artifact: Arc<Artifact>,
+    /// The parts add to the artifact of the same id sent before.
+    pub append: bool,
+    /// The artifact is complete with this chunk.
+    pub last_chunk: bool,
 }
 
 /// A file part's content, already validated.
@@ -279,7 +359,8 @@ impl TaskStatus {
     }
 }
 
-/// One numbered event of a task: a state change or an intermediate agent update.
+/// One numbered event of a task: a state change, an intermediate agent update, or an
+/// artifact.
 ///
 /// Events are numbered from 1 per task and never renumbered; event 1 is `submitted`.
 #[derive(Clone, Debug)]
@@ -288,12 +369,32 @@ pub struct TaskEvent {
     pub seq: u64,
     /// The task's status after this event.
     pub status: TaskStatus,
+    /// For an artifact event: the artifact (the status is then unchanged).
+    pub artifact: Option<ArtifactUpdate>,
 }
 
 impl TaskEvent {
-    /// The last event of a task: its state is terminal.
+    /// A status event.
+    pub fn status(seq: u64, status: TaskStatus) -> Self {
+        Self {
+            seq,
+            status,
+            artifact: None,
+        }
+    }
+
+    /// The last event of a stream: a status event whose state is terminal or interrupted.
     pub fn is_final(&self) -> bool {
-        self.status.state.is_terminal()
+        self.artifact.is_none() && self.status.state.ends_stream()
+    }
+
+    /// The name of the event for webhooks and logs: `task.<state>` for a status event
+    /// (progress updates too), `task.artifact` for an artifact event.
+    pub fn name(&self) -> String {
+        match self.artifact {
+            Some(_) => "task.artifact".to_string(),
+            None => format!("task.{}", self.status.state.as_str()),
+        }
     }
 }
 
@@ -314,6 +415,8 @@ pub struct TaskSnapshot {
     pub updated_at: DateTime<Utc>,
     /// The user message, then the agent messages, oldest first.
     pub history: Vec<Arc<Message>>,
+    /// The task's artifacts, chunks merged, in the order they first appeared.
+    pub artifacts: Vec<Arc<Artifact>>,
     /// The request's `metadata` (a JSON object, kept as its text), if any.
     pub metadata: Option<Arc<serde_json::value::RawValue>>,
 }
@@ -337,7 +440,20 @@ impl TaskSnapshot {
             .map_or(0, |m| m.approx_bytes())
             + self.status.reason.as_ref().map_or(0, |r| r.len())
             + self.status.error.as_ref().map_or(0, |e| e.message.len());
+        let artifacts: usize = self
+            .artifacts
+            .iter()
+            .map(|a| {
+                let m = Message {
+                    role: Role::Agent,
+                    parts: a.parts.clone(),
+                    message_id: String::new(),
+                };
+                m.approx_bytes() + a.artifact_id.len() + 64
+            })
+            .sum();
         FIXED
+            + artifacts
             + self.id.as_str().len()
             + self.context_id.as_str().len()
             + history
@@ -347,10 +463,7 @@ impl TaskSnapshot {
 
     /// The event that produced the current status.
     pub fn current_event(&self) -> TaskEvent {
-        TaskEvent {
-            seq: self.seq,
-            status: self.status.clone(),
-        }
+        TaskEvent::status(self.seq, self.status.clone())
     }
 }
 
@@ -406,12 +519,19 @@ mod tests {
             .iter()
             .flat_map(|&a| all.iter().map(move |&b| (a, b)))
             .filter(|(a, b)| a.can_become(*b))
-            .filter(|(a, _)| matches!(a, Submitted | Working | Completed | Failed | Canceled))
+            .filter(|(a, b)| {
+                let spec = |s: &TaskState| {
+                    matches!(s, Submitted | Working | Completed | Failed | Canceled)
+                };
+                spec(a) && spec(b)
+            })
             .collect();
         assert_eq!(
             allowed,
             vec![
                 (Submitted, Working),
+                // A queued task whose runner is gone (restart, node loss) fails.
+                (Submitted, Failed),
                 (Submitted, Canceled),
                 (Working, Working),
                 (Working, Completed),
@@ -421,6 +541,10 @@ mod tests {
         );
         for terminal in [Completed, Failed, Canceled, Rejected] {
             assert!(all.iter().all(|&n| !terminal.can_become(n)), "{terminal}");
+        }
+        for interrupted in [InputRequired, AuthRequired] {
+            assert!(Working.can_become(interrupted) && interrupted.can_become(Working));
+            assert!(interrupted.ends_stream() && !interrupted.is_terminal());
         }
     }
 

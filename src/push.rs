@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use chrono::{DateTime, Utc};
 
 use crate::error::Error;
-use crate::model::{AgentId, Principal, TaskId, TaskState};
+use crate::model::{AgentId, Principal, TaskId, TaskKey, TaskState};
 
 /// A webhook event name.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -102,12 +102,65 @@ pub struct PushConfig {
     pub url: String,
     /// Extra headers sent with each delivery.
     pub headers: Vec<(String, String)>,
-    /// Events delivered.
-    pub events: Vec<WebhookEvent>,
+    /// Which events are delivered.
+    pub events: Events,
     /// Retry policy.
     pub retry: RetryPolicy,
-    /// HMAC key; never returned by `get`.
+    /// HMAC key: deliveries carry `X-Webhook-Signature`; never returned.
     pub secret: Option<String>,
+    /// Sent as `X-A2A-Notification-Token` with each delivery.
+    pub token: Option<String>,
+    /// Sent as `Authorization: {scheme} {credentials}` with each delivery.
+    pub authorization: Option<PushAuth>,
+}
+
+impl PushConfig {
+    /// A configuration for `url` with every other setting at its default: every event,
+    /// the default retry policy, no secret.
+    pub fn new(url: impl Into<String>) -> Self {
+        Self {
+            url: url.into(),
+            headers: Vec::new(),
+            events: Events::All,
+            retry: RetryPolicy::default(),
+            secret: None,
+            token: None,
+            authorization: None,
+        }
+    }
+}
+
+/// Which events of a task a configuration receives.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Events {
+    /// Every event: state changes, progress updates, artifacts.
+    All,
+    /// Only changes into these states.
+    StateChanges(Vec<WebhookEvent>),
+}
+
+impl Events {
+    /// Whether an event is delivered; `changed` says whether it changed the state.
+    pub fn selects(&self, event: &crate::model::TaskEvent, changed: bool) -> bool {
+        match self {
+            Self::All => true,
+            Self::StateChanges(names) => {
+                changed
+                    && event.artifact.is_none()
+                    && WebhookEvent::for_state(event.status.state)
+                        .is_some_and(|e| names.contains(&e))
+            }
+        }
+    }
+}
+
+/// An `Authorization` header for deliveries.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PushAuth {
+    /// The scheme, e.g. `Bearer`.
+    pub scheme: String,
+    /// The credentials, if any.
+    pub credentials: Option<String>,
 }
 
 /// What a configuration applies to.
@@ -121,13 +174,27 @@ pub struct PushScope {
     pub task: Option<TaskId>,
 }
 
+/// How configurations are addressed, which decides what replaces what.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Namespace {
+    /// One configuration per scope: setting it again replaces it, with a new id.
+    Scoped,
+    /// Several per task, each with its own id: the same id replaces.
+    Named,
+}
+
 /// A stored configuration with its delivery bookkeeping.
 #[derive(Debug)]
 pub struct StoredPushConfig {
-    /// Its id (UUID v4); a new one each time the scope is set again.
+    /// Its id: generated (UUID v4), or chosen by the client for a named configuration.
     pub id: String,
     /// What it applies to.
     pub scope: PushScope,
+    /// How it is addressed.
+    pub namespace: Namespace,
+    /// The payload format of its deliveries: the name of a registered
+    /// [`crate::webhook::PayloadRenderer`] (the dialect that created it).
+    pub format: Arc<str>,
     /// The configuration.
     pub config: PushConfig,
     /// When it was set.
@@ -144,11 +211,45 @@ impl StoredPushConfig {
     /// Deliveries in a row that must finally fail before a configuration is deactivated.
     pub const DEACTIVATE_AFTER: u32 = 10;
 
-    /// A fresh, active configuration.
-    pub fn new(scope: PushScope, config: PushConfig) -> Arc<Self> {
-        Arc::new(Self {
-            id: uuid::Uuid::new_v4().to_string(),
+    /// A fresh, active configuration for a scope, with a new id.
+    pub fn scoped(scope: PushScope, config: PushConfig, format: &str) -> Arc<Self> {
+        Self::build(
+            uuid::Uuid::new_v4().to_string(),
             scope,
+            Namespace::Scoped,
+            config,
+            format,
+        )
+    }
+
+    /// A fresh, active configuration of one task, with the client's id or a new one.
+    pub fn named(
+        task: &TaskKey,
+        id: Option<String>,
+        config: PushConfig,
+        format: &str,
+    ) -> Arc<Self> {
+        let scope = PushScope {
+            principal: task.principal.clone(),
+            agent: task.agent.clone(),
+            task: Some(task.task.clone()),
+        };
+        let id = id.unwrap_or_else(|| uuid::Uuid::new_v4().to_string());
+        Self::build(id, scope, Namespace::Named, config, format)
+    }
+
+    fn build(
+        id: String,
+        scope: PushScope,
+        namespace: Namespace,
+        config: PushConfig,
+        format: &str,
+    ) -> Arc<Self> {
+        Arc::new(Self {
+            id,
+            scope,
+            namespace,
+            format: format.into(),
             config,
             created_at: Utc::now(),
             last_used: Mutex::new(None),
@@ -174,7 +275,7 @@ impl StoredPushConfig {
 /// private ranges only when `allow_private` is set. An IPv6 address that carries an IPv4
 /// address (IPv4-mapped, IPv4-compatible, IPv4-translated, NAT64, 6to4, Teredo) is judged
 /// by the IPv4 rules for what it carries, so `[64:ff9b::a9fe:a9fe]` is 169.254.169.254.
-pub fn address_allowed(ip: IpAddr, allow_private: bool) -> Result<(), &'static str> {
+pub(crate) fn address_allowed(ip: IpAddr, allow_private: bool) -> Result<(), &'static str> {
     match ip {
         IpAddr::V4(v4) => v4_allowed(v4, allow_private),
         IpAddr::V6(v6) => {
@@ -258,7 +359,7 @@ fn embedded_ipv4(v6: Ipv6Addr) -> [Option<Ipv4Addr>; 3] {
 
 /// A URL safe to log or show: the password in its userinfo and its query values become
 /// `***` (they often carry tokens); an unparsable URL is not shown at all.
-pub fn redact_url(raw: &str) -> String {
+pub(crate) fn redact_url(raw: &str) -> String {
     let Ok(mut url) = url::Url::parse(raw) else {
         return "<invalid url>".to_string();
     };
@@ -290,7 +391,7 @@ pub fn redact_url(raw: &str) -> String {
 ///
 /// # Errors
 /// [`Error::InvalidParams`] on `config.url`.
-pub fn check_url(raw: &str, allow_private: bool) -> Result<(), Error> {
+pub(crate) fn check_url(raw: &str, allow_private: bool) -> Result<(), Error> {
     let url = parse(raw)?;
     let refused = |r: &str| Error::invalid("config.url", r);
     match url.host() {
@@ -309,7 +410,7 @@ pub fn check_url(raw: &str, allow_private: bool) -> Result<(), Error> {
 ///
 /// # Errors
 /// [`Error::InvalidParams`] on `config.url`.
-pub fn check_shape(raw: &str) -> Result<(), Error> {
+pub(crate) fn check_shape(raw: &str) -> Result<(), Error> {
     parse(raw).map(|_| ())
 }
 

@@ -1,22 +1,263 @@
-//! JSON-RPC 2.0 framing: decoding single and batch requests (recovering the `id` of a
-//! malformed request where it can be read) and encoding responses.
+//! JSON-RPC 2.0 framing — decoding single and batch requests (recovering the `id` of a
+//! malformed request where it can be read), encoding responses — and the dialects.
 //!
-//! Params stay raw JSON until the method is known; the dialect (`rpc::seed`) parses them.
+//! Each wire dialect is one folder (`rpc/seed/`, ...) owning its method table, params
+//! parsing, rendering (results, SSE frames, webhook payloads) and error codes; [`Dialect`]
+//! is the one place that picks among them. Params stay raw JSON until the method is
+//! known; the dialect parses them. Nothing outside `http` and `rpc` imports a dialect.
 
 use serde::Serialize;
 use serde::ser::{SerializeMap, Serializer};
 use serde_json::value::RawValue;
 
-pub mod dispatch;
-pub mod error;
-pub mod json;
-pub mod seed;
+pub(crate) mod error;
+pub(crate) mod json;
+pub(crate) mod seed;
 
-pub use error::RpcError;
+use std::sync::Arc;
+
+use bytes::Bytes;
+
+pub(crate) use error::RpcError;
+
+use crate::actors::AgentEntry;
+use crate::auth::Caller;
+use crate::model::{AgentId, TaskId};
+use crate::runtime::{Runtime, StreamItem, TaskStream};
+
+/// The wire dialects, each on its own URL (DIALECTS.md §1).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) enum Dialect {
+    /// `POST /api/v1/a2a/{agent_id}`: the seed dialect.
+    Seed,
+}
+
+/// Why a request was refused before its body was read as JSON-RPC.
+#[derive(Clone, Debug)]
+pub(crate) enum Refusal {
+    /// 401: no usable credential (the reason says which).
+    Unauthorized(&'static str),
+    /// 404: no such agent.
+    AgentNotFound(AgentId),
+    /// 403: the key may not use this agent.
+    Forbidden(AgentId),
+    /// 429: the caller's rate is spent (seconds until a token).
+    RateLimited(u64),
+    /// 405: not POST.
+    MethodNotAllowed,
+    /// 415: not JSON.
+    UnsupportedMediaType,
+    /// 413: over the body cap.
+    TooLarge(u64),
+    /// 408: the body did not arrive in time.
+    BodyTimeout,
+    /// 400-ish: the body could not be read.
+    BodyUnreadable,
+}
+
+impl Refusal {
+    /// The JSON-RPC error of a refusal every dialect shares (-32600 with a reason).
+    pub(crate) fn generic(&self) -> RpcError {
+        use hyper::StatusCode;
+        match self {
+            Self::MethodNotAllowed => {
+                RpcError::invalid_request("HTTP method not allowed; use POST")
+                    .with_status(StatusCode::METHOD_NOT_ALLOWED)
+            }
+            Self::UnsupportedMediaType => {
+                RpcError::invalid_request("Content-Type must be application/json")
+                    .with_status(StatusCode::UNSUPPORTED_MEDIA_TYPE)
+            }
+            Self::TooLarge(limit) => {
+                RpcError::new(error::INVALID_REQUEST, "Request body too large")
+                    .with_data(serde_json::json!({ "limit": limit }))
+                    .with_status(StatusCode::PAYLOAD_TOO_LARGE)
+            }
+            Self::BodyTimeout => {
+                RpcError::invalid_request("the request body did not arrive in time")
+                    .with_status(StatusCode::REQUEST_TIMEOUT)
+            }
+            Self::BodyUnreadable => RpcError::invalid_request("the request body could not be read"),
+            Self::Unauthorized(reason) => RpcError::new(error::INVALID_REQUEST, "Unauthorized")
+                .with_data(serde_json::json!({ "reason": reason }))
+                .with_status(StatusCode::UNAUTHORIZED),
+            Self::AgentNotFound(_) => RpcError::new(error::INVALID_REQUEST, "Agent not found")
+                .with_status(StatusCode::NOT_FOUND),
+            Self::Forbidden(_) => RpcError::new(error::INVALID_REQUEST, "Forbidden")
+                .with_status(StatusCode::FORBIDDEN),
+            Self::RateLimited(secs) => RpcError::rate_limited(error::INVALID_REQUEST, *secs),
+        }
+    }
+}
+
+/// The webhook payload renderers of every dialect, by format name.
+pub(crate) fn payload_renderers()
+-> std::collections::HashMap<String, Arc<dyn crate::webhook::PayloadRenderer>> {
+    let mut renderers: std::collections::HashMap<String, Arc<dyn crate::webhook::PayloadRenderer>> =
+        std::collections::HashMap::new();
+    renderers.insert(
+        seed::webhook::FORMAT.into(),
+        Arc::new(seed::webhook::SeedPayload),
+    );
+    renderers
+}
+
+impl Dialect {
+    /// Every dialect, for metric tables.
+    pub(crate) const ALL: [Dialect; 1] = [Dialect::Seed];
+
+    /// The `dialect` label of metrics and spans.
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Self::Seed => "seed",
+        }
+    }
+
+    /// The methods it serves (one metric label each).
+    pub(crate) fn methods(self) -> &'static [&'static str] {
+        match self {
+            Self::Seed => &seed::METHODS,
+        }
+    }
+
+    /// The metric label of a method it serves (aliases folded in).
+    pub(crate) fn method_label(self, method: &str) -> Option<&'static str> {
+        match self {
+            Self::Seed => seed::method_label(method),
+        }
+    }
+
+    /// The error codes it answers with besides JSON-RPC's own (for metric outcomes).
+    pub(crate) fn codes(self) -> &'static [i64] {
+        match self {
+            Self::Seed => &seed::errors::CODES,
+        }
+    }
+
+    /// Whether a method answers with a stream (refused inside a batch).
+    pub(crate) fn is_streaming(self, method: &str) -> bool {
+        match self {
+            Self::Seed => seed::is_streaming(method),
+        }
+    }
+
+    /// The body of a refused request in this dialect.
+    pub(crate) fn refusal(self, r: &Refusal) -> RpcError {
+        match self {
+            Self::Seed => seed::errors::refusal(r),
+        }
+    }
+
+    /// Runs one call.
+    pub(crate) async fn dispatch(self, runtime: &Runtime, cx: &CallContext, call: &Call) -> Reply {
+        if cx.in_batch && self.is_streaming(&call.method) {
+            return Reply::error(
+                Some(&call.id),
+                &RpcError::invalid_request("streaming methods cannot be used inside a batch"),
+            );
+        }
+        match self {
+            Self::Seed => seed::dispatch(runtime, cx, call).await,
+        }
+    }
+}
+
+/// Everything a call needs to know about its request.
+pub(crate) struct CallContext {
+    /// Who calls.
+    pub(crate) caller: Arc<Caller>,
+    /// The agent.
+    pub(crate) agent: Arc<AgentEntry>,
+    /// Its id.
+    pub(crate) agent_id: AgentId,
+    /// The client accepts `text/event-stream`.
+    pub(crate) accepts_sse: bool,
+    /// `Last-Event-ID`, if sent.
+    pub(crate) last_event_id: Option<String>,
+    /// Inside a batch (streams are refused there).
+    pub(crate) in_batch: bool,
+}
+
+impl CallContext {
+    /// Names the call's task in the request's span (for following it through the logs).
+    pub(crate) fn task(&self, task: &TaskId) {
+        tracing::Span::current().record("task", task.as_str());
+    }
+}
+
+/// Renders one stream item as the JSON-RPC response of a `data:` line: request id, the
+/// item, and whether it is the first of the stream.
+pub(crate) type FrameFn = fn(&RawValue, &StreamItem, bool) -> Vec<u8>;
+
+/// The outcome of one call.
+pub(crate) enum Reply {
+    /// A complete JSON-RPC response (success or error).
+    Json {
+        /// The encoded envelope.
+        body: Vec<u8>,
+        /// The error code, for metrics (`None`: success).
+        code: Option<i64>,
+        /// HTTP status when this is the whole response.
+        status: hyper::StatusCode,
+        /// `Retry-After` seconds.
+        retry_after: Option<u64>,
+    },
+    /// An SSE stream; each event is a response carrying `id`.
+    Stream {
+        /// The request id, echoed in every event.
+        id: Box<RawValue>,
+        /// The task's events.
+        stream: TaskStream,
+        /// The dialect's frame renderer.
+        frames: FrameFn,
+    },
+}
+
+impl Reply {
+    /// An error reply.
+    pub(crate) fn error(id: Option<&RawValue>, e: &RpcError) -> Self {
+        Self::Json {
+            body: failure(id, e),
+            code: Some(e.code),
+            status: e.status,
+            retry_after: e.retry_after,
+        }
+    }
+
+    /// A success reply.
+    pub(crate) fn ok<T: Serialize + ?Sized>(id: &RawValue, result: &T) -> Self {
+        Self::Json {
+            body: success(id, result),
+            code: None,
+            status: hyper::StatusCode::OK,
+            retry_after: None,
+        }
+    }
+
+    /// A stream reply.
+    pub(crate) fn stream(id: &RawValue, stream: TaskStream, frames: FrameFn) -> Self {
+        Self::Stream {
+            id: id.to_owned(),
+            stream,
+            frames,
+        }
+    }
+}
+
+/// One SSE frame: `id: <seq>`, `data: <json>`, blank line.
+pub(crate) fn sse_frame(seq: u64, json: &[u8]) -> Bytes {
+    let mut out = Vec::with_capacity(json.len() + 32);
+    out.extend_from_slice(b"id: ");
+    out.extend_from_slice(seq.to_string().as_bytes());
+    out.extend_from_slice(b"\ndata: ");
+    out.extend_from_slice(json);
+    out.extend_from_slice(b"\n\n");
+    Bytes::from(out)
+}
 
 /// One decoded request.
 #[derive(Debug)]
-pub struct Call {
+pub(crate) struct Call {
     /// The request id, exactly as sent (a string or a number), echoed unchanged.
     pub id: Box<RawValue>,
     /// The method name.
@@ -27,7 +268,7 @@ pub struct Call {
 
 /// A request that could not be decoded, with the id when it could be read.
 #[derive(Debug)]
-pub struct Rejected {
+pub(crate) struct Rejected {
     /// The id, when readable.
     pub id: Option<Box<RawValue>>,
     /// Why.
@@ -36,7 +277,7 @@ pub struct Rejected {
 
 /// A decoded body.
 #[derive(Debug)]
-pub enum Body {
+pub(crate) enum Body {
     /// One request (or its rejection).
     Single(Result<Call, Rejected>),
     /// A batch, in order; never empty.
@@ -59,7 +300,7 @@ struct Envelope<'a> {
 ///
 /// # Errors
 /// As [`decode_with`].
-pub fn decode(body: &[u8]) -> Result<Body, RpcError> {
+pub(crate) fn decode(body: &[u8]) -> Result<Body, RpcError> {
     decode_with(body, crate::config::ServerConfig::DEFAULT_MAX_BATCH_SIZE)
 }
 
@@ -69,7 +310,7 @@ pub fn decode(body: &[u8]) -> Result<Body, RpcError> {
 /// # Errors
 /// -32700 when the body is not JSON; -32600 for an empty or oversized batch or a
 /// non-object body.
-pub fn decode_with(body: &[u8], max_batch: usize) -> Result<Body, RpcError> {
+pub(crate) fn decode_with(body: &[u8], max_batch: usize) -> Result<Body, RpcError> {
     use serde_json::error::Category;
     let parse_error = |e: serde_json::Error| {
         RpcError::parse_error(format!(
@@ -171,12 +412,12 @@ fn is_valid_id(id: &RawValue) -> bool {
 }
 
 /// The `null` id of responses to unreadable requests.
-pub fn null_id() -> Box<RawValue> {
+pub(crate) fn null_id() -> Box<RawValue> {
     RawValue::from_string("null".to_string()).expect("null is valid JSON")
 }
 
 /// Encodes a success response.
-pub fn success<T: Serialize + ?Sized>(id: &RawValue, result: &T) -> Vec<u8> {
+pub(crate) fn success<T: Serialize + ?Sized>(id: &RawValue, result: &T) -> Vec<u8> {
     let mut out = Vec::with_capacity(256);
     let mut ser = serde_json::Serializer::new(&mut out);
     let encoded = (|| {
@@ -196,7 +437,7 @@ pub fn success<T: Serialize + ?Sized>(id: &RawValue, result: &T) -> Vec<u8> {
 }
 
 /// Encodes an error response.
-pub fn failure(id: Option<&RawValue>, error: &RpcError) -> Vec<u8> {
+pub(crate) fn failure(id: Option<&RawValue>, error: &RpcError) -> Vec<u8> {
     let null = null_id();
     let id = id.unwrap_or(&null);
     let mut out = Vec::with_capacity(160);

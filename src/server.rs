@@ -18,12 +18,12 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
 use tracing::Instrument as _;
 
-use crate::actors::Runtime;
 use crate::auth::KeyStore;
 use crate::config::{Config, ServerConfig};
 use crate::error::Result;
 use crate::http::{self, App};
 use crate::limits::RateLimiter;
+use crate::runtime::Runtime;
 
 pub(crate) mod conn;
 
@@ -87,12 +87,14 @@ impl Server {
             .map(|a| a.limits.requests_per_minute)
             .collect();
         let rate = RateLimiter::new(keys.principals(), &per_minute);
-        let runtime = Runtime::start_with(config.clone(), backends).await?;
+        let runtime =
+            Runtime::start_full(config.clone(), backends, crate::rpc::payload_renderers()).await?;
         let s = &config.server;
         let app = Arc::new(App {
             runtime,
             keys,
             rate,
+            requests: Default::default(),
             max_body: config.max_body_bytes(),
             body_timeout: Duration::from_secs_f64(s.body_read_timeout_seconds),
             ping_every: Duration::from_secs_f64(s.ping_interval_seconds),

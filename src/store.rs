@@ -1,305 +1,128 @@
-//! Storage behind small interfaces: finished-task records and push configurations.
+//! Storage behind small interfaces: every task's record, and push configurations.
 //!
-//! The in-memory implementations are the only ones today; a durable embedded store and a
-//! shared store for several nodes plug in behind the same traits. Implementations must
-//! never block for long: they are called from request handlers and actors (and
-//! [`TaskStore::get`] under a live-index guard, see `actors::Runtime::submit`).
+//! A task actor writes its task's record at every event, so the store always holds the
+//! task as its last event left it: running tasks too, which is what lets any request
+//! list tasks without asking actors. Finished records stay for the retention, within a
+//! count cap and a byte budget. Implementations must never block for long: they are
+//! called from request handlers and actors (and [`TaskStore::get`] under a live-index
+//! guard, see `runtime::submit`).
 
-use std::collections::VecDeque;
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::sync::Arc;
+use std::time::Instant;
 
-use dashmap::DashMap;
-use foldhash::fast::RandomState;
+use chrono::{DateTime, Utc};
 
-use crate::model::{AgentId, Principal, TaskKey, TaskSnapshot};
+use crate::error::Error;
+use crate::model::{AgentId, ContextId, Principal, TaskId, TaskKey, TaskSnapshot, TaskState};
 use crate::push::{PushScope, StoredPushConfig};
 
-/// A finished task, kept until retention evicts it. Cheap to clone.
-#[derive(Clone, Debug)]
-pub struct FinishedTask {
-    /// The task as it ended; `history[0]` is the user message that created it.
-    pub snapshot: Arc<TaskSnapshot>,
-}
+mod memory;
 
-impl FinishedTask {
-    /// The `messageId` that created the task (for idempotent replays); empty when the
-    /// record has no history (a task whose actor failed).
-    pub fn message_id(&self) -> &str {
-        self.snapshot
-            .history
-            .first()
-            .map_or("", |m| m.message_id.as_str())
-    }
-}
+pub(crate) use memory::{MemoryPushStore, MemoryTaskStore};
 
-/// Where finished tasks are kept.
+/// Where task records are kept.
 pub trait TaskStore: Send + Sync + 'static {
-    /// Stores a finished task (replacing any record under that key).
-    fn insert(&self, key: TaskKey, task: FinishedTask);
-    /// Looks a finished task up.
-    fn get(&self, key: &TaskKey) -> Option<FinishedTask>;
-    /// Evicts what is older than the retention or over the cap; returns how many went.
-    fn evict(&self, now: Instant) -> usize;
-    /// Records held.
+    /// Stores the task as it stands (replacing its earlier record). Returns the tasks
+    /// evicted to make room (their push configurations go with them).
+    fn put(&self, key: &TaskKey, task: Arc<TaskSnapshot>) -> Vec<TaskKey>;
+    /// A task's record.
+    fn get(&self, key: &TaskKey) -> Option<Arc<TaskSnapshot>>;
+    /// One page of an owner's tasks (DIALECTS.md §6).
+    fn list(&self, query: &ListQuery) -> ListPage;
+    /// Evicts finished tasks older than the retention or over the caps; returns them.
+    fn evict(&self, now: Instant) -> Vec<TaskKey>;
+    /// Finished records held.
     fn len(&self) -> usize;
-    /// About how many bytes the records hold.
-    fn bytes(&self) -> u64;
-    /// True when no record is held.
+    /// True when no finished record is held.
     fn is_empty(&self) -> bool {
         self.len() == 0
     }
+    /// About how many bytes the finished records hold.
+    fn bytes(&self) -> u64;
 }
 
-/// Where push configurations are kept.
+/// A ListTasks query: one owner's tasks on one agent, newest status first.
+#[derive(Clone, Debug)]
+pub struct ListQuery {
+    /// The owner.
+    pub principal: Principal,
+    /// The agent.
+    pub agent: AgentId,
+    /// Only tasks of this conversation.
+    pub context: Option<ContextId>,
+    /// Only tasks in this state.
+    pub state: Option<TaskState>,
+    /// Only tasks whose status changed at or after this time.
+    pub status_after: Option<DateTime<Utc>>,
+    /// Tasks per page (at least 1).
+    pub page_size: usize,
+    /// Continue after this task (the last one of the previous page).
+    pub after: Option<PageToken>,
+}
+
+/// A position in the order of ListTasks: status time descending, then task id descending.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct PageToken {
+    /// The status time in microseconds since the epoch.
+    pub timestamp_micros: i64,
+    /// The task id.
+    pub task: TaskId,
+}
+
+impl PageToken {
+    /// The position of a task.
+    pub fn of(task: &TaskSnapshot) -> Self {
+        Self {
+            timestamp_micros: task.status.timestamp.timestamp_micros(),
+            task: task.id.clone(),
+        }
+    }
+}
+
+/// One page of tasks.
+#[derive(Clone, Debug, Default)]
+pub struct ListPage {
+    /// The tasks, in order.
+    pub tasks: Vec<Arc<TaskSnapshot>>,
+    /// Where the next page starts, when there is one.
+    pub next: Option<PageToken>,
+    /// How many tasks match the query, over all pages.
+    pub total: usize,
+}
+
+/// Where push configurations are kept: one per scope ([`crate::push::Namespace::Scoped`])
+/// or several per task by id ([`crate::push::Namespace::Named`]); the two never replace
+/// each other.
 pub trait PushStore: Send + Sync + 'static {
-    /// Stores a configuration, replacing the one of the same scope.
-    fn set(&self, config: Arc<StoredPushConfig>);
-    /// Removes the configuration of exactly this scope.
+    /// Stores a configuration, replacing the one of the same scope (scoped) or of the same
+    /// task and id (named).
+    ///
+    /// # Errors
+    /// [`Error::InvalidParams`] when a task would hold more than `max_per_task` named
+    /// configurations.
+    fn set(&self, config: Arc<StoredPushConfig>, max_per_task: usize) -> Result<(), Error>;
+    /// Removes the scoped configuration of exactly this scope.
     fn remove(&self, scope: &PushScope);
-    /// The configuration of exactly this scope.
+    /// Removes a named configuration of a task; true if there was one.
+    fn remove_named(&self, task: &TaskKey, id: &str) -> bool;
+    /// The scoped configuration of exactly this scope.
     fn get_scope(&self, scope: &PushScope) -> Option<Arc<StoredPushConfig>>;
-    /// A configuration of this principal and agent by id.
+    /// A scoped configuration of this principal and agent by id.
     fn get_id(
         &self,
         principal: &Principal,
         agent: &AgentId,
         id: &str,
     ) -> Option<Arc<StoredPushConfig>>;
-    /// The configurations that apply to a task: its own and the agent-wide one.
+    /// A named configuration of a task.
+    fn get_named(&self, task: &TaskKey, id: &str) -> Option<Arc<StoredPushConfig>>;
+    /// A task's named configurations, oldest first.
+    fn list_named(&self, task: &TaskKey) -> Vec<Arc<StoredPushConfig>>;
+    /// Every configuration that applies to a task: its own (scoped and named) and its
+    /// owner's agent-wide one.
     fn for_task(&self, key: &TaskKey) -> Vec<Arc<StoredPushConfig>>;
+    /// Forgets a task's configurations (the task was evicted).
+    fn remove_task(&self, key: &TaskKey);
     /// True when no configuration is stored at all (the hot path skips webhooks then).
     fn is_empty(&self) -> bool;
-}
-
-/// Finished tasks in memory, evicted oldest first.
-///
-/// Retention is the same for every record, so insertion order is expiry order: a FIFO of
-/// keys makes eviction cost what it evicts, never a scan of the whole map. Besides the
-/// age, a count cap and a byte budget bound what is kept; both are enforced as records
-/// arrive, so no burst can hold more than the budget until the next sweep.
-pub struct MemoryTaskStore {
-    records: DashMap<TaskKey, FinishedTask, RandomState>,
-    /// Keys in insertion order with their expiry and size, plus the bytes held. Guarded by
-    /// a std mutex: pushes and pops are short and never await.
-    order: Mutex<Order>,
-    retention: Duration,
-    max_records: usize,
-    max_bytes: u64,
-}
-
-#[derive(Default)]
-struct Order {
-    queue: VecDeque<(Instant, TaskKey)>,
-    bytes: u64,
-}
-
-impl MemoryTaskStore {
-    /// A store keeping records for `retention`, at most `max_records` of them and at most
-    /// about `max_bytes` bytes of them.
-    pub fn new(retention: Duration, max_records: usize, max_bytes: u64) -> Self {
-        Self {
-            records: DashMap::default(),
-            order: Mutex::new(Order::default()),
-            retention,
-            max_records,
-            max_bytes,
-        }
-    }
-
-    /// About how many bytes the retained records hold.
-    pub fn bytes(&self) -> u64 {
-        self.lock().bytes
-    }
-
-    fn lock(&self) -> std::sync::MutexGuard<'_, Order> {
-        self.order.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    /// Evicts from the front while `expired` says so or a cap is exceeded.
-    fn evict_while(&self, expired: impl Fn(&Instant) -> bool) -> usize {
-        let mut evicted = 0;
-        loop {
-            let key = {
-                let mut order = self.lock();
-                let over = order.queue.len() > self.max_records || order.bytes > self.max_bytes;
-                match order.queue.front() {
-                    Some((expires, _)) if over || expired(expires) => {
-                        order.queue.pop_front().map(|(_, k)| k)
-                    }
-                    _ => None,
-                }
-            };
-            let Some(key) = key else { break };
-            if let Some((_, gone)) = self.records.remove(&key) {
-                let size = gone.snapshot.approx_bytes() as u64;
-                let mut order = self.lock();
-                order.bytes = order.bytes.saturating_sub(size);
-                evicted += 1;
-            }
-        }
-        evicted
-    }
-}
-
-impl TaskStore for MemoryTaskStore {
-    fn insert(&self, key: TaskKey, task: FinishedTask) {
-        let expires = Instant::now() + self.retention;
-        let size = task.snapshot.approx_bytes() as u64;
-        let replaced = self.records.insert(key.clone(), task);
-        let over = {
-            let mut order = self.lock();
-            order.bytes += size;
-            if let Some(old) = replaced {
-                order.bytes = order
-                    .bytes
-                    .saturating_sub(old.snapshot.approx_bytes() as u64);
-            }
-            order.queue.push_back((expires, key));
-            order.queue.len() > self.max_records || order.bytes > self.max_bytes
-        };
-        if over {
-            self.evict_while(|_| false);
-        }
-    }
-
-    fn get(&self, key: &TaskKey) -> Option<FinishedTask> {
-        self.records.get(key).map(|r| r.value().clone())
-    }
-
-    fn evict(&self, now: Instant) -> usize {
-        let evicted = self.evict_while(|expires| *expires <= now);
-        if evicted > 0 {
-            let mut order = self.lock();
-            if order.queue.capacity() > 1024 && order.queue.len() < order.queue.capacity() / 4 {
-                order.queue.shrink_to_fit();
-            }
-            drop(order);
-            if self.records.capacity() > 1024 && self.records.len() < self.records.capacity() / 4 {
-                self.records.shrink_to_fit();
-            }
-        }
-        evicted
-    }
-
-    fn len(&self) -> usize {
-        self.records.len()
-    }
-
-    fn bytes(&self) -> u64 {
-        MemoryTaskStore::bytes(self)
-    }
-}
-
-/// Push configurations in memory.
-#[derive(Default)]
-pub struct MemoryPushStore {
-    by_scope: DashMap<PushScope, Arc<StoredPushConfig>, RandomState>,
-}
-
-impl PushStore for MemoryPushStore {
-    fn set(&self, config: Arc<StoredPushConfig>) {
-        self.by_scope.insert(config.scope.clone(), config);
-    }
-
-    fn remove(&self, scope: &PushScope) {
-        self.by_scope.remove(scope);
-    }
-
-    fn get_scope(&self, scope: &PushScope) -> Option<Arc<StoredPushConfig>> {
-        self.by_scope.get(scope).map(|c| c.value().clone())
-    }
-
-    fn get_id(
-        &self,
-        principal: &Principal,
-        agent: &AgentId,
-        id: &str,
-    ) -> Option<Arc<StoredPushConfig>> {
-        self.by_scope
-            .iter()
-            .find(|c| c.id == id && &c.scope.principal == principal && &c.scope.agent == agent)
-            .map(|c| c.value().clone())
-    }
-
-    fn is_empty(&self) -> bool {
-        self.by_scope.is_empty()
-    }
-
-    fn for_task(&self, key: &TaskKey) -> Vec<Arc<StoredPushConfig>> {
-        let mut scope = PushScope {
-            principal: key.principal.clone(),
-            agent: key.agent.clone(),
-            task: Some(key.task.clone()),
-        };
-        let own = self.get_scope(&scope);
-        scope.task = None;
-        let wide = self.get_scope(&scope);
-        own.into_iter().chain(wide).collect()
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::model::{ContextId, TaskId, TaskState, TaskStatus};
-
-    fn key(n: usize) -> TaskKey {
-        TaskKey {
-            principal: "p".into(),
-            agent: "a".into(),
-            task: TaskId::new(n.to_string()),
-        }
-    }
-
-    fn record() -> FinishedTask {
-        let now = chrono::Utc::now();
-        FinishedTask {
-            snapshot: Arc::new(TaskSnapshot {
-                id: "t".into(),
-                context_id: ContextId::new("c"),
-                status: TaskStatus::new(TaskState::Completed),
-                seq: 3,
-                created_at: now,
-                updated_at: now,
-                history: vec![],
-                metadata: None,
-            }),
-        }
-    }
-
-    #[test]
-    fn records_expire_after_retention_in_insertion_order() {
-        let s = MemoryTaskStore::new(Duration::from_secs(10), 100, u64::MAX);
-        let t0 = Instant::now();
-        s.insert(key(1), record());
-        s.insert(key(2), record());
-        assert_eq!(s.evict(t0), 0);
-        assert_eq!(s.len(), 2);
-        assert_eq!(s.evict(t0 + Duration::from_secs(11)), 2);
-        assert!(s.get(&key(1)).is_none());
-    }
-
-    #[test]
-    fn the_cap_evicts_the_oldest_first() {
-        let s = MemoryTaskStore::new(Duration::from_secs(1000), 2, u64::MAX);
-        for n in 0..5 {
-            s.insert(key(n), record());
-        }
-        assert_eq!(s.len(), 2, "the cap holds as records arrive");
-        assert!(s.get(&key(2)).is_none());
-        assert!(s.get(&key(3)).is_some() && s.get(&key(4)).is_some());
-    }
-
-    #[test]
-    fn the_byte_budget_evicts_the_oldest_as_records_arrive() {
-        let one = record().snapshot.approx_bytes() as u64;
-        let s = MemoryTaskStore::new(Duration::from_secs(1000), 1000, one * 3);
-        for n in 0..10 {
-            s.insert(key(n), record());
-        }
-        assert_eq!(s.len(), 3);
-        assert!(s.bytes() <= one * 3);
-        assert!(s.get(&key(9)).is_some() && s.get(&key(6)).is_none());
-    }
 }

@@ -17,7 +17,7 @@ use crate::model::{FileContent, Message, Part};
 ///
 /// # Errors
 /// [`Error::InvalidParams`] naming `file.bytes` or `file.mimeType`.
-pub fn file_part(
+pub(crate) fn file_part(
     field: &str,
     name: String,
     mime_type: String,
@@ -93,7 +93,7 @@ pub fn file_part(
 ///
 /// # Errors
 /// [`Error::InvalidParams`] on `message.parts` when over `max_message_length`.
-pub fn message_length(message: &Message, limits: &AgentLimits) -> Result<(), Error> {
+pub(crate) fn message_length(message: &Message, limits: &AgentLimits) -> Result<(), Error> {
     let mut total = 0usize;
     for text in message.parts.iter().filter_map(Part::as_text) {
         total = total.saturating_add(text.chars().count());
@@ -111,7 +111,7 @@ pub fn message_length(message: &Message, limits: &AgentLimits) -> Result<(), Err
 }
 
 /// True for a UUID v4 in canonical hyphenated form (version nibble 4, RFC 4122 variant).
-pub fn is_uuid_v4(s: &str) -> bool {
+pub(crate) fn is_uuid_v4(s: &str) -> bool {
     let b = s.as_bytes();
     if b.len() != 36 {
         return false;

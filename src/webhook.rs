@@ -1,26 +1,26 @@
 //! Webhook delivery rules, free of I/O: the signature, the retry schedule, which answers
-//! are retried, and the payload. The delivering actors live in `actors::webhook`.
+//! are retried, and the seam through which dialects render payloads. The delivering
+//! actors live in `actors::webhook`.
 
 use std::time::Duration;
 
 use hmac::{KeyInit, Mac};
-use serde_json::{Value, json};
 use sha2::Sha256;
 
-use crate::model::{TaskEvent, TaskState, iso8601};
-use crate::push::{RetryPolicy, WebhookEvent};
+use crate::model::{AgentId, TaskEvent, TaskSnapshot};
+use crate::push::RetryPolicy;
 
 /// The `User-Agent` of every delivery.
-pub const USER_AGENT: &str = "a2ad-webhook/1.0";
+pub(crate) const USER_AGENT: &str = "a2ad-webhook/1.0";
 
 /// How long a receiver has to answer one attempt.
-pub const ATTEMPT_TIMEOUT: Duration = Duration::from_secs(5);
+pub(crate) const ATTEMPT_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// The longest `Retry-After` honoured.
-pub const MAX_RETRY_AFTER: Duration = Duration::from_secs(60);
+pub(crate) const MAX_RETRY_AFTER: Duration = Duration::from_secs(60);
 
 /// Headers the service sets itself; configured headers cannot replace them.
-pub const RESERVED_HEADERS: [&str; 9] = [
+pub(crate) const RESERVED_HEADERS: [&str; 9] = [
     "content-type",
     "content-length",
     "host",
@@ -48,12 +48,12 @@ pub fn signature(secret: &[u8], body: &[u8]) -> String {
 }
 
 /// Attempts in all: the first one plus the retries.
-pub fn max_attempts(policy: &RetryPolicy) -> u32 {
+pub(crate) fn max_attempts(policy: &RetryPolicy) -> u32 {
     policy.max_retries + 1
 }
 
 /// The wait after attempt `k` (from 1) failed: `initialDelay × backoffMultiplier^(k-1)`.
-pub fn backoff(policy: &RetryPolicy, failed_attempt: u32) -> Duration {
+pub(crate) fn backoff(policy: &RetryPolicy, failed_attempt: u32) -> Duration {
     let exp = i32::try_from(failed_attempt.saturating_sub(1)).unwrap_or(i32::MAX);
     let secs = policy.initial_delay * policy.backoff_multiplier.powi(exp);
     Duration::try_from_secs_f64(secs).unwrap_or(Duration::MAX)
@@ -61,7 +61,7 @@ pub fn backoff(policy: &RetryPolicy, failed_attempt: u32) -> Duration {
 
 /// What one attempt came to.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Outcome {
+pub(crate) enum Outcome {
     /// The receiver answered with this status (and `Retry-After` seconds, if any).
     Status(u16, Option<u64>),
     /// No answer within [`ATTEMPT_TIMEOUT`].
@@ -74,7 +74,7 @@ pub enum Outcome {
 
 /// What to do after an attempt.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Verdict {
+pub(crate) enum Verdict {
     /// Delivered.
     Delivered,
     /// Try again, after this wait if the receiver asked for one.
@@ -85,7 +85,7 @@ pub enum Verdict {
 
 /// Connection errors, time-outs, 408, 429 and 5xx are retried; 2xx is success; anything
 /// else (other 4xx, 3xx: redirects are not followed) fails at once.
-pub fn verdict(outcome: &Outcome) -> Verdict {
+pub(crate) fn verdict(outcome: &Outcome) -> Verdict {
     match outcome {
         Outcome::Status(s, _) if (200..300).contains(s) => Verdict::Delivered,
         Outcome::Status(429, retry_after) => {
@@ -97,75 +97,40 @@ pub fn verdict(outcome: &Outcome) -> Verdict {
     }
 }
 
-/// The `data` of an event's payload.
-pub fn event_data(
-    kind: WebhookEvent,
-    task_id: &str,
-    context_id: &str,
-    event: &TaskEvent,
-    created_at: &chrono::DateTime<chrono::Utc>,
-    estimated_ms: u64,
-) -> Value {
-    let status = &event.status;
-    let at = iso8601(&status.timestamp);
-    let duration = (status.timestamp - *created_at).num_milliseconds().max(0);
-    match kind {
-        WebhookEvent::Submitted => json!({
-            "taskId": task_id,
-            "submittedAt": at,
-            "estimatedDuration": estimated_ms,
-        }),
-        WebhookEvent::Working => json!({
-            "taskId": task_id,
-            "startedAt": at,
-            "progress": 0,
-        }),
-        WebhookEvent::Completed => json!({
-            "taskId": task_id,
-            "status": {
-                "state": TaskState::Completed.as_str(),
-                "message": status.message.as_deref().map(crate::rpc::seed::message_value),
-            },
-            "contextId": context_id,
-            "duration": duration,
-            "completedAt": at,
-        }),
-        WebhookEvent::Failed => json!({
-            "taskId": task_id,
-            "status": {
-                "state": TaskState::Failed.as_str(),
-                "error": status.error.as_ref().map(|e| json!({"code": e.code, "message": e.message})),
-            },
-            "duration": duration,
-            "failedAt": at,
-        }),
-        WebhookEvent::Canceled => json!({
-            "taskId": task_id,
-            "reason": status.reason.as_deref().unwrap_or("Canceled by user"),
-            "canceledAt": at,
-        }),
-    }
+/// Everything a delivery's payload may be made of.
+#[derive(Clone, Copy, Debug)]
+pub struct PayloadInput<'a> {
+    /// The agent.
+    pub agent_id: &'a AgentId,
+    /// The event delivered.
+    pub event: &'a TaskEvent,
+    /// The task as that event left it.
+    pub task: &'a TaskSnapshot,
+    /// The agent's mean response time in milliseconds (0 before any task finished).
+    pub estimated_ms: u64,
+    /// This attempt, from 1.
+    pub attempt: u32,
+    /// Attempts in all.
+    pub max_attempts: u32,
 }
 
-/// The body of one attempt.
-pub fn payload(
-    kind: WebhookEvent,
-    timestamp: &str,
-    agent_id: &str,
-    task_id: &str,
-    data: &Value,
-    attempt: u32,
-    max_attempts: u32,
-) -> Vec<u8> {
-    let body = json!({
-        "event": kind.as_str(),
-        "timestamp": timestamp,
-        "agentId": agent_id,
-        "taskId": task_id,
-        "data": data,
-        "delivery": {"attempt": attempt, "maxAttempts": max_attempts},
-    });
-    serde_json::to_vec(&body).unwrap_or_default()
+/// One attempt's body and the headers that describe it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Payload {
+    /// `Content-Type`.
+    pub content_type: &'static str,
+    /// `X-Webhook-Event`.
+    pub event: String,
+    /// The exact bytes sent (and signed).
+    pub body: Vec<u8>,
+}
+
+/// Renders deliveries in one payload format. Each dialect registers its own under a name
+/// that push configurations carry (`StoredPushConfig::format`), so the delivering core
+/// never needs to know a dialect.
+pub trait PayloadRenderer: Send + Sync + 'static {
+    /// The body of one attempt.
+    fn render(&self, input: &PayloadInput<'_>) -> Payload;
 }
 
 #[cfg(test)]

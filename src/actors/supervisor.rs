@@ -14,7 +14,6 @@ use ractor::{Actor, ActorProcessingErr, ActorRef, SupervisionEvent};
 use super::context::ContextMsg;
 use super::{ContextKey, Shared};
 use crate::model::{AGENT_ERROR_CODE, TaskError, TaskSnapshot, TaskState, TaskStatus};
-use crate::store::FinishedTask;
 
 /// Messages of the [`TaskSupervisor`].
 pub(crate) enum SupervisorMsg {
@@ -60,8 +59,11 @@ impl Actor for TaskSupervisor {
         match msg {
             SupervisorMsg::Sweep => {
                 let evicted = state.shared.store.evict(Instant::now());
-                if evicted > 0 {
-                    tracing::debug!(evicted, "finished tasks evicted");
+                for key in &evicted {
+                    state.shared.push.remove_task(key);
+                }
+                if !evicted.is_empty() {
+                    tracing::debug!(evicted = evicted.len(), "finished tasks evicted");
                 }
             }
         }
@@ -109,8 +111,10 @@ impl Actor for TaskSupervisor {
                         created_at: now,
                         updated_at: now,
                         history: Vec::new(),
+                        artifacts: Vec::new(),
                         metadata: None,
                     };
+                    let snapshot = Arc::new(snapshot);
                     // Its turn will never be recorded: release the conversation.
                     let _ = state.shared.contexts.cast(ContextMsg::Abandon {
                         key: ContextKey {
@@ -118,12 +122,7 @@ impl Actor for TaskSupervisor {
                             context: live.context_id.clone(),
                         },
                     });
-                    state.shared.store.insert(
-                        key,
-                        FinishedTask {
-                            snapshot: Arc::new(snapshot),
-                        },
-                    );
+                    state.shared.put_task(&key, snapshot);
                 }
             }
             SupervisionEvent::ActorStarted(_) | SupervisionEvent::ProcessGroupChanged(_) => {}

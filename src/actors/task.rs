@@ -2,9 +2,11 @@
 //! stream subscribers and the callers waiting for its end.
 //!
 //! It never awaits the agent, the network or a subscriber: the agent runs on a driver
-//! task that casts its results back, and subscribers are fed with `try_send`. On a
-//! terminal state it persists its record, leaves the live index, tells its followers and
-//! stops (see docs/ARCHITECTURE.md, "Task lifecycle", for why in that order).
+//! task that casts its results back, and subscribers are fed with `try_send`. Every event
+//! writes the task's record to the store before anyone hears of it. On a terminal state it
+//! leaves the live index, tells its followers and stops; on an interrupted state
+//! (`input-required`, `auth-required`) it tells its followers and waits for a message that
+//! continues the task (see docs/ARCHITECTURE.md, "Task lifecycle").
 
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
@@ -16,18 +18,20 @@ use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
-use super::{AgentEntry, ContextKey, Replay, Shared, context::ContextMsg};
-use crate::agent::{AgentError, AgentRequest, Updates};
+use super::{AgentEntry, ContextKey, Shared, context::ContextMsg};
+use crate::agent::{AgentError, AgentRequest, Outcome, Updates};
 use crate::error::Error;
 use crate::limits::Admission;
 use crate::model::{
-    AGENT_ERROR_CODE, ContextId, Message, TaskError, TaskEvent, TaskKey, TaskSnapshot, TaskState,
-    TaskStatus,
+    AGENT_ERROR_CODE, Artifact, ArtifactUpdate, ContextId, Message, TaskError, TaskEvent, TaskKey,
+    TaskSnapshot, TaskState, TaskStatus,
 };
-use crate::store::FinishedTask;
+use crate::runtime::{Replay, StreamItem};
 
 /// Messages of a [`TaskActor`].
 pub(crate) enum TaskMsg {
+    /// The task is in the live index: start the driver. Sent once, by `Runtime::submit`.
+    Start,
     /// The driver got a slot and the agent starts: `submitted` → `working`.
     Started,
     /// An intermediate agent update; `keep` records it in the history.
@@ -37,10 +41,12 @@ pub(crate) enum TaskMsg {
         /// Kept in `history` (a progress message) or transient (a streamed chunk).
         keep: bool,
     },
-    /// The agent ended.
-    Finished(Result<Message, AgentError>),
-    /// The task's time-out elapsed.
-    TimedOut,
+    /// An artifact, or a chunk of one.
+    Artifact(ArtifactUpdate),
+    /// The agent's run ended.
+    Finished(Result<Outcome, AgentError>),
+    /// The deadline of run `0` (a generation) passed.
+    TimedOut(u64),
     /// Cancel the task; `reply` is `None` for shutdown.
     Cancel {
         /// The reason recorded in `status.reason`.
@@ -48,40 +54,47 @@ pub(crate) enum TaskMsg {
         /// Where the outcome goes.
         reply: Option<RpcReplyPort<Result<TaskSnapshot, Error>>>,
     },
+    /// A message continues an interrupted task.
+    Continue {
+        /// The message.
+        message: Arc<Message>,
+        /// Who follows the task from here.
+        follow: Follow,
+        /// The task as the message found it, or why it cannot be continued.
+        reply: RpcReplyPort<Result<Arc<TaskSnapshot>, Error>>,
+    },
     /// The task as it stands.
     Get(RpcReplyPort<TaskSnapshot>),
-    /// Tell `0` when the task is terminal.
+    /// Tell `0` when the task ends its run (terminal or interrupted).
     WaitFinal(oneshot::Sender<TaskSnapshot>),
-    /// Add a stream subscriber; replies with the events to replay first.
+    /// Add a stream subscriber; replies with the items to replay first.
     Subscribe {
         /// The subscriber.
         subscriber: Subscriber,
         /// Which earlier events to replay.
         replay: Replay,
         /// The replay, or why the subscription is refused.
-        reply: RpcReplyPort<Result<Vec<Arc<TaskEvent>>, Error>>,
+        reply: RpcReplyPort<Result<Vec<StreamItem>, Error>>,
     },
     /// A stream's client went away.
     Unsubscribe(u64),
-    /// The task is in the live index: start the driver. Sent once, by `Runtime::submit`.
-    Start,
 }
 
 /// A stream subscriber: a bounded channel fed with `try_send`.
 pub(crate) struct Subscriber {
     /// Unique per runtime, for [`TaskMsg::Unsubscribe`].
     pub(crate) id: u64,
-    /// Dropped by the actor when the task ends, which ends the stream.
-    pub(crate) tx: mpsc::Sender<Arc<TaskEvent>>,
+    /// Dropped by the actor when the task's run ends, which ends the stream.
+    pub(crate) tx: mpsc::Sender<StreamItem>,
 }
 
-/// Who follows a new task from its first event.
+/// Who follows a task from its next event.
 pub(crate) enum Follow {
     /// Nobody (non-blocking send).
     Nobody,
-    /// A caller waiting for the terminal state.
+    /// A caller waiting for the end of the run.
     Final(oneshot::Sender<TaskSnapshot>),
-    /// A stream; receives event 1 and everything after.
+    /// A stream.
     Stream(Subscriber),
 }
 
@@ -110,18 +123,26 @@ pub(crate) struct TaskActorState {
     context_id: ContextId,
     message: Arc<Message>,
     metadata: Option<Arc<serde_json::value::RawValue>>,
+    /// The conversation's earlier turns, as the agent saw them.
+    context_history: Vec<Arc<Message>>,
+    turn: u32,
     created_at: DateTime<Utc>,
     started: Instant,
     status: TaskStatus,
     events: Vec<Arc<TaskEvent>>,
-    /// The user message, then the agent messages.
+    /// The user message, then the agent messages (and continuing user messages).
     history: Vec<Arc<Message>>,
+    artifacts: Vec<Arc<Artifact>>,
+    /// The record as the last event left it.
+    snapshot: Arc<TaskSnapshot>,
     subscribers: Vec<Subscriber>,
     waiters: Vec<oneshot::Sender<TaskSnapshot>>,
-    /// Cancelled when the task ends: stops the driver (and with it the agent).
+    /// Cancelled when the task ends: stops the current driver (and with it the agent).
     cancel: CancellationToken,
-    /// Taken by `post_start` to start the driver.
-    start: Option<(Admission, AgentRequest)>,
+    /// The current run; a time-out of an earlier run is ignored.
+    generation: u64,
+    /// Taken to start the first run.
+    start: Option<Admission>,
 }
 
 // === impl TaskActor ===
@@ -136,49 +157,36 @@ impl Actor for TaskActor {
         _myself: ActorRef<TaskMsg>,
         args: TaskArgs,
     ) -> Result<TaskActorState, ActorProcessingErr> {
-        let cancel = CancellationToken::new();
-        let request = AgentRequest {
-            task_id: args.key.task.clone(),
-            context_id: args.context_id.clone(),
-            message: args.message.clone(),
-            history: args.history,
-            turn: args.turn,
-            cancel: cancel.clone(),
-        };
         let status = TaskStatus::new(TaskState::Submitted);
         let mut state = TaskActorState {
             created_at: status.timestamp,
             started: Instant::now(),
+            history: vec![args.message.clone()],
+            artifacts: Vec::new(),
+            snapshot: Arc::new(placeholder(&args.key, &args.context_id, &status)),
             shared: args.shared,
             agent: args.agent,
             key: args.key,
             context_id: args.context_id,
-            history: vec![args.message.clone()],
             message: args.message,
             metadata: args.metadata,
+            context_history: args.history,
+            turn: args.turn,
             status: status.clone(),
             events: Vec::with_capacity(4),
             subscribers: Vec::new(),
             waiters: Vec::new(),
-            cancel,
-            start: Some((args.admission, request)),
+            cancel: CancellationToken::new(),
+            generation: 0,
+            start: Some(args.admission),
         };
-        match args.follow {
-            Follow::Nobody => {}
-            Follow::Final(tx) => state.waiters.push(tx),
-            Follow::Stream(sub) => state.subscribers.push(sub),
-        }
+        state.follow(args.follow);
         state
             .shared
             .metrics
             .tasks_submitted
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let first = state.record(status);
-        state.fan_out(&first);
-        state
-            .shared
-            .observer
-            .task_event(&state.key, &state.context_id, &first, state.created_at);
+        state.emit(status, None, true);
         Ok(state)
     }
 
@@ -190,24 +198,38 @@ impl Actor for TaskActor {
     ) -> Result<(), ActorProcessingErr> {
         let terminal = state.status.state.is_terminal();
         match msg {
-            TaskMsg::Started => {
-                state.transition(&myself, TaskStatus::new(TaskState::Working));
+            TaskMsg::Start => {
+                if let Some(admission) = state.start.take() {
+                    let request = state.request(state.message.clone(), Vec::new());
+                    state.run(&myself, admission, request);
+                }
             }
+            TaskMsg::Started => state.transition(&myself, TaskStatus::new(TaskState::Working)),
             TaskMsg::Progress { message, keep } if state.status.state == TaskState::Working => {
                 let message = Arc::new(message);
-                if keep {
+                // A bounded history: past the cap, updates are streamed but not kept.
+                if keep && state.history.len() < state.shared.config.server.max_task_history {
                     state.history.push(message.clone());
                 }
                 let mut status = TaskStatus::new(TaskState::Working);
                 status.message = Some(message);
                 state.transition(&myself, status);
             }
-            TaskMsg::Finished(result) if !terminal => {
+            TaskMsg::Artifact(update) if state.status.state == TaskState::Working => {
+                state.artifact(update);
+            }
+            TaskMsg::Finished(result) if state.status.state == TaskState::Working => {
                 let status = match result {
-                    Ok(reply) => {
+                    Ok(outcome) => {
+                        let (to, reply) = match outcome {
+                            Outcome::Completed(m) => (TaskState::Completed, m),
+                            Outcome::InputRequired(m) => (TaskState::InputRequired, m),
+                            Outcome::AuthRequired(m) => (TaskState::AuthRequired, m),
+                            Outcome::Rejected(m) => (TaskState::Rejected, m),
+                        };
                         let reply = Arc::new(reply);
                         state.history.push(reply.clone());
-                        let mut s = TaskStatus::new(TaskState::Completed);
+                        let mut s = TaskStatus::new(to);
                         s.message = Some(reply);
                         s
                     }
@@ -222,7 +244,7 @@ impl Actor for TaskActor {
                 };
                 state.transition(&myself, status);
             }
-            TaskMsg::TimedOut => {
+            TaskMsg::TimedOut(generation) if generation == state.generation && !terminal => {
                 state.transition(&myself, canceled("timeout".into()));
             }
             TaskMsg::Cancel { reason, reply } => {
@@ -234,18 +256,25 @@ impl Actor for TaskActor {
                     })
                 } else {
                     state.transition(&myself, canceled(reason));
-                    Ok(state.snapshot())
+                    Ok((*state.snapshot).clone())
                 };
                 if let Some(reply) = reply {
                     let _ = reply.send(outcome);
                 }
             }
+            TaskMsg::Continue {
+                message,
+                follow,
+                reply,
+            } => {
+                let _ = reply.send(state.resume(&myself, message, follow));
+            }
             TaskMsg::Get(reply) => {
-                let _ = reply.send(state.snapshot());
+                let _ = reply.send((*state.snapshot).clone());
             }
             TaskMsg::WaitFinal(tx) => {
-                if terminal {
-                    let _ = tx.send(state.snapshot());
+                if state.status.state.ends_stream() {
+                    let _ = tx.send((*state.snapshot).clone());
                 } else {
                     state.waiters.push(tx);
                 }
@@ -258,9 +287,11 @@ impl Actor for TaskActor {
                 let _ = reply.send(state.subscribe(subscriber, replay));
             }
             TaskMsg::Unsubscribe(id) => state.subscribers.retain(|s| s.id != id),
-            TaskMsg::Start => state.start_driver(&myself),
             // Late messages for a task that already moved on: nothing to do.
-            TaskMsg::Progress { .. } | TaskMsg::Finished(_) => {}
+            TaskMsg::Progress { .. }
+            | TaskMsg::Artifact(_)
+            | TaskMsg::Finished(_)
+            | TaskMsg::TimedOut(_) => {}
         }
         Ok(())
     }
@@ -281,9 +312,24 @@ fn canceled(reason: Arc<str>) -> TaskStatus {
     s
 }
 
-/// Runs the agent for one task, outside the actor: waits for a slot, runs the backend,
-/// casts the outcome back. Ends early when the task is canceled (the actor cancels the
-/// token) or its deadline passes; dropping the agent's future aborts its I/O, and
+/// The record before the first event is built (replaced at once).
+fn placeholder(key: &TaskKey, context: &ContextId, status: &TaskStatus) -> TaskSnapshot {
+    TaskSnapshot {
+        id: key.task.clone(),
+        context_id: context.clone(),
+        status: status.clone(),
+        seq: 0,
+        created_at: status.timestamp,
+        updated_at: status.timestamp,
+        history: Vec::new(),
+        artifacts: Vec::new(),
+        metadata: None,
+    }
+}
+
+/// Runs the agent for one run of a task, outside the actor: waits for a slot, runs the
+/// backend, casts the outcome back. Ends early when the run is canceled (the actor cancels
+/// the token) or its deadline passes; dropping the agent's future aborts its I/O, and
 /// dropping the permit hands the slot to the next queued task.
 async fn drive(
     task: ActorRef<TaskMsg>,
@@ -292,6 +338,7 @@ async fn drive(
     request: AgentRequest,
     cancel: CancellationToken,
     deadline: tokio::time::Instant,
+    generation: u64,
 ) {
     let work = async {
         let Some(_permit) = admission.ready().await else {
@@ -300,7 +347,7 @@ async fn drive(
         if task.cast(TaskMsg::Started).is_err() {
             return;
         }
-        let run = agent.backend.run(request, Updates::new(task.clone()));
+        let run = agent.backend.run_task(request, Updates::new(task.clone()));
         let result = AssertUnwindSafe(run)
             .catch_unwind()
             .await
@@ -311,7 +358,7 @@ async fn drive(
         biased;
         () = cancel.cancelled() => {}
         () = tokio::time::sleep_until(deadline) => {
-            let _ = task.cast(TaskMsg::TimedOut);
+            let _ = task.cast(TaskMsg::TimedOut(generation));
         }
         () = work => {}
     }
@@ -320,32 +367,91 @@ async fn drive(
 // === impl TaskActorState ===
 
 impl TaskActorState {
-    /// Starts the driver (once). It is started by a message, not in `post_start`, so that
-    /// the task is in the live index before it can possibly end.
-    fn start_driver(&mut self, myself: &ActorRef<TaskMsg>) {
-        if let Some((admission, request)) = self.start.take() {
-            let timeout = Duration::from_secs_f64(self.agent.config.limits.task_timeout_seconds);
-            let deadline = tokio::time::Instant::from_std(self.started) + timeout;
-            tokio::spawn(drive(
-                myself.clone(),
-                self.agent.clone(),
-                admission,
-                request,
-                self.cancel.clone(),
-                deadline,
-            ));
+    fn follow(&mut self, follow: Follow) {
+        match follow {
+            Follow::Nobody => {}
+            Follow::Final(tx) => self.waiters.push(tx),
+            Follow::Stream(sub) => self.subscribers.push(sub),
         }
     }
 
-    /// Appends an event for `status` and feeds it to the subscribers.
-    fn record(&mut self, status: TaskStatus) -> Arc<TaskEvent> {
+    fn request(&self, message: Arc<Message>, task_history: Vec<Arc<Message>>) -> AgentRequest {
+        AgentRequest {
+            task_id: self.key.task.clone(),
+            context_id: self.context_id.clone(),
+            message,
+            history: self.context_history.clone(),
+            task_history,
+            turn: self.turn,
+            cancel: self.cancel.clone(),
+        }
+    }
+
+    /// Starts a run of the agent: its driver, under a fresh generation and deadline. The
+    /// deadline (`task_timeout_seconds`) counts from the submission for the first run and
+    /// from the continuing message for later ones.
+    fn run(&mut self, myself: &ActorRef<TaskMsg>, admission: Admission, request: AgentRequest) {
+        self.generation += 1;
+        let timeout = Duration::from_secs_f64(self.agent.config.limits.task_timeout_seconds);
+        let from = if self.generation == 1 {
+            self.started
+        } else {
+            Instant::now()
+        };
+        let deadline = tokio::time::Instant::from_std(from) + timeout;
+        tokio::spawn(drive(
+            myself.clone(),
+            self.agent.clone(),
+            admission,
+            request,
+            self.cancel.clone(),
+            deadline,
+            self.generation,
+        ));
+    }
+
+    /// Continues an interrupted task with a new message.
+    fn resume(
+        &mut self,
+        myself: &ActorRef<TaskMsg>,
+        message: Arc<Message>,
+        follow: Follow,
+    ) -> Result<Arc<TaskSnapshot>, Error> {
+        let state = self.status.state;
+        if !state.is_interrupted() {
+            return Err(Error::TaskNotContinuable {
+                task: self.key.task.clone(),
+                state,
+            });
+        }
+        let admission = self.agent.scheduler.admit()?;
+        let before = self.history.clone();
+        self.history.push(message.clone());
+        let found = self.snapshot.clone();
+        self.follow(follow);
+        let request = self.request(message, before);
+        // The run ended with the interruption; its token went with it.
+        self.cancel = CancellationToken::new();
+        self.run(myself, admission, request);
+        Ok(found)
+    }
+
+    /// Records an event: the record goes to the store, then the event to subscribers and
+    /// the observer. `changed` says whether the state changed.
+    fn emit(&mut self, status: TaskStatus, artifact: Option<ArtifactUpdate>, changed: bool) {
         let event = Arc::new(TaskEvent {
             seq: self.events.len() as u64 + 1,
             status: status.clone(),
+            artifact,
         });
         self.status = status;
         self.events.push(event.clone());
-        event
+        self.snapshot = Arc::new(self.build_snapshot());
+        self.shared.put_task(&self.key, self.snapshot.clone());
+        self.fan_out(&event);
+        self.shared
+            .observer
+            .task_event(&self.key, &event, &self.snapshot, changed);
     }
 
     /// Keeps the `tasks by state` gauges of /metrics.
@@ -364,8 +470,12 @@ impl TaskActorState {
 
     fn fan_out(&mut self, event: &Arc<TaskEvent>) {
         let metrics = &self.shared.metrics;
+        let item = StreamItem {
+            event: event.clone(),
+            task: self.snapshot.clone(),
+        };
         self.subscribers
-            .retain(|s| match s.tx.try_send(event.clone()) {
+            .retain(|s| match s.tx.try_send(item.clone()) {
                 Ok(()) => true,
                 Err(mpsc::error::TrySendError::Full(_)) => {
                     metrics
@@ -378,55 +488,82 @@ impl TaskActorState {
             });
     }
 
+    fn artifact(&mut self, update: ArtifactUpdate) {
+        let incoming = &update.artifact;
+        match self
+            .artifacts
+            .iter_mut()
+            .find(|a| a.artifact_id == incoming.artifact_id)
+        {
+            Some(existing) if update.append => {
+                let mut merged = (**existing).clone();
+                merged.parts.extend(incoming.parts.iter().cloned());
+                *existing = Arc::new(merged);
+            }
+            Some(existing) => *existing = incoming.clone(),
+            None => self.artifacts.push(incoming.clone()),
+        }
+        let status = self.status.clone();
+        self.emit(status, Some(update), false);
+    }
+
     fn transition(&mut self, myself: &ActorRef<TaskMsg>, status: TaskStatus) {
         let previous = self.status.state;
         if !previous.can_become(status.state) {
             tracing::debug!(task = %self.key.task, from = %previous, to = %status.state, "transition ignored");
             return;
         }
-        let event = self.record(status);
-        let state = event.status.state;
-        if state != previous {
-            self.count_states(previous, state);
+        let to = status.state;
+        if to != previous {
+            self.count_states(previous, to);
         }
-        let finished = state.is_terminal().then(|| self.persist(myself));
-        self.fan_out(&event);
-        if state != previous {
+        if to.is_terminal() {
+            // Out of the live index before anyone hears of the end: whoever saw it will
+            // find the record (written by `emit`, first).
+            self.emit(status, None, to != previous);
+            let me = myself.get_id();
             self.shared
-                .observer
-                .task_event(&self.key, &self.context_id, &event, self.created_at);
-        }
-        if let Some(snapshot) = finished {
-            self.finish(myself, &snapshot);
+                .live
+                .remove_if(&self.key, |_, live| live.actor.get_id() == me);
+            self.finish(myself);
+        } else {
+            self.emit(status, None, to != previous);
+            if to.is_interrupted() {
+                self.end_run();
+                self.interrupted(myself);
+            }
         }
     }
 
-    /// Stores the finished record and leaves the live index, before anyone hears of the
-    /// terminal state: whoever saw it will find the record.
-    fn persist(&mut self, myself: &ActorRef<TaskMsg>) -> Arc<TaskSnapshot> {
-        let snapshot = Arc::new(self.snapshot());
-        let record = FinishedTask {
-            snapshot: snapshot.clone(),
-        };
-        self.shared.store.insert(self.key.clone(), record);
-        let me = myself.get_id();
-        self.shared
-            .live
-            .remove_if(&self.key, |_, live| live.actor.get_id() == me);
-        snapshot
-    }
-
-    fn finish(&mut self, myself: &ActorRef<TaskMsg>, snapshot: &TaskSnapshot) {
+    /// The run ended (terminal or interrupted): waiters get the task, streams end after
+    /// the event they just received.
+    fn end_run(&mut self) {
+        let snapshot = (*self.snapshot).clone();
         for waiter in self.waiters.drain(..) {
             let _ = waiter.send(snapshot.clone());
         }
-        // Dropping the senders ends every stream after its final event.
         self.subscribers.clear();
-        self.agent
-            .metrics
-            .finished(snapshot.status.state, self.started.elapsed());
-        let reply = (snapshot.status.state == TaskState::Completed)
-            .then(|| snapshot.status.message.clone())
+    }
+
+    /// An interrupted task waits for its continuing message at most `task_timeout_seconds`.
+    fn interrupted(&mut self, myself: &ActorRef<TaskMsg>) {
+        self.cancel.cancel();
+        self.generation += 1;
+        let generation = self.generation;
+        let timeout = Duration::from_secs_f64(self.agent.config.limits.task_timeout_seconds);
+        let me = myself.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(timeout).await;
+            let _ = me.cast(TaskMsg::TimedOut(generation));
+        });
+    }
+
+    fn finish(&mut self, myself: &ActorRef<TaskMsg>) {
+        self.end_run();
+        let state = self.status.state;
+        self.agent.metrics.finished(state, self.started.elapsed());
+        let reply = (state == TaskState::Completed)
+            .then(|| self.status.message.clone())
             .flatten();
         let _ = self.shared.contexts.cast(ContextMsg::Record {
             key: ContextKey {
@@ -444,10 +581,14 @@ impl TaskActorState {
         &mut self,
         subscriber: Subscriber,
         replay: Replay,
-    ) -> Result<Vec<Arc<TaskEvent>>, Error> {
+    ) -> Result<Vec<StreamItem>, Error> {
+        let item = |event: &Arc<TaskEvent>| StreamItem {
+            event: event.clone(),
+            task: self.snapshot.clone(),
+        };
         if self.status.state.is_terminal() {
             // Cannot happen for a stopped actor; a queued message may still arrive.
-            return Ok(self.events.last().cloned().into_iter().collect());
+            return Ok(self.events.last().map(item).into_iter().collect());
         }
         if self.subscribers.len() >= self.shared.config.server.max_subscribers_per_task {
             return Err(Error::SubscriptionFailed {
@@ -455,24 +596,35 @@ impl TaskActorState {
                 reason: "the task's subscriber limit is reached".into(),
             });
         }
-        let events = match replay {
-            Replay::All => self.events.clone(),
-            Replay::After(n) => self.events.iter().filter(|e| e.seq > n).cloned().collect(),
-            Replay::Current => self.events.last().cloned().into_iter().collect(),
+        let events: Vec<StreamItem> = match replay {
+            Replay::All => self.events.iter().map(item).collect(),
+            Replay::After(n) => self.events.iter().filter(|e| e.seq > n).map(item).collect(),
+            Replay::Current => self.current().map(item).into_iter().collect(),
         };
-        self.subscribers.push(subscriber);
+        // An interrupted task's stream is over once the client has the current state.
+        if !self.status.state.ends_stream() {
+            self.subscribers.push(subscriber);
+        }
         Ok(events)
     }
 
-    fn snapshot(&self) -> TaskSnapshot {
+    /// The event that produced the current status (the last status event: an artifact
+    /// event does not change the status).
+    fn current(&self) -> Option<&Arc<TaskEvent>> {
+        self.events.iter().rev().find(|e| e.artifact.is_none())
+    }
+
+    fn build_snapshot(&self) -> TaskSnapshot {
+        let seq = self.current().map_or(0, |e| e.seq);
         TaskSnapshot {
             id: self.key.task.clone(),
             context_id: self.context_id.clone(),
             status: self.status.clone(),
-            seq: self.events.len() as u64,
+            seq,
             created_at: self.created_at,
             updated_at: self.status.timestamp,
             history: self.history.clone(),
+            artifacts: self.artifacts.clone(),
             metadata: self.metadata.clone(),
         }
     }

@@ -1,8 +1,10 @@
 //! The webhook pool: `webhooks.workers` actors that deliver signed, retried webhooks.
 //!
-//! A delivery belongs to a lane — one task and one configuration — and a lane has at most
-//! one attempt in flight, so a task's deliveries to a configuration go out in event order.
-//! Lanes are spread over the workers by hash, so one lane always lands on one worker.
+//! Task actors hand each event to the worker chosen by the task's hash, which looks up the
+//! configurations that apply (so no lookup runs in a task actor's handler) and queues one
+//! delivery per configuration. A delivery belongs to a lane — one task and one
+//! configuration — and a lane has at most one attempt in flight, so a task's deliveries to
+//! a configuration go out in event order. All of a task's lanes live on one worker.
 //! A worker never awaits the network: each attempt runs on its own tokio task (bounded by
 //! the 5 s attempt time-out) and casts its outcome back; retries wait on timer tasks. So a
 //! slow or dead receiver holds up only its own lanes, never a task, a stream, a worker's
@@ -18,13 +20,13 @@ use std::sync::atomic::{AtomicI64, AtomicU64};
 use std::time::Duration;
 
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
-use serde_json::Value;
 
 use super::{AgentEntry, TaskObserver};
-use crate::model::{AgentId, ContextId, TaskEvent, TaskKey, iso8601};
-use crate::push::{StoredPushConfig, WebhookEvent, address_allowed, redact_url};
+use crate::config::WebhooksConfig;
+use crate::model::{AgentId, TaskEvent, TaskKey, TaskSnapshot};
+use crate::push::{StoredPushConfig, address_allowed, redact_url};
 use crate::store::PushStore;
-use crate::webhook::{self, Outcome, Verdict};
+use crate::webhook::{self, Outcome, PayloadInput, PayloadRenderer, Verdict};
 
 /// Webhook counters.
 #[derive(Debug, Default)]
@@ -49,11 +51,10 @@ pub(crate) struct Delivery {
     /// `X-Webhook-Delivery`: the same on every attempt.
     id: uuid::Uuid,
     config: Arc<StoredPushConfig>,
-    kind: WebhookEvent,
     agent_id: AgentId,
-    task_id: String,
-    timestamp: String,
-    data: Arc<Value>,
+    event: Arc<TaskEvent>,
+    task: Arc<TaskSnapshot>,
+    estimated_ms: u64,
     attempt: u32,
 }
 
@@ -61,8 +62,17 @@ type LaneKey = (TaskKey, String);
 
 /// Messages of a [`WebhookActor`].
 pub(crate) enum WebhookMsg {
-    /// A new delivery for its lane.
-    Deliver(LaneKey, Delivery),
+    /// A task's event: queue a delivery for each configuration that selects it.
+    Event {
+        /// The task.
+        key: TaskKey,
+        /// The event.
+        event: Arc<TaskEvent>,
+        /// The task as the event left it.
+        task: Arc<TaskSnapshot>,
+        /// The event changed the task's state.
+        changed: bool,
+    },
     /// An attempt ended.
     AttemptDone(LaneKey, Delivery, Outcome),
     /// A retry's wait is over.
@@ -80,6 +90,10 @@ pub(crate) struct WebhookArgs {
     client: reqwest::Client,
     metrics: Arc<WebhookMetrics>,
     allow_private: bool,
+    push: Arc<dyn PushStore>,
+    agents: Arc<HashMap<AgentId, Arc<AgentEntry>>>,
+    renderers: Arc<HashMap<String, Arc<dyn PayloadRenderer>>>,
+    max_pending: i64,
 }
 
 /// A worker's lanes.
@@ -118,13 +132,12 @@ impl Actor for WebhookActor {
         state: &mut WebhookState,
     ) -> Result<(), ActorProcessingErr> {
         match msg {
-            WebhookMsg::Deliver(lane, delivery) => {
-                let entry = state.lanes.entry(lane.clone()).or_default();
-                entry.queue.push_back(delivery);
-                if entry.busy.is_none() {
-                    state.start_next(&myself, lane);
-                }
-            }
+            WebhookMsg::Event {
+                key,
+                event,
+                task,
+                changed,
+            } => state.event(&myself, key, event, task, changed),
             WebhookMsg::AttemptDone(lane, mut delivery, outcome) => {
                 let m = &state.args.metrics;
                 let attempts = webhook::max_attempts(&delivery.config.config.retry);
@@ -159,7 +172,7 @@ impl Actor for WebhookActor {
                         tracing::error!(
                             delivery = %delivery.id,
                             url = %redact_url(&c.config.url),
-                            event = delivery.kind.as_str(),
+                            event = %delivery.event.name(),
                             attempts = delivery.attempt,
                             ?outcome,
                             deactivated = failures >= StoredPushConfig::DEACTIVATE_AFTER,
@@ -174,7 +187,7 @@ impl Actor for WebhookActor {
                 let mut dropped = 0;
                 for (_, lane) in state.lanes.drain() {
                     for d in lane.queue {
-                        tracing::error!(delivery = %d.id, url = %redact_url(&d.config.config.url), event = d.kind.as_str(), "webhook delivery dropped at shutdown");
+                        tracing::error!(delivery = %d.id, url = %redact_url(&d.config.config.url), event = %d.event.name(), "webhook delivery dropped at shutdown");
                         dropped += 1;
                     }
                     if let Some(id) = lane.busy {
@@ -193,6 +206,56 @@ impl Actor for WebhookActor {
 }
 
 impl WebhookState {
+    /// Queues a delivery of `event` for each configuration of the task that selects it.
+    fn event(
+        &mut self,
+        myself: &ActorRef<WebhookMsg>,
+        key: TaskKey,
+        event: Arc<TaskEvent>,
+        task: Arc<TaskSnapshot>,
+        changed: bool,
+    ) {
+        let m = self.args.metrics.clone();
+        let mut estimated = None;
+        for config in self.args.push.for_task(&key) {
+            if !config.config.events.selects(&event, changed) {
+                continue;
+            }
+            if !config.is_active() {
+                m.skipped.fetch_add(1, Relaxed);
+                continue;
+            }
+            if m.pending.load(Relaxed) >= self.args.max_pending {
+                m.discarded.fetch_add(1, Relaxed);
+                tracing::error!(url = %redact_url(&config.config.url), event = %event.name(), task = %key.task, "webhook pool full; delivery discarded");
+                continue;
+            }
+            let estimated_ms = *estimated.get_or_insert_with(|| {
+                self.args
+                    .agents
+                    .get(&key.agent)
+                    .map(|a| a.metrics.snapshot().average_response_time.round() as u64)
+                    .unwrap_or(0)
+            });
+            m.pending.fetch_add(1, Relaxed);
+            let lane = (key.clone(), config.id.clone());
+            let delivery = Delivery {
+                id: uuid::Uuid::new_v4(),
+                agent_id: key.agent.clone(),
+                event: event.clone(),
+                task: task.clone(),
+                estimated_ms,
+                attempt: 1,
+                config,
+            };
+            let entry = self.lanes.entry(lane.clone()).or_default();
+            entry.queue.push_back(delivery);
+            if entry.busy.is_none() {
+                self.start_next(myself, lane);
+            }
+        }
+    }
+
     /// Starts the lane's next delivery, or forgets the lane when it is empty.
     fn start_next(&mut self, myself: &ActorRef<WebhookMsg>, key: LaneKey) {
         let Some(lane) = self.lanes.get_mut(&key) else {
@@ -252,22 +315,23 @@ async fn send(args: &WebhookArgs, d: &Delivery) -> Outcome {
             return Outcome::Refused(reason.to_string());
         }
     }
-    let max = webhook::max_attempts(&config.retry);
-    let body = webhook::payload(
-        d.kind,
-        &d.timestamp,
-        d.agent_id.as_str(),
-        &d.task_id,
-        &d.data,
-        d.attempt,
-        max,
-    );
+    let Some(renderer) = args.renderers.get(&*d.config.format) else {
+        return Outcome::Refused(format!("no payload format {:?}", d.config.format));
+    };
+    let payload = renderer.render(&PayloadInput {
+        agent_id: &d.agent_id,
+        event: &d.event,
+        task: &d.task,
+        estimated_ms: d.estimated_ms,
+        attempt: d.attempt,
+        max_attempts: webhook::max_attempts(&config.retry),
+    });
     let mut req = args
         .client
         .post(&config.url)
         .timeout(webhook::ATTEMPT_TIMEOUT)
-        .header("content-type", "application/json")
-        .header("x-webhook-event", d.kind.as_str())
+        .header("content-type", payload.content_type)
+        .header("x-webhook-event", &payload.event)
         .header("x-webhook-delivery", d.id.to_string())
         .header("user-agent", webhook::USER_AGENT);
     for (name, value) in &config.headers {
@@ -275,6 +339,17 @@ async fn send(args: &WebhookArgs, d: &Delivery) -> Outcome {
             req = req.header(name, value);
         }
     }
+    if let Some(token) = &config.token {
+        req = req.header("x-a2a-notification-token", token);
+    }
+    if let Some(auth) = &config.authorization {
+        let value = match &auth.credentials {
+            Some(c) => format!("{} {c}", auth.scheme),
+            None => auth.scheme.clone(),
+        };
+        req = req.header("authorization", value);
+    }
+    let body = payload.body;
     if let Some(secret) = &config.secret {
         req = req.header(
             "x-webhook-signature",
@@ -377,20 +452,18 @@ impl reqwest::dns::Resolve for GuardedResolver {
 pub(crate) struct WebhookPool {
     workers: Vec<ActorRef<WebhookMsg>>,
     push: Arc<dyn PushStore>,
-    agents: Arc<HashMap<AgentId, Arc<AgentEntry>>>,
     metrics: Arc<WebhookMetrics>,
-    max_pending: i64,
 }
 
 impl WebhookPool {
     /// Spawns `workers` webhook actors sharing one HTTP client.
     pub(crate) async fn start(
-        workers: usize,
-        allow_private: bool,
-        max_pending: usize,
+        config: &WebhooksConfig,
         push: Arc<dyn PushStore>,
         agents: Arc<HashMap<AgentId, Arc<AgentEntry>>>,
+        renderers: HashMap<String, Arc<dyn PayloadRenderer>>,
     ) -> Result<Self, crate::Error> {
+        let allow_private = config.allow_private_networks;
         let client = reqwest::Client::builder()
             .redirect(reqwest::redirect::Policy::none())
             .no_proxy()
@@ -408,9 +481,13 @@ impl WebhookPool {
             client,
             metrics: metrics.clone(),
             allow_private,
+            push: push.clone(),
+            agents,
+            renderers: Arc::new(renderers),
+            max_pending: i64::try_from(config.max_pending_deliveries).unwrap_or(i64::MAX),
         };
-        let mut refs = Vec::with_capacity(workers);
-        for _ in 0..workers.max(1) {
+        let mut refs = Vec::with_capacity(config.workers);
+        for _ in 0..config.workers.max(1) {
             let (r, _) = Actor::spawn(None, WebhookActor, args.clone())
                 .await
                 .map_err(|e| {
@@ -422,9 +499,7 @@ impl WebhookPool {
         Ok(Self {
             workers: refs,
             push,
-            agents,
             metrics,
-            max_pending: i64::try_from(max_pending).unwrap_or(i64::MAX),
         })
     }
 
@@ -448,9 +523,10 @@ impl WebhookPool {
         }
     }
 
-    fn worker(&self, lane: &LaneKey) -> &ActorRef<WebhookMsg> {
+    /// The worker of a task: all its lanes live there, so its deliveries keep their order.
+    fn worker(&self, key: &TaskKey) -> &ActorRef<WebhookMsg> {
         let mut h = DefaultHasher::new();
-        lane.hash(&mut h);
+        key.hash(&mut h);
         let i = (h.finish() % self.workers.len() as u64) as usize;
         &self.workers[i]
     }
@@ -460,68 +536,18 @@ impl TaskObserver for WebhookPool {
     fn task_event(
         &self,
         key: &TaskKey,
-        context: &ContextId,
         event: &Arc<TaskEvent>,
-        created_at: chrono::DateTime<chrono::Utc>,
+        task: &Arc<TaskSnapshot>,
+        changed: bool,
     ) {
         if self.push.is_empty() {
             return;
         }
-        let Some(kind) = WebhookEvent::for_state(event.status.state) else {
-            return;
-        };
-        let configs = self.push.for_task(key);
-        let mut data = None;
-        for config in configs {
-            if !config.config.events.contains(&kind) {
-                continue;
-            }
-            if !config.is_active() {
-                self.metrics.skipped.fetch_add(1, Relaxed);
-                continue;
-            }
-            if self.metrics.pending.load(Relaxed) >= self.max_pending {
-                self.metrics.discarded.fetch_add(1, Relaxed);
-                tracing::error!(url = %redact_url(&config.config.url), event = kind.as_str(), task = %key.task, "webhook pool full; delivery discarded");
-                continue;
-            }
-            let data = data
-                .get_or_insert_with(|| {
-                    let estimated = self
-                        .agents
-                        .get(&key.agent)
-                        .map(|a| a.metrics.snapshot().average_response_time.round() as u64)
-                        .unwrap_or(0);
-                    Arc::new(webhook::event_data(
-                        kind,
-                        key.task.as_str(),
-                        context.as_str(),
-                        event,
-                        &created_at,
-                        estimated,
-                    ))
-                })
-                .clone();
-            let lane = (key.clone(), config.id.clone());
-            let delivery = Delivery {
-                id: uuid::Uuid::new_v4(),
-                kind,
-                agent_id: key.agent.clone(),
-                task_id: key.task.to_string(),
-                timestamp: iso8601(&event.status.timestamp),
-                data,
-                attempt: 1,
-                config,
-            };
-            self.metrics.pending.fetch_add(1, Relaxed);
-            if self
-                .worker(&lane)
-                .cast(WebhookMsg::Deliver(lane, delivery))
-                .is_err()
-            {
-                self.metrics.pending.fetch_sub(1, Relaxed);
-                self.metrics.discarded.fetch_add(1, Relaxed);
-            }
-        }
+        let _ = self.worker(key).cast(WebhookMsg::Event {
+            key: key.clone(),
+            event: event.clone(),
+            task: task.clone(),
+            changed,
+        });
     }
 }

@@ -215,6 +215,7 @@ fn chat_message(m: &Message) -> Value {
             .map(|p| match p {
                 Part::Text(t) => t.clone(),
                 Part::File(f) => describe_file(f),
+                Part::Data(d) => d.get().to_string(),
             })
             .collect();
         return json!({"role": role, "content": text.join("\n")});
@@ -229,6 +230,7 @@ fn chat_message(m: &Message) -> Value {
                 "image_url": {"url": format!("data:{};base64,{}", essence(&f.mime_type), f.bytes)},
             }),
             Part::File(f) => json!({"type": "text", "text": describe_file(f)}),
+            Part::Data(d) => json!({"type": "text", "text": d.get()}),
         })
         .collect();
     json!({"role": role, "content": content})
@@ -299,6 +301,7 @@ mod tests {
         c.max_history_turns = 1;
         c.temperature = Some(0.2);
         let request = AgentRequest {
+            task_history: Vec::new(),
             task_id: "t".into(),
             context_id: crate::model::ContextId::new("c"),
             message: text(Role::User, "third"),

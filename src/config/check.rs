@@ -69,6 +69,7 @@ fn server(s: &ServerConfig) -> Result<(), ConfigError> {
         1 << 20,
         1 << 40,
     )?;
+    int(&k("max_task_history"), s.max_task_history, 2, 100_000)?;
     int(&k("max_live_tasks"), s.max_live_tasks, 1, 100_000_000)?;
     int(&k("max_connections"), s.max_connections, 1, 10_000_000)?;
     seconds(
@@ -108,6 +109,12 @@ fn webhooks(w: &WebhooksConfig) -> Result<(), ConfigError> {
         w.max_pending_deliveries,
         1,
         100_000_000,
+    )?;
+    int(
+        "webhooks.max_configs_per_task",
+        w.max_configs_per_task,
+        1,
+        1000,
     )
 }
 

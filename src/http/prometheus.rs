@@ -7,13 +7,11 @@ use std::sync::atomic::Ordering::Relaxed;
 use hyper::header::{self, HeaderValue};
 use hyper::{Response, StatusCode};
 
-use super::Body;
-use crate::actors::Runtime;
-use crate::metrics::LATENCY_BUCKETS;
+use super::{App, Body, LATENCY_BUCKETS};
 
 /// The /metrics response.
-pub fn response(runtime: &Runtime) -> Response<Body> {
-    let mut r = Response::new(Body::full(render(runtime)));
+pub(crate) fn response(app: &App) -> Response<Body> {
+    let mut r = Response::new(Body::full(render(app)));
     *r.status_mut() = StatusCode::OK;
     r.headers_mut().insert(
         header::CONTENT_TYPE,
@@ -27,16 +25,17 @@ pub fn response(runtime: &Runtime) -> Response<Body> {
 }
 
 /// Renders every metric.
-pub fn render(runtime: &Runtime) -> String {
+pub(crate) fn render(app: &App) -> String {
+    let runtime = &app.runtime;
     let m = runtime.metrics();
     let mut out = String::with_capacity(4096);
-    let counts: Vec<(String, f64)> = m
+    let counts: Vec<(String, f64)> = app
         .requests
         .counts()
         .into_iter()
-        .map(|(method, outcome, n)| {
+        .map(|(dialect, method, outcome, n)| {
             (
-                format!("method=\"{method}\",outcome=\"{outcome}\""),
+                format!("dialect=\"{dialect}\",method=\"{method}\",outcome=\"{outcome}\""),
                 n as f64,
             )
         })
@@ -44,34 +43,32 @@ pub fn render(runtime: &Runtime) -> String {
     counter(
         &mut out,
         "a2ad_requests_total",
-        "JSON-RPC requests by method and outcome (ok or the error code).",
+        "JSON-RPC requests by dialect, method and outcome (ok, the error code, or other).",
         &refs(&counts),
     );
     let _ = writeln!(
         out,
         "# HELP a2ad_request_duration_seconds Time from decoding a JSON-RPC request to its response (to the start of the stream for streams).\n# TYPE a2ad_request_duration_seconds histogram"
     );
-    for (method, buckets, sum) in m.requests.histograms() {
+    for (dialect, method, buckets, sum) in app.requests.histograms() {
+        let labels = format!("dialect=\"{dialect}\",method=\"{method}\"");
         let mut cumulative = 0;
         for (i, le) in LATENCY_BUCKETS.iter().enumerate() {
             cumulative += buckets[i];
             let _ = writeln!(
                 out,
-                "a2ad_request_duration_seconds_bucket{{method=\"{method}\",le=\"{le}\"}} {cumulative}"
+                "a2ad_request_duration_seconds_bucket{{{labels},le=\"{le}\"}} {cumulative}"
             );
         }
         cumulative += buckets[LATENCY_BUCKETS.len()];
         let _ = writeln!(
             out,
-            "a2ad_request_duration_seconds_bucket{{method=\"{method}\",le=\"+Inf\"}} {cumulative}"
+            "a2ad_request_duration_seconds_bucket{{{labels},le=\"+Inf\"}} {cumulative}"
         );
+        let _ = writeln!(out, "a2ad_request_duration_seconds_sum{{{labels}}} {sum}");
         let _ = writeln!(
             out,
-            "a2ad_request_duration_seconds_sum{{method=\"{method}\"}} {sum}"
-        );
-        let _ = writeln!(
-            out,
-            "a2ad_request_duration_seconds_count{{method=\"{method}\"}} {cumulative}"
+            "a2ad_request_duration_seconds_count{{{labels}}} {cumulative}"
         );
     }
 

@@ -1,5 +1,6 @@
-//! The SSE response body: `id: <n>` + `data: <JSON-RPC response>` per task event,
-//! `: ping` when idle, and the end of the body after the final event.
+//! The SSE response body: `id: <n>` + `data: <JSON-RPC response>` per task event (the
+//! dialect renders the response), `: ping` when idle, and the end of the body after the
+//! event that ends the stream.
 //!
 //! The body polls the task's stream directly (no forwarder task): when hyper drops it
 //! because the client went away, the stream's guard unsubscribes from the task at once.
@@ -13,72 +14,52 @@ use http_body::Frame;
 use serde_json::value::RawValue;
 use tokio::time::{Instant, Sleep};
 
-use crate::actors::TaskStream;
-use crate::model::{ContextId, TaskEvent, TaskId};
-use crate::rpc::{seed, success};
+use crate::rpc::{FrameFn, sse_frame};
+use crate::runtime::TaskStream;
 
 /// An SSE body over one task's events.
-pub struct SseBody {
+pub(crate) struct SseBody {
     id: Box<RawValue>,
     stream: TaskStream,
+    frames: FrameFn,
+    /// Whether the next event is the first of the stream.
+    first: bool,
     ping_every: Duration,
     ping: Pin<Box<Sleep>>,
     done: bool,
 }
 
-/// One SSE frame: `id: <seq>`, `data: <JSON-RPC response for request id>`, blank line.
-pub fn encode_event(
-    id: &RawValue,
-    task_id: &TaskId,
-    context_id: &ContextId,
-    event: &TaskEvent,
-) -> Bytes {
-    let result = seed::EventOut {
-        task_id,
-        context_id,
-        event,
-    };
-    let json = success(id, &result);
-    let mut out = Vec::with_capacity(json.len() + 32);
-    out.extend_from_slice(b"id: ");
-    out.extend_from_slice(event.seq.to_string().as_bytes());
-    out.extend_from_slice(b"\ndata: ");
-    out.extend_from_slice(&json);
-    out.extend_from_slice(b"\n\n");
-    Bytes::from(out)
-}
-
 impl SseBody {
-    /// A body answering request `id` with the events of `stream`.
-    pub fn new(id: Box<RawValue>, stream: TaskStream, ping_every: Duration) -> Self {
+    /// A body answering request `id` with the events of `stream`, rendered by `frames`.
+    pub(crate) fn new(
+        id: Box<RawValue>,
+        stream: TaskStream,
+        frames: FrameFn,
+        ping_every: Duration,
+    ) -> Self {
         Self {
             id,
             stream,
+            frames,
+            first: true,
             ping_every,
             ping: Box::pin(tokio::time::sleep(ping_every)),
             done: false,
         }
     }
 
-    fn frame(&self, event: &TaskEvent) -> Bytes {
-        encode_event(
-            &self.id,
-            &self.stream.task_id,
-            &self.stream.context_id,
-            event,
-        )
-    }
-
     /// Polls the next chunk.
-    pub fn poll_chunk(&mut self, cx: &mut Context<'_>) -> Poll<Option<Frame<Bytes>>> {
+    pub(crate) fn poll_chunk(&mut self, cx: &mut Context<'_>) -> Poll<Option<Frame<Bytes>>> {
         if self.done {
             return Poll::Ready(None);
         }
         match self.stream.poll_next(cx) {
-            Poll::Ready(Some(event)) => {
+            Poll::Ready(Some(item)) => {
                 let at = Instant::now() + self.ping_every;
                 self.ping.as_mut().reset(at);
-                Poll::Ready(Some(Frame::data(self.frame(&event))))
+                let json = (self.frames)(&self.id, &item, self.first);
+                self.first = false;
+                Poll::Ready(Some(Frame::data(sse_frame(item.seq, &json))))
             }
             Poll::Ready(None) => {
                 self.done = true;
@@ -95,8 +76,8 @@ impl SseBody {
         }
     }
 
-    /// True once the final event went out.
-    pub fn is_done(&self) -> bool {
+    /// True once the last event went out.
+    pub(crate) fn is_done(&self) -> bool {
         self.done
     }
 }

@@ -16,20 +16,20 @@ use serde_json::value::RawValue;
 use crate::error::Error;
 
 /// Members of one object at most (params carry a handful; unknown ones are ignored).
-pub const MAX_MEMBERS: usize = 1024;
+pub(crate) const MAX_MEMBERS: usize = 1024;
 
 /// Nesting depth of free-form JSON kept as is (such as `metadata`) at most.
-pub const MAX_DEPTH: usize = 64;
+pub(crate) const MAX_DEPTH: usize = 64;
 
 /// An object read member by member.
 #[derive(Debug, Default)]
-pub struct Obj<'a> {
+pub(crate) struct Obj<'a> {
     members: Vec<(Cow<'a, str>, &'a RawValue)>,
 }
 
 /// What a raw JSON value is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Kind {
+pub(crate) enum Kind {
     /// `{…}`
     Object,
     /// `[…]`
@@ -45,7 +45,7 @@ pub enum Kind {
 }
 
 /// The kind of a raw value (it is valid JSON, so its first byte tells).
-pub fn kind(raw: &RawValue) -> Kind {
+pub(crate) fn kind(raw: &RawValue) -> Kind {
     match raw.get().as_bytes().first() {
         Some(b'{') => Kind::Object,
         Some(b'[') => Kind::Array,
@@ -61,7 +61,7 @@ impl<'a> Obj<'a> {
     ///
     /// # Errors
     /// -32602 when it is not an object or has more than [`MAX_MEMBERS`] members.
-    pub fn parse(raw: &'a RawValue, field: &str) -> Result<Self, Error> {
+    pub(crate) fn parse(raw: &'a RawValue, field: &str) -> Result<Self, Error> {
         if kind(raw) != Kind::Object {
             return Err(Error::invalid(field, "must be an object"));
         }
@@ -71,7 +71,7 @@ impl<'a> Obj<'a> {
     }
 
     /// The raw value of `key` (the last one if it repeats); `None` when absent or `null`.
-    pub fn get(&self, key: &str) -> Option<&'a RawValue> {
+    pub(crate) fn get(&self, key: &str) -> Option<&'a RawValue> {
         self.members
             .iter()
             .rev()
@@ -80,16 +80,11 @@ impl<'a> Obj<'a> {
             .filter(|v| kind(v) != Kind::Null)
     }
 
-    /// Whether `key` is present with a value other than `null`.
-    pub fn has(&self, key: &str) -> bool {
-        self.get(key).is_some()
-    }
-
     /// An optional string.
     ///
     /// # Errors
     /// -32602 naming `field` when present and not a valid string.
-    pub fn str(&self, key: &str, field: &str) -> Result<Option<Cow<'a, str>>, Error> {
+    pub(crate) fn str(&self, key: &str, field: &str) -> Result<Option<Cow<'a, str>>, Error> {
         self.get(key).map(|v| string(v, field)).transpose()
     }
 
@@ -97,7 +92,7 @@ impl<'a> Obj<'a> {
     ///
     /// # Errors
     /// -32602 naming `field` when present and not a boolean.
-    pub fn bool(&self, key: &str, field: &str) -> Result<Option<bool>, Error> {
+    pub(crate) fn bool(&self, key: &str, field: &str) -> Result<Option<bool>, Error> {
         self.get(key)
             .map(|v| match v.get() {
                 "true" => Ok(true),
@@ -111,7 +106,7 @@ impl<'a> Obj<'a> {
     ///
     /// # Errors
     /// -32602 naming `field` when present and not a non-negative integer.
-    pub fn u64(&self, key: &str, field: &str) -> Result<Option<u64>, Error> {
+    pub(crate) fn u64(&self, key: &str, field: &str) -> Result<Option<u64>, Error> {
         self.get(key)
             .map(|v| {
                 serde_json::from_str::<u64>(v.get())
@@ -124,7 +119,7 @@ impl<'a> Obj<'a> {
     ///
     /// # Errors
     /// -32602 naming `field` when present and not a number.
-    pub fn f64(&self, key: &str, field: &str) -> Result<Option<f64>, Error> {
+    pub(crate) fn f64(&self, key: &str, field: &str) -> Result<Option<f64>, Error> {
         self.get(key)
             .map(|v| match kind(v) {
                 Kind::Number => serde_json::from_str::<f64>(v.get())
@@ -138,15 +133,16 @@ impl<'a> Obj<'a> {
     ///
     /// # Errors
     /// -32602 naming `field` when present and not an object.
-    pub fn obj(&self, key: &str, field: &str) -> Result<Option<Obj<'a>>, Error> {
+    pub(crate) fn obj(&self, key: &str, field: &str) -> Result<Option<Obj<'a>>, Error> {
         self.get(key).map(|v| Obj::parse(v, field)).transpose()
     }
 
     /// An optional array of at most `max` elements.
+    #[cfg_attr(not(test), allow(dead_code))] // the official dialects' params use it
     ///
     /// # Errors
     /// -32602 naming `field` when present and not an array, or longer than `max`.
-    pub fn array(
+    pub(crate) fn array(
         &self,
         key: &str,
         field: &str,
@@ -156,18 +152,13 @@ impl<'a> Obj<'a> {
     }
 
     /// The members, in order (for objects of free-form keys such as `headers`).
-    pub fn members(&self) -> impl Iterator<Item = (&str, &'a RawValue)> {
+    pub(crate) fn members(&self) -> impl Iterator<Item = (&str, &'a RawValue)> {
         self.members.iter().map(|(k, v)| (k.as_ref(), *v))
     }
 
     /// How many members.
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.members.len()
-    }
-
-    /// True without members.
-    pub fn is_empty(&self) -> bool {
-        self.members.is_empty()
     }
 }
 
@@ -175,7 +166,7 @@ impl<'a> Obj<'a> {
 ///
 /// # Errors
 /// -32602 naming `field` when `raw` is not a string, or not valid text (a lone surrogate).
-pub fn string<'a>(raw: &'a RawValue, field: &str) -> Result<Cow<'a, str>, Error> {
+pub(crate) fn string<'a>(raw: &'a RawValue, field: &str) -> Result<Cow<'a, str>, Error> {
     if kind(raw) != Kind::String {
         return Err(Error::invalid(field, "must be a string"));
     }
@@ -188,7 +179,11 @@ pub fn string<'a>(raw: &'a RawValue, field: &str) -> Result<Cow<'a, str>, Error>
 ///
 /// # Errors
 /// -32602 naming `field` when `raw` is not an array or is longer than `max`.
-pub fn array<'a>(raw: &'a RawValue, field: &str, max: usize) -> Result<Vec<&'a RawValue>, Error> {
+pub(crate) fn array<'a>(
+    raw: &'a RawValue,
+    field: &str,
+    max: usize,
+) -> Result<Vec<&'a RawValue>, Error> {
     if kind(raw) != Kind::Array {
         return Err(Error::invalid(field, "must be an array"));
     }
@@ -200,7 +195,7 @@ pub fn array<'a>(raw: &'a RawValue, field: &str, max: usize) -> Result<Vec<&'a R
 
 /// Why [`seq`] failed.
 #[derive(Debug)]
-pub enum SeqError {
+pub(crate) enum SeqError {
     /// More elements than allowed.
     TooMany,
     /// Not a JSON array.
@@ -211,7 +206,7 @@ pub enum SeqError {
 ///
 /// # Errors
 /// [`SeqError`].
-pub fn seq(text: &str, max: usize) -> Result<Vec<&RawValue>, SeqError> {
+pub(crate) fn seq(text: &str, max: usize) -> Result<Vec<&RawValue>, SeqError> {
     let mut de = serde_json::Deserializer::from_str(text);
     let items = de.deserialize_seq(Bounded { max }).map_err(|e| {
         if e.to_string().starts_with(TOO_MANY) {
@@ -228,7 +223,7 @@ pub fn seq(text: &str, max: usize) -> Result<Vec<&RawValue>, SeqError> {
 ///
 /// # Errors
 /// -32602 naming `field`.
-pub fn check_depth(raw: &RawValue, field: &str) -> Result<(), Error> {
+pub(crate) fn check_depth(raw: &RawValue, field: &str) -> Result<(), Error> {
     let mut depth = 0usize;
     let mut in_string = false;
     let mut escaped = false;
@@ -379,7 +374,7 @@ mod tests {
         let r = raw(r#"{"a":"x","b":null,"c":{"d":[1,2]},"a":"y"}"#);
         let o = Obj::parse(r, "params").expect("object");
         assert_eq!(o.str("a", "a").expect("ok").as_deref(), Some("y"));
-        assert!(!o.has("b"));
+        assert!(o.get("b").is_none());
         let c = o.obj("c", "c").expect("ok").expect("present");
         assert_eq!(
             c.array("d", "c.d", 2).expect("ok").map(|v| v.len()),

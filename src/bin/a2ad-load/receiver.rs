@@ -52,8 +52,8 @@ pub async fn start(secret: &'static str) -> std::io::Result<(SocketAddr, Arc<Mut
                             .await
                             .map(|b| b.to_bytes())
                             .unwrap_or_default();
-                        let valid = sig.as_deref()
-                            == Some(&a2ad::webhook::signature(secret.as_bytes(), &body)[..]);
+                        let valid =
+                            sig.as_deref() == Some(&a2ad::signature(secret.as_bytes(), &body)[..]);
                         let now = Instant::now();
                         let mut t = t.lock().unwrap_or_else(|e| e.into_inner());
                         t.received += 1;

@@ -1,0 +1,240 @@
+//! The seed dialect's method table: method name → params → runtime → result.
+//!
+//! Auth, agent lookup and body framing happened before (in `http`); this sees one decoded
+//! call from an authenticated caller for an existing agent.
+
+use std::time::Duration;
+
+use serde_json::json;
+
+use super::params::{self, SendParams};
+use super::render::{self, TaskOut};
+use super::webhook::FORMAT;
+use super::{errors, render::event_names};
+use crate::actors::AgentEntry;
+use crate::error::Error;
+use crate::model::TaskId;
+use crate::push::{PushScope, StoredPushConfig};
+use crate::rpc::json::Obj;
+use crate::rpc::{Call, CallContext, Reply, RpcError};
+use crate::runtime::{Replay, Resubscribed, Runtime, Sent, Streamed, SubmitOptions};
+
+/// Runs one call.
+pub(crate) async fn dispatch(runtime: &Runtime, cx: &CallContext, call: &Call) -> Reply {
+    match run(runtime, cx, call).await {
+        Ok(reply) => reply,
+        Err(e) => Reply::error(Some(&call.id), &errors::rpc_error(&e)),
+    }
+}
+
+async fn run(runtime: &Runtime, cx: &CallContext, call: &Call) -> Result<Reply, Error> {
+    let id = &call.id;
+    let principal = &cx.caller.principal;
+    let agent = &cx.agent;
+    let limits = &agent.config.limits;
+    let params = || params::params(call.params.as_deref());
+    match call.method.as_str() {
+        "message/send" => {
+            let p = params::send_params(&params()?, limits)?;
+            let SendParams {
+                request,
+                blocking,
+                history_length,
+                push,
+            } = p;
+            let options = inline_push(runtime, agent, push)?;
+            let wait = blocking.then(|| Duration::from_secs_f64(limits.sync_wait_seconds));
+            let task = match runtime
+                .send_with(principal, &cx.agent_id, request, wait, options)
+                .await?
+            {
+                Sent::Task(t) => t,
+                // Not allowed by the seed's options; kept total.
+                Sent::Message(_) => return Err(Error::Internal),
+            };
+            cx.task(&task.id);
+            Ok(Reply::ok(
+                id,
+                &TaskOut {
+                    task: &task,
+                    history_length,
+                },
+            ))
+        }
+        "message/stream" => {
+            if !agent.config.streaming {
+                return Err(not_streaming(None));
+            }
+            let p = params::send_params(&params()?, limits)?;
+            let options = inline_push(runtime, agent, p.push)?;
+            match runtime
+                .stream_with(principal, &cx.agent_id, p.request, options)
+                .await?
+            {
+                Streamed::Task(stream) => {
+                    cx.task(&stream.task_id);
+                    Ok(Reply::stream(id, stream, render::sse_data))
+                }
+                Streamed::Message(_) => Err(Error::Internal),
+            }
+        }
+        "tasks/get" => {
+            let p = params()?;
+            let task = required_task(cx, &p)?;
+            let history_length = params::opt_len(&p, "historyLength", "historyLength")?;
+            let t = runtime.get(principal, &cx.agent_id, &task).await?;
+            Ok(Reply::ok(
+                id,
+                &TaskOut {
+                    task: &t,
+                    history_length,
+                },
+            ))
+        }
+        "tasks/cancel" => {
+            let p = params()?;
+            let task = required_task(cx, &p)?;
+            let reason = p.str("reason", "reason")?.map(|r| r.into_owned());
+            let t = runtime
+                .cancel(principal, &cx.agent_id, &task, reason)
+                .await?;
+            Ok(Reply::ok(id, &render::cancel_result(&t)))
+        }
+        "tasks/resubscribe" => {
+            let p = params()?;
+            let task = required_task(cx, &p)?;
+            if !agent.config.streaming {
+                return Err(not_streaming(Some(task)));
+            }
+            let include_history = p.bool("includeHistory", "includeHistory")?;
+            let replay = match &cx.last_event_id {
+                Some(raw) => Replay::After(
+                    raw.trim()
+                        .parse()
+                        .map_err(|_| Error::invalid("Last-Event-ID", "must be an event number"))?,
+                ),
+                None if include_history == Some(true) => Replay::All,
+                None => Replay::Current,
+            };
+            match runtime
+                .resubscribe(principal, &cx.agent_id, &task, replay)
+                .await?
+            {
+                Resubscribed::Live(stream) => Ok(Reply::stream(id, stream, render::sse_data)),
+                Resubscribed::Finished(t) if cx.accepts_sse => Ok(Reply::stream(
+                    id,
+                    runtime.finished_stream(&t),
+                    render::sse_data,
+                )),
+                Resubscribed::Finished(t) => Ok(Reply::ok(
+                    id,
+                    &TaskOut {
+                        task: &t,
+                        history_length: None,
+                    },
+                )),
+            }
+        }
+        "tasks/pushNotificationConfig/set" => {
+            if !agent.config.webhooks {
+                return Err(Error::PushNotSupported);
+            }
+            let p = params()?;
+            let allow_private = runtime.config().webhooks.allow_private_networks;
+            let config = params::push_config(&p, allow_private)?;
+            let task = params::task_id_param(&p, false)?.map(TaskId::new);
+            let stored = StoredPushConfig::scoped(
+                PushScope {
+                    principal: principal.clone(),
+                    agent: cx.agent_id.clone(),
+                    task,
+                },
+                config,
+                FORMAT,
+            );
+            runtime.set_push(stored.clone()).await?;
+            Ok(Reply::ok(
+                id,
+                &json!({
+                    "configured": true,
+                    "configId": stored.id,
+                    "url": crate::push::redact_url(&stored.config.url),
+                    "events": event_names(&stored.config.events),
+                    "taskId": stored.scope.task.as_ref().map(TaskId::as_str),
+                }),
+            ))
+        }
+        "tasks/pushNotificationConfig/get" => {
+            if !agent.config.webhooks {
+                return Err(Error::PushNotSupported);
+            }
+            let p = params()?;
+            let store = runtime.push_store();
+            let found = match p.str("configId", "configId")? {
+                Some(config_id) => store.get_id(principal, &cx.agent_id, &config_id),
+                None => {
+                    let task = params::task_id_param(&p, false)?.map(TaskId::new);
+                    let mut scope = PushScope {
+                        principal: principal.clone(),
+                        agent: cx.agent_id.clone(),
+                        task,
+                    };
+                    store.get_scope(&scope).or_else(|| {
+                        // A task without its own configuration gets the agent-wide one.
+                        scope.task.take()?;
+                        store.get_scope(&scope)
+                    })
+                }
+            };
+            Ok(Reply::ok(id, &render::push_config_out(found.as_deref())))
+        }
+        "agent/authenticatedExtendedCard" | "agent/getAuthenticatedExtendedCard" => {
+            let p = params()?;
+            let caps = p.bool("includeCapabilities", "includeCapabilities")?;
+            let metrics = p.bool("includeMetrics", "includeMetrics")?;
+            let card = runtime.card(&cx.agent_id).ok_or(Error::AgentNotFound)?;
+            Ok(Reply::ok(
+                id,
+                &render::card_out(&card, caps.unwrap_or(true), metrics.unwrap_or(true)),
+            ))
+        }
+        other => Ok(Reply::error(Some(id), &RpcError::method_not_found(other))),
+    }
+}
+
+fn required_task(cx: &CallContext, p: &Obj<'_>) -> Result<TaskId, Error> {
+    let task = params::task_id_param(p, true)?
+        .map(TaskId::new)
+        .ok_or_else(|| Error::invalid("taskId", "is required"))?;
+    cx.task(&task);
+    Ok(task)
+}
+
+/// Evo AI's inline push configuration: refused like `set` on an agent without webhooks,
+/// and its target checked against the server's policy, before any task exists.
+fn inline_push(
+    runtime: &Runtime,
+    agent: &AgentEntry,
+    push: Option<crate::push::PushConfig>,
+) -> Result<SubmitOptions, Error> {
+    if let Some(config) = &push {
+        if !agent.config.webhooks {
+            return Err(Error::PushNotSupported);
+        }
+        let allow_private = runtime.config().webhooks.allow_private_networks;
+        crate::push::check_url(&config.url, allow_private).map_err(|e| match e {
+            Error::InvalidParams { reason, .. } => {
+                Error::invalid("pushNotificationConfig.url", reason)
+            }
+            other => other,
+        })?;
+    }
+    Ok(SubmitOptions::with_push(push, FORMAT))
+}
+
+fn not_streaming(task: Option<TaskId>) -> Error {
+    Error::SubscriptionFailed {
+        task,
+        reason: "this agent does not support streaming".into(),
+    }
+}

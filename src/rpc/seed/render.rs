@@ -1,0 +1,328 @@
+//! Seed results out: the neutral model in this dialect's shapes (`type` discriminators,
+//! `final`, `createdAt`, the reply as an artifact, ...).
+
+use std::sync::Arc;
+
+use serde::Serialize;
+use serde::ser::{SerializeMap, SerializeSeq, Serializer};
+use serde_json::value::RawValue;
+use serde_json::{Map, Value, json};
+
+use super::METHODS;
+use crate::model::{
+    Artifact, Message, Part, Role, TaskId, TaskSnapshot, TaskState, TaskStatus, iso8601,
+};
+use crate::push::{Events, StoredPushConfig, WebhookEvent};
+use crate::rpc::success;
+use crate::runtime::{AgentCard, StreamItem};
+
+/// A message in this dialect's shape.
+pub(super) struct MessageOut<'a>(pub(super) &'a Message);
+
+impl Serialize for MessageOut<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let m = self.0;
+        let mut map = s.serialize_map(Some(3))?;
+        let role = match m.role {
+            Role::User => "user",
+            Role::Agent => "agent",
+        };
+        map.serialize_entry("role", role)?;
+        map.serialize_entry("parts", &PartsOut(&m.parts))?;
+        map.serialize_entry("messageId", &m.message_id)?;
+        map.end()
+    }
+}
+
+struct PartsOut<'a>(&'a [Part]);
+
+impl Serialize for PartsOut<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let mut seq = s.serialize_seq(Some(self.0.len()))?;
+        for part in self.0 {
+            match part {
+                Part::Text(text) => seq.serialize_element(&json_text(text))?,
+                Part::File(f) => seq.serialize_element(&FileOut {
+                    kind: "file",
+                    file: FileInner {
+                        name: &f.name,
+                        mime_type: &f.mime_type,
+                        bytes: &f.bytes,
+                    },
+                })?,
+                // Only backends make data parts; the seed spec has none, so they are shown
+                // the way official clients know them.
+                Part::Data(d) => seq.serialize_element(&json!({"type": "data", "data": &*d.0}))?,
+            }
+        }
+        seq.end()
+    }
+}
+
+#[derive(Serialize)]
+struct TextOut<'a> {
+    #[serde(rename = "type")]
+    kind: &'static str,
+    text: &'a str,
+}
+
+fn json_text(text: &str) -> TextOut<'_> {
+    TextOut { kind: "text", text }
+}
+
+#[derive(Serialize)]
+struct FileOut<'a> {
+    #[serde(rename = "type")]
+    kind: &'static str,
+    file: FileInner<'a>,
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct FileInner<'a> {
+    name: &'a str,
+    mime_type: &'a str,
+    bytes: &'a str,
+}
+
+struct StatusOut<'a>(&'a TaskStatus);
+
+impl Serialize for StatusOut<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let st = self.0;
+        let mut map = s.serialize_map(None)?;
+        map.serialize_entry("state", st.state.as_str())?;
+        if let Some(m) = &st.message {
+            map.serialize_entry("message", &MessageOut(m))?;
+        }
+        if let Some(r) = &st.reason {
+            map.serialize_entry("reason", &**r)?;
+        }
+        if let Some(e) = &st.error {
+            map.serialize_entry("error", &json!({ "code": e.code, "message": e.message }))?;
+        }
+        map.serialize_entry("timestamp", &iso8601(&st.timestamp))?;
+        map.end()
+    }
+}
+
+/// A task as `message/send` and `tasks/get` return it.
+pub(crate) struct TaskOut<'a> {
+    /// The task.
+    pub task: &'a TaskSnapshot,
+    /// Keep only the last N history entries.
+    pub history_length: Option<usize>,
+}
+
+impl Serialize for TaskOut<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let t = self.task;
+        let history = match self.history_length {
+            Some(n) => &t.history[t.history.len().saturating_sub(n)..],
+            None => &t.history[..],
+        };
+        let mut map = s.serialize_map(Some(8))?;
+        map.serialize_entry("id", t.id.as_str())?;
+        map.serialize_entry("contextId", t.context_id.as_str())?;
+        map.serialize_entry("status", &StatusOut(&t.status))?;
+        map.serialize_entry("final", &t.status.state.is_terminal())?;
+        map.serialize_entry("createdAt", &iso8601(&t.created_at))?;
+        map.serialize_entry("updatedAt", &iso8601(&t.updated_at))?;
+        map.serialize_entry("history", &HistoryOut(history))?;
+        if t.status.state == TaskState::Completed {
+            map.serialize_entry("artifacts", &ArtifactsOut(&t.status, &t.artifacts))?;
+        }
+        match &t.metadata {
+            Some(m) => map.serialize_entry("metadata", &**m)?,
+            None => map.serialize_entry("metadata", &Map::new())?,
+        }
+        map.end()
+    }
+}
+
+struct HistoryOut<'a>(&'a [Arc<Message>]);
+
+impl Serialize for HistoryOut<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_seq(self.0.iter().map(|m| MessageOut(m)))
+    }
+}
+
+/// The `data:` of one stream event: a response whose result is
+/// `{id, contextId, status, final}` (+ `artifacts` on the final completed event, +
+/// `artifact` on an artifact event).
+pub(crate) fn sse_data(id: &RawValue, item: &StreamItem, _first: bool) -> Vec<u8> {
+    success(id, &EventOut(item))
+}
+
+struct EventOut<'a>(&'a StreamItem);
+
+impl Serialize for EventOut<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let (event, task) = (&self.0.event, &self.0.task);
+        let mut map = s.serialize_map(None)?;
+        map.serialize_entry("id", task.id.as_str())?;
+        map.serialize_entry("contextId", task.context_id.as_str())?;
+        map.serialize_entry("status", &StatusOut(&event.status))?;
+        map.serialize_entry("final", &event.is_final())?;
+        if event.artifact.is_none() && event.status.state == TaskState::Completed {
+            map.serialize_entry("artifacts", &ArtifactsOut(&event.status, &task.artifacts))?;
+        }
+        if let Some(update) = &event.artifact {
+            map.serialize_entry(
+                "artifact",
+                &json!({
+                    "artifactId": update.artifact.artifact_id,
+                    "name": update.artifact.name,
+                    "parts": PartsOut(&update.artifact.parts),
+                    "append": update.append,
+                    "lastChunk": update.last_chunk,
+                }),
+            )?;
+        }
+        map.end()
+    }
+}
+
+/// A completed task's artifacts: its reply first (as [`ReplyArtifact`]), then what the
+/// agent made.
+struct ArtifactsOut<'a>(&'a TaskStatus, &'a [Arc<Artifact>]);
+
+impl Serialize for ArtifactsOut<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let mut seq = s.serialize_seq(None)?;
+        if let Some(reply) = ReplyArtifact::of(self.0) {
+            seq.serialize_element(&reply)?;
+        }
+        for a in self.1 {
+            seq.serialize_element(&json!({
+                "artifactId": a.artifact_id,
+                "name": a.name,
+                "parts": PartsOut(&a.parts),
+            }))?;
+        }
+        seq.end()
+    }
+}
+
+/// A completed task's reply as Evo AI's clients read it (`result.artifacts[0].parts`):
+/// `{"artifactId", "name": "reply", "parts"}`. The same reply is `status.message`; the
+/// artifact id is derived from the reply's message id, so it is the same in every view.
+struct ReplyArtifact<'a>(&'a Message);
+
+impl<'a> ReplyArtifact<'a> {
+    /// Namespace of the derived artifact ids (a UUID v5 of the reply's message id).
+    const NAMESPACE: uuid::Uuid = uuid::Uuid::from_u128(0x5b1e_2a2d_9c1e_4e0b_8a6f_a2ad_0000_0001);
+
+    fn of(status: &'a TaskStatus) -> Option<Self> {
+        match (&status.state, &status.message) {
+            (TaskState::Completed, Some(m)) => Some(Self(m)),
+            _ => None,
+        }
+    }
+}
+
+impl Serialize for ReplyArtifact<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let id = uuid::Uuid::new_v5(&Self::NAMESPACE, self.0.message_id.as_bytes());
+        let mut map = s.serialize_map(Some(3))?;
+        map.serialize_entry("artifactId", &id.hyphenated().to_string())?;
+        map.serialize_entry("name", "reply")?;
+        map.serialize_entry("parts", &PartsOut(&self.0.parts))?;
+        map.end()
+    }
+}
+
+/// The cancellation result (spec 2.5.1).
+pub(crate) fn cancel_result(t: &TaskSnapshot) -> Value {
+    json!({
+        "id": t.id.as_str(),
+        "contextId": t.context_id.as_str(),
+        "status": {
+            "state": t.status.state.as_str(),
+            "reason": t.status.reason.as_deref().unwrap_or("Canceled by user"),
+            "timestamp": iso8601(&t.status.timestamp),
+        },
+        "canceled": true,
+        "final": true,
+    })
+}
+
+/// A stored push configuration as `get` returns it (secret never, header values masked).
+pub(crate) fn push_config_out(c: Option<&StoredPushConfig>) -> Value {
+    let Some(c) = c else {
+        return json!({ "config": null, "configId": null, "active": false });
+    };
+    let headers: Map<String, Value> = c
+        .config
+        .headers
+        .iter()
+        .map(|(k, _)| (k.clone(), Value::from("***")))
+        .collect();
+    json!({
+        "config": {
+            "url": crate::push::redact_url(&c.config.url),
+            "events": event_names(&c.config.events),
+            "retryPolicy": {
+                "maxRetries": c.config.retry.max_retries,
+                "backoffMultiplier": c.config.retry.backoff_multiplier,
+                "initialDelay": c.config.retry.initial_delay,
+            },
+            "headers": headers,
+            "createdAt": iso8601(&c.created_at),
+            "lastUsed": c.last_used().map(|t| iso8601(&t)),
+            "taskId": c.scope.task.as_ref().map(TaskId::as_str),
+        },
+        "configId": c.id,
+        "active": c.is_active(),
+    })
+}
+
+/// The seed names of the events a configuration selects.
+pub(super) fn event_names(events: &Events) -> Vec<&'static str> {
+    match events {
+        Events::All => WebhookEvent::ALL.map(WebhookEvent::as_str).to_vec(),
+        Events::StateChanges(names) => names.iter().map(|e| e.as_str()).collect(),
+    }
+}
+
+/// The agent card (spec 2.7), with optional sections.
+pub(crate) fn card_out(card: &AgentCard, capabilities: bool, metrics: bool) -> Value {
+    let c = &card.config;
+    let mut out = json!({
+        "agent": {
+            "id": c.id,
+            "name": c.display_name(),
+            "description": c.description,
+            "version": c.version,
+            "type": card.kind,
+            "status": "active",
+        },
+        "limits": {
+            "requestsPerMinute": c.limits.requests_per_minute,
+            "concurrentTasks": c.limits.concurrent_tasks,
+            "maxMessageLength": c.limits.max_message_length,
+        },
+    });
+    if capabilities {
+        out["capabilities"] = json!({
+            "supportedMethods": METHODS,
+            "fileUpload": {
+                "supported": !c.limits.supported_types.is_empty() && c.limits.max_file_size > 0,
+                "maxFileSize": c.limits.max_file_size,
+                "supportedTypes": c.limits.supported_types,
+            },
+            "streaming": c.streaming,
+            "multiTurn": true,
+            "webhooks": c.webhooks,
+        });
+    }
+    if metrics {
+        out["metrics"] = json!({
+            "totalRequests": card.metrics.total_requests,
+            "averageResponseTime": card.metrics.average_response_time,
+            "successRate": card.metrics.success_rate,
+        });
+    }
+    out
+}

@@ -1,0 +1,747 @@
+//! The public API of the actor system, [`Runtime`]: submit a message, follow a task, get
+//! it, cancel it, list tasks, manage push configurations, read an agent's card. Usable
+//! without HTTP (see `examples/embed.rs`). Every dialect goes through it; it speaks none.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::time::Duration;
+
+use dashmap::DashMap;
+use ractor::rpc::CallResult;
+use ractor::{Actor, ActorRef};
+use tokio::sync::{mpsc, oneshot};
+
+mod stream;
+mod submit;
+
+pub use stream::{Replay, Resubscribed, StreamItem, TaskStream};
+
+use crate::actors::context::{ContextActor, ContextArgs};
+use crate::actors::supervisor::{SupervisorMsg, TaskSupervisor};
+use crate::actors::task::{Follow, Subscriber, TaskMsg};
+use crate::actors::webhook::{WebhookMetrics, WebhookPool};
+use crate::actors::{AgentEntry, LiveTask, Shared};
+use crate::agent::{self, Agent};
+use crate::config::{AgentConfig, Config};
+use crate::error::{Error, Result};
+use crate::limits::Scheduler;
+use crate::metrics::{AgentMetrics, AgentMetricsSnapshot, Metrics};
+use crate::model::{AgentId, ContextId, Message, Principal, TaskId, TaskKey, TaskSnapshot};
+use crate::push::{PushConfig, PushScope, StoredPushConfig};
+use crate::store::{ListPage, ListQuery, MemoryPushStore, MemoryTaskStore, PushStore};
+use crate::webhook::PayloadRenderer;
+
+/// A message to submit.
+#[derive(Clone, Debug)]
+pub struct SendRequest {
+    /// The user message (already validated by the caller's dialect).
+    pub message: Message,
+    /// Continue this conversation, or start one under this name; `None` starts a new one.
+    pub context_id: Option<ContextId>,
+    /// The task id: a client-chosen id for a new task (idempotent replays), or the task to
+    /// continue (see [`SubmitOptions::task_id`]); `None` generates one.
+    pub task_id: Option<TaskId>,
+    /// Free-form metadata kept with the task: a JSON object, kept as its text.
+    pub metadata: Option<Box<serde_json::value::RawValue>>,
+}
+
+/// What a request's task id means: its dialect's rule.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum TaskIdUse {
+    /// The id of a new task; the same id with the same message id replays it (seed).
+    #[default]
+    NewOrReplay,
+    /// The id of an interrupted task to continue; never creates a task (official).
+    Continue,
+}
+
+/// What a request carries beside its message, as its dialect understood it.
+#[derive(Debug, Default)]
+#[non_exhaustive]
+pub struct SubmitOptions {
+    /// A push configuration for the new task. It is stored before the task's first
+    /// event, so it receives every event it selects from `task.submitted` on. It is not
+    /// applied to an idempotent replay (the task exists already).
+    pub push: Option<NewPushConfig>,
+    /// What [`SendRequest::task_id`] means.
+    pub task_id: TaskIdUse,
+    /// Whether the agent may answer with a bare message instead of a task.
+    pub allow_message: bool,
+}
+
+/// A push configuration to store with a new task.
+#[derive(Debug)]
+pub struct NewPushConfig {
+    /// The configuration.
+    pub config: PushConfig,
+    /// Its payload format (a registered renderer's name).
+    pub format: Arc<str>,
+    /// Scoped (one per task) or named (this id, or a generated one).
+    pub named: Option<Option<String>>,
+}
+
+impl SubmitOptions {
+    /// Options with a scoped push configuration for the new task.
+    pub fn with_push(push: Option<PushConfig>, format: &str) -> Self {
+        Self {
+            push: push.map(|config| NewPushConfig {
+                config,
+                format: format.into(),
+                named: None,
+            }),
+            ..Self::default()
+        }
+    }
+}
+
+/// What a send produced: a task, or (when allowed) the agent's direct reply.
+#[derive(Debug)]
+pub enum Sent {
+    /// The task as it stands.
+    Task(TaskSnapshot),
+    /// A bare agent message; no task was created.
+    Message(Message),
+}
+
+/// What a streaming send produced.
+pub enum Streamed {
+    /// The task's stream.
+    Task(TaskStream),
+    /// A bare agent message; no task was created.
+    Message(Message),
+}
+
+/// An agent's card, dialect-neutral.
+#[derive(Clone, Debug)]
+pub struct AgentCard {
+    /// Its configuration (identity, capabilities, limits).
+    pub config: AgentConfig,
+    /// `agent.type`: the backend kind.
+    pub kind: String,
+    /// Live metrics.
+    pub metrics: AgentMetricsSnapshot,
+}
+
+/// The running actor system. Cheap to clone; every clone drives the same system.
+#[derive(Clone)]
+pub struct Runtime {
+    pub(crate) shared: Arc<Shared>,
+    pub(crate) agents: Arc<HashMap<AgentId, Arc<AgentEntry>>>,
+    pub(crate) supervisor: ActorRef<SupervisorMsg>,
+    webhooks: Arc<WebhookPool>,
+}
+
+// === impl Runtime ===
+
+impl Runtime {
+    /// Starts the actor system for a validated configuration, with the backends the
+    /// configuration names.
+    ///
+    /// # Errors
+    /// [`Error::Internal`] if an actor cannot be spawned.
+    pub async fn start(config: Arc<Config>) -> Result<Self> {
+        Self::start_with(config, HashMap::new()).await
+    }
+
+    /// Like [`Runtime::start`], with some agents served by the given backends instead of
+    /// the configured ones (how an embedder plugs its own [`Agent`] in).
+    ///
+    /// # Errors
+    /// [`Error::Internal`] if an actor cannot be spawned.
+    pub async fn start_with(
+        config: Arc<Config>,
+        backends: HashMap<AgentId, Arc<dyn Agent>>,
+    ) -> Result<Self> {
+        Self::start_full(config, backends, HashMap::new()).await
+    }
+
+    /// Like [`Runtime::start_with`], with webhook payload renderers by format name (each
+    /// dialect registers its own; see [`PayloadRenderer`]).
+    ///
+    /// # Errors
+    /// [`Error::Internal`] if an actor cannot be spawned.
+    pub async fn start_full(
+        config: Arc<Config>,
+        mut backends: HashMap<AgentId, Arc<dyn Agent>>,
+        renderers: HashMap<String, Arc<dyn PayloadRenderer>>,
+    ) -> Result<Self> {
+        let server = &config.server;
+        let retention = Duration::from_secs_f64(server.task_retention_seconds);
+        let agents: Arc<HashMap<AgentId, Arc<AgentEntry>>> = Arc::new(
+            config
+                .agents
+                .iter()
+                .enumerate()
+                .map(|(index, c)| {
+                    let id = AgentId::new(c.id.as_str());
+                    let backend = backends
+                        .remove(&id)
+                        .unwrap_or_else(|| agent::from_config(c));
+                    let entry = AgentEntry {
+                        config: c.clone(),
+                        index,
+                        backend,
+                        scheduler: Scheduler::new(c.limits.concurrent_tasks, c.limits.max_queued()),
+                        metrics: AgentMetrics::default(),
+                    };
+                    (id, Arc::new(entry))
+                })
+                .collect(),
+        );
+        let push: Arc<dyn PushStore> = Arc::new(MemoryPushStore::default());
+        let webhooks = Arc::new(
+            WebhookPool::start(&config.webhooks, push.clone(), agents.clone(), renderers).await?,
+        );
+        let (contexts, _) = Actor::spawn(
+            None,
+            ContextActor,
+            ContextArgs {
+                retention,
+                max_turns: server.max_context_turns,
+                max_contexts: server.max_contexts,
+            },
+        )
+        .await
+        .map_err(spawn_failed)?;
+        let shared = Arc::new(Shared {
+            live: DashMap::default(),
+            store: Arc::new(MemoryTaskStore::new(
+                retention,
+                server.max_finished_tasks,
+                server.max_retained_bytes,
+            )),
+            push,
+            metrics: Metrics::default(),
+            contexts,
+            observer: webhooks.clone(),
+            next_subscriber: AtomicU64::new(1),
+            shutting_down: AtomicBool::new(false),
+            call_timeout: Duration::from_secs_f64(server.actor_call_timeout_seconds),
+            config: config.clone(),
+        });
+        let (supervisor, _) = Actor::spawn(None, TaskSupervisor, shared.clone())
+            .await
+            .map_err(spawn_failed)?;
+        Ok(Self {
+            shared,
+            agents,
+            supervisor,
+            webhooks,
+        })
+    }
+
+    /// The configuration this runtime runs.
+    pub fn config(&self) -> &Arc<Config> {
+        &self.shared.config
+    }
+
+    /// An agent by id.
+    pub fn agent(&self, id: &AgentId) -> Option<&Arc<AgentEntry>> {
+        self.agents.get(id)
+    }
+
+    /// Server-wide gauges.
+    pub fn metrics(&self) -> &Metrics {
+        &self.shared.metrics
+    }
+
+    /// Webhook delivery counters.
+    pub fn webhook_metrics(&self) -> &WebhookMetrics {
+        self.webhooks.metrics()
+    }
+
+    /// The push configuration store.
+    pub fn push_store(&self) -> &Arc<dyn PushStore> {
+        &self.shared.push
+    }
+
+    /// Finished tasks currently retained.
+    pub fn finished_tasks(&self) -> usize {
+        self.shared.store.len()
+    }
+
+    /// About how many bytes the retained finished tasks hold.
+    pub fn finished_bytes(&self) -> u64 {
+        self.shared.store.bytes()
+    }
+
+    /// The agent's card with live metrics.
+    pub fn card(&self, agent: &AgentId) -> Option<AgentCard> {
+        self.agents.get(agent).map(|a| AgentCard {
+            config: a.config.clone(),
+            kind: a.backend.kind().to_string(),
+            metrics: a.metrics.snapshot(),
+        })
+    }
+
+    /// Submits a message and waits up to `wait` for the task's run to end; `None` returns
+    /// at once with the task as created. Returns the task as it stands.
+    ///
+    /// # Errors
+    /// Validation, ownership, idempotency and admission errors (see docs/PROTOCOL.md).
+    pub async fn send(
+        &self,
+        principal: &Principal,
+        agent: &AgentId,
+        request: SendRequest,
+        wait: Option<Duration>,
+    ) -> Result<TaskSnapshot> {
+        match self
+            .send_with(principal, agent, request, wait, SubmitOptions::default())
+            .await?
+        {
+            Sent::Task(t) => Ok(t),
+            // Not allowed by the default options; kept total.
+            Sent::Message(_) => Err(Error::Internal),
+        }
+    }
+
+    /// [`Runtime::send`] with the options a dialect found in the request.
+    ///
+    /// # Errors
+    /// As [`Runtime::send`], plus [`Error::TaskNotContinuable`] and
+    /// [`Error::ContextMismatch`] when continuing a task.
+    pub async fn send_with(
+        &self,
+        principal: &Principal,
+        agent: &AgentId,
+        request: SendRequest,
+        wait: Option<Duration>,
+        options: SubmitOptions,
+    ) -> Result<Sent> {
+        if let Some(reply) = self.direct_reply(agent, &request, &options)? {
+            return Ok(Sent::Message(reply));
+        }
+        let (tx, rx) = oneshot::channel();
+        let follow = match wait {
+            Some(_) => Follow::Final(tx),
+            None => Follow::Nobody,
+        };
+        match self
+            .submit(principal, agent, request, follow, options)
+            .await?
+        {
+            submit::Submitted::Fresh { key, .. } | submit::Submitted::Continued { key, .. } => {
+                match wait {
+                    Some(wait) => self.await_final(&key, rx, wait).await.map(Sent::Task),
+                    None => self.get_key(&key).await.map(Sent::Task),
+                }
+            }
+            submit::Submitted::Existing(_, submit::Existing::Finished(f)) => {
+                Ok(Sent::Task((*f).clone()))
+            }
+            submit::Submitted::Existing(key, submit::Existing::Live(live)) => match wait {
+                None => self.get_live(&key, live).await.map(Sent::Task),
+                Some(wait) => {
+                    let (tx, rx) = oneshot::channel();
+                    let _ = live.actor.cast(TaskMsg::WaitFinal(tx));
+                    self.await_final(&key, rx, wait).await.map(Sent::Task)
+                }
+            },
+        }
+    }
+
+    fn direct_reply(
+        &self,
+        agent: &AgentId,
+        request: &SendRequest,
+        options: &SubmitOptions,
+    ) -> Result<Option<Message>> {
+        if !options.allow_message || request.task_id.is_some() {
+            return Ok(None);
+        }
+        let entry = self.agents.get(agent).ok_or(Error::AgentNotFound)?;
+        Ok(entry.backend.direct_reply(&request.message))
+    }
+
+    /// Waits up to `wait` for the end of the run, else returns the task as it stands.
+    async fn await_final(
+        &self,
+        key: &TaskKey,
+        rx: oneshot::Receiver<TaskSnapshot>,
+        wait: Duration,
+    ) -> Result<TaskSnapshot> {
+        match tokio::time::timeout(wait, rx).await {
+            Ok(Ok(snapshot)) => Ok(snapshot),
+            // Timed out, or the actor ended without answering: read it again.
+            _ => self.get_key(key).await,
+        }
+    }
+
+    /// Submits a message and follows the task as a stream from its first event.
+    ///
+    /// # Errors
+    /// As [`Runtime::send`], plus [`Error::SubscriptionFailed`].
+    pub async fn stream(
+        &self,
+        principal: &Principal,
+        agent: &AgentId,
+        request: SendRequest,
+    ) -> Result<TaskStream> {
+        match self
+            .stream_with(principal, agent, request, SubmitOptions::default())
+            .await?
+        {
+            Streamed::Task(s) => Ok(s),
+            Streamed::Message(_) => Err(Error::Internal),
+        }
+    }
+
+    /// [`Runtime::stream`] with the options a dialect found in the request.
+    ///
+    /// # Errors
+    /// As [`Runtime::send_with`], plus [`Error::SubscriptionFailed`].
+    pub async fn stream_with(
+        &self,
+        principal: &Principal,
+        agent: &AgentId,
+        request: SendRequest,
+        options: SubmitOptions,
+    ) -> Result<Streamed> {
+        if let Some(reply) = self.direct_reply(agent, &request, &options)? {
+            return Ok(Streamed::Message(reply));
+        }
+        let (subscriber, rx) = self.subscriber();
+        let id = subscriber.id;
+        let stream = match self
+            .submit(
+                principal,
+                agent,
+                request,
+                Follow::Stream(subscriber),
+                options,
+            )
+            .await?
+        {
+            submit::Submitted::Fresh {
+                key,
+                context_id,
+                actor,
+            } => self.task_stream(
+                key.task,
+                context_id,
+                VecDeque::new(),
+                Some(rx),
+                Some((actor, id)),
+            ),
+            // A continued task's stream starts with the `working` event its new run makes
+            // (the task as it stands then, the new message in its history).
+            submit::Submitted::Continued {
+                key,
+                context_id,
+                actor,
+            } => self.task_stream(
+                key.task,
+                context_id,
+                VecDeque::new(),
+                Some(rx),
+                Some((actor, id)),
+            ),
+            submit::Submitted::Existing(_, submit::Existing::Finished(f)) => {
+                self.finished_stream(&f)
+            }
+            submit::Submitted::Existing(key, submit::Existing::Live(live)) => {
+                match self.subscribe_live(&key, live, Replay::All).await? {
+                    Resubscribed::Live(s) => s,
+                    Resubscribed::Finished(f) => self.finished_stream(&f),
+                }
+            }
+        };
+        Ok(Streamed::Task(stream))
+    }
+
+    /// The task as it stands.
+    ///
+    /// # Errors
+    /// [`Error::TaskNotFound`] when this principal has no such task on this agent.
+    pub async fn get(
+        &self,
+        principal: &Principal,
+        agent: &AgentId,
+        task: &TaskId,
+    ) -> Result<TaskSnapshot> {
+        self.get_key(&task_key(principal, agent, task)).await
+    }
+
+    pub(crate) async fn get_key(&self, key: &TaskKey) -> Result<TaskSnapshot> {
+        match self.find(key) {
+            Some(submit::Existing::Live(live)) => self.get_live(key, live).await,
+            Some(submit::Existing::Finished(f)) => Ok((*f).clone()),
+            None => Err(Error::TaskNotFound {
+                task: key.task.clone(),
+            }),
+        }
+    }
+
+    async fn get_live(&self, key: &TaskKey, live: LiveTask) -> Result<TaskSnapshot> {
+        match live
+            .actor
+            .call(TaskMsg::Get, Some(self.shared.call_timeout))
+            .await
+        {
+            Ok(CallResult::Success(s)) => Ok(s),
+            Ok(CallResult::Timeout) => Err(Error::Busy),
+            // The actor ended between the lookup and the call: it left a record first.
+            _ => self
+                .shared
+                .store
+                .get(key)
+                .map(|f| (*f).clone())
+                .ok_or_else(|| Error::TaskNotFound {
+                    task: key.task.clone(),
+                }),
+        }
+    }
+
+    /// One page of this principal's tasks on this agent (DIALECTS.md §6).
+    pub fn list(&self, query: &ListQuery) -> ListPage {
+        self.shared.store.list(query)
+    }
+
+    /// Cancels a submitted, working or interrupted task.
+    ///
+    /// # Errors
+    /// [`Error::TaskNotFound`], [`Error::TaskFinished`] (completed, failed or rejected),
+    /// [`Error::TaskCanceled`], or [`Error::CancelFailed`] when it ended meanwhile.
+    pub async fn cancel(
+        &self,
+        principal: &Principal,
+        agent: &AgentId,
+        task: &TaskId,
+        reason: Option<String>,
+    ) -> Result<TaskSnapshot> {
+        let key = task_key(principal, agent, task);
+        let reason: Arc<str> = reason.as_deref().unwrap_or("Canceled by user").into();
+        match self.find(&key) {
+            None => Err(Error::TaskNotFound { task: task.clone() }),
+            Some(submit::Existing::Finished(f)) => Err(submit::finished_error(&f)),
+            Some(submit::Existing::Live(live)) => {
+                let call = live.actor.call(
+                    |reply| TaskMsg::Cancel {
+                        reason,
+                        reply: Some(reply),
+                    },
+                    Some(self.shared.call_timeout),
+                );
+                match call.await {
+                    Ok(CallResult::Success(outcome)) => outcome,
+                    Ok(CallResult::Timeout) => Err(Error::Busy),
+                    _ => match self.shared.store.get(&key) {
+                        Some(f) => Err(Error::CancelFailed {
+                            task: task.clone(),
+                            state: f.status.state,
+                        }),
+                        None => Err(Error::TaskNotFound { task: task.clone() }),
+                    },
+                }
+            }
+        }
+    }
+
+    /// Follows an existing task: a stream when it is running, its final state when not.
+    ///
+    /// # Errors
+    /// [`Error::TaskNotFound`], or [`Error::SubscriptionFailed`] at the subscriber limit.
+    pub async fn resubscribe(
+        &self,
+        principal: &Principal,
+        agent: &AgentId,
+        task: &TaskId,
+        replay: Replay,
+    ) -> Result<Resubscribed> {
+        let key = task_key(principal, agent, task);
+        match self.find(&key) {
+            None => Err(Error::TaskNotFound { task: task.clone() }),
+            Some(submit::Existing::Finished(f)) => Ok(Resubscribed::Finished(f)),
+            Some(submit::Existing::Live(live)) => self.subscribe_live(&key, live, replay).await,
+        }
+    }
+
+    /// A one-event stream carrying a finished task's final state.
+    pub fn finished_stream(&self, snapshot: &Arc<TaskSnapshot>) -> TaskStream {
+        let item = StreamItem {
+            event: Arc::new(snapshot.current_event()),
+            task: snapshot.clone(),
+        };
+        self.task_stream(
+            snapshot.id.clone(),
+            snapshot.context_id.clone(),
+            VecDeque::from([item]),
+            None,
+            None,
+        )
+    }
+
+    async fn subscribe_live(
+        &self,
+        key: &TaskKey,
+        live: LiveTask,
+        replay: Replay,
+    ) -> Result<Resubscribed> {
+        let (subscriber, rx) = self.subscriber();
+        let id = subscriber.id;
+        let call = live.actor.call(
+            |reply| TaskMsg::Subscribe {
+                subscriber,
+                replay,
+                reply,
+            },
+            Some(self.shared.call_timeout),
+        );
+        match call.await {
+            Ok(CallResult::Success(Ok(items))) => {
+                let finished = items.last().is_some_and(|e| e.is_final());
+                Ok(Resubscribed::Live(self.task_stream(
+                    key.task.clone(),
+                    live.context_id,
+                    items.into(),
+                    (!finished).then_some(rx),
+                    Some((live.actor, id)),
+                )))
+            }
+            Ok(CallResult::Success(Err(e))) => Err(e),
+            Ok(CallResult::Timeout) => Err(Error::Busy),
+            _ => match self.shared.store.get(key) {
+                Some(f) => Ok(Resubscribed::Finished(f)),
+                None => Err(Error::TaskNotFound {
+                    task: key.task.clone(),
+                }),
+            },
+        }
+    }
+
+    fn subscriber(&self) -> (Subscriber, mpsc::Receiver<StreamItem>) {
+        let (tx, rx) = mpsc::channel(self.shared.config.server.stream_buffer);
+        let id = self.shared.next_subscriber.fetch_add(1, Relaxed);
+        (Subscriber { id, tx }, rx)
+    }
+
+    fn task_stream(
+        &self,
+        task_id: TaskId,
+        context_id: ContextId,
+        pending: VecDeque<StreamItem>,
+        rx: Option<mpsc::Receiver<StreamItem>>,
+        task: Option<(ActorRef<TaskMsg>, u64)>,
+    ) -> TaskStream {
+        TaskStream::new(&self.shared, task_id, context_id, pending, rx, task)
+    }
+
+    // --- push configurations ---
+
+    /// Stores a push configuration (scoped: replaces its scope's; named: replaces the
+    /// same task and id). A task-scoped configuration needs the caller's task.
+    ///
+    /// # Errors
+    /// [`Error::TaskNotFound`] when the task is not this caller's; over the per-task cap,
+    /// [`Error::InvalidParams`].
+    pub async fn set_push(&self, config: Arc<StoredPushConfig>) -> Result<()> {
+        if let Some(task) = &config.scope.task {
+            // Scoping to a task requires that this caller owns it.
+            self.get(&config.scope.principal, &config.scope.agent, task)
+                .await?;
+        }
+        self.shared
+            .push
+            .set(config, self.shared.config.webhooks.max_configs_per_task)
+    }
+
+    /// The named configurations of a task of this caller.
+    ///
+    /// # Errors
+    /// [`Error::TaskNotFound`] when the task is not this caller's.
+    pub async fn task_push_configs(
+        &self,
+        principal: &Principal,
+        agent: &AgentId,
+        task: &TaskId,
+    ) -> Result<Vec<Arc<StoredPushConfig>>> {
+        self.get(principal, agent, task).await?;
+        Ok(self
+            .shared
+            .push
+            .list_named(&task_key(principal, agent, task)))
+    }
+
+    /// Removes a named configuration of a task of this caller (idempotent).
+    ///
+    /// # Errors
+    /// [`Error::TaskNotFound`] when the task is not this caller's.
+    pub async fn delete_push(
+        &self,
+        principal: &Principal,
+        agent: &AgentId,
+        task: &TaskId,
+        id: &str,
+    ) -> Result<()> {
+        self.get(principal, agent, task).await?;
+        self.shared
+            .push
+            .remove_named(&task_key(principal, agent, task), id);
+        Ok(())
+    }
+
+    /// The scoped configuration of a scope.
+    pub fn scoped_push(&self, scope: &PushScope) -> Option<Arc<StoredPushConfig>> {
+        self.shared.push.get_scope(scope)
+    }
+
+    pub(crate) fn find(&self, key: &TaskKey) -> Option<submit::Existing> {
+        // Live first: an actor writes its record before leaving the live index, so a task
+        // missed here because it just finished is found in the store.
+        if let Some(live) = self.shared.live.get(key) {
+            return Some(submit::Existing::Live(live.value().clone()));
+        }
+        self.shared.store.get(key).map(submit::Existing::Finished)
+    }
+
+    /// Stops taking work, cancels running tasks with reason `shutdown` (so their streams
+    /// end with a final `canceled` event), waits up to `grace` for them to end and for
+    /// pending webhooks to go out (what is left is logged with its delivery id and
+    /// dropped), then stops the actors.
+    pub async fn shutdown(&self, grace: Duration) {
+        self.shared.shutting_down.store(true, Relaxed);
+        let actors: Vec<_> = self
+            .shared
+            .live
+            .iter()
+            .map(|e| e.value().actor.clone())
+            .collect();
+        for actor in actors {
+            let _ = actor.cast(TaskMsg::Cancel {
+                reason: "shutdown".into(),
+                reply: None,
+            });
+        }
+        let deadline = tokio::time::Instant::now() + grace;
+        while self.shared.metrics.live_tasks.load(Relaxed) > 0
+            && tokio::time::Instant::now() < deadline
+        {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        self.webhooks
+            .drain(deadline.saturating_duration_since(tokio::time::Instant::now()))
+            .await;
+        self.supervisor.stop(None);
+        self.shared.contexts.stop(None);
+    }
+
+    /// True once [`Runtime::shutdown`] began.
+    pub fn is_shutting_down(&self) -> bool {
+        self.shared.shutting_down.load(Relaxed)
+    }
+}
+
+pub(crate) fn task_key(principal: &Principal, agent: &AgentId, task: &TaskId) -> TaskKey {
+    TaskKey {
+        principal: principal.clone(),
+        agent: agent.clone(),
+        task: task.clone(),
+    }
+}
+
+pub(crate) fn spawn_failed(e: impl std::fmt::Display) -> Error {
+    tracing::error!(error = %e, "actor spawn failed");
+    Error::Internal
+}

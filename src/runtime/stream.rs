@@ -1,0 +1,136 @@
+//! Following a task: [`TaskStream`] yields a task's events until the end of its run; each
+//! [`StreamItem`] carries the event and the task as that event left it.
+
+use std::collections::VecDeque;
+use std::ops::Deref;
+use std::sync::Arc;
+use std::sync::atomic::Ordering::Relaxed;
+use std::task::{Context, Poll};
+
+use ractor::ActorRef;
+use tokio::sync::mpsc;
+
+use crate::actors::Shared;
+use crate::actors::task::TaskMsg;
+use crate::model::{ContextId, TaskEvent, TaskId, TaskSnapshot};
+
+/// Which earlier events a new stream replays before live ones.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Replay {
+    /// Every event from 1.
+    All,
+    /// Events numbered above this (`Last-Event-ID`).
+    After(u64),
+    /// Only the event that produced the current state.
+    Current,
+}
+
+/// One event of a stream, with the task as it stood when the event was produced (for a
+/// replayed event: as it stands now). Dereferences to the event.
+#[derive(Clone, Debug)]
+pub struct StreamItem {
+    /// The event.
+    pub event: Arc<TaskEvent>,
+    /// The task.
+    pub task: Arc<TaskSnapshot>,
+}
+
+impl Deref for StreamItem {
+    type Target = TaskEvent;
+
+    fn deref(&self) -> &TaskEvent {
+        &self.event
+    }
+}
+
+/// A stream of one task's events, ending after the event that ends its run (terminal or
+/// interrupted).
+pub struct TaskStream {
+    /// The task.
+    pub task_id: TaskId,
+    /// Its conversation.
+    pub context_id: ContextId,
+    pending: VecDeque<StreamItem>,
+    rx: Option<mpsc::Receiver<StreamItem>>,
+    /// Unsubscribes and updates the open-streams gauge when the stream is dropped.
+    _guard: StreamGuard,
+    done: bool,
+}
+
+struct StreamGuard {
+    shared: Arc<Shared>,
+    task: Option<(ActorRef<TaskMsg>, u64)>,
+}
+
+/// What `resubscribe` found.
+pub enum Resubscribed {
+    /// The task is running: follow it.
+    Live(TaskStream),
+    /// The task is terminal: its final state.
+    Finished(Arc<TaskSnapshot>),
+}
+
+// === impl TaskStream ===
+
+impl TaskStream {
+    pub(crate) fn new(
+        shared: &Arc<Shared>,
+        task_id: TaskId,
+        context_id: ContextId,
+        pending: VecDeque<StreamItem>,
+        rx: Option<mpsc::Receiver<StreamItem>>,
+        task: Option<(ActorRef<TaskMsg>, u64)>,
+    ) -> Self {
+        shared.metrics.open_streams.fetch_add(1, Relaxed);
+        Self {
+            task_id,
+            context_id,
+            pending,
+            rx,
+            _guard: StreamGuard {
+                shared: shared.clone(),
+                task,
+            },
+            done: false,
+        }
+    }
+
+    /// The next event; `None` after the last one (or if the task vanished on shutdown).
+    pub fn poll_next(&mut self, cx: &mut Context<'_>) -> Poll<Option<StreamItem>> {
+        if self.done {
+            return Poll::Ready(None);
+        }
+        let next = match self.pending.pop_front() {
+            Some(item) => Some(item),
+            None => match self.rx.as_mut() {
+                None => None,
+                Some(rx) => match rx.poll_recv(cx) {
+                    Poll::Pending => return Poll::Pending,
+                    Poll::Ready(item) => item,
+                },
+            },
+        };
+        match &next {
+            Some(item) if !item.is_final() => {}
+            _ => {
+                self.done = true;
+                self.rx = None;
+            }
+        }
+        Poll::Ready(next)
+    }
+
+    /// The next event; `None` after the last one.
+    pub async fn next(&mut self) -> Option<StreamItem> {
+        std::future::poll_fn(|cx| self.poll_next(cx)).await
+    }
+}
+
+impl Drop for StreamGuard {
+    fn drop(&mut self) {
+        self.shared.metrics.open_streams.fetch_sub(1, Relaxed);
+        if let Some((actor, id)) = self.task.take() {
+            let _ = actor.cast(TaskMsg::Unsubscribe(id));
+        }
+    }
+}

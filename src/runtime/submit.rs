@@ -1,0 +1,316 @@
+//! Submitting a message: admission, the conversation, idempotent replays of client-chosen
+//! ids, continuing an interrupted task, and spawning the task actor.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering::Relaxed;
+
+use dashmap::mapref::entry::Entry;
+use ractor::rpc::CallResult;
+use ractor::{Actor, ActorRef};
+
+use super::{Runtime, SendRequest, SubmitOptions, TaskIdUse, spawn_failed, task_key};
+use crate::actors::context::ContextMsg;
+use crate::actors::task::{Follow, TaskActor, TaskArgs, TaskMsg};
+use crate::actors::{ContextKey, LiveTask};
+use crate::error::{Error, Result};
+use crate::model::{
+    AgentId, ContextId, Message, Principal, TaskId, TaskKey, TaskSnapshot, TaskState,
+};
+use crate::push::{PushScope, StoredPushConfig};
+
+/// What `submit` did.
+pub(crate) enum Submitted {
+    /// Created the task.
+    Fresh {
+        key: TaskKey,
+        context_id: ContextId,
+        actor: ActorRef<TaskMsg>,
+    },
+    /// Continued an interrupted task.
+    Continued {
+        key: TaskKey,
+        context_id: ContextId,
+        actor: ActorRef<TaskMsg>,
+    },
+    /// Found the task a client-chosen id names (an idempotent replay).
+    Existing(TaskKey, Existing),
+}
+
+/// A task that already exists under a key.
+pub(crate) enum Existing {
+    Live(LiveTask),
+    Finished(Arc<TaskSnapshot>),
+}
+
+impl Runtime {
+    /// Creates the task, finds the existing one with the same client-chosen id, or
+    /// continues the interrupted task the request names.
+    pub(crate) async fn submit(
+        &self,
+        principal: &Principal,
+        agent_id: &AgentId,
+        request: SendRequest,
+        follow: Follow,
+        options: SubmitOptions,
+    ) -> Result<Submitted> {
+        if self.shared.shutting_down.load(Relaxed) {
+            return Err(Error::ShuttingDown);
+        }
+        let agent = self.agents.get(agent_id).ok_or(Error::AgentNotFound)?;
+        if options.task_id == TaskIdUse::Continue
+            && let Some(task) = request.task_id.clone()
+        {
+            return self
+                .continue_task(principal, agent_id, &task, request, follow)
+                .await;
+        }
+        let task = request.task_id.clone().unwrap_or_else(TaskId::generate);
+        let key = task_key(principal, agent_id, &task);
+        if request.task_id.is_some()
+            && let Some(existing) = self.find(&key)
+        {
+            return replay_or_conflict(existing, &request.message, &task)
+                .map(|e| Submitted::Existing(key, e));
+        }
+        let live_now = self.shared.metrics.live_tasks.load(Relaxed);
+        if live_now >= self.shared.config.server.max_live_tasks as i64 {
+            // The server-wide cap answers like a full queue: the client should retry later.
+            return Err(Error::TooManyTasks);
+        }
+        let admission = agent.scheduler.admit()?;
+
+        let (context_id, turn, history) = match request.context_id {
+            None => {
+                let context = ContextId::generate();
+                let ck = ContextKey {
+                    principal: principal.clone(),
+                    context: context.clone(),
+                };
+                let _ = self.shared.contexts.cast(ContextMsg::Create { key: ck });
+                (context, 1, Vec::new())
+            }
+            Some(context) => {
+                let ck = ContextKey {
+                    principal: principal.clone(),
+                    context: context.clone(),
+                };
+                let call = self.shared.contexts.call(
+                    |reply| ContextMsg::Open { key: ck, reply },
+                    Some(self.shared.call_timeout),
+                );
+                match call.await {
+                    Ok(CallResult::Success(turn)) => (context, turn.number, turn.history),
+                    Ok(CallResult::Timeout) => return Err(Error::Busy),
+                    Err(_) | Ok(CallResult::SenderError) => return Err(Error::Internal),
+                }
+            }
+        };
+
+        let message = Arc::new(request.message);
+        let args = TaskArgs {
+            shared: self.shared.clone(),
+            agent: agent.clone(),
+            key: key.clone(),
+            context_id: context_id.clone(),
+            message: message.clone(),
+            metadata: request.metadata.map(Arc::from),
+            history,
+            turn,
+            admission,
+            follow,
+        };
+        // An inline push configuration is in place before event 1 is recorded, so it
+        // hears the task's first event; it is undone if the task is not created after all.
+        let mut push = options.push;
+        let push_scope = PushScope {
+            principal: principal.clone(),
+            agent: agent_id.clone(),
+            task: Some(task.clone()),
+        };
+        let max_configs = self.shared.config.webhooks.max_configs_per_task;
+        let mut store_push = || -> Result<Option<String>> {
+            let Some(new) = push.take() else {
+                return Ok(None);
+            };
+            let stored = match new.named {
+                None => StoredPushConfig::scoped(push_scope.clone(), new.config, &new.format),
+                Some(id) => StoredPushConfig::named(&key, id, new.config, &new.format),
+            };
+            let id = stored.id.clone();
+            self.shared.push.set(stored, max_configs)?;
+            Ok(Some(id))
+        };
+        let undo_push = |stored: &Option<String>| {
+            if let Some(id) = stored {
+                self.shared.push.remove(&push_scope);
+                self.shared.push.remove_named(&key, id);
+            }
+        };
+        let existing = if request.task_id.is_none() {
+            // A server-generated id cannot collide: spawn awaiting `pre_start` here (no
+            // wrapper task), then index the task, then start its driver.
+            let stored = store_push()?;
+            let (actor, _) = Actor::spawn_linked(None, TaskActor, args, self.supervisor.get_cell())
+                .await
+                .map_err(|e| {
+                    undo_push(&stored);
+                    spawn_failed(e)
+                })?;
+            self.shared.metrics.live_tasks.fetch_add(1, Relaxed);
+            self.shared.live.insert(
+                key.clone(),
+                LiveTask {
+                    actor: actor.clone(),
+                    message_id: message.message_id.as_str().into(),
+                    context_id: context_id.clone(),
+                },
+            );
+            Ok(actor)
+        } else {
+            // A client-chosen id: spawn under the index entry's guard (no await inside), so
+            // two requests with the same id cannot both create the task. The store is read
+            // under the guard too: a finished task writes its record before leaving the index.
+            match self.shared.live.entry(key.clone()) {
+                Entry::Occupied(o) => Err(Existing::Live(o.get().clone())),
+                Entry::Vacant(v) => match self.shared.store.get(&key) {
+                    Some(f) => Err(Existing::Finished(f)),
+                    None => {
+                        let stored = store_push()?;
+                        let (actor, _) = ractor::ActorRuntime::<TaskActor>::spawn_linked_instant(
+                            None,
+                            TaskActor,
+                            args,
+                            self.supervisor.get_cell(),
+                        )
+                        .map_err(|e| {
+                            undo_push(&stored);
+                            spawn_failed(e)
+                        })?;
+                        self.shared.metrics.live_tasks.fetch_add(1, Relaxed);
+                        v.insert(LiveTask {
+                            actor: actor.clone(),
+                            message_id: message.message_id.as_str().into(),
+                            context_id: context_id.clone(),
+                        });
+                        Ok(actor)
+                    }
+                },
+            }
+        };
+        if let Ok(actor) = &existing {
+            // Queued behind nothing the actor could do first: it starts the driver.
+            let _ = actor.cast(TaskMsg::Start);
+        }
+        match existing {
+            Ok(actor) => Ok(Submitted::Fresh {
+                key,
+                context_id,
+                actor,
+            }),
+            Err(existing) => {
+                let _ = self.shared.contexts.cast(ContextMsg::Abandon {
+                    key: ContextKey {
+                        principal: principal.clone(),
+                        context: context_id,
+                    },
+                });
+                replay_or_conflict(existing, &message, &task).map(|e| Submitted::Existing(key, e))
+            }
+        }
+    }
+
+    /// Delivers a message to the interrupted task it names.
+    async fn continue_task(
+        &self,
+        principal: &Principal,
+        agent_id: &AgentId,
+        task: &TaskId,
+        request: SendRequest,
+        follow: Follow,
+    ) -> Result<Submitted> {
+        let key = task_key(principal, agent_id, task);
+        let (context_id, live) = match self.find(&key) {
+            None => return Err(Error::TaskNotFound { task: task.clone() }),
+            Some(Existing::Finished(f)) => (f.context_id.clone(), None),
+            Some(Existing::Live(live)) => (live.context_id.clone(), Some(live)),
+        };
+        if request
+            .context_id
+            .as_ref()
+            .is_some_and(|c| *c != context_id)
+        {
+            return Err(Error::ContextMismatch { task: task.clone() });
+        }
+        let Some(live) = live else {
+            let state = self
+                .shared
+                .store
+                .get(&key)
+                .map_or(TaskState::Completed, |f| f.status.state);
+            return Err(Error::TaskNotContinuable {
+                task: task.clone(),
+                state,
+            });
+        };
+        let message = Arc::new(request.message);
+        let call = live.actor.call(
+            |reply| TaskMsg::Continue {
+                message,
+                follow,
+                reply,
+            },
+            Some(self.shared.call_timeout),
+        );
+        match call.await {
+            Ok(CallResult::Success(Ok(_))) => Ok(Submitted::Continued {
+                key,
+                context_id,
+                actor: live.actor,
+            }),
+            Ok(CallResult::Success(Err(e))) => Err(e),
+            Ok(CallResult::Timeout) => Err(Error::Busy),
+            // It ended between the lookup and the call.
+            _ => Err(Error::TaskNotContinuable {
+                task: task.clone(),
+                state: self
+                    .shared
+                    .store
+                    .get(&key)
+                    .map_or(TaskState::Completed, |f| f.status.state),
+            }),
+        }
+    }
+}
+
+/// The error for modifying a finished task.
+pub(crate) fn finished_error(snapshot: &TaskSnapshot) -> Error {
+    match snapshot.status.state {
+        TaskState::Canceled => Error::TaskCanceled {
+            task: snapshot.id.clone(),
+        },
+        state => Error::TaskFinished {
+            task: snapshot.id.clone(),
+            state,
+        },
+    }
+}
+
+/// The `messageId` that created a task (for idempotent replays).
+fn first_message_id(task: &TaskSnapshot) -> &str {
+    task.history.first().map_or("", |m| m.message_id.as_str())
+}
+
+/// Same `messageId`: an idempotent replay of the existing task. Otherwise a conflict.
+fn replay_or_conflict(existing: Existing, message: &Message, task: &TaskId) -> Result<Existing> {
+    let same = match &existing {
+        Existing::Live(l) => *l.message_id == *message.message_id,
+        Existing::Finished(f) => first_message_id(f) == message.message_id,
+    };
+    if same {
+        return Ok(existing);
+    }
+    Err(match existing {
+        Existing::Finished(f) => finished_error(&f),
+        Existing::Live(_) => Error::TaskInProgress { task: task.clone() },
+    })
+}

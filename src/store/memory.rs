@@ -1,0 +1,475 @@
+//! The in-memory stores: today's behaviour, and what the `memory` store backend keeps.
+
+use std::collections::{BTreeSet, VecDeque};
+use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use dashmap::DashMap;
+use foldhash::fast::RandomState;
+
+use super::{ListPage, ListQuery, PageToken, PushStore, TaskStore};
+use crate::error::Error;
+use crate::model::{AgentId, Principal, TaskId, TaskKey, TaskSnapshot};
+use crate::push::{Namespace, PushScope, StoredPushConfig};
+
+/// Every task's record in memory. Finished records are evicted oldest first.
+///
+/// Retention is the same for every record, so the order in which tasks finish is the
+/// order in which they expire: a FIFO of keys makes eviction cost what it evicts, never a
+/// scan of the whole map. Besides the age, a count cap and a byte budget bound what is
+/// kept; both are enforced as records arrive, so no burst can hold more than the budget
+/// until the next sweep. Each owner's tasks are also indexed by status time for ListTasks.
+pub(crate) struct MemoryTaskStore {
+    records: DashMap<TaskKey, Arc<TaskSnapshot>, RandomState>,
+    /// Per (principal, agent): (status time in µs, task id) of every task.
+    owners: DashMap<(Principal, AgentId), BTreeSet<(i64, TaskId)>, RandomState>,
+    /// Finished tasks in the order they finished, with their expiry; guarded by a std
+    /// mutex: pushes and pops are short and never await.
+    finished: Mutex<Finished>,
+    retention: Duration,
+    max_records: usize,
+    max_bytes: u64,
+}
+
+#[derive(Default)]
+struct Finished {
+    queue: VecDeque<(Instant, TaskKey)>,
+    count: usize,
+    bytes: u64,
+}
+
+fn micros(task: &TaskSnapshot) -> i64 {
+    task.status.timestamp.timestamp_micros()
+}
+
+impl MemoryTaskStore {
+    /// A store keeping finished records for `retention`, at most `max_records` of them and
+    /// at most about `max_bytes` bytes of them.
+    pub(crate) fn new(retention: Duration, max_records: usize, max_bytes: u64) -> Self {
+        Self {
+            records: DashMap::default(),
+            owners: DashMap::default(),
+            finished: Mutex::new(Finished::default()),
+            retention,
+            max_records,
+            max_bytes,
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Finished> {
+        self.finished.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn owner(key: &TaskKey) -> (Principal, AgentId) {
+        (key.principal.clone(), key.agent.clone())
+    }
+
+    /// Evicts from the front while `expired` says so or a cap is exceeded.
+    fn evict_while(&self, expired: impl Fn(&Instant) -> bool) -> Vec<TaskKey> {
+        let mut evicted = Vec::new();
+        loop {
+            let key = {
+                let mut f = self.lock();
+                let over = f.count > self.max_records || f.bytes > self.max_bytes;
+                match f.queue.front() {
+                    Some((expires, _)) if over || expired(expires) => {
+                        f.queue.pop_front().map(|(_, k)| k)
+                    }
+                    _ => None,
+                }
+            };
+            let Some(key) = key else { break };
+            let Some((_, gone)) = self
+                .records
+                .remove_if(&key, |_, t| t.status.state.is_terminal())
+            else {
+                continue;
+            };
+            if let Some(mut set) = self.owners.get_mut(&Self::owner(&key)) {
+                set.remove(&(micros(&gone), key.task.clone()));
+            }
+            self.owners
+                .remove_if(&Self::owner(&key), |_, set| set.is_empty());
+            let mut f = self.lock();
+            f.count = f.count.saturating_sub(1);
+            f.bytes = f.bytes.saturating_sub(gone.approx_bytes() as u64);
+            drop(f);
+            evicted.push(key);
+        }
+        evicted
+    }
+}
+
+impl TaskStore for MemoryTaskStore {
+    fn put(&self, key: &TaskKey, task: Arc<TaskSnapshot>) -> Vec<TaskKey> {
+        let finished = task.status.state.is_terminal();
+        let at = micros(&task);
+        let size = if finished {
+            task.approx_bytes() as u64
+        } else {
+            0
+        };
+        let previous = self.records.insert(key.clone(), task);
+        let before = previous.as_ref().map(|p| micros(p));
+        if before != Some(at) {
+            let mut set = self.owners.entry(Self::owner(key)).or_default();
+            if let Some(before) = before {
+                set.remove(&(before, key.task.clone()));
+            }
+            set.insert((at, key.task.clone()));
+        }
+        if !finished {
+            return Vec::new();
+        }
+        let over = {
+            let mut f = self.lock();
+            match previous.filter(|p| p.status.state.is_terminal()) {
+                Some(p) => f.bytes = f.bytes.saturating_sub(p.approx_bytes() as u64),
+                None => {
+                    f.queue
+                        .push_back((Instant::now() + self.retention, key.clone()));
+                    f.count += 1;
+                }
+            }
+            f.bytes += size;
+            f.count > self.max_records || f.bytes > self.max_bytes
+        };
+        if over {
+            self.evict_while(|_| false)
+        } else {
+            Vec::new()
+        }
+    }
+
+    fn get(&self, key: &TaskKey) -> Option<Arc<TaskSnapshot>> {
+        self.records.get(key).map(|r| r.value().clone())
+    }
+
+    fn list(&self, q: &ListQuery) -> ListPage {
+        let mut page = ListPage::default();
+        let Some(set) = self.owners.get(&(q.principal.clone(), q.agent.clone())) else {
+            return page;
+        };
+        let after = q.status_after.map(|t| t.timestamp_micros());
+        let size = q.page_size.max(1);
+        for (at, id) in set.iter().rev() {
+            if after.is_some_and(|a| *at < a) {
+                continue;
+            }
+            let key = TaskKey {
+                principal: q.principal.clone(),
+                agent: q.agent.clone(),
+                task: id.clone(),
+            };
+            let Some(task) = self.records.get(&key).map(|r| r.value().clone()) else {
+                continue;
+            };
+            if q.context.as_ref().is_some_and(|c| *c != task.context_id)
+                || q.state.is_some_and(|s| s != task.status.state)
+            {
+                continue;
+            }
+            page.total += 1;
+            let position = PageToken {
+                timestamp_micros: *at,
+                task: id.clone(),
+            };
+            if q.after.as_ref().is_some_and(|token| position >= *token) {
+                continue;
+            }
+            if page.tasks.len() < size {
+                page.tasks.push(task);
+            } else if page.next.is_none() {
+                page.next = page.tasks.last().map(|t| PageToken::of(t));
+            }
+        }
+        page
+    }
+
+    fn evict(&self, now: Instant) -> Vec<TaskKey> {
+        let evicted = self.evict_while(|expires| *expires <= now);
+        if !evicted.is_empty() {
+            let mut f = self.lock();
+            if f.queue.capacity() > 1024 && f.queue.len() < f.queue.capacity() / 4 {
+                f.queue.shrink_to_fit();
+            }
+            drop(f);
+            if self.records.capacity() > 1024 && self.records.len() < self.records.capacity() / 4 {
+                self.records.shrink_to_fit();
+            }
+        }
+        evicted
+    }
+
+    fn len(&self) -> usize {
+        self.lock().count
+    }
+
+    fn bytes(&self) -> u64 {
+        self.lock().bytes
+    }
+}
+
+/// Push configurations in memory.
+#[derive(Default)]
+pub(crate) struct MemoryPushStore {
+    scoped: DashMap<PushScope, Arc<StoredPushConfig>, RandomState>,
+    named: DashMap<TaskKey, Vec<Arc<StoredPushConfig>>, RandomState>,
+    /// Configurations held, so the hot path's emptiness check costs one load.
+    count: AtomicUsize,
+}
+
+impl PushStore for MemoryPushStore {
+    fn set(&self, config: Arc<StoredPushConfig>, max_per_task: usize) -> Result<(), Error> {
+        match config.namespace {
+            Namespace::Scoped => {
+                if self.scoped.insert(config.scope.clone(), config).is_none() {
+                    self.count.fetch_add(1, Relaxed);
+                }
+            }
+            Namespace::Named => {
+                let Some(task) = config.scope.task.clone() else {
+                    return Err(Error::Internal);
+                };
+                let key = TaskKey {
+                    principal: config.scope.principal.clone(),
+                    agent: config.scope.agent.clone(),
+                    task,
+                };
+                let mut list = self.named.entry(key).or_default();
+                match list.iter().position(|c| c.id == config.id) {
+                    Some(i) => list[i] = config,
+                    None if list.len() >= max_per_task => {
+                        return Err(Error::invalid(
+                            "id",
+                            format!(
+                                "a task holds at most {max_per_task} push notification configurations"
+                            ),
+                        ));
+                    }
+                    None => {
+                        list.push(config);
+                        self.count.fetch_add(1, Relaxed);
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn remove(&self, scope: &PushScope) {
+        if self.scoped.remove(scope).is_some() {
+            self.count.fetch_sub(1, Relaxed);
+        }
+    }
+
+    fn remove_named(&self, task: &TaskKey, id: &str) -> bool {
+        let removed = match self.named.get_mut(task) {
+            Some(mut list) => {
+                let before = list.len();
+                list.retain(|c| c.id != id);
+                before != list.len()
+            }
+            None => false,
+        };
+        if removed {
+            self.count.fetch_sub(1, Relaxed);
+            self.named.remove_if(task, |_, list| list.is_empty());
+        }
+        removed
+    }
+
+    fn get_scope(&self, scope: &PushScope) -> Option<Arc<StoredPushConfig>> {
+        self.scoped.get(scope).map(|c| c.value().clone())
+    }
+
+    fn get_id(
+        &self,
+        principal: &Principal,
+        agent: &AgentId,
+        id: &str,
+    ) -> Option<Arc<StoredPushConfig>> {
+        self.scoped
+            .iter()
+            .find(|c| c.id == id && &c.scope.principal == principal && &c.scope.agent == agent)
+            .map(|c| c.value().clone())
+    }
+
+    fn get_named(&self, task: &TaskKey, id: &str) -> Option<Arc<StoredPushConfig>> {
+        self.named
+            .get(task)
+            .and_then(|list| list.iter().find(|c| c.id == id).cloned())
+    }
+
+    fn list_named(&self, task: &TaskKey) -> Vec<Arc<StoredPushConfig>> {
+        self.named
+            .get(task)
+            .map(|list| list.clone())
+            .unwrap_or_default()
+    }
+
+    fn for_task(&self, key: &TaskKey) -> Vec<Arc<StoredPushConfig>> {
+        let mut scope = PushScope {
+            principal: key.principal.clone(),
+            agent: key.agent.clone(),
+            task: Some(key.task.clone()),
+        };
+        let own = self.get_scope(&scope);
+        scope.task = None;
+        let wide = self.get_scope(&scope);
+        let mut all: Vec<_> = own.into_iter().chain(wide).collect();
+        all.extend(self.list_named(key));
+        all
+    }
+
+    fn remove_task(&self, key: &TaskKey) {
+        let scope = PushScope {
+            principal: key.principal.clone(),
+            agent: key.agent.clone(),
+            task: Some(key.task.clone()),
+        };
+        self.remove(&scope);
+        if let Some((_, list)) = self.named.remove(key) {
+            self.count.fetch_sub(list.len(), Relaxed);
+        }
+    }
+
+    fn is_empty(&self) -> bool {
+        self.count.load(Relaxed) == 0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::{ContextId, TaskState, TaskStatus};
+    use crate::push::PushConfig;
+
+    fn key(n: usize) -> TaskKey {
+        TaskKey {
+            principal: "p".into(),
+            agent: "a".into(),
+            task: TaskId::new(format!("{n:04}")),
+        }
+    }
+
+    fn task(n: usize, state: TaskState, context: &str) -> Arc<TaskSnapshot> {
+        let now = chrono::Utc::now();
+        let mut status = TaskStatus::new(state);
+        status.timestamp =
+            chrono::DateTime::from_timestamp_micros(1_000_000 + n as i64).expect("time");
+        Arc::new(TaskSnapshot {
+            id: key(n).task,
+            context_id: ContextId::new(context),
+            status,
+            seq: 3,
+            created_at: now,
+            updated_at: now,
+            history: vec![],
+            artifacts: vec![],
+            metadata: None,
+        })
+    }
+
+    fn store(retention: u64, max: usize, bytes: u64) -> MemoryTaskStore {
+        MemoryTaskStore::new(Duration::from_secs(retention), max, bytes)
+    }
+
+    #[test]
+    fn finished_records_expire_after_retention_and_running_ones_never() {
+        let s = store(10, 100, u64::MAX);
+        let t0 = Instant::now();
+        s.put(&key(1), task(1, TaskState::Completed, "c"));
+        s.put(&key(2), task(2, TaskState::Working, "c"));
+        assert!(s.evict(t0).is_empty());
+        assert_eq!(s.len(), 1);
+        assert_eq!(s.evict(t0 + Duration::from_secs(11)), vec![key(1)]);
+        assert!(s.get(&key(1)).is_none());
+        assert!(s.get(&key(2)).is_some(), "a running task is never evicted");
+    }
+
+    #[test]
+    fn the_count_cap_and_byte_budget_evict_the_oldest_as_records_arrive() {
+        let s = store(1000, 2, u64::MAX);
+        for n in 0..5 {
+            s.put(&key(n), task(n, TaskState::Completed, "c"));
+        }
+        assert_eq!(s.len(), 2);
+        assert!(s.get(&key(2)).is_none() && s.get(&key(4)).is_some());
+        let one = task(0, TaskState::Completed, "c").approx_bytes() as u64;
+        let s = store(1000, 1000, one * 3);
+        for n in 0..10 {
+            s.put(&key(n), task(n, TaskState::Completed, "c"));
+        }
+        assert_eq!(s.len(), 3);
+        assert!(s.bytes() <= one * 3);
+        assert!(s.get(&key(9)).is_some() && s.get(&key(6)).is_none());
+    }
+
+    #[test]
+    fn lists_page_newest_first_with_filters_and_a_stable_token() {
+        let s = store(1000, 1000, u64::MAX);
+        for n in 0..7 {
+            let state = if n % 2 == 0 {
+                TaskState::Completed
+            } else {
+                TaskState::Working
+            };
+            s.put(&key(n), task(n, state, if n < 4 { "a" } else { "b" }));
+        }
+        let q = ListQuery {
+            principal: "p".into(),
+            agent: "a".into(),
+            context: None,
+            state: None,
+            status_after: None,
+            page_size: 3,
+            after: None,
+        };
+        let ids = |p: &ListPage| p.tasks.iter().map(|t| t.id.to_string()).collect::<Vec<_>>();
+        let first = s.list(&q);
+        assert_eq!(ids(&first), ["0006", "0005", "0004"]);
+        assert_eq!(first.total, 7);
+        let second = s.list(&ListQuery {
+            after: first.next.clone(),
+            ..q.clone()
+        });
+        assert_eq!(ids(&second), ["0003", "0002", "0001"]);
+        let last = s.list(&ListQuery {
+            after: second.next.clone(),
+            ..q.clone()
+        });
+        assert_eq!(ids(&last), ["0000"]);
+        assert!(last.next.is_none());
+        let filtered = s.list(&ListQuery {
+            context: Some(ContextId::new("a")),
+            state: Some(TaskState::Completed),
+            ..q.clone()
+        });
+        assert_eq!(ids(&filtered), ["0002", "0000"]);
+        assert_eq!(filtered.total, 2);
+        let other = s.list(&ListQuery {
+            principal: "someone else".into(),
+            ..q
+        });
+        assert_eq!(other.total, 0);
+    }
+
+    #[test]
+    fn named_configurations_are_capped_per_task_and_replace_by_id() {
+        let p = MemoryPushStore::default();
+        let c = |id: &str| {
+            StoredPushConfig::named(&key(1), Some(id.into()), PushConfig::new("http://h/"), "f")
+        };
+        p.set(c("a"), 2).expect("first");
+        p.set(c("b"), 2).expect("second");
+        p.set(c("a"), 2).expect("replaces");
+        assert!(p.set(c("c"), 2).is_err(), "over the cap");
+        assert_eq!(p.list_named(&key(1)).len(), 2);
+        assert!(p.remove_named(&key(1), "a"));
+        assert!(!p.remove_named(&key(1), "a"), "idempotent");
+        p.remove_task(&key(1));
+        assert!(p.is_empty());
+    }
+}
