@@ -7,17 +7,19 @@
 //! ## Request flow (one module per step)
 //!
 //! ```text
-//! TcpListener → server (connection permit, hyper-util auto conn, graceful watch)
-//!   → http::handle: OPTIONS | auth (401) | agent (404) | may use (403) | 405 | 415 | 413
-//!       → rpc::decode (parse -32700 / invalid request -32600, id recovered)
-//!       → rate limit (429)  → rpc::dispatch (method → rpc::seed params → Runtime)
-//!            ├─ new task:  Scheduler::admit → ContextActor (turn) → spawn TaskActor
-//!            │             (linked to TaskSupervisor, inserted in the live index)
-//!            ├─ existing:  live index → TaskActor call (bounded)  | finished: TaskStore
-//!            └─ reply:     JSON envelope | http::sse::SseBody over a TaskStream
-//! TaskActor ── events ─→ subscribers (try_send) · waiters · TaskObserver (webhooks)
-//! driver task ── cast(Started | Progress | Finished | TimedOut) ─→ TaskActor
+//! TcpListener → server (connection permit, watchdog, hyper-util auto conn)
+//!   → http::handle: route → dialect | OPTIONS | auth (401) | agent (404) | may use (403)
+//!       | 405 | 415 | 413 → rpc::decode (-32700 / -32600, id recovered)
+//!       → http::one: span, rate limit (429), metrics → Dialect::dispatch
+//!            (rpc/<dialect>: params → neutral model → Runtime → render)
+//! Runtime: new task → Scheduler::admit → ContextActor → spawn TaskActor (live index)
+//!        | continue → TaskActor::Continue | existing → TaskActor call or TaskStore record
+//! TaskActor ── every event ─→ TaskStore · subscribers (try_send) · waiters · TaskObserver
+//! driver task ── cast(Started | Progress | Artifact | Finished | TimedOut) ─→ TaskActor
 //! ```
+//!
+//! The core (model, runtime, actors, store, webhook delivery) speaks no wire dialect; each
+//! dialect is a folder under `rpc/`. See docs/ARCHITECTURE.md.
 //!
 //! ## Embedding
 //! [`Server`] runs the whole HTTP server; [`Runtime`] is the actor system alone (submit a
