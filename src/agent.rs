@@ -19,9 +19,11 @@ use crate::model::{Artifact, ArtifactUpdate, ContextId, Message, TaskId};
 
 mod echo;
 mod openai;
+mod tck;
 
 pub use echo::EchoAgent;
 pub use openai::OpenAiAgent;
+pub use tck::TckAgent;
 
 /// The future an agent returns.
 pub type AgentFuture = Pin<Box<dyn Future<Output = Result<Message, AgentError>> + Send>>;
@@ -29,18 +31,18 @@ pub type AgentFuture = Pin<Box<dyn Future<Output = Result<Message, AgentError>> 
 /// The future of [`Agent::run_task`].
 pub type OutcomeFuture = Pin<Box<dyn Future<Output = Result<Outcome, AgentError>> + Send>>;
 
-/// How a run of the agent ends the task (or pauses it).
+/// How a run of the agent ends the task (or pauses it), with the agent's message if any.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Outcome {
-    /// The task completes with this reply.
-    Completed(Message),
+    /// The task completes (with this reply).
+    Completed(Option<Message>),
     /// The agent needs more input: the task waits in `input-required` (interrupted) until a
     /// message that names it continues it.
-    InputRequired(Message),
+    InputRequired(Option<Message>),
     /// The agent needs authentication: like [`Outcome::InputRequired`], in `auth-required`.
-    AuthRequired(Message),
+    AuthRequired(Option<Message>),
     /// The agent refuses the task (terminal `rejected`).
-    Rejected(Message),
+    Rejected(Option<Message>),
 }
 
 /// An agent backend.
@@ -56,7 +58,7 @@ pub trait Agent: Send + Sync + 'static {
     /// tasks override it.
     fn run_task(&self, request: AgentRequest, updates: Updates) -> OutcomeFuture {
         let run = self.run(request, updates);
-        Box::pin(async move { run.await.map(Outcome::Completed) })
+        Box::pin(async move { run.await.map(|m| Outcome::Completed(Some(m))) })
     }
 
     /// A reply given at once, instead of a task, for this message — or `None` (the
@@ -159,6 +161,7 @@ pub fn from_config(config: &AgentConfig) -> Arc<dyn Agent> {
     // `Config::validated` only lets known backends through, each with its own table.
     match (&config.backend[..], &config.openai) {
         ("openai", Some(openai)) => Arc::new(OpenAiAgent::new(openai.clone())),
+        ("tck", _) => Arc::new(TckAgent::new(config.tck.clone())),
         _ => Arc::new(EchoAgent::new(config.echo.clone())),
     }
 }

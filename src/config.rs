@@ -37,6 +37,14 @@ pub struct Config {
 pub struct ServerConfig {
     /// Address to listen on; port 0 picks a free port.
     pub listen: String,
+    /// The public base URL (`https://host[:port][/prefix]`) used in agent cards; unset:
+    /// `http://` + the request's `Host`.
+    pub public_url: Option<String>,
+    /// The agent the host-level `/.well-known/agent-card.json` describes (default: the
+    /// first agent).
+    pub default_agent: Option<String>,
+    /// The card shape for a request that names no A2A version: `"1.0"` or `"0.3"`.
+    pub card_default_version: String,
     /// Pending connections the kernel queues.
     pub listen_backlog: u32,
     /// Request body cap; default: largest `max_file_size` × 4/3 + 1 MiB.
@@ -140,6 +148,9 @@ pub struct AgentConfig {
     /// Whether push notifications can be configured.
     #[serde(default = "yes")]
     pub webhooks: bool,
+    /// Whether the public agent card is served (else only the authenticated methods).
+    #[serde(default = "yes")]
+    pub public_card: bool,
     /// `[agents.limits]`
     #[serde(default)]
     pub limits: AgentLimits,
@@ -149,6 +160,30 @@ pub struct AgentConfig {
     /// `[agents.openai]`: required with `backend = "openai"`.
     #[serde(default)]
     pub openai: Option<OpenAiConfig>,
+    /// `[agents.tck]`
+    #[serde(default)]
+    pub tck: TckConfig,
+}
+
+/// `[agents.tck]`: the conformance backend (DIALECTS.md; docs/CONFIG.md).
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TckConfig {
+    /// How long a `test-resubscribe-message-id…` task stays `working`.
+    pub long_running_ms: u64,
+}
+
+impl TckConfig {
+    /// Default time a long-running conformance task works.
+    pub const DEFAULT_LONG_RUNNING_MS: u64 = 10_000;
+}
+
+impl Default for TckConfig {
+    fn default() -> Self {
+        Self {
+            long_running_ms: Self::DEFAULT_LONG_RUNNING_MS,
+        }
+    }
 }
 
 /// `[agents.openai]`: an OpenAI-compatible Chat Completions upstream.
@@ -357,6 +392,8 @@ fn line_col(text: &str, offset: usize) -> (usize, usize) {
 impl ServerConfig {
     /// Default kernel backlog.
     pub const DEFAULT_LISTEN_BACKLOG: u32 = 4096;
+    /// Default card shape for requests that name no version.
+    pub const DEFAULT_CARD_VERSION: &'static str = "1.0";
     /// Default idle time before a `: ping`.
     pub const DEFAULT_PING_INTERVAL_SECONDS: f64 = 15.0;
     /// Default retention of finished tasks.
@@ -407,6 +444,9 @@ impl Default for ServerConfig {
     fn default() -> Self {
         Self {
             listen: Config::DEFAULT_LISTEN.to_string(),
+            public_url: None,
+            default_agent: None,
+            card_default_version: Self::DEFAULT_CARD_VERSION.to_string(),
             listen_backlog: Self::DEFAULT_LISTEN_BACKLOG,
             max_body_bytes: None,
             ping_interval_seconds: Self::DEFAULT_PING_INTERVAL_SECONDS,
@@ -461,7 +501,7 @@ impl Default for WebhooksConfig {
 
 impl AgentConfig {
     /// Backends this build knows.
-    pub const BACKENDS: &'static [&'static str] = &["echo", "openai"];
+    pub const BACKENDS: &'static [&'static str] = &["echo", "openai", "tck"];
 
     /// An agent with every default and the given id.
     pub fn new(id: &str) -> Self {
@@ -473,9 +513,11 @@ impl AgentConfig {
             backend: default_backend(),
             streaming: true,
             webhooks: true,
+            public_card: true,
             limits: AgentLimits::default(),
             echo: EchoConfig::default(),
             openai: None,
+            tck: TckConfig::default(),
         }
     }
 

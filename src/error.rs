@@ -16,6 +16,14 @@ pub enum Error {
         /// What is wrong with it.
         reason: String,
     },
+    /// A part's MIME type is not among the agent's supported types.
+    #[error("content type not supported: {field}: {reason}")]
+    UnsupportedContentType {
+        /// The offending field, relative to `params`.
+        field: String,
+        /// What is wrong with it.
+        reason: String,
+    },
     /// No such task for this caller (or it was evicted).
     #[error("task not found")]
     TaskNotFound {

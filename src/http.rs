@@ -1,8 +1,9 @@
 //! The hyper service: routes, the endpoint's checks in their documented order, and the
 //! response helpers (every response carries CORS; every JSON response its content type).
 //!
-//! Order on the endpoint: OPTIONS (no key) → credentials (401) → agent (404) → key may use
-//! agent (403) → HTTP method (405) → content type (415) → body cap (413) → JSON-RPC.
+//! Order on the endpoints: OPTIONS (no key) → credentials (401) → agent (404) → key may use
+//! agent (403) → HTTP method (405) → content type (415) → body cap (413) → the A2A version
+//! (official paths, -32009) → JSON-RPC. The path picks the dialect (DIALECTS.md §1).
 
 use std::convert::Infallible;
 use std::pin::Pin;
@@ -19,6 +20,7 @@ use hyper::header::{self, HeaderValue};
 use hyper::{Method, Request, Response, StatusCode};
 use tracing::Instrument as _;
 
+mod card;
 mod metrics;
 pub(crate) mod prometheus;
 pub(crate) mod sse;
@@ -28,6 +30,8 @@ pub(crate) use metrics::{LATENCY_BUCKETS, RequestMetrics};
 use crate::auth::{AuthError, KeyStore};
 use crate::limits::RateLimiter;
 use crate::model::AgentId;
+use crate::rpc::a2a::Version;
+use crate::rpc::a2a::errors as a2a_errors;
 use crate::rpc::error::{INVALID_REQUEST, METHOD_NOT_FOUND};
 use crate::rpc::{self, CallContext, Dialect, Refusal, Reply, RpcError};
 use crate::runtime::Runtime;
@@ -53,6 +57,10 @@ pub(crate) struct App {
     pub body_timeout: Duration,
     /// Idle time before `: ping` on streams.
     pub ping_every: Duration,
+    /// The listening address (the base URL's host when a request names none).
+    pub(crate) local_addr: std::net::SocketAddr,
+    /// When the server started (the cards' `Last-Modified`).
+    pub(crate) started: chrono::DateTime<chrono::Utc>,
 }
 
 /// A response body: a whole buffer, or an SSE stream. It may carry the connection's
@@ -144,10 +152,14 @@ pub(crate) async fn handle(
             Method::OPTIONS => preflight(),
             _ => method_not_allowed("GET, HEAD"),
         }
+    } else if path == card::WELL_KNOWN || path == card::WELL_KNOWN_SLASH {
+        card::response(&app, None, &req)
     } else if let Some(rest) = path.strip_prefix(ENDPOINT_PREFIX) {
         match route(rest) {
-            Some((agent, dialect)) => endpoint(&app, AgentId::new(agent), dialect, req).await,
-            None => not_found_path(),
+            Route::Rpc(agent, dialect) => endpoint(&app, AgentId::new(agent), dialect, req).await,
+            Route::Card(agent) => card::response(&app, Some(AgentId::new(agent)), &req),
+            Route::Elsewhere(agent) => not_served(&app, agent, &req),
+            Route::None => not_found_path(),
         }
     } else {
         not_found_path()
@@ -155,14 +167,84 @@ pub(crate) async fn handle(
     Ok(response)
 }
 
-/// The agent and the dialect of a path under the endpoint prefix (a trailing `/` is the
-/// same resource).
-fn route(rest: &str) -> Option<(&str, Dialect)> {
+/// What a path under the endpoint prefix names.
+#[derive(Debug, PartialEq, Eq)]
+enum Route<'a> {
+    /// An agent's JSON-RPC endpoint in a dialect.
+    Rpc(&'a str, Dialect),
+    /// An agent's public card.
+    Card(&'a str),
+    /// Another path under an agent (REST-style, ...): not served.
+    Elsewhere(&'a str),
+    /// Nothing.
+    None,
+}
+
+/// The route of a path under the endpoint prefix (a trailing `/` is the same resource).
+fn route(rest: &str) -> Route<'_> {
     let rest = rest.strip_suffix('/').unwrap_or(rest);
-    if rest.is_empty() || rest.contains('/') {
-        return None;
+    let (agent, sub) = rest.split_once('/').unwrap_or((rest, ""));
+    if agent.is_empty() {
+        return Route::None;
     }
-    Some((rest, Dialect::Seed))
+    match sub {
+        "" => Route::Rpc(agent, Dialect::Seed),
+        "jsonrpc/v1" => Route::Rpc(agent, Dialect::A2a(Version::V10)),
+        "jsonrpc/v0.3" => Route::Rpc(agent, Dialect::A2a(Version::V03)),
+        ".well-known/agent-card.json" => Route::Card(agent),
+        _ => Route::Elsewhere(agent),
+    }
+}
+
+/// The public base URL: `server.public_url`, else `http://` + the request's `Host` (when
+/// it looks like a host), else the listening address.
+pub(crate) fn base_url(app: &App, headers: &hyper::HeaderMap) -> String {
+    if let Some(url) = &app.runtime.config().server.public_url {
+        return url.clone();
+    }
+    let host = headers
+        .get(header::HOST)
+        .and_then(|v| v.to_str().ok())
+        .filter(|h| {
+            !h.is_empty()
+                && h.len() <= 255
+                && h.bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b"-._:[]".contains(&b))
+        });
+    match host {
+        Some(h) => format!("http://{h}"),
+        None => format!("http://{}", app.local_addr),
+    }
+}
+
+/// The `A2A-Version` a request names: the header, else the query parameter.
+pub(crate) fn requested_version(req: &Request<Incoming>) -> Option<String> {
+    if let Some(v) = req.headers().get("a2a-version") {
+        return Some(String::from_utf8_lossy(v.as_bytes()).into_owned());
+    }
+    req.uri().query().and_then(|q| {
+        url::form_urlencoded::parse(q.as_bytes())
+            .find(|(k, _)| k.eq_ignore_ascii_case("a2a-version"))
+            .map(|(_, v)| v.into_owned())
+    })
+}
+
+/// 404 for a path under an agent that no dialect serves, in the official format, naming
+/// the JSON-RPC URLs that serve the agent.
+fn not_served(app: &App, agent: &str, req: &Request<Incoming>) -> Response<Body> {
+    let base = base_url(app, req.headers());
+    let url = format!("{base}{ENDPOINT_PREFIX}{agent}/{}", Version::V10.path());
+    let e = RpcError::new(METHOD_NOT_FOUND, "Not found")
+        .with_data(serde_json::json!({
+            "url": url,
+            "reason": format!(
+                "only JSON-RPC is served: POST to {url} (A2A 1.0), \
+                 {base}{ENDPOINT_PREFIX}{agent}/{} (A2A 0.3) or {base}{ENDPOINT_PREFIX}{agent} (seed)",
+                Version::V03.path()
+            ),
+        }))
+        .with_status(StatusCode::NOT_FOUND);
+    error_response(&Dialect::A2a(Version::V10).dress(e))
 }
 
 async fn endpoint(
@@ -172,7 +254,10 @@ async fn endpoint(
     req: Request<Incoming>,
 ) -> Response<Body> {
     if req.method() == Method::OPTIONS {
-        return preflight();
+        return match dialect {
+            Dialect::Seed => preflight(),
+            Dialect::A2a(_) => preflight_official("POST, OPTIONS"),
+        };
     }
     let caller = match app.keys.authenticate(req.headers()) {
         Ok(c) => c,
@@ -191,7 +276,7 @@ async fn endpoint(
             .insert(header::ALLOW, HeaderValue::from_static("POST, OPTIONS"));
         return r;
     }
-    if !is_json(req.headers().get(header::CONTENT_TYPE)) {
+    if !is_json(req.headers().get(header::CONTENT_TYPE), dialect) {
         let e = dialect.refusal(&Refusal::UnsupportedMediaType);
         refused(app, dialect, &agent, e.code);
         return error_response(&e);
@@ -205,6 +290,8 @@ async fn endpoint(
         .headers()
         .get("last-event-id")
         .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned());
+    let base_url = base_url(app, req.headers());
+    let version = requested_version(&req);
     let body = match read_body(app, req).await {
         Ok(b) => b,
         Err(refusal) => {
@@ -214,12 +301,18 @@ async fn endpoint(
         }
     };
 
+    if let Dialect::A2a(served) = dialect
+        && let Some(e) = version_refusal(served, version.as_deref(), &base_url, &agent_id)
+    {
+        refused(app, dialect, &agent, e.code);
+        return error_response(&e);
+    }
     let max_batch = app.runtime.config().server.max_batch_size;
-    let decoded = match rpc::decode_with(&body, max_batch) {
+    let decoded = match rpc::decode_as(&body, max_batch, dialect.answers_null_ids()) {
         Ok(d) => d,
         Err(e) => {
             refused(app, dialect, &agent, e.code);
-            return error_response(&e);
+            return error_response(&dialect.dress(e));
         }
     };
     let cx = CallContext {
@@ -229,6 +322,7 @@ async fn endpoint(
         accepts_sse,
         last_event_id,
         in_batch: matches!(decoded, rpc::Body::Batch(_)),
+        base_url,
     };
     match decoded {
         rpc::Body::Single(call) => reply_response(app, one(app, dialect, &cx, call).await),
@@ -245,9 +339,15 @@ async fn endpoint(
                     // Refused by dispatch inside a batch; kept total for safety.
                     Reply::Stream { id, .. } => out.extend_from_slice(&rpc::failure(
                         Some(&id),
-                        &RpcError::invalid_request(
+                        &dialect.dress(RpcError::invalid_request(
                             "streaming methods cannot be used inside a batch",
-                        ),
+                        )),
+                    )),
+                    Reply::Events { .. } => out.extend_from_slice(&rpc::failure(
+                        None,
+                        &dialect.dress(RpcError::invalid_request(
+                            "streaming methods cannot be used inside a batch",
+                        )),
                     )),
                 }
             }
@@ -279,7 +379,7 @@ async fn one(
     );
     let reply = async {
         match call {
-            Err(r) => Reply::error(r.id.as_deref(), &r.error),
+            Err(r) => Reply::error(r.id.as_deref(), &dialect.dress(r.error)),
             Ok(call) => match app
                 .rate
                 .try_acquire(cx.caller.principal_index, cx.agent.index)
@@ -296,7 +396,7 @@ async fn one(
     .await;
     let code = match &reply {
         Reply::Json { code, .. } => *code,
-        Reply::Stream { .. } => None,
+        Reply::Stream { .. } | Reply::Events { .. } => None,
     };
     match code {
         None => span.record("outcome", "ok"),
@@ -331,18 +431,55 @@ fn reply_response(app: &App, reply: Reply) -> Response<Body> {
         }
         Reply::Stream { id, stream, frames } => {
             let body = SseBody::new(id, stream, frames, app.ping_every);
-            let mut r = Response::new(Body::sse(body));
-            let h = r.headers_mut();
-            h.insert(
-                header::CONTENT_TYPE,
-                HeaderValue::from_static("text/event-stream"),
-            );
-            h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
-            h.insert("x-accel-buffering", HeaderValue::from_static("no"));
-            cors(h);
-            r
+            sse_response(Body::sse(body))
         }
+        Reply::Events { body } => sse_response(Body::full(body)),
     }
+}
+
+fn sse_response(body: Body) -> Response<Body> {
+    let mut r = Response::new(body);
+    let h = r.headers_mut();
+    h.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/event-stream"),
+    );
+    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    h.insert("x-accel-buffering", HeaderValue::from_static("no"));
+    cors(h);
+    r
+}
+
+/// -32009 when the request names a version this URL does not serve (DIALECTS.md §1): on
+/// the 1.0 path an absent or empty value means 0.3 and is refused too.
+fn version_refusal(
+    served: Version,
+    requested: Option<&str>,
+    base_url: &str,
+    agent: &AgentId,
+) -> Option<RpcError> {
+    let named = Version::of_header(requested);
+    if named == Some(served) {
+        return None;
+    }
+    let requested = requested.map(str::trim).unwrap_or("");
+    let mut data = serde_json::json!({
+        "requested": if requested.is_empty() { "0.3 (no A2A-Version)" } else { requested },
+        "supportedVersions": served.number(),
+        "reason": format!(
+            "this URL serves A2A {0}; send the header A2A-Version: {0}",
+            served.number()
+        ),
+    });
+    if let Some(other) = named {
+        data["url"] = serde_json::json!(format!(
+            "{base_url}{ENDPOINT_PREFIX}{agent}/{}",
+            other.path()
+        ));
+    }
+    let e =
+        RpcError::new(a2a_errors::VERSION_NOT_SUPPORTED, "Version not supported").with_data(data);
+    Some(Dialect::A2a(served).dress(e))
 }
 
 async fn read_body(app: &App, req: Request<Incoming>) -> Result<Bytes, Refusal> {
@@ -366,12 +503,16 @@ async fn read_body(app: &App, req: Request<Incoming>) -> Result<Bytes, Refusal> 
     }
 }
 
-fn is_json(value: Option<&HeaderValue>) -> bool {
+/// Whether a `Content-Type` is JSON: `application/json`, and on the official paths also
+/// `application/a2a+json` (S10 §4.3.3).
+fn is_json(value: Option<&HeaderValue>, dialect: Dialect) -> bool {
     let Some(v) = value.and_then(|v| v.to_str().ok()) else {
         return false;
     };
     let essence = v.split(';').next().unwrap_or("").trim();
     essence.eq_ignore_ascii_case("application/json")
+        || (matches!(dialect, Dialect::A2a(_))
+            && essence.eq_ignore_ascii_case("application/a2a+json"))
 }
 
 /// A JSON response with CORS.
@@ -386,7 +527,7 @@ pub(crate) fn json(status: StatusCode, body: Vec<u8>) -> Response<Body> {
     r
 }
 
-fn error_response(e: &RpcError) -> Response<Body> {
+pub(crate) fn error_response(e: &RpcError) -> Response<Body> {
     let mut r = json(e.status, rpc::failure(None, e));
     if let Some(secs) = e.retry_after {
         r.headers_mut()
@@ -404,7 +545,7 @@ fn unauthorized(dialect: Dialect, e: AuthError) -> Response<Body> {
     r
 }
 
-fn method_not_allowed(allow: &'static str) -> Response<Body> {
+pub(crate) fn method_not_allowed(allow: &'static str) -> Response<Body> {
     let mut r = error_response(
         &RpcError::invalid_request("HTTP method not allowed; use POST")
             .with_status(StatusCode::METHOD_NOT_ALLOWED),
@@ -423,17 +564,33 @@ fn not_found_path() -> Response<Body> {
 }
 
 fn preflight() -> Response<Body> {
+    preflight_with(
+        "POST, OPTIONS",
+        "Content-Type, x-api-key, Authorization, Accept, Last-Event-ID",
+    )
+}
+
+/// The preflight of the official paths: the seed's headers plus the A2A ones.
+pub(crate) fn preflight_official(methods: &'static str) -> Response<Body> {
+    preflight_with(
+        methods,
+        "Content-Type, x-api-key, Authorization, Accept, Last-Event-ID, A2A-Version, \
+         A2A-Extensions, X-A2A-Extensions, If-None-Match",
+    )
+}
+
+fn preflight_with(methods: &'static str, headers: &'static str) -> Response<Body> {
     let mut r = Response::new(Body::empty());
     *r.status_mut() = StatusCode::NO_CONTENT;
     let h = r.headers_mut();
     cors(h);
     h.insert(
         header::ACCESS_CONTROL_ALLOW_METHODS,
-        HeaderValue::from_static("POST, OPTIONS"),
+        HeaderValue::from_static(methods),
     );
     h.insert(
         header::ACCESS_CONTROL_ALLOW_HEADERS,
-        HeaderValue::from_static("Content-Type, x-api-key, Authorization, Accept, Last-Event-ID"),
+        HeaderValue::from_static(headers),
     );
     h.insert(
         header::ACCESS_CONTROL_MAX_AGE,
@@ -442,7 +599,7 @@ fn preflight() -> Response<Body> {
     r
 }
 
-fn cors(h: &mut hyper::HeaderMap) {
+pub(crate) fn cors(h: &mut hyper::HeaderMap) {
     h.insert(
         header::ACCESS_CONTROL_ALLOW_ORIGIN,
         HeaderValue::from_static("*"),

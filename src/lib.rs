@@ -58,8 +58,8 @@ pub use config::{Config, ConfigError};
 pub use error::{Error, Result};
 pub use metrics::{AgentMetrics, AgentMetricsSnapshot, Metrics};
 pub use model::{
-    AgentId, Artifact, ContextId, FileContent, Message, Part, Principal, Role, TaskEvent, TaskId,
-    TaskSnapshot, TaskState, TaskStatus,
+    AgentId, Artifact, ContextId, FileContent, FileUrl, Message, Part, Principal, Role, TaskEvent,
+    TaskId, TaskSnapshot, TaskState, TaskStatus,
 };
 pub use push::{
     Events, PushAuth, PushConfig, PushScope, RetryPolicy, StoredPushConfig, WebhookEvent,

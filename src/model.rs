@@ -213,6 +213,7 @@ impl Message {
                 Part::Text(t) => t.len(),
                 Part::File(f) => f.name.len() + f.mime_type.len() + f.bytes.len() + 48,
                 Part::Data(d) => d.get().len() + 16,
+                Part::Url(u) => u.url.len() + 64,
             } + std::mem::size_of::<Part>())
             .sum();
         parts + self.message_id.len() + std::mem::size_of::<Self>()
@@ -241,6 +242,19 @@ pub enum Part {
     /// Structured data (a JSON value, kept as its text). Agents may produce it; clients'
     /// messages may not carry it (DIALECTS.md §4).
     Data(RawJson),
+    /// A file by reference. Agents may produce it; clients' messages may not carry it.
+    Url(Box<FileUrl>),
+}
+
+/// A file part that points at its content instead of carrying it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FileUrl {
+    /// The URL.
+    pub url: String,
+    /// The file name, if known.
+    pub name: Option<String>,
+    /// The MIME type, if known.
+    pub mime_type: Option<String>,
 }
 
 /// A JSON value kept as its text (compact, never a tree; compared by its text).
@@ -265,7 +279,7 @@ impl Part {
     pub fn as_text(&self) -> Option<&str> {
         match self {
             Self::Text(t) => Some(t),
-            Self::File(_) | Self::Data(_) => None,
+            Self::File(_) | Self::Data(_) | Self::Url(_) => None,
         }
     }
 }

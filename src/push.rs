@@ -366,23 +366,18 @@ pub(crate) fn redact_url(raw: &str) -> String {
     if url.password().is_some() {
         let _ = url.set_password(Some("***"));
     }
-    if url.query().is_some() {
-        let pairs: Vec<(String, bool)> = url
-            .query_pairs()
-            .map(|(k, v)| (k.into_owned(), !v.is_empty()))
-            .collect();
-        let query = pairs
-            .iter()
-            .map(|(k, has_value)| {
-                if *has_value {
-                    format!("{k}=***")
-                } else {
-                    k.clone()
-                }
+    if let Some(query) = url.query() {
+        // Works on the raw segments: a key is kept exactly as written (re-encoding a decoded
+        // key could turn `%3D` into a real `=`), a non-empty value becomes `***`.
+        let masked = query
+            .split('&')
+            .map(|segment| match segment.split_once('=') {
+                Some((key, value)) if !value.is_empty() => format!("{key}=***"),
+                _ => segment.to_string(),
             })
             .collect::<Vec<_>>()
             .join("&");
-        url.set_query(Some(&query));
+        url.set_query(Some(&masked));
     }
     url.to_string()
 }
@@ -508,6 +503,15 @@ mod tests {
         );
         assert_eq!(redact_url("http://h/p"), "http://h/p");
         assert_eq!(redact_url("nonsense"), "<invalid url>");
+        // Found by fuzzing: a key holding an encoded `=` must not leak the value behind it.
+        let masked = redact_url("http://h/?u+%3Dx&%7=x&a=b=c");
+        assert_eq!(masked, "http://h/?u+%3Dx&%7=***&a=***");
+        let parsed = url::Url::parse(&masked).expect("parses");
+        assert!(
+            parsed
+                .query_pairs()
+                .all(|(_, v)| v.is_empty() || v == "***")
+        );
     }
 
     #[test]

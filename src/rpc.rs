@@ -10,6 +10,7 @@ use serde::Serialize;
 use serde::ser::{SerializeMap, Serializer};
 use serde_json::value::RawValue;
 
+pub(crate) mod a2a;
 pub(crate) mod error;
 pub(crate) mod json;
 pub(crate) mod seed;
@@ -30,6 +31,8 @@ use crate::runtime::{Runtime, StreamItem, TaskStream};
 pub(crate) enum Dialect {
     /// `POST /api/v1/a2a/{agent_id}`: the seed dialect.
     Seed,
+    /// `POST /api/v1/a2a/{agent_id}/jsonrpc/v0.3` and `…/jsonrpc/v1`: official A2A.
+    A2a(a2a::Version),
 }
 
 /// Why a request was refused before its body was read as JSON-RPC.
@@ -99,17 +102,37 @@ pub(crate) fn payload_renderers()
         seed::webhook::FORMAT.into(),
         Arc::new(seed::webhook::SeedPayload),
     );
+    for v in a2a::Version::ALL {
+        renderers.insert(
+            a2a::webhook::format(v).into(),
+            Arc::new(a2a::webhook::A2aPayload(v)),
+        );
+    }
     renderers
 }
 
 impl Dialect {
     /// Every dialect, for metric tables.
-    pub(crate) const ALL: [Dialect; 1] = [Dialect::Seed];
+    pub(crate) const ALL: [Dialect; 3] = [
+        Dialect::Seed,
+        Dialect::A2a(a2a::Version::V10),
+        Dialect::A2a(a2a::Version::V03),
+    ];
 
     /// The `dialect` label of metrics and spans.
     pub(crate) fn name(self) -> &'static str {
         match self {
             Self::Seed => "seed",
+            Self::A2a(a2a::Version::V10) => "a2a-1.0",
+            Self::A2a(a2a::Version::V03) => "a2a-0.3",
+        }
+    }
+
+    /// The path under `/api/v1/a2a/{agent}` that serves it (`""`: the agent's own path).
+    pub(crate) fn path(self) -> &'static str {
+        match self {
+            Self::Seed => "",
+            Self::A2a(v) => v.path(),
         }
     }
 
@@ -117,6 +140,7 @@ impl Dialect {
     pub(crate) fn methods(self) -> &'static [&'static str] {
         match self {
             Self::Seed => &seed::METHODS,
+            Self::A2a(v) => v.methods(),
         }
     }
 
@@ -124,6 +148,7 @@ impl Dialect {
     pub(crate) fn method_label(self, method: &str) -> Option<&'static str> {
         match self {
             Self::Seed => seed::method_label(method),
+            Self::A2a(v) => v.method_label(method),
         }
     }
 
@@ -131,6 +156,7 @@ impl Dialect {
     pub(crate) fn codes(self) -> &'static [i64] {
         match self {
             Self::Seed => &seed::errors::CODES,
+            Self::A2a(_) => &a2a::errors::CODES,
         }
     }
 
@@ -138,13 +164,29 @@ impl Dialect {
     pub(crate) fn is_streaming(self, method: &str) -> bool {
         match self {
             Self::Seed => seed::is_streaming(method),
+            Self::A2a(v) => v.is_streaming(method),
         }
+    }
+
+    /// Whether a request without an `id` (or with `"id": null`) is answered, with
+    /// `"id": null` (the official dialects: DIALECTS.md §3), rather than refused.
+    pub(crate) fn answers_null_ids(self) -> bool {
+        matches!(self, Self::A2a(_))
     }
 
     /// The body of a refused request in this dialect.
     pub(crate) fn refusal(self, r: &Refusal) -> RpcError {
         match self {
             Self::Seed => seed::errors::refusal(r),
+            Self::A2a(v) => a2a::errors::refusal(v, r),
+        }
+    }
+
+    /// An error of JSON-RPC itself (framing, decoding) in this dialect's shape.
+    pub(crate) fn dress(self, e: RpcError) -> RpcError {
+        match self {
+            Self::Seed => e,
+            Self::A2a(v) => a2a::errors::dress(v, e),
         }
     }
 
@@ -153,13 +195,46 @@ impl Dialect {
         if cx.in_batch && self.is_streaming(&call.method) {
             return Reply::error(
                 Some(&call.id),
-                &RpcError::invalid_request("streaming methods cannot be used inside a batch"),
+                &self.dress(RpcError::invalid_request(
+                    "streaming methods cannot be used inside a batch",
+                )),
+            );
+        }
+        if self.method_label(&call.method).is_none()
+            && let Some(other) = Self::serving(&call.method, self)
+        {
+            return Reply::error(
+                Some(&call.id),
+                &self.dress(elsewhere(cx, &call.method, other)),
             );
         }
         match self {
             Self::Seed => seed::dispatch(runtime, cx, call).await,
+            Self::A2a(v) => a2a::dispatch(runtime, cx, call, v).await,
         }
     }
+
+    /// Another dialect that serves a method, if one does.
+    fn serving(method: &str, besides: Dialect) -> Option<Dialect> {
+        Self::ALL
+            .into_iter()
+            .filter(|d| *d != besides)
+            .find(|d| d.method_label(method).is_some())
+    }
+}
+
+/// -32601 for a method of another dialect, naming the URL that serves it.
+fn elsewhere(cx: &CallContext, method: &str, other: Dialect) -> RpcError {
+    let url = cx.url(other);
+    let version = match other {
+        Dialect::Seed => "the seed dialect".to_string(),
+        Dialect::A2a(v) => format!("A2A {}", v.number()),
+    };
+    RpcError::new(error::METHOD_NOT_FOUND, "Method not found").with_data(serde_json::json!({
+        "method": method,
+        "url": url,
+        "reason": format!("{method} is a method of {version}, served at {url}"),
+    }))
 }
 
 /// Everything a call needs to know about its request.
@@ -176,9 +251,19 @@ pub(crate) struct CallContext {
     pub(crate) last_event_id: Option<String>,
     /// Inside a batch (streams are refused there).
     pub(crate) in_batch: bool,
+    /// The public base URL (`server.public_url`, else `http://` + `Host`), no trailing `/`.
+    pub(crate) base_url: String,
 }
 
 impl CallContext {
+    /// The URL of this agent's endpoint in a dialect.
+    pub(crate) fn url(&self, dialect: Dialect) -> String {
+        match dialect.path() {
+            "" => format!("{}/api/v1/a2a/{}", self.base_url, self.agent_id),
+            path => format!("{}/api/v1/a2a/{}/{path}", self.base_url, self.agent_id),
+        }
+    }
+
     /// Names the call's task in the request's span (for following it through the logs).
     pub(crate) fn task(&self, task: &TaskId) {
         tracing::Span::current().record("task", task.as_str());
@@ -201,6 +286,11 @@ pub(crate) enum Reply {
         status: hyper::StatusCode,
         /// `Retry-After` seconds.
         retry_after: Option<u64>,
+    },
+    /// A complete SSE body (one agent message answering a streaming call).
+    Events {
+        /// The encoded frames.
+        body: Bytes,
     },
     /// An SSE stream; each event is a response carrying `id`.
     Stream {
@@ -231,6 +321,13 @@ impl Reply {
             code: None,
             status: hyper::StatusCode::OK,
             retry_after: None,
+        }
+    }
+
+    /// A one-frame SSE reply carrying `result`.
+    pub(crate) fn events<T: Serialize + ?Sized>(id: &RawValue, result: &T) -> Self {
+        Self::Events {
+            body: sse_frame(1, &success(id, result)),
         }
     }
 
@@ -311,6 +408,15 @@ pub(crate) fn decode(body: &[u8]) -> Result<Body, RpcError> {
 /// -32700 when the body is not JSON; -32600 for an empty or oversized batch or a
 /// non-object body.
 pub(crate) fn decode_with(body: &[u8], max_batch: usize) -> Result<Body, RpcError> {
+    decode_as(body, max_batch, false)
+}
+
+/// [`decode_with`], where `null_ids` says whether a request without an `id` (or with
+/// `"id": null`) is a call answered with `"id": null` instead of a refusal.
+///
+/// # Errors
+/// As [`decode_with`].
+pub(crate) fn decode_as(body: &[u8], max_batch: usize, null_ids: bool) -> Result<Body, RpcError> {
     use serde_json::error::Category;
     let parse_error = |e: serde_json::Error| {
         RpcError::parse_error(format!(
@@ -321,7 +427,7 @@ pub(crate) fn decode_with(body: &[u8], max_batch: usize) -> Result<Body, RpcErro
     };
     match body.iter().find(|b| !b.is_ascii_whitespace()) {
         Some(b'{') => match serde_json::from_slice::<Envelope<'_>>(body) {
-            Ok(env) => Ok(Body::Single(decode_envelope(env))),
+            Ok(env) => Ok(Body::Single(decode_envelope(env, null_ids))),
             Err(e)
                 if matches!(
                     e.classify(),
@@ -352,7 +458,12 @@ pub(crate) fn decode_with(body: &[u8], max_batch: usize) -> Result<Body, RpcErro
             if items.is_empty() {
                 return Err(RpcError::invalid_request("empty batch"));
             }
-            Ok(Body::Batch(items.into_iter().map(decode_one).collect()))
+            Ok(Body::Batch(
+                items
+                    .into_iter()
+                    .map(|raw| decode_one(raw, null_ids))
+                    .collect(),
+            ))
         }
         _ => {
             serde_json::from_slice::<serde::de::IgnoredAny>(body).map_err(parse_error)?;
@@ -364,7 +475,7 @@ pub(crate) fn decode_with(body: &[u8], max_batch: usize) -> Result<Body, RpcErro
     }
 }
 
-fn decode_one(raw: &RawValue) -> Result<Call, Rejected> {
+fn decode_one(raw: &RawValue, null_ids: bool) -> Result<Call, Rejected> {
     let reject = |id: Option<&RawValue>, reason: &str| Rejected {
         id: id.map(RawValue::to_owned),
         error: RpcError::invalid_request(reason),
@@ -374,22 +485,24 @@ fn decode_one(raw: &RawValue) -> Result<Call, Rejected> {
     }
     let env: Envelope<'_> = serde_json::from_str(raw.get())
         .map_err(|_| reject(None, "malformed request object (duplicate member?)"))?;
-    decode_envelope(env)
+    decode_envelope(env, null_ids)
 }
 
-fn decode_envelope(env: Envelope<'_>) -> Result<Call, Rejected> {
+fn decode_envelope(env: Envelope<'_>, null_ids: bool) -> Result<Call, Rejected> {
     let reject = |id: Option<&RawValue>, reason: &str| Rejected {
         id: id.map(RawValue::to_owned),
         error: RpcError::invalid_request(reason),
     };
-    let id = env.id.filter(|id| is_valid_id(id));
-    let Some(id) = id else {
-        let reason = if env.id.is_some() {
-            "`id` must be a string or a number"
-        } else {
-            "`id` is required"
-        };
-        return Err(reject(None, reason));
+    let null = null_id();
+    let id = match env.id {
+        Some(id) if is_valid_id(id) => id,
+        None if null_ids => &*null,
+        Some(id) if null_ids && id.get() == "null" => &*null,
+        Some(_) if null_ids => {
+            return Err(reject(None, "`id` must be a string, a number or null"));
+        }
+        Some(_) => return Err(reject(None, "`id` must be a string or a number")),
+        None => return Err(reject(None, "`id` is required")),
     };
     match env.jsonrpc.map(|v| serde_json::from_str::<&str>(v.get())) {
         Some(Ok("2.0")) => {}

@@ -90,6 +90,7 @@ impl Server {
         let runtime =
             Runtime::start_full(config.clone(), backends, crate::rpc::payload_renderers()).await?;
         let s = &config.server;
+        let local_addr = listener.local_addr()?;
         let app = Arc::new(App {
             runtime,
             keys,
@@ -98,6 +99,8 @@ impl Server {
             max_body: config.max_body_bytes(),
             body_timeout: Duration::from_secs_f64(s.body_read_timeout_seconds),
             ping_every: Duration::from_secs_f64(s.ping_interval_seconds),
+            local_addr,
+            started: chrono::Utc::now(),
         });
         Ok(Self {
             listener,

@@ -43,13 +43,13 @@ pub(crate) fn file_part(
         ));
     }
     if !type_supported(&essence, &limits.supported_types) {
-        return Err(Error::invalid(
-            mime_field(),
-            format!(
+        return Err(Error::UnsupportedContentType {
+            field: mime_field(),
+            reason: format!(
                 "MIME type {essence:?} is not supported by this agent (supported: {})",
                 limits.supported_types.join(", ")
             ),
-        ));
+        });
     }
     if bytes
         .as_bytes()
@@ -223,7 +223,8 @@ mod tests {
 
     fn reason(r: Result<FileContent, Error>) -> (String, String) {
         match r {
-            Err(Error::InvalidParams { field, reason }) => (field, reason),
+            Err(Error::InvalidParams { field, reason })
+            | Err(Error::UnsupportedContentType { field, reason }) => (field, reason),
             other => panic!("expected invalid params, got {other:?}"),
         }
     }

@@ -30,7 +30,7 @@ impl Agent for Interviewer {
         Box::pin(async move {
             let text = request.message.joined_text();
             if text == "reject" {
-                return Ok(Outcome::Rejected(Message::agent_text(["no"])));
+                return Ok(Outcome::Rejected(Some(Message::agent_text(["no"]))));
             }
             if text == "artifacts" {
                 updates.artifact(
@@ -43,15 +43,17 @@ impl Agent for Interviewer {
                 updates.artifact(chunk.clone(), false, false);
                 chunk.parts = vec![Part::Text("part 2".into())];
                 updates.artifact(chunk, true, true);
-                return Ok(Outcome::Completed(Message::agent_text(["done"])));
+                return Ok(Outcome::Completed(Some(Message::agent_text(["done"]))));
             }
             if request.task_history.is_empty() {
-                return Ok(Outcome::InputRequired(Message::agent_text(["your name?"])));
+                return Ok(Outcome::InputRequired(Some(Message::agent_text([
+                    "your name?",
+                ]))));
             }
             let asked = request.task_history.len();
-            Ok(Outcome::Completed(Message::agent_text([format!(
+            Ok(Outcome::Completed(Some(Message::agent_text([format!(
                 "hello {text} (after {asked} earlier messages)"
-            )])))
+            )]))))
         })
     }
 

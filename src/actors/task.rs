@@ -227,10 +227,12 @@ impl Actor for TaskActor {
                             Outcome::AuthRequired(m) => (TaskState::AuthRequired, m),
                             Outcome::Rejected(m) => (TaskState::Rejected, m),
                         };
-                        let reply = Arc::new(reply);
-                        state.history.push(reply.clone());
                         let mut s = TaskStatus::new(to);
-                        s.message = Some(reply);
+                        if let Some(reply) = reply {
+                            let reply = Arc::new(reply);
+                            state.history.push(reply.clone());
+                            s.message = Some(reply);
+                        }
                         s
                     }
                     Err(e) => {

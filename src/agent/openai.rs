@@ -216,6 +216,7 @@ fn chat_message(m: &Message) -> Value {
                 Part::Text(t) => t.clone(),
                 Part::File(f) => describe_file(f),
                 Part::Data(d) => d.get().to_string(),
+                Part::Url(u) => format!("[file at {}]", u.url),
             })
             .collect();
         return json!({"role": role, "content": text.join("\n")});
@@ -231,6 +232,7 @@ fn chat_message(m: &Message) -> Value {
             }),
             Part::File(f) => json!({"type": "text", "text": describe_file(f)}),
             Part::Data(d) => json!({"type": "text", "text": d.get()}),
+            Part::Url(u) => json!({"type": "text", "text": format!("[file at {}]", u.url)}),
         })
         .collect();
     json!({"role": role, "content": content})

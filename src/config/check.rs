@@ -16,7 +16,7 @@ use super::{
 pub(super) const MAX_FILE_SIZE: u64 = 512 << 20;
 
 pub(super) fn config(c: &mut Config) -> Result<(), ConfigError> {
-    server(&c.server)?;
+    server(&mut c.server)?;
     webhooks(&c.webhooks)?;
     let mut ids = HashSet::new();
     for (i, agent) in c.agents.iter_mut().enumerate() {
@@ -27,6 +27,14 @@ pub(super) fn config(c: &mut Config) -> Result<(), ConfigError> {
                 format!("duplicate agent id {:?}", agent.id),
             ));
         }
+    }
+    if let Some(default) = &c.server.default_agent
+        && !ids.contains(default)
+    {
+        return Err(ConfigError::key(
+            "server.default_agent",
+            format!("no agent with id {default:?} is configured"),
+        ));
     }
     let mut keys = HashSet::new();
     for (i, key) in c.api_keys.iter().enumerate() {
@@ -41,9 +49,35 @@ pub(super) fn config(c: &mut Config) -> Result<(), ConfigError> {
     Ok(())
 }
 
-fn server(s: &ServerConfig) -> Result<(), ConfigError> {
+fn server(s: &mut ServerConfig) -> Result<(), ConfigError> {
     let k = |name: &str| format!("server.{name}");
     resolve_listen(&s.listen)?;
+    if let Some(public) = &s.public_url {
+        let trimmed = public.trim_end_matches('/').to_string();
+        match url::Url::parse(&trimmed) {
+            Ok(u)
+                if matches!(u.scheme(), "http" | "https")
+                    && u.host().is_some()
+                    && u.query().is_none()
+                    && u.fragment().is_none() => {}
+            _ => {
+                return Err(ConfigError::key(
+                    k("public_url"),
+                    format!("{public:?} is not a base URL such as \"https://agents.example.com\""),
+                ));
+            }
+        }
+        s.public_url = Some(trimmed);
+    }
+    if !matches!(s.card_default_version.as_str(), "1.0" | "0.3") {
+        return Err(ConfigError::key(
+            k("card_default_version"),
+            format!(
+                "must be \"1.0\" or \"0.3\", not {:?}",
+                s.card_default_version
+            ),
+        ));
+    }
     int(&k("listen_backlog"), s.listen_backlog, 1, 65_535)?;
     if let Some(n) = s.max_body_bytes {
         int(&k("max_body_bytes"), n, 1, Config::MAX_BODY_BYTES)?;
@@ -163,7 +197,13 @@ fn agent_config(a: &mut AgentConfig, i: usize) -> Result<(), ConfigError> {
         _ => {}
     }
     limits(&mut a.limits, &at)?;
-    echo(&a.echo, &at)
+    echo(&a.echo, &at)?;
+    int(
+        &at("tck.long_running_ms"),
+        a.tck.long_running_ms,
+        0,
+        (MAX_SECONDS * 1000.0) as u64,
+    )
 }
 
 fn limits(l: &mut AgentLimits, at: &dyn Fn(&str) -> String) -> Result<(), ConfigError> {

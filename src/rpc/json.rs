@@ -56,6 +56,18 @@ pub(crate) fn kind(raw: &RawValue) -> Kind {
     }
 }
 
+/// A call's params as an object: absent or `null` params are an empty object.
+///
+/// # Errors
+/// -32602 when they are something else than an object.
+pub(crate) fn params(raw: Option<&RawValue>) -> Result<Obj<'_>, Error> {
+    match raw {
+        None => Ok(Obj::default()),
+        Some(r) if kind(r) == Kind::Null => Ok(Obj::default()),
+        Some(r) => Obj::parse(r, "params"),
+    }
+}
+
 impl<'a> Obj<'a> {
     /// Reads `raw` as an object; `field` names it in errors.
     ///

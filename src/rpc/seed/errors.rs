@@ -59,7 +59,10 @@ fn task_error(code: i64, message: &'static str, task: Option<&str>, extra: Value
 /// The seed error for a library error.
 pub(crate) fn rpc_error(e: &Error) -> RpcError {
     match e {
-        Error::InvalidParams { field, reason } => RpcError::invalid_params(field, reason),
+        Error::InvalidParams { field, reason }
+        | Error::UnsupportedContentType { field, reason } => {
+            RpcError::invalid_params(field, reason)
+        }
         Error::TaskNotFound { task } => task_error(
             TASK_NOT_FOUND,
             "Task not found",

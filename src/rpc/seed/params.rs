@@ -28,11 +28,7 @@ pub(crate) const MAX_EVENT_NAMES: usize = 16;
 /// # Errors
 /// -32602 when params is present and not an object.
 pub(crate) fn params(raw: Option<&RawValue>) -> Result<Obj<'_>, Error> {
-    match raw {
-        None => Ok(Obj::default()),
-        Some(r) if json::kind(r) == Kind::Null => Ok(Obj::default()),
-        Some(r) => Obj::parse(r, "params"),
-    }
+    json::params(raw)
 }
 
 /// Parsed `message/send` / `message/stream` params.

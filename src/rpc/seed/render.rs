@@ -53,6 +53,10 @@ impl Serialize for PartsOut<'_> {
                 // Only backends make data parts; the seed spec has none, so they are shown
                 // the way official clients know them.
                 Part::Data(d) => seq.serialize_element(&json!({"type": "data", "data": &*d.0}))?,
+                Part::Url(u) => seq.serialize_element(&json!({
+                    "type": "file",
+                    "file": {"name": u.name, "mimeType": u.mime_type, "uri": u.url},
+                }))?,
             }
         }
         seq.end()

@@ -1,0 +1,73 @@
+//! The public agent card (DIALECTS.md §2): the 1.0 `AgentCard`, and the 0.3 card as the
+//! 1.0 card plus the 0.3 fields (the hybrid both 1.3 SDK resolvers read).
+
+use serde_json::{Value, json};
+
+use super::Version;
+use crate::runtime::AgentCard;
+
+/// The JSON-RPC URL of an agent's interface of a version.
+pub(crate) fn interface_url(base: &str, agent: &str, v: Version) -> String {
+    format!("{base}/api/v1/a2a/{agent}/{}", v.path())
+}
+
+/// An agent's card in a version's shape; `base` is the public base URL (no trailing `/`).
+pub(crate) fn card(v: Version, card: &AgentCard, base: &str) -> Value {
+    let c = &card.config;
+    let mut input_modes = vec!["text/plain".to_string()];
+    for t in &c.limits.supported_types {
+        if !input_modes.contains(t) {
+            input_modes.push(t.clone());
+        }
+    }
+    let description = if c.description.is_empty() {
+        c.display_name().to_string()
+    } else {
+        c.description.clone()
+    };
+    let mut out = json!({
+        "name": c.display_name(),
+        "description": c.description,
+        "version": c.version,
+        "supportedInterfaces": Version::ALL.iter().map(|&iv| json!({
+            "url": interface_url(base, &c.id, iv),
+            "protocolBinding": "JSONRPC",
+            "protocolVersion": iv.number(),
+        })).collect::<Vec<_>>(),
+        "capabilities": {
+            "streaming": c.streaming,
+            "pushNotifications": c.webhooks,
+            "extendedAgentCard": true,
+        },
+        "securitySchemes": {
+            "apiKey": {"apiKeySecurityScheme": {"location": "header", "name": "x-api-key"}},
+            "bearer": {"httpAuthSecurityScheme": {"scheme": "Bearer"}},
+        },
+        "securityRequirements": [
+            {"schemes": {"apiKey": {"list": []}}},
+            {"schemes": {"bearer": {"list": []}}},
+        ],
+        "defaultInputModes": input_modes,
+        "defaultOutputModes": ["text/plain"],
+        "skills": [{
+            "id": c.id,
+            "name": c.display_name(),
+            "description": description,
+            "tags": [c.backend],
+        }],
+    });
+    if v == Version::V03 {
+        out["url"] = json!(interface_url(base, &c.id, Version::V03));
+        out["preferredTransport"] = json!("JSONRPC");
+        out["protocolVersion"] = json!("0.3");
+        out["supportsAuthenticatedExtendedCard"] = json!(true);
+        out["security"] = json!([{"apiKey": []}, {"bearer": []}]);
+        let schemes = &mut out["securitySchemes"];
+        schemes["apiKey"]["type"] = json!("apiKey");
+        schemes["apiKey"]["in"] = json!("header");
+        schemes["apiKey"]["name"] = json!("x-api-key");
+        schemes["bearer"]["type"] = json!("http");
+        schemes["bearer"]["scheme"] = json!("bearer");
+    }
+    out
+}

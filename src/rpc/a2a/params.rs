@@ -1,0 +1,600 @@
+//! Official params in (DIALECTS.md §3–§7): 0.3 (JSON schema) and 1.0 (ProtoJSON) shapes
+//! into the neutral model. ProtoJSON parsers accept a field's camelCase JSON name and its
+//! proto name (snake_case) alike, and so does this; unknown fields are ignored.
+
+use base64::Engine as _;
+use base64::engine::general_purpose::{STANDARD, STANDARD_NO_PAD, URL_SAFE, URL_SAFE_NO_PAD};
+use serde_json::value::RawValue;
+
+use super::Version;
+use crate::config::AgentLimits;
+use crate::error::Error;
+use crate::model::{ContextId, Message, Part, Role, TaskId, TaskState};
+use crate::push::{Events, PushAuth, PushConfig, RetryPolicy};
+use crate::rpc::json::{self, Kind, Obj};
+use crate::runtime::SendRequest;
+use crate::validate;
+
+/// Longest id (message, task, context, push configuration) accepted.
+pub(crate) const MAX_ID_LEN: usize = 256;
+
+/// The raw value of a field by its JSON (camelCase) name or its proto (snake_case) name.
+pub(crate) fn field<'a>(o: &Obj<'a>, camel: &str) -> Option<&'a RawValue> {
+    o.get(camel).or_else(|| {
+        let snake = snake_case(camel);
+        (snake != camel).then(|| o.get(&snake)).flatten()
+    })
+}
+
+fn snake_case(camel: &str) -> String {
+    let mut out = String::with_capacity(camel.len() + 4);
+    for c in camel.chars() {
+        if c.is_ascii_uppercase() {
+            out.push('_');
+            out.push(c.to_ascii_lowercase());
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+/// An optional string field.
+pub(crate) fn opt_str(o: &Obj<'_>, camel: &str, path: &str) -> Result<Option<String>, Error> {
+    field(o, camel)
+        .map(|v| json::string(v, path).map(|s| s.into_owned()))
+        .transpose()
+}
+
+/// An optional id: non-empty, at most [`MAX_ID_LEN`] characters.
+pub(crate) fn opt_id(o: &Obj<'_>, camel: &str, path: &str) -> Result<Option<String>, Error> {
+    match opt_str(o, camel, path)? {
+        None => Ok(None),
+        Some(s) if s.is_empty() => Err(Error::invalid(path, "must not be empty")),
+        Some(s) if s.chars().count() > MAX_ID_LEN => Err(Error::invalid(
+            path,
+            format!("must be at most {MAX_ID_LEN} characters"),
+        )),
+        Some(s) => Ok(Some(s)),
+    }
+}
+
+/// A required id.
+pub(crate) fn id(o: &Obj<'_>, camel: &str, path: &str) -> Result<String, Error> {
+    opt_id(o, camel, path)?.ok_or_else(|| Error::invalid(path, "is required"))
+}
+
+/// An optional boolean.
+pub(crate) fn opt_bool(o: &Obj<'_>, camel: &str, path: &str) -> Result<Option<bool>, Error> {
+    field(o, camel)
+        .map(|v| match v.get() {
+            "true" => Ok(true),
+            "false" => Ok(false),
+            _ => Err(Error::invalid(path, "must be a boolean")),
+        })
+        .transpose()
+}
+
+/// An optional integer (ProtoJSON also writes integers as strings).
+pub(crate) fn opt_int(o: &Obj<'_>, camel: &str, path: &str) -> Result<Option<i64>, Error> {
+    field(o, camel)
+        .map(|v| {
+            let text = match json::kind(v) {
+                Kind::String => json::string(v, path)?.into_owned(),
+                Kind::Number => v.get().to_string(),
+                _ => return Err(Error::invalid(path, "must be an integer")),
+            };
+            text.parse::<i64>()
+                .map_err(|_| Error::invalid(path, "must be an integer"))
+        })
+        .transpose()
+}
+
+/// `historyLength`: a non-negative integer.
+pub(crate) fn history_length(o: &Obj<'_>, path: &str) -> Result<Option<usize>, Error> {
+    match opt_int(o, "historyLength", path)? {
+        None => Ok(None),
+        Some(n) if n < 0 => Err(Error::invalid(path, "must not be negative")),
+        Some(n) => Ok(Some(usize::try_from(n).unwrap_or(usize::MAX))),
+    }
+}
+
+/// `tenant` must be absent or empty: the card declares none.
+pub(crate) fn no_tenant(o: &Obj<'_>) -> Result<(), Error> {
+    match opt_str(o, "tenant", "tenant")? {
+        Some(t) if !t.is_empty() => Err(Error::invalid(
+            "tenant",
+            "this server declares no tenant; send none",
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// Parsed `SendMessage` / `message/send` params.
+pub(crate) struct SendParams {
+    pub(crate) request: SendRequest,
+    /// Wait for the end of the run (1.0 `!returnImmediately`, 0.3 `blocking`).
+    pub(crate) blocking: bool,
+    pub(crate) history_length: Option<usize>,
+    /// An inline push configuration, and its id.
+    pub(crate) push: Option<(PushConfig, Option<String>)>,
+}
+
+/// Parses send params. The push configuration's target is checked by the caller.
+pub(crate) fn send_params(
+    v: Version,
+    p: &Obj<'_>,
+    limits: &AgentLimits,
+) -> Result<SendParams, Error> {
+    no_tenant(p)?;
+    let Some(raw) = field(p, "message") else {
+        return Err(Error::invalid("message", "is required"));
+    };
+    let m = Obj::parse(raw, "message")?;
+    let message = message(v, &m, limits)?;
+    let context_id = opt_id(&m, "contextId", "message.contextId")?.map(ContextId::new);
+    let task_id = opt_id(&m, "taskId", "message.taskId")?.map(TaskId::new);
+    let (mut blocking, mut history, mut push) = (true, None, None);
+    if let Some(c) = field(p, "configuration") {
+        let c = Obj::parse(c, "configuration")?;
+        history = history_length(&c, "configuration.historyLength")?;
+        match v {
+            Version::V10 => {
+                let now = opt_bool(&c, "returnImmediately", "configuration.returnImmediately")?;
+                blocking = !now.unwrap_or(false);
+                if let Some(raw) = field(&c, "taskPushNotificationConfig") {
+                    let o = Obj::parse(raw, "configuration.taskPushNotificationConfig")?;
+                    push = Some(push_config_10(
+                        &o,
+                        "configuration.taskPushNotificationConfig",
+                    )?);
+                }
+            }
+            Version::V03 => {
+                blocking = opt_bool(&c, "blocking", "configuration.blocking")?.unwrap_or(true);
+                if let Some(raw) = field(&c, "pushNotificationConfig") {
+                    let o = Obj::parse(raw, "configuration.pushNotificationConfig")?;
+                    push = Some(push_config_03(&o, "configuration.pushNotificationConfig")?);
+                }
+            }
+        }
+    }
+    let metadata = metadata(p)?;
+    Ok(SendParams {
+        request: SendRequest {
+            message,
+            context_id,
+            task_id,
+            metadata,
+        },
+        blocking,
+        history_length: history,
+        push,
+    })
+}
+
+/// `metadata`: an object, kept as its text.
+pub(crate) fn metadata(p: &Obj<'_>) -> Result<Option<Box<RawValue>>, Error> {
+    match field(p, "metadata") {
+        None => Ok(None),
+        Some(m) if json::kind(m) == Kind::Object => {
+            json::check_depth(m, "metadata")?;
+            Ok(Some(m.to_owned()))
+        }
+        Some(_) => Err(Error::invalid("metadata", "must be an object")),
+    }
+}
+
+fn message(v: Version, m: &Obj<'_>, limits: &AgentLimits) -> Result<Message, Error> {
+    let user = match (v, field(m, "role").map(|r| r.get())) {
+        (_, None) => return Err(Error::invalid("message.role", "is required")),
+        (Version::V10, Some(r#""ROLE_USER""# | "1" | r#""user""#)) => true,
+        (Version::V03, Some(r#""user""#)) => true,
+        _ => false,
+    };
+    if !user {
+        let expected = match v {
+            Version::V10 => "must be \"ROLE_USER\"",
+            Version::V03 => "must be \"user\"",
+        };
+        return Err(Error::invalid("message.role", expected));
+    }
+    let message_id = id(m, "messageId", "message.messageId")?;
+    let Some(raw) = field(m, "parts") else {
+        return Err(Error::invalid("message.parts", "is required"));
+    };
+    let parts = json::array(raw, "message.parts", limits.max_parts).map_err(|e| match e {
+        Error::InvalidParams { reason, .. } if reason.starts_with("must hold at most") => {
+            Error::invalid(
+                "message.parts",
+                format!(
+                    "holds more than {0} parts; this agent accepts at most {0} per message",
+                    limits.max_parts
+                ),
+            )
+        }
+        other => other,
+    })?;
+    if parts.is_empty() {
+        return Err(Error::invalid("message.parts", "must not be empty"));
+    }
+    let parts = parts
+        .into_iter()
+        .enumerate()
+        .map(|(i, raw)| part(v, i, raw, limits))
+        .collect::<Result<Vec<_>, _>>()?;
+    let message = Message {
+        role: Role::User,
+        parts,
+        message_id,
+    };
+    validate::message_length(&message, limits)?;
+    Ok(message)
+}
+
+fn unsupported(field: String) -> Error {
+    Error::invalid(
+        field,
+        "part kind not supported: send text, or a file with its bytes inline",
+    )
+}
+
+fn part(v: Version, i: usize, raw: &RawValue, limits: &AgentLimits) -> Result<Part, Error> {
+    let at = |k: &str| format!("message.parts[{i}]{k}");
+    let p = Obj::parse(raw, &at(""))?;
+    match v {
+        Version::V10 => {
+            if let Some(t) = field(&p, "text") {
+                return Ok(Part::Text(json::string(t, &at(".text"))?.into_owned()));
+            }
+            if let Some(raw) = field(&p, "raw") {
+                let bytes = base64_field(raw, &at(".raw"))?;
+                let name =
+                    opt_str(&p, "filename", &at(".filename"))?.unwrap_or_else(|| "unnamed".into());
+                let mime = opt_str(&p, "mediaType", &at(".mediaType"))?
+                    .unwrap_or_else(|| "application/octet-stream".into());
+                return file(&at(""), name, mime, bytes, limits, "raw", "mediaType");
+            }
+            if field(&p, "url").is_some() || field(&p, "data").is_some() {
+                return Err(unsupported(at("")));
+            }
+            Err(Error::invalid(
+                at(""),
+                "must hold one of text, raw, url or data",
+            ))
+        }
+        Version::V03 => {
+            let kind = opt_str(&p, "kind", &at(".kind"))?;
+            match kind.as_deref() {
+                Some("text") | None if field(&p, "text").is_some() => {
+                    let t = field(&p, "text")
+                        .ok_or_else(|| Error::invalid(at(".text"), "is required"))?;
+                    Ok(Part::Text(json::string(t, &at(".text"))?.into_owned()))
+                }
+                Some("text") => Err(Error::invalid(at(".text"), "is required")),
+                Some("file") => {
+                    let Some(f) = field(&p, "file") else {
+                        return Err(Error::invalid(at(".file"), "is required"));
+                    };
+                    let f = Obj::parse(f, &at(".file"))?;
+                    if field(&f, "uri").is_some() {
+                        return Err(unsupported(at(".file")));
+                    }
+                    let Some(raw) = field(&f, "bytes") else {
+                        return Err(Error::invalid(at(".file.bytes"), "is required"));
+                    };
+                    let bytes = base64_field(raw, &at(".file.bytes"))?;
+                    let name =
+                        opt_str(&f, "name", &at(".file.name"))?.unwrap_or_else(|| "unnamed".into());
+                    let mime = opt_str(&f, "mimeType", &at(".file.mimeType"))?
+                        .unwrap_or_else(|| "application/octet-stream".into());
+                    file(&at(".file"), name, mime, bytes, limits, "bytes", "mimeType")
+                }
+                Some("data") => Err(unsupported(at(""))),
+                Some(other) => Err(Error::invalid(
+                    at(".kind"),
+                    format!("unknown part kind {other:?}; expected \"text\" or \"file\""),
+                )),
+                None => Err(Error::invalid(at(".kind"), "is required")),
+            }
+        }
+    }
+}
+
+/// A file part's checks, with the field names of its dialect.
+fn file(
+    at: &str,
+    name: String,
+    mime: String,
+    bytes: String,
+    limits: &AgentLimits,
+    bytes_key: &str,
+    mime_key: &str,
+) -> Result<Part, Error> {
+    let rename = |field: String| {
+        field
+            .replace(&format!("{at}.bytes"), &format!("{at}.{bytes_key}"))
+            .replace(&format!("{at}.mimeType"), &format!("{at}.{mime_key}"))
+    };
+    validate::file_part(at, name, mime, bytes, limits)
+        .map(|f| Part::File(Box::new(f)))
+        .map_err(|e| match e {
+            Error::InvalidParams { field, reason } => Error::invalid(rename(field), reason),
+            Error::UnsupportedContentType { field, reason } => Error::UnsupportedContentType {
+                field: rename(field),
+                reason,
+            },
+            other => other,
+        })
+}
+
+/// Base64 as ProtoJSON accepts it (standard or URL-safe, padding optional), returned as
+/// standard padded Base64 — the one form the model keeps. A `data:` prefix is refused.
+fn base64_field(raw: &RawValue, path: &str) -> Result<String, Error> {
+    let text = json::string(raw, path)?;
+    if text
+        .as_bytes()
+        .get(..5)
+        .is_some_and(|p| p.eq_ignore_ascii_case(b"data:"))
+    {
+        return Err(Error::invalid(
+            path,
+            "must be Base64 without a \"data:<mime>;base64,\" prefix",
+        ));
+    }
+    let decoded = [&STANDARD, &STANDARD_NO_PAD, &URL_SAFE, &URL_SAFE_NO_PAD]
+        .iter()
+        .find_map(|engine| engine.decode(text.as_bytes()).ok())
+        .ok_or_else(|| Error::invalid(path, "must be Base64 (standard or URL-safe)"))?;
+    Ok(STANDARD.encode(decoded))
+}
+
+/// A 1.0 `TaskPushNotificationConfig` (`{id?, taskId?, url, token?, authentication?}`).
+pub(crate) fn push_config_10(o: &Obj<'_>, at: &str) -> Result<(PushConfig, Option<String>), Error> {
+    let path = |k: &str| format!("{at}.{k}");
+    no_tenant(o)?;
+    let id = opt_id(o, "id", &path("id"))?;
+    let url = opt_str(o, "url", &path("url"))?
+        .ok_or_else(|| Error::invalid(path("url"), "is required"))?;
+    let token = opt_str(o, "token", &path("token"))?;
+    let auth = match field(o, "authentication") {
+        None => None,
+        Some(raw) => {
+            let a = Obj::parse(raw, &path("authentication"))?;
+            let scheme = opt_str(&a, "scheme", &path("authentication.scheme"))?
+                .ok_or_else(|| Error::invalid(path("authentication.scheme"), "is required"))?;
+            let credentials = opt_str(&a, "credentials", &path("authentication.credentials"))?;
+            Some((scheme, credentials))
+        }
+    };
+    Ok((config(url, token, auth, &path("authentication"))?, id))
+}
+
+/// A 0.3 `PushNotificationConfig` (`{id?, url, token?, authentication?{schemes, credentials}}`).
+pub(crate) fn push_config_03(o: &Obj<'_>, at: &str) -> Result<(PushConfig, Option<String>), Error> {
+    let path = |k: &str| format!("{at}.{k}");
+    let id = opt_id(o, "id", &path("id"))?;
+    let url = opt_str(o, "url", &path("url"))?
+        .ok_or_else(|| Error::invalid(path("url"), "is required"))?;
+    let token = opt_str(o, "token", &path("token"))?;
+    let auth = match field(o, "authentication") {
+        None => None,
+        Some(raw) => {
+            let a = Obj::parse(raw, &path("authentication"))?;
+            let schemes = match field(&a, "schemes") {
+                Some(s) => json::array(s, &path("authentication.schemes"), 16)?,
+                None => Vec::new(),
+            };
+            let scheme = match schemes.first() {
+                Some(s) => json::string(s, &path("authentication.schemes[0]"))?.into_owned(),
+                None => {
+                    return Err(Error::invalid(
+                        path("authentication.schemes"),
+                        "must name a scheme",
+                    ));
+                }
+            };
+            let credentials = opt_str(&a, "credentials", &path("authentication.credentials"))?;
+            Some((scheme, credentials))
+        }
+    };
+    Ok((config(url, token, auth, &path("authentication"))?, id))
+}
+
+/// The neutral configuration: every event, the default retry policy, the token, and the
+/// authentication as a header — or, for `HMAC-SHA256`, as the signing secret (which then
+/// never travels).
+fn config(
+    url: String,
+    token: Option<String>,
+    auth: Option<(String, Option<String>)>,
+    at: &str,
+) -> Result<PushConfig, Error> {
+    crate::push::check_shape(&url).map_err(|e| match e {
+        Error::InvalidParams { reason, .. } => {
+            Error::invalid(at.replace(".authentication", ".url"), reason)
+        }
+        other => other,
+    })?;
+    let mut out = PushConfig::new(url);
+    out.events = Events::All;
+    out.retry = RetryPolicy::default();
+    if let Some(t) = &token
+        && hyper::header::HeaderValue::from_str(t).is_err()
+    {
+        return Err(Error::invalid(
+            at.replace(".authentication", ".token"),
+            "is not a valid header value",
+        ));
+    }
+    out.token = token;
+    match auth {
+        None => {}
+        Some((scheme, credentials)) if scheme.eq_ignore_ascii_case("HMAC-SHA256") => {
+            match credentials {
+                Some(secret) if secret.chars().count() >= 16 => out.secret = Some(secret),
+                _ => {
+                    return Err(Error::invalid(
+                        format!("{at}.credentials"),
+                        "must be a secret of at least 16 characters with scheme HMAC-SHA256",
+                    ));
+                }
+            }
+        }
+        Some((scheme, credentials)) => {
+            let value = match &credentials {
+                Some(c) => format!("{scheme} {c}"),
+                None => scheme.clone(),
+            };
+            if scheme.is_empty() || hyper::header::HeaderValue::from_str(&value).is_err() {
+                return Err(Error::invalid(
+                    format!("{at}.scheme"),
+                    "is not a valid Authorization scheme",
+                ));
+            }
+            out.authorization = Some(PushAuth {
+                scheme,
+                credentials,
+            });
+        }
+    }
+    Ok(out)
+}
+
+/// A 1.0 task state by name (`TASK_STATE_WORKING`) or number.
+pub(crate) fn state_10(raw: &RawValue, path: &str) -> Result<TaskState, Error> {
+    let name = match json::kind(raw) {
+        Kind::Number => raw.get().to_string(),
+        _ => json::string(raw, path)?.into_owned(),
+    };
+    let state = match name.as_str() {
+        "TASK_STATE_SUBMITTED" | "1" => TaskState::Submitted,
+        "TASK_STATE_WORKING" | "2" => TaskState::Working,
+        "TASK_STATE_COMPLETED" | "3" => TaskState::Completed,
+        "TASK_STATE_FAILED" | "4" => TaskState::Failed,
+        "TASK_STATE_CANCELED" | "5" => TaskState::Canceled,
+        "TASK_STATE_INPUT_REQUIRED" | "6" => TaskState::InputRequired,
+        "TASK_STATE_REJECTED" | "7" => TaskState::Rejected,
+        "TASK_STATE_AUTH_REQUIRED" | "8" => TaskState::AuthRequired,
+        _ => {
+            return Err(Error::invalid(
+                path,
+                format!("{name:?} is not a task state such as \"TASK_STATE_WORKING\""),
+            ));
+        }
+    };
+    Ok(state)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn send(v: Version, p: serde_json::Value) -> Result<SendParams, Error> {
+        let raw = RawValue::from_string(p.to_string()).expect("json");
+        let o = Obj::parse(&raw, "params").expect("object");
+        send_params(v, &o, &AgentLimits::default())
+    }
+
+    fn field_of<T>(r: Result<T, Error>) -> String {
+        match r {
+            Err(Error::InvalidParams { field, .. })
+            | Err(Error::UnsupportedContentType { field, .. }) => field,
+            Err(e) => panic!("unexpected {e}"),
+            Ok(_) => panic!("expected an error"),
+        }
+    }
+
+    #[test]
+    fn a_1_0_message_with_snake_case_names_and_url_safe_base64_parses() {
+        let p = send(
+            Version::V10,
+            json!({"message": {"message_id": "tck-x", "role": "ROLE_USER", "context_id": "c1",
+                   "parts": [{"text": "hi"}, {"raw": "aGk", "media_type": "text/plain"}]},
+                   "configuration": {"return_immediately": true, "history_length": "2"}}),
+        )
+        .expect("valid");
+        assert!(!p.blocking);
+        assert_eq!(p.history_length, Some(2));
+        assert_eq!(p.request.context_id, Some(ContextId::new("c1")));
+        match &p.request.message.parts[1] {
+            Part::File(f) => {
+                assert_eq!((f.bytes.as_str(), f.name.as_str()), ("aGk=", "unnamed"));
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn refusals_name_their_field() {
+        for (v, p, field) in [
+            (
+                Version::V10,
+                json!({"message": {"messageId": "m", "role": "ROLE_AGENT", "parts": [{"text": "a"}]}}),
+                "message.role",
+            ),
+            (
+                Version::V10,
+                json!({"message": {"messageId": "m", "role": "ROLE_USER", "parts": [{"url": "http://x"}]}}),
+                "message.parts[0]",
+            ),
+            (
+                Version::V10,
+                json!({"message": {"messageId": "m", "role": "ROLE_USER", "parts": [{"data": {}}]}}),
+                "message.parts[0]",
+            ),
+            (
+                Version::V10,
+                json!({"message": {"messageId": "m", "role": "ROLE_USER", "parts": [{"text": "a"}]}, "tenant": "t"}),
+                "tenant",
+            ),
+            (
+                Version::V10,
+                json!({"message": {"messageId": "m", "role": "ROLE_USER", "parts": [{"text": "a"}]}, "configuration": {"historyLength": -1}}),
+                "configuration.historyLength",
+            ),
+            (
+                Version::V10,
+                json!({"message": {"messageId": "m", "role": "ROLE_USER", "parts": [{"raw": "aGk=", "mediaType": "video/mp4"}]}}),
+                "message.parts[0].mediaType",
+            ),
+            (
+                Version::V03,
+                json!({"message": {"kind": "message", "messageId": "m", "role": "user", "parts": [{"kind": "file", "file": {"uri": "http://x"}}]}}),
+                "message.parts[0].file",
+            ),
+            (
+                Version::V03,
+                json!({"message": {"messageId": "", "role": "user", "parts": [{"kind": "text", "text": "a"}]}}),
+                "message.messageId",
+            ),
+        ] {
+            assert_eq!(field_of(send(v, p.clone())), field, "{p}");
+        }
+    }
+
+    #[test]
+    fn push_configurations_become_headers_or_a_signing_secret() {
+        let raw = RawValue::from_string(
+            json!({"url": "https://h.example/x", "token": "tok", "authentication": {"scheme": "Bearer", "credentials": "abc"}})
+                .to_string(),
+        )
+        .expect("json");
+        let (c, id) = push_config_10(&Obj::parse(&raw, "p").expect("o"), "p").expect("valid");
+        assert_eq!(id, None);
+        assert_eq!(c.token.as_deref(), Some("tok"));
+        assert_eq!(
+            c.authorization.as_ref().map(|a| a.scheme.as_str()),
+            Some("Bearer")
+        );
+        let raw = RawValue::from_string(
+            json!({"id": "c1", "url": "https://h.example/x", "authentication": {"schemes": ["hmac-sha256"], "credentials": "0123456789abcdef"}})
+                .to_string(),
+        )
+        .expect("json");
+        let (c, id) = push_config_03(&Obj::parse(&raw, "p").expect("o"), "p").expect("valid");
+        assert_eq!(id.as_deref(), Some("c1"));
+        assert!(c.authorization.is_none() && c.secret.is_some());
+    }
+}

@@ -1,0 +1,514 @@
+//! Official results out (DIALECTS.md §4): tasks, messages, parts, statuses, artifacts and
+//! stream events in the 0.3 (JSON schema) and 1.0 (ProtoJSON) shapes. 1.0 omits unset
+//! optional fields and never a required one.
+
+use std::sync::Arc;
+
+use serde::Serialize;
+use serde::ser::{SerializeMap, SerializeSeq, Serializer};
+use serde_json::value::RawValue;
+use serde_json::{Value, json};
+
+use super::Version;
+use crate::model::{
+    Artifact, ContextId, Message, Part, Role, TaskEvent, TaskId, TaskSnapshot, TaskState,
+    TaskStatus, iso8601,
+};
+use crate::push::StoredPushConfig;
+use crate::rpc::success;
+use crate::runtime::StreamItem;
+use crate::store::ListPage;
+
+/// A state's wire name.
+pub(crate) fn state_name(v: Version, s: TaskState) -> &'static str {
+    match v {
+        Version::V03 => match s {
+            TaskState::Submitted => "submitted",
+            TaskState::Working => "working",
+            TaskState::Completed => "completed",
+            TaskState::Failed => "failed",
+            TaskState::Canceled => "canceled",
+            TaskState::InputRequired => "input-required",
+            TaskState::AuthRequired => "auth-required",
+            TaskState::Rejected => "rejected",
+        },
+        Version::V10 => match s {
+            TaskState::Submitted => "TASK_STATE_SUBMITTED",
+            TaskState::Working => "TASK_STATE_WORKING",
+            TaskState::Completed => "TASK_STATE_COMPLETED",
+            TaskState::Failed => "TASK_STATE_FAILED",
+            TaskState::Canceled => "TASK_STATE_CANCELED",
+            TaskState::InputRequired => "TASK_STATE_INPUT_REQUIRED",
+            TaskState::AuthRequired => "TASK_STATE_AUTH_REQUIRED",
+            TaskState::Rejected => "TASK_STATE_REJECTED",
+        },
+    }
+}
+
+/// A task: 1.0 `Task`, 0.3 `{"kind": "task", ...}`.
+pub(crate) struct TaskOut<'a> {
+    pub(crate) v: Version,
+    pub(crate) task: &'a TaskSnapshot,
+    /// Keep the last N history entries (0: no `history`); `None`: all.
+    pub(crate) history_length: Option<usize>,
+    /// Whether `artifacts` are shown.
+    pub(crate) artifacts: bool,
+}
+
+impl<'a> TaskOut<'a> {
+    pub(crate) fn full(v: Version, task: &'a TaskSnapshot) -> Self {
+        Self {
+            v,
+            task,
+            history_length: None,
+            artifacts: true,
+        }
+    }
+}
+
+impl Serialize for TaskOut<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let (v, t) = (self.v, self.task);
+        let mut map = s.serialize_map(None)?;
+        if v == Version::V03 {
+            map.serialize_entry("kind", "task")?;
+        }
+        map.serialize_entry("id", t.id.as_str())?;
+        map.serialize_entry("contextId", t.context_id.as_str())?;
+        map.serialize_entry(
+            "status",
+            &StatusOut {
+                v,
+                status: &t.status,
+                task_id: &t.id,
+                context_id: &t.context_id,
+            },
+        )?;
+        if self.artifacts && !t.artifacts.is_empty() {
+            map.serialize_entry("artifacts", &ArtifactsOut(v, &t.artifacts))?;
+        }
+        let history = match self.history_length {
+            Some(n) => &t.history[t.history.len().saturating_sub(n)..],
+            None => &t.history[..],
+        };
+        if !history.is_empty() {
+            map.serialize_entry(
+                "history",
+                &HistoryOut {
+                    v,
+                    history,
+                    task_id: &t.id,
+                    context_id: &t.context_id,
+                },
+            )?;
+        }
+        if let Some(m) = &t.metadata {
+            map.serialize_entry("metadata", &**m)?;
+        }
+        map.end()
+    }
+}
+
+struct HistoryOut<'a> {
+    v: Version,
+    history: &'a [Arc<Message>],
+    task_id: &'a TaskId,
+    context_id: &'a ContextId,
+}
+
+impl Serialize for HistoryOut<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_seq(self.history.iter().map(|m| MessageOut {
+            v: self.v,
+            message: m,
+            task_id: Some(self.task_id),
+            context_id: Some(self.context_id),
+            metadata: None,
+        }))
+    }
+}
+
+/// A message: 1.0 `Message`, 0.3 `{"kind": "message", ...}`.
+pub(crate) struct MessageOut<'a> {
+    pub(crate) v: Version,
+    pub(crate) message: &'a Message,
+    pub(crate) task_id: Option<&'a TaskId>,
+    pub(crate) context_id: Option<&'a ContextId>,
+    pub(crate) metadata: Option<Value>,
+}
+
+impl Serialize for MessageOut<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let (v, m) = (self.v, self.message);
+        let role = match (v, m.role) {
+            (Version::V10, Role::User) => "ROLE_USER",
+            (Version::V10, Role::Agent) => "ROLE_AGENT",
+            (Version::V03, Role::User) => "user",
+            (Version::V03, Role::Agent) => "agent",
+        };
+        let mut map = s.serialize_map(None)?;
+        if v == Version::V03 {
+            map.serialize_entry("kind", "message")?;
+        }
+        map.serialize_entry("messageId", &m.message_id)?;
+        if let Some(c) = self.context_id {
+            map.serialize_entry("contextId", c.as_str())?;
+        }
+        if let Some(t) = self.task_id {
+            map.serialize_entry("taskId", t.as_str())?;
+        }
+        map.serialize_entry("role", role)?;
+        map.serialize_entry("parts", &PartsOut(v, &m.parts))?;
+        if let Some(meta) = &self.metadata {
+            map.serialize_entry("metadata", meta)?;
+        }
+        map.end()
+    }
+}
+
+struct PartsOut<'a>(Version, &'a [Part]);
+
+impl Serialize for PartsOut<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let mut seq = s.serialize_seq(Some(self.1.len()))?;
+        for part in self.1 {
+            seq.serialize_element(&PartOut(self.0, part))?;
+        }
+        seq.end()
+    }
+}
+
+struct PartOut<'a>(Version, &'a Part);
+
+impl Serialize for PartOut<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let mut map = s.serialize_map(None)?;
+        match (self.0, self.1) {
+            (Version::V10, Part::Text(t)) => map.serialize_entry("text", t)?,
+            (Version::V10, Part::File(f)) => {
+                map.serialize_entry("raw", &f.bytes)?;
+                map.serialize_entry("filename", &f.name)?;
+                map.serialize_entry("mediaType", &f.mime_type)?;
+            }
+            (Version::V10, Part::Url(u)) => {
+                map.serialize_entry("url", &u.url)?;
+                if let Some(n) = &u.name {
+                    map.serialize_entry("filename", n)?;
+                }
+                if let Some(m) = &u.mime_type {
+                    map.serialize_entry("mediaType", m)?;
+                }
+            }
+            (Version::V10, Part::Data(d)) => map.serialize_entry("data", &*d.0)?,
+            (Version::V03, Part::Text(t)) => {
+                map.serialize_entry("kind", "text")?;
+                map.serialize_entry("text", t)?;
+            }
+            (Version::V03, Part::File(f)) => {
+                map.serialize_entry("kind", "file")?;
+                map.serialize_entry(
+                    "file",
+                    &json!({"bytes": f.bytes, "name": f.name, "mimeType": f.mime_type}),
+                )?;
+            }
+            (Version::V03, Part::Url(u)) => {
+                map.serialize_entry("kind", "file")?;
+                let mut file = json!({"uri": u.url});
+                if let Some(n) = &u.name {
+                    file["name"] = json!(n);
+                }
+                if let Some(m) = &u.mime_type {
+                    file["mimeType"] = json!(m);
+                }
+                map.serialize_entry("file", &file)?;
+            }
+            (Version::V03, Part::Data(d)) => {
+                map.serialize_entry("kind", "data")?;
+                map.serialize_entry("data", &*d.0)?;
+            }
+        }
+        map.end()
+    }
+}
+
+/// A status: `{state, message?, timestamp}`. A canceled task's message says the reason; a
+/// failed one's says the error, with it in the message's `metadata.error`.
+pub(crate) struct StatusOut<'a> {
+    pub(crate) v: Version,
+    pub(crate) status: &'a TaskStatus,
+    pub(crate) task_id: &'a TaskId,
+    pub(crate) context_id: &'a ContextId,
+}
+
+impl Serialize for StatusOut<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let st = self.status;
+        let mut map = s.serialize_map(None)?;
+        map.serialize_entry("state", state_name(self.v, st.state))?;
+        let synthetic = match (&st.reason, &st.error) {
+            (Some(reason), _) if st.message.is_none() => {
+                let mut m = Message::agent_text([reason.to_string()]);
+                m.message_id = derived_id(&format!("{}:{}", self.task_id, st.timestamp));
+                Some((m, None))
+            }
+            (_, Some(e)) if st.message.is_none() => {
+                let mut m = Message::agent_text([e.message.clone()]);
+                m.message_id = derived_id(&format!("{}:{}", self.task_id, st.timestamp));
+                Some((
+                    m,
+                    Some(json!({"error": {"code": e.code, "message": e.message}})),
+                ))
+            }
+            _ => None,
+        };
+        let (message, metadata) = match &synthetic {
+            Some((m, meta)) => (Some(m), meta.clone()),
+            None => (st.message.as_deref(), None),
+        };
+        if let Some(message) = message {
+            map.serialize_entry(
+                "message",
+                &MessageOut {
+                    v: self.v,
+                    message,
+                    task_id: Some(self.task_id),
+                    context_id: Some(self.context_id),
+                    metadata,
+                },
+            )?;
+        }
+        map.serialize_entry("timestamp", &iso8601(&st.timestamp))?;
+        map.end()
+    }
+}
+
+/// A stable UUID for a message the server makes up (so every view shows the same id).
+fn derived_id(seed: &str) -> String {
+    const NAMESPACE: uuid::Uuid = uuid::Uuid::from_u128(0x5b1e_2a2d_9c1e_4e0b_8a6f_a2ad_0000_0002);
+    uuid::Uuid::new_v5(&NAMESPACE, seed.as_bytes()).to_string()
+}
+
+struct ArtifactsOut<'a>(Version, &'a [Arc<Artifact>]);
+
+impl Serialize for ArtifactsOut<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_seq(self.1.iter().map(|a| ArtifactOut(self.0, a)))
+    }
+}
+
+struct ArtifactOut<'a>(Version, &'a Artifact);
+
+impl Serialize for ArtifactOut<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let a = self.1;
+        let mut map = s.serialize_map(None)?;
+        map.serialize_entry("artifactId", &a.artifact_id)?;
+        if let Some(n) = &a.name {
+            map.serialize_entry("name", n)?;
+        }
+        if let Some(d) = &a.description {
+            map.serialize_entry("description", d)?;
+        }
+        map.serialize_entry("parts", &PartsOut(self.0, &a.parts))?;
+        map.end()
+    }
+}
+
+/// One stream item as the `result` of its `data:` line. The first item of a stream is
+/// the task; later ones are status or artifact updates.
+pub(crate) struct EventOut<'a> {
+    pub(crate) v: Version,
+    pub(crate) event: &'a TaskEvent,
+    pub(crate) task: &'a TaskSnapshot,
+    pub(crate) first: bool,
+}
+
+impl Serialize for EventOut<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let (v, event, t) = (self.v, self.event, self.task);
+        if self.first {
+            return SendResultOut(TaskOut::full(v, t)).serialize(s);
+        }
+        let mut map = s.serialize_map(None)?;
+        let status = StatusOut {
+            v,
+            status: &event.status,
+            task_id: &t.id,
+            context_id: &t.context_id,
+        };
+        match (&event.artifact, v) {
+            (Some(update), Version::V10) => {
+                let mut inner = json!({
+                    "taskId": t.id.as_str(),
+                    "contextId": t.context_id.as_str(),
+                    "artifact": ArtifactOut(v, &update.artifact),
+                });
+                if update.append {
+                    inner["append"] = json!(true);
+                }
+                if update.last_chunk {
+                    inner["lastChunk"] = json!(true);
+                }
+                map.serialize_entry("artifactUpdate", &inner)?;
+            }
+            (Some(update), Version::V03) => {
+                map.serialize_entry("kind", "artifact-update")?;
+                map.serialize_entry("taskId", t.id.as_str())?;
+                map.serialize_entry("contextId", t.context_id.as_str())?;
+                map.serialize_entry("artifact", &ArtifactOut(v, &update.artifact))?;
+                map.serialize_entry("append", &update.append)?;
+                map.serialize_entry("lastChunk", &update.last_chunk)?;
+            }
+            (None, Version::V10) => {
+                map.serialize_entry(
+                    "statusUpdate",
+                    &json!({
+                        "taskId": t.id.as_str(),
+                        "contextId": t.context_id.as_str(),
+                        "status": status,
+                    }),
+                )?;
+            }
+            (None, Version::V03) => {
+                map.serialize_entry("kind", "status-update")?;
+                map.serialize_entry("taskId", t.id.as_str())?;
+                map.serialize_entry("contextId", t.context_id.as_str())?;
+                map.serialize_entry("status", &status)?;
+                map.serialize_entry("final", &event.is_final())?;
+            }
+        }
+        map.end()
+    }
+}
+
+/// The `data:` of one stream item on the 1.0 path.
+pub(crate) fn sse_data_10(id: &RawValue, item: &StreamItem, first: bool) -> Vec<u8> {
+    success(
+        id,
+        &EventOut {
+            v: Version::V10,
+            event: &item.event,
+            task: &item.task,
+            first,
+        },
+    )
+}
+
+/// The `data:` of one stream item on the 0.3 path.
+pub(crate) fn sse_data_03(id: &RawValue, item: &StreamItem, first: bool) -> Vec<u8> {
+    success(
+        id,
+        &EventOut {
+            v: Version::V03,
+            event: &item.event,
+            task: &item.task,
+            first,
+        },
+    )
+}
+
+/// The result of a send: 1.0 `{"task": ...}`, 0.3 the task.
+pub(crate) struct SendResultOut<'a>(pub(crate) TaskOut<'a>);
+
+impl Serialize for SendResultOut<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self.0.v {
+            Version::V10 => {
+                let mut map = s.serialize_map(Some(1))?;
+                map.serialize_entry("task", &self.0)?;
+                map.end()
+            }
+            Version::V03 => self.0.serialize(s),
+        }
+    }
+}
+
+/// A bare agent message as a send result: 1.0 `{"message": ...}`, 0.3 the message.
+pub(crate) fn message_result(v: Version, message: &Message, context: Option<&ContextId>) -> Value {
+    let out = MessageOut {
+        v,
+        message,
+        task_id: None,
+        context_id: context,
+        metadata: None,
+    };
+    match v {
+        Version::V10 => json!({ "message": out }),
+        Version::V03 => json!(out),
+    }
+}
+
+/// A ListTasks result.
+pub(crate) fn list_result(
+    page: &ListPage,
+    next_token: String,
+    page_size: usize,
+    history_length: Option<usize>,
+    artifacts: bool,
+) -> Value {
+    let tasks: Vec<Value> = page
+        .tasks
+        .iter()
+        .map(|t| {
+            json!(TaskOut {
+                v: Version::V10,
+                task: t,
+                history_length,
+                artifacts,
+            })
+        })
+        .collect();
+    json!({
+        "tasks": tasks,
+        "nextPageToken": next_token,
+        "pageSize": page_size,
+        "totalSize": page.total,
+    })
+}
+
+/// The authentication of a stored configuration, as it was set.
+fn authentication(c: &StoredPushConfig) -> Option<(String, Option<String>)> {
+    match (&c.config.authorization, &c.config.secret) {
+        (Some(a), _) => Some((a.scheme.clone(), a.credentials.clone())),
+        // The signing secret never travels back.
+        (None, Some(_)) => Some(("HMAC-SHA256".into(), None)),
+        (None, None) => None,
+    }
+}
+
+/// A stored configuration: 1.0 `TaskPushNotificationConfig`, 0.3
+/// `{taskId, pushNotificationConfig}`.
+pub(crate) fn push_config(v: Version, c: &StoredPushConfig) -> Value {
+    let task = c.scope.task.as_ref().map(TaskId::as_str).unwrap_or("");
+    let url = crate::push::redact_url(&c.config.url);
+    match v {
+        Version::V10 => {
+            let mut out = json!({"taskId": task, "id": c.id, "url": url});
+            if let Some(t) = &c.config.token {
+                out["token"] = json!(t);
+            }
+            if let Some((scheme, credentials)) = authentication(c) {
+                let mut a = json!({"scheme": scheme});
+                if let Some(cr) = credentials {
+                    a["credentials"] = json!(cr);
+                }
+                out["authentication"] = a;
+            }
+            out
+        }
+        Version::V03 => {
+            let mut inner = json!({"id": c.id, "url": url});
+            if let Some(t) = &c.config.token {
+                inner["token"] = json!(t);
+            }
+            if let Some((scheme, credentials)) = authentication(c) {
+                let mut a = json!({"schemes": [scheme]});
+                if let Some(cr) = credentials {
+                    a["credentials"] = json!(cr);
+                }
+                inner["authentication"] = a;
+            }
+            json!({"taskId": task, "pushNotificationConfig": inner})
+        }
+    }
+}
