@@ -355,7 +355,7 @@ impl Runtime {
                 self.finished_stream(&f)
             }
             submit::Submitted::Existing(key, submit::Existing::Live(live)) => {
-                match self.subscribe_live(&key, live, Replay::All).await? {
+                match self.subscribe_live(&key, live, Replay::All, false).await? {
                     Resubscribed::Live(s) => s,
                     Resubscribed::Finished(f) => self.finished_stream(&f),
                 }
@@ -467,7 +467,31 @@ impl Runtime {
         match self.find(&key) {
             None => Err(Error::TaskNotFound { task: task.clone() }),
             Some(submit::Existing::Finished(f)) => Ok(Resubscribed::Finished(f)),
-            Some(submit::Existing::Live(live)) => self.subscribe_live(&key, live, replay).await,
+            Some(submit::Existing::Live(live)) => {
+                self.subscribe_live(&key, live, replay, false).await
+            }
+        }
+    }
+
+    /// Follows a task from where it stands (the official subscribe): the current state
+    /// first, then live events to the end of the run — or, when the task waits for input
+    /// (interrupted), through the run its continuing message starts.
+    ///
+    /// # Errors
+    /// [`Error::TaskNotFound`], or [`Error::SubscriptionFailed`] at the subscriber limit.
+    pub async fn follow(
+        &self,
+        principal: &Principal,
+        agent: &AgentId,
+        task: &TaskId,
+    ) -> Result<Resubscribed> {
+        let key = task_key(principal, agent, task);
+        match self.find(&key) {
+            None => Err(Error::TaskNotFound { task: task.clone() }),
+            Some(submit::Existing::Finished(f)) => Ok(Resubscribed::Finished(f)),
+            Some(submit::Existing::Live(live)) => {
+                self.subscribe_live(&key, live, Replay::Current, true).await
+            }
         }
     }
 
@@ -491,6 +515,7 @@ impl Runtime {
         key: &TaskKey,
         live: LiveTask,
         replay: Replay,
+        next_run: bool,
     ) -> Result<Resubscribed> {
         let (subscriber, rx) = self.subscriber();
         let id = subscriber.id;
@@ -498,20 +523,31 @@ impl Runtime {
             |reply| TaskMsg::Subscribe {
                 subscriber,
                 replay,
+                next_run,
                 reply,
             },
             Some(self.shared.call_timeout),
         );
         match call.await {
             Ok(CallResult::Success(Ok(items))) => {
-                let finished = items.last().is_some_and(|e| e.is_final());
-                Ok(Resubscribed::Live(self.task_stream(
+                // A waiting task's current (interrupted) event does not end a stream that
+                // follows its next run.
+                let waits = next_run
+                    && items
+                        .last()
+                        .is_some_and(|e| e.artifact.is_none() && e.status.state.is_interrupted());
+                let finished = !waits && items.last().is_some_and(|e| e.is_final());
+                let mut stream = self.task_stream(
                     key.task.clone(),
                     live.context_id,
                     items.into(),
                     (!finished).then_some(rx),
                     Some((live.actor, id)),
-                )))
+                );
+                if waits {
+                    stream.through_next_run();
+                }
+                Ok(Resubscribed::Live(stream))
             }
             Ok(CallResult::Success(Err(e))) => Err(e),
             Ok(CallResult::Timeout) => Err(Error::Busy),

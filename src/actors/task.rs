@@ -73,6 +73,8 @@ pub(crate) enum TaskMsg {
         subscriber: Subscriber,
         /// Which earlier events to replay.
         replay: Replay,
+        /// When the task waits for input: stay subscribed through its next run.
+        next_run: bool,
         /// The replay, or why the subscription is refused.
         reply: RpcReplyPort<Result<Vec<StreamItem>, Error>>,
     },
@@ -284,9 +286,10 @@ impl Actor for TaskActor {
             TaskMsg::Subscribe {
                 subscriber,
                 replay,
+                next_run,
                 reply,
             } => {
-                let _ = reply.send(state.subscribe(subscriber, replay));
+                let _ = reply.send(state.subscribe(subscriber, replay, next_run));
             }
             TaskMsg::Unsubscribe(id) => state.subscribers.retain(|s| s.id != id),
             // Late messages for a task that already moved on: nothing to do.
@@ -583,6 +586,7 @@ impl TaskActorState {
         &mut self,
         subscriber: Subscriber,
         replay: Replay,
+        next_run: bool,
     ) -> Result<Vec<StreamItem>, Error> {
         let item = |event: &Arc<TaskEvent>| StreamItem {
             event: event.clone(),
@@ -603,8 +607,9 @@ impl TaskActorState {
             Replay::After(n) => self.events.iter().filter(|e| e.seq > n).map(item).collect(),
             Replay::Current => self.current().map(item).into_iter().collect(),
         };
-        // An interrupted task's stream is over once the client has the current state.
-        if !self.status.state.ends_stream() {
+        // An interrupted task's stream is over once the client has the current state,
+        // unless it follows the run the continuing message starts.
+        if !self.status.state.ends_stream() || (next_run && self.status.state.is_interrupted()) {
             self.subscribers.push(subscriber);
         }
         Ok(events)

@@ -119,6 +119,22 @@ impl Agent for TckAgent {
                     "Hello from TCK",
                 ]))));
             }
+            if !starts("tck-") {
+                // The 0.3 kit's generic messages: a conversation that waits for more input,
+                // so its tests can continue and cancel the task after a blocking send.
+                let said = request
+                    .message
+                    .parts
+                    .iter()
+                    .find_map(|p| match p {
+                        Part::Text(t) => Some(t.as_str()),
+                        _ => None,
+                    })
+                    .unwrap_or("");
+                return Ok(Outcome::InputRequired(Some(Message::agent_text([
+                    format!("Hello World! You said: '{said}'. Send more, or cancel the task."),
+                ]))));
+            }
             Ok(Outcome::Completed(Some(Message::agent_text([format!(
                 "Unhandled messageId prefix: {id}"
             )]))))

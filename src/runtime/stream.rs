@@ -55,6 +55,8 @@ pub struct TaskStream {
     /// Unsubscribes and updates the open-streams gauge when the stream is dropped.
     _guard: StreamGuard,
     done: bool,
+    /// The replayed (pending) events never end the stream: it follows the next run.
+    next_run: bool,
 }
 
 struct StreamGuard {
@@ -92,7 +94,13 @@ impl TaskStream {
                 task,
             },
             done: false,
+            next_run: false,
         }
+    }
+
+    /// Makes the replayed events (a waiting task's current state) not end the stream.
+    pub(crate) fn through_next_run(&mut self) {
+        self.next_run = true;
     }
 
     /// The next event; `None` after the last one (or if the task vanished on shutdown).
@@ -100,18 +108,18 @@ impl TaskStream {
         if self.done {
             return Poll::Ready(None);
         }
-        let next = match self.pending.pop_front() {
-            Some(item) => Some(item),
+        let (next, replayed) = match self.pending.pop_front() {
+            Some(item) => (Some(item), true),
             None => match self.rx.as_mut() {
-                None => None,
+                None => (None, false),
                 Some(rx) => match rx.poll_recv(cx) {
                     Poll::Pending => return Poll::Pending,
-                    Poll::Ready(item) => item,
+                    Poll::Ready(item) => (item, false),
                 },
             },
         };
         match &next {
-            Some(item) if !item.is_final() => {}
+            Some(item) if !item.is_final() || (replayed && self.next_run) => {}
             _ => {
                 self.done = true;
                 self.rx = None;

@@ -18,8 +18,7 @@ use crate::push::{PushConfig, StoredPushConfig};
 use crate::rpc::json::{self, Obj};
 use crate::rpc::{Call, CallContext, Reply, RpcError};
 use crate::runtime::{
-    NewPushConfig, Replay, Resubscribed, Runtime, Sent, Streamed, SubmitOptions, TaskIdUse,
-    task_key,
+    NewPushConfig, Resubscribed, Runtime, Sent, Streamed, SubmitOptions, TaskIdUse, task_key,
 };
 use crate::store::{ListQuery, PageToken};
 
@@ -143,24 +142,15 @@ async fn run(runtime: &Runtime, cx: &CallContext, call: &Call, v: Version) -> Re
             if !agent.config.streaming {
                 return Err(not_streaming(Some(task)));
             }
-            match runtime
-                .resubscribe(principal, &cx.agent_id, &task, Replay::Current)
-                .await?
-            {
+            match runtime.follow(principal, &cx.agent_id, &task).await? {
                 Resubscribed::Live(stream) => Ok(Reply::stream(id, stream, frames(v))),
-                Resubscribed::Finished(t) if t.status.state.is_terminal() => {
-                    Err(Error::SubscriptionFailed {
-                        task: Some(task),
-                        reason: format!(
-                            "the task is {}; a terminal task has no more events",
-                            t.status.state.as_str()
-                        ),
-                    })
-                }
-                // Interrupted: the task as it stands, and the stream ends there.
-                Resubscribed::Finished(t) => {
-                    Ok(Reply::stream(id, runtime.finished_stream(&t), frames(v)))
-                }
+                Resubscribed::Finished(t) => Err(Error::SubscriptionFailed {
+                    task: Some(task),
+                    reason: format!(
+                        "the task is {}; a terminal task has no more events",
+                        t.status.state.as_str()
+                    ),
+                }),
             }
         }
         (V10, "CreateTaskPushNotificationConfig") | (V03, "tasks/pushNotificationConfig/set") => {
@@ -354,9 +344,13 @@ fn list_tasks(
 ) -> Result<Reply, Error> {
     params::no_tenant(p)?;
     let context = params::opt_id(p, "contextId", "contextId")?.map(ContextId::new);
-    let state = field(p, "status")
-        .map(|raw| params::state_10(raw, "status"))
-        .transpose()?;
+    // TASK_STATE_UNSPECIFIED (0), ProtoJSON's default, filters nothing.
+    let state = match field(p, "status").map(|raw| raw.get()) {
+        None | Some(r#""TASK_STATE_UNSPECIFIED""# | "0") => None,
+        Some(_) => field(p, "status")
+            .map(|raw| params::state_10(raw, "status"))
+            .transpose()?,
+    };
     let page_size = match params::opt_int(p, "pageSize", "pageSize")? {
         None => DEFAULT_PAGE_SIZE,
         Some(n) if (1..=MAX_PAGE_SIZE).contains(&n) => n,
@@ -430,7 +424,8 @@ fn decode_token(token: &str) -> Result<PageToken, Error> {
 /// (the offset of the page, as issued).
 fn config_page(p: &Obj<'_>, all: Vec<Value>) -> Result<(Vec<Value>, String), Error> {
     let size = match params::opt_int(p, "pageSize", "pageSize")? {
-        None => all.len().max(1),
+        // 0 is ProtoJSON's default: no page size asked.
+        None | Some(0) => all.len().max(1),
         Some(n) if (1..=1000).contains(&n) => usize::try_from(n).unwrap_or(1),
         Some(_) => return Err(Error::invalid("pageSize", "must be between 1 and 1000")),
     };

@@ -266,12 +266,10 @@ fn part(v: Version, i: usize, raw: &RawValue, limits: &AgentLimits) -> Result<Pa
         Version::V03 => {
             let kind = opt_str(&p, "kind", &at(".kind"))?;
             match kind.as_deref() {
-                Some("text") | None if field(&p, "text").is_some() => {
-                    let t = field(&p, "text")
-                        .ok_or_else(|| Error::invalid(at(".text"), "is required"))?;
-                    Ok(Part::Text(json::string(t, &at(".text"))?.into_owned()))
-                }
-                Some("text") => Err(Error::invalid(at(".text"), "is required")),
+                Some("text") => match field(&p, "text") {
+                    Some(t) => Ok(Part::Text(json::string(t, &at(".text"))?.into_owned())),
+                    None => Err(Error::invalid(at(".text"), "is required")),
+                },
                 Some("file") => {
                     let Some(f) = field(&p, "file") else {
                         return Err(Error::invalid(at(".file"), "is required"));
@@ -295,7 +293,10 @@ fn part(v: Version, i: usize, raw: &RawValue, limits: &AgentLimits) -> Result<Pa
                     at(".kind"),
                     format!("unknown part kind {other:?}; expected \"text\" or \"file\""),
                 )),
-                None => Err(Error::invalid(at(".kind"), "is required")),
+                None => Err(Error::invalid(
+                    at(".kind"),
+                    "is required (\"text\" or \"file\")",
+                )),
             }
         }
     }
@@ -479,7 +480,10 @@ pub(crate) fn state_10(raw: &RawValue, path: &str) -> Result<TaskState, Error> {
         _ => {
             return Err(Error::invalid(
                 path,
-                format!("{name:?} is not a task state such as \"TASK_STATE_WORKING\""),
+                format!(
+                    "{name:?} is not a task state such as \"TASK_STATE_WORKING\" \
+                     (TASK_STATE_UNSPECIFIED, or no field, filters nothing)"
+                ),
             ));
         }
     };
