@@ -9,6 +9,7 @@ use serde_json::value::RawValue;
 
 use crate::config::{AgentLimits, Config};
 use crate::model::{ContextId, Message, TaskEvent, TaskId, TaskSnapshot, TaskState, TaskStatus};
+use crate::rpc::a2a::{self, Version};
 use crate::rpc::{self, seed::params as seed};
 use crate::runtime::StreamItem;
 
@@ -65,6 +66,74 @@ pub fn params(data: &[u8]) {
                 "{e}"
             );
         }
+    }
+}
+
+/// The official decoders: JSON-RPC framing as the official paths read it (a request
+/// without an id is answered, with id null), then the 0.3 and 1.0 params parsers (messages,
+/// parts, Base64 in every ProtoJSON form, push configurations, task states), the
+/// `A2A-Version` parser and the ListTasks page-token decoder. A rejection is -32700 or
+/// -32600; a refused param is -32602 or -32005 naming a field; nothing panics.
+pub fn official(data: &[u8]) {
+    match rpc::decode_as(data, 16, true) {
+        Err(e) => assert!(
+            e.code == rpc::error::PARSE_ERROR || e.code == rpc::error::INVALID_REQUEST,
+            "unexpected code {}",
+            e.code
+        ),
+        Ok(rpc::Body::Single(call)) => official_call(call),
+        Ok(rpc::Body::Batch(calls)) => {
+            assert!(!calls.is_empty() && calls.len() <= 16, "batch bounds");
+            calls.into_iter().for_each(official_call);
+        }
+    }
+    let text = String::from_utf8_lossy(data);
+    if let Some(v) = Version::of_header(Some(&text)) {
+        let t = text.trim();
+        assert!(
+            t.is_empty() || t.bytes().all(|b| b.is_ascii_digit() || b == b'.'),
+            "{t:?} read as {v:?}"
+        );
+    }
+    if let Ok(token) = a2a::token::decode(&text) {
+        let again = a2a::token::decode(&a2a::token::encode(&token));
+        assert_eq!(again.ok(), Some(token), "a page token round-trips");
+    }
+}
+
+fn official_call(call: Result<rpc::Call, rpc::Rejected>) {
+    let call = match call {
+        Err(r) => {
+            assert_eq!(r.error.code, rpc::error::INVALID_REQUEST);
+            return;
+        }
+        Ok(call) => call,
+    };
+    let Ok(p) = rpc::json::params(call.params.as_deref()) else {
+        return;
+    };
+    let refused = |r: Result<(), crate::Error>| {
+        if let Err(e) = r {
+            assert!(
+                matches!(
+                    e,
+                    crate::Error::InvalidParams { ref field, .. }
+                        | crate::Error::UnsupportedContentType { ref field, .. }
+                        if !field.is_empty()
+                ),
+                "{e}"
+            );
+        }
+    };
+    for v in Version::ALL {
+        refused(a2a::params::send_params(v, &p, &limits()).map(|_| ()));
+    }
+    refused(a2a::params::push_config_10(&p, "params").map(|_| ()));
+    refused(a2a::params::push_config_03(&p, "params").map(|_| ()));
+    refused(a2a::params::history_length(&p, "historyLength").map(|_| ()));
+    refused(a2a::params::metadata(&p).map(|_| ()));
+    if let Some(raw) = a2a::params::field(&p, "status") {
+        refused(a2a::params::state_10(raw, "status").map(|_| ()));
     }
 }
 
@@ -129,6 +198,25 @@ pub fn sse(data: &[u8]) {
         Some(text.as_str()),
         "the request id is echoed"
     );
+    for first in [true, false] {
+        for json in [
+            a2a::render::sse_data_10(&id, &item, first),
+            a2a::render::sse_data_03(&id, &item, first),
+        ] {
+            let v: serde_json::Value =
+                serde_json::from_slice(&json).expect("an official frame is JSON");
+            assert_eq!(
+                v["id"].as_str(),
+                Some(text.as_str()),
+                "the request id is echoed"
+            );
+            assert!(
+                v["result"].is_object(),
+                "an official frame carries a result"
+            );
+            assert!(!json.contains(&b'\n'), "one line");
+        }
+    }
 }
 
 /// The webhook URL and address checks: never a panic; an accepted URL is http(s) with a

@@ -21,7 +21,9 @@ async fn server() -> TestServer {
     stuck.echo.delay_ms = 60_000;
     let mut quiet = agent("quiet");
     quiet.webhooks = false;
-    c.agents.extend([slow, stuck, quiet]);
+    let mut tck = agent("tck");
+    tck.backend = "tck".into();
+    c.agents.extend([slow, stuck, quiet, tck]);
     TestServer::start(c).await
 }
 
@@ -330,5 +332,62 @@ async fn push_configurations_take_the_0_3_shapes_and_deliver_whole_tasks() {
         )
         .await;
     assert_eq!(quiet["error"]["code"], -32003);
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn artifacts_stream_as_artifact_updates_and_tasks_cross_to_1_0() {
+    let s = server().await;
+    let events = s
+        .official_events(
+            "tck",
+            V3,
+            "message/stream",
+            json!({"message": message(V3, "x", Some("tck-stream-artifact-chunked"))}),
+        )
+        .await;
+    let chunks: Vec<&Value> = events
+        .iter()
+        .filter(|e| e["kind"] == "artifact-update")
+        .collect();
+    assert_eq!(chunks.len(), 2, "{events:?}");
+    assert_eq!(
+        chunks[0]["artifact"]["parts"],
+        json!([{"kind": "text", "text": "chunk-1 "}])
+    );
+    assert_eq!(
+        (chunks[0]["append"].clone(), chunks[0]["lastChunk"].clone()),
+        (json!(false), json!(false))
+    );
+    assert_eq!(
+        (chunks[1]["append"].clone(), chunks[1]["lastChunk"].clone()),
+        (json!(true), json!(true))
+    );
+    let task = s
+        .official_send("tck", V3, message(V3, "x", Some("tck-artifact-data")), true)
+        .await;
+    assert_eq!(
+        task["artifacts"][0]["parts"][0],
+        json!({"kind": "data", "data": {"key": "value", "count": 42}})
+    );
+    let waiting = s
+        .official_send(
+            "tck",
+            V3,
+            message(V3, "x", Some("tck-input-required")),
+            true,
+        )
+        .await;
+    assert_eq!(waiting["status"]["state"], "input-required");
+    // Made on 0.3, read on 1.0 and on the seed path.
+    let on_v1 = s.result(
+        s.official("tck", V::V10, "GetTask", json!({"id": task["id"]}))
+            .await,
+    );
+    assert_eq!(on_v1["artifacts"][0]["parts"][0]["data"]["count"], 42);
+    let on_seed = s.ok(s
+        .call("tck", "tasks/get", json!({"taskId": task["id"]}))
+        .await);
+    assert_eq!(on_seed["status"]["state"], "completed");
     s.stop().await;
 }

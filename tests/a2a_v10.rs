@@ -872,3 +872,150 @@ async fn the_extended_card_needs_a_key_and_has_the_1_0_shape() {
     assert!(card.get("url").is_none(), "no 0.3 fields on the 1.0 card");
     s.stop().await;
 }
+
+#[tokio::test]
+async fn artifacts_show_in_tasks_and_stream_as_chunked_updates() {
+    let s = server().await;
+    let task = s
+        .official_send("tck", V1, message(V1, "x", Some("tck-artifact-text")), true)
+        .await;
+    assert_eq!(task["status"]["state"], "TASK_STATE_COMPLETED");
+    let artifact = &task["artifacts"][0];
+    assert!(
+        artifact["artifactId"]
+            .as_str()
+            .is_some_and(|a| !a.is_empty())
+    );
+    assert_eq!(
+        artifact["parts"],
+        json!([{"text": "Generated text content"}])
+    );
+    let file = s
+        .official_send("tck", V1, message(V1, "x", Some("tck-artifact-file")), true)
+        .await;
+    assert_eq!(
+        file["artifacts"][0]["parts"][0],
+        json!({"raw": "dGNr", "filename": "output.txt", "mediaType": "text/plain"})
+    );
+    let data = s
+        .official_send("tck", V1, message(V1, "x", Some("tck-artifact-data")), true)
+        .await;
+    assert_eq!(
+        data["artifacts"][0]["parts"][0]["data"],
+        json!({"key": "value", "count": 42})
+    );
+    // ListTasks shows artifacts only when asked.
+    let listed = s.result(
+        s.official("tck", V1, "ListTasks", json!({"includeArtifacts": true}))
+            .await,
+    );
+    assert!(
+        listed["tasks"]
+            .as_array()
+            .expect("tasks")
+            .iter()
+            .all(|t| t.get("artifacts").is_some())
+    );
+    // A chunked artifact streams as two updates of the same artifact.
+    let events = s
+        .official_events(
+            "tck",
+            V1,
+            "SendStreamingMessage",
+            json!({"message": message(V1, "x", Some("tck-stream-artifact-chunked"))}),
+        )
+        .await;
+    let chunks: Vec<&Value> = events
+        .iter()
+        .filter_map(|e| e.get("artifactUpdate"))
+        .collect();
+    assert_eq!(chunks.len(), 2, "{events:?}");
+    assert_eq!(
+        chunks[0]["artifact"]["artifactId"],
+        chunks[1]["artifact"]["artifactId"]
+    );
+    assert_eq!(
+        chunks[0]["artifact"]["parts"],
+        json!([{"text": "chunk-1 "}])
+    );
+    assert!(chunks[0].get("append").is_none());
+    assert_eq!(
+        (chunks[1]["append"].clone(), chunks[1]["lastChunk"].clone()),
+        (json!(true), json!(true))
+    );
+    let last = events.last().expect("events");
+    assert_eq!(
+        last["statusUpdate"]["status"]["state"],
+        "TASK_STATE_COMPLETED"
+    );
+    // The rejected scenario ends rejected, with the agent's message.
+    let rejected = s
+        .official_send("tck", V1, message(V1, "x", Some("tck-reject-task")), true)
+        .await;
+    assert_eq!(rejected["status"]["state"], "TASK_STATE_REJECTED");
+    assert_eq!(texts(&rejected["status"]["message"]), ["rejected"]);
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn another_key_finds_none_of_alices_tasks_on_any_official_method() {
+    let s = server().await;
+    let rx = Receiver::ok().await;
+    for v in [V::V10, V::V03] {
+        let task = s
+            .official_send("stuck", v, message(v, "mine", None), false)
+            .await;
+        let id = task["id"].clone();
+        let mut continuing = message(v, "yours?", None);
+        continuing["taskId"] = id.clone();
+        let calls: Vec<(&str, Value)> = match v {
+            V::V10 => vec![
+                ("SendMessage", json!({"message": continuing})),
+                ("GetTask", json!({"id": id})),
+                ("CancelTask", json!({"id": id})),
+                ("SubscribeToTask", json!({"id": id})),
+                (
+                    "CreateTaskPushNotificationConfig",
+                    json!({"taskId": id, "url": rx.url}),
+                ),
+                (
+                    "GetTaskPushNotificationConfig",
+                    json!({"taskId": id, "id": "x"}),
+                ),
+                ("ListTaskPushNotificationConfigs", json!({"taskId": id})),
+                (
+                    "DeleteTaskPushNotificationConfig",
+                    json!({"taskId": id, "id": "x"}),
+                ),
+            ],
+            V::V03 => vec![
+                ("message/send", json!({"message": continuing})),
+                ("tasks/get", json!({"id": id})),
+                ("tasks/cancel", json!({"id": id})),
+                ("tasks/resubscribe", json!({"id": id})),
+                (
+                    "tasks/pushNotificationConfig/set",
+                    json!({"taskId": id, "pushNotificationConfig": {"url": rx.url}}),
+                ),
+                ("tasks/pushNotificationConfig/get", json!({"id": id})),
+                ("tasks/pushNotificationConfig/list", json!({"id": id})),
+                (
+                    "tasks/pushNotificationConfig/delete",
+                    json!({"id": id, "pushNotificationConfigId": "x"}),
+                ),
+            ],
+        };
+        for (method, params) in calls {
+            let out = s.official_as(BOB, "stuck", v, method, params).await;
+            assert_eq!(out["error"]["code"], -32001, "{v:?} {method}: {out}");
+        }
+        if v == V::V10 {
+            let listed = s.result(s.official_as(BOB, "stuck", v, "ListTasks", json!({})).await);
+            assert_eq!(listed["totalSize"], 0);
+        }
+        // Alice's task is untouched.
+        let mine = s.result(s.official("stuck", v, v.get(), json!({"id": id})).await);
+        assert_ne!(mine["status"]["state"], v.state("canceled"));
+    }
+    s.stop().await;
+}

@@ -108,6 +108,11 @@ impl Agent for TckAgent {
                 artifact(&updates, vec![Part::Data(RawJson(Arc::from(data)))]);
                 return done();
             }
+            if starts("tck-stream-") {
+                // Any other streaming scenario: working, one text artifact, completed.
+                artifact(&updates, vec![text("Streamed output")]);
+                return done();
+            }
             if starts("tck-input-required") {
                 return Ok(Outcome::InputRequired(None));
             }

@@ -8,6 +8,7 @@ mod dispatch;
 pub(crate) mod errors;
 pub(crate) mod params;
 pub(crate) mod render;
+pub(crate) mod token;
 pub(crate) mod webhook;
 
 pub(crate) use dispatch::dispatch;
@@ -77,13 +78,12 @@ impl Version {
         if value.is_empty() {
             return Some(Self::V03);
         }
+        let number =
+            |p: &str| !p.is_empty() && p.len() <= 9 && p.bytes().all(|b| b.is_ascii_digit());
         let mut parts = value.split('.');
         let (major, minor) = (parts.next()?, parts.next()?);
-        let patch_ok = match parts.next() {
-            None => true,
-            Some(p) => !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()),
-        };
-        if !patch_ok || parts.next().is_some() {
+        let patch_ok = parts.next().is_none_or(number);
+        if !number(major) || !number(minor) || !patch_ok || parts.next().is_some() {
             return None;
         }
         match (major.parse::<u32>().ok()?, minor.parse::<u32>().ok()?) {
@@ -135,6 +135,8 @@ mod tests {
             (Some("1.0.x"), None),
             (Some("1.0.0.0"), None),
             (Some("v1.0"), None),
+            (Some("+1.0"), None),
+            (Some("1.-0"), None),
         ] {
             assert_eq!(Version::of_header(value), version, "{value:?}");
         }

@@ -11,7 +11,7 @@ use serde_json::{Value, json};
 
 use super::params::{self, field};
 use super::render::{self, SendResultOut, TaskOut};
-use super::{Version, card, errors, webhook};
+use super::{Version, card, errors, token, webhook};
 use crate::error::Error;
 use crate::model::{ContextId, TaskId};
 use crate::push::{PushConfig, StoredPushConfig};
@@ -20,7 +20,7 @@ use crate::rpc::{Call, CallContext, Reply, RpcError};
 use crate::runtime::{
     NewPushConfig, Resubscribed, Runtime, Sent, Streamed, SubmitOptions, TaskIdUse, task_key,
 };
-use crate::store::{ListQuery, PageToken};
+use crate::store::ListQuery;
 
 /// Runs one call.
 pub(crate) async fn dispatch(
@@ -365,7 +365,7 @@ fn list_tasks(
     let after = match params::opt_str(p, "pageToken", "pageToken")? {
         None => None,
         Some(t) if t.is_empty() => None,
-        Some(t) => Some(decode_token(&t)?),
+        Some(t) => Some(token::decode(&t)?),
     };
     let history_length = params::history_length(p, "historyLength")?;
     let status_after = match params::opt_str(p, "statusTimestampAfter", "statusTimestampAfter")? {
@@ -391,33 +391,11 @@ fn list_tasks(
         page_size,
         after,
     });
-    let next = page.next.as_ref().map(encode_token).unwrap_or_default();
+    let next = page.next.as_ref().map(token::encode).unwrap_or_default();
     Ok(Reply::ok(
         id,
         &render::list_result(&page, next, page_size, history_length, artifacts),
     ))
-}
-
-/// A ListTasks page token: base64url of `<micros>:<task id>` (opaque to clients).
-fn encode_token(t: &PageToken) -> String {
-    URL_SAFE_NO_PAD.encode(format!("{}:{}", t.timestamp_micros, t.task))
-}
-
-fn decode_token(token: &str) -> Result<PageToken, Error> {
-    let bad = || Error::invalid("pageToken", "is not a token this server issued");
-    let bytes = URL_SAFE_NO_PAD
-        .decode(token.trim_end_matches('='))
-        .map_err(|_| bad())?;
-    let text = String::from_utf8(bytes).map_err(|_| bad())?;
-    let (micros, task) = text.split_once(':').ok_or_else(bad)?;
-    let timestamp_micros = micros.parse::<i64>().map_err(|_| bad())?;
-    if task.is_empty() {
-        return Err(bad());
-    }
-    Ok(PageToken {
-        timestamp_micros,
-        task: TaskId::new(task),
-    })
 }
 
 /// One page of a task's push configurations (1.0): `pageSize` (absent: all), `pageToken`
@@ -451,21 +429,4 @@ fn config_page(p: &Obj<'_>, all: Vec<Value>) -> Result<(Vec<Value>, String), Err
     };
     let page = all.into_iter().skip(start).take(end - start).collect();
     Ok((page, next))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn page_tokens_round_trip_and_strangers_are_refused() {
-        let t = PageToken {
-            timestamp_micros: 1_700_000_000_123_456,
-            task: TaskId::new("b1c2"),
-        };
-        assert_eq!(decode_token(&encode_token(&t)).expect("decodes"), t);
-        for bad in ["", "!!", "bm9jb2xvbg", "MTIzOg"] {
-            assert!(decode_token(bad).is_err(), "{bad}");
-        }
-    }
 }
