@@ -62,6 +62,23 @@ async fn send_returns_the_task_in_proto_json() {
         assert!(task.get(seed_only).is_none(), "{seed_only} in {task}");
     }
     assert!(task.get("artifacts").is_none(), "echo makes no artifacts");
+    assert!(task.get("metadata").is_none());
+    // The request's metadata is the task's; an empty object is none.
+    for (metadata, shown) in [(json!({"trace": "t-1"}), true), (json!({}), false)] {
+        let out = s
+            .official(
+                "echo",
+                V1,
+                "SendMessage",
+                json!({"message": message(V1, "hi", None), "metadata": metadata}),
+            )
+            .await;
+        let task = task_of(V1, &s.result(out));
+        assert_eq!(task.get("metadata").is_some(), shown, "{task}");
+        if shown {
+            assert_eq!(task["metadata"], metadata);
+        }
+    }
     s.stop().await;
 }
 

@@ -102,11 +102,17 @@ impl Serialize for TaskOut<'_> {
                 },
             )?;
         }
-        if let Some(m) = &t.metadata {
-            map.serialize_entry("metadata", &**m)?;
+        // The request's metadata; omitted when there is none (or it is `{}`).
+        if let Some(m) = t.metadata.as_deref().filter(|m| !is_empty_object(m)) {
+            map.serialize_entry("metadata", m)?;
         }
         map.end()
     }
+}
+
+fn is_empty_object(raw: &RawValue) -> bool {
+    let mut chars = raw.get().chars().filter(|c| !c.is_ascii_whitespace());
+    chars.next() == Some('{') && chars.next() == Some('}') && chars.next().is_none()
 }
 
 struct HistoryOut<'a> {
