@@ -463,14 +463,7 @@ impl Runtime {
         task: &TaskId,
         replay: Replay,
     ) -> Result<Resubscribed> {
-        let key = task_key(principal, agent, task);
-        match self.find(&key) {
-            None => Err(Error::TaskNotFound { task: task.clone() }),
-            Some(submit::Existing::Finished(f)) => Ok(Resubscribed::Finished(f)),
-            Some(submit::Existing::Live(live)) => {
-                self.subscribe_live(&key, live, replay, false).await
-            }
-        }
+        self.subscribe(principal, agent, task, replay, false).await
     }
 
     /// Follows a task from where it stands (the official subscribe): the current state
@@ -485,12 +478,24 @@ impl Runtime {
         agent: &AgentId,
         task: &TaskId,
     ) -> Result<Resubscribed> {
+        self.subscribe(principal, agent, task, Replay::Current, true)
+            .await
+    }
+
+    async fn subscribe(
+        &self,
+        principal: &Principal,
+        agent: &AgentId,
+        task: &TaskId,
+        replay: Replay,
+        next_run: bool,
+    ) -> Result<Resubscribed> {
         let key = task_key(principal, agent, task);
         match self.find(&key) {
             None => Err(Error::TaskNotFound { task: task.clone() }),
             Some(submit::Existing::Finished(f)) => Ok(Resubscribed::Finished(f)),
             Some(submit::Existing::Live(live)) => {
-                self.subscribe_live(&key, live, Replay::Current, true).await
+                self.subscribe_live(&key, live, replay, next_run).await
             }
         }
     }

@@ -7,9 +7,9 @@ mod support;
 use std::time::Duration;
 
 use serde_json::{Value, json};
-use support::official::{V, message, texts};
+use support::official::{V, message};
 use support::receiver::Receiver;
-use support::{ALICE, TestServer, agent, config, poll_until};
+use support::{ALICE, TestServer, agent, config, poll_until, texts};
 
 const V3: V = V::V03;
 

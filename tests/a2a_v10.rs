@@ -7,9 +7,9 @@ mod support;
 use std::time::Duration;
 
 use serde_json::{Value, json};
-use support::official::{V, error_info, message, task_of, texts};
+use support::official::{V, error_info, message, task_of};
 use support::receiver::Receiver;
-use support::{ALICE, BOB, CAROL, SseReader, TestServer, agent, config, poll_until};
+use support::{ALICE, BOB, CAROL, SseReader, TestServer, agent, config, poll_until, texts};
 
 const V1: V = V::V10;
 

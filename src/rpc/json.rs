@@ -205,6 +205,32 @@ pub(crate) fn array<'a>(
     })
 }
 
+/// `message.parts`: a non-empty array of at most `max` parts (refused as soon as the parser
+/// reaches the part past the cap), for every dialect.
+///
+/// # Errors
+/// -32602 on `message.parts`.
+pub(crate) fn message_parts(raw: Option<&RawValue>, max: usize) -> Result<Vec<&RawValue>, Error> {
+    let field = "message.parts";
+    let Some(raw) = raw else {
+        return Err(Error::invalid(field, "is required"));
+    };
+    if kind(raw) != Kind::Array {
+        return Err(Error::invalid(field, "must be an array"));
+    }
+    let parts = seq(raw.get(), max).map_err(|e| match e {
+        SeqError::TooMany => Error::invalid(
+            field,
+            format!("holds more than {max} parts; this agent accepts at most {max} per message"),
+        ),
+        SeqError::Json(e) => invalid_json(field, &e, "an array"),
+    })?;
+    if parts.is_empty() {
+        return Err(Error::invalid(field, "must not be empty"));
+    }
+    Ok(parts)
+}
+
 /// Why [`seq`] failed.
 #[derive(Debug)]
 pub(crate) enum SeqError {

@@ -90,18 +90,6 @@ pub fn task_of(v: V, result: &Value) -> Value {
     }
 }
 
-/// The text parts of a message in either shape.
-pub fn texts(message: &Value) -> Vec<String> {
-    message["parts"]
-        .as_array()
-        .map(|ps| {
-            ps.iter()
-                .filter_map(|p| p["text"].as_str().map(str::to_string))
-                .collect()
-        })
-        .unwrap_or_default()
-}
-
 impl TestServer {
     /// The URL of an agent's official interface.
     pub fn official_url(&self, agent: &str, v: V) -> String {

@@ -200,24 +200,7 @@ fn message(v: Version, m: &Obj<'_>, limits: &AgentLimits) -> Result<Message, Err
         return Err(Error::invalid("message.role", expected));
     }
     let message_id = id(m, "messageId", "message.messageId")?;
-    let Some(raw) = field(m, "parts") else {
-        return Err(Error::invalid("message.parts", "is required"));
-    };
-    let parts = json::array(raw, "message.parts", limits.max_parts).map_err(|e| match e {
-        Error::InvalidParams { reason, .. } if reason.starts_with("must hold at most") => {
-            Error::invalid(
-                "message.parts",
-                format!(
-                    "holds more than {0} parts; this agent accepts at most {0} per message",
-                    limits.max_parts
-                ),
-            )
-        }
-        other => other,
-    })?;
-    if parts.is_empty() {
-        return Err(Error::invalid("message.parts", "must not be empty"));
-    }
+    let parts = json::message_parts(field(m, "parts"), limits.max_parts)?;
     let parts = parts
         .into_iter()
         .enumerate()
@@ -352,27 +335,36 @@ fn base64_field(raw: &RawValue, path: &str) -> Result<String, Error> {
 
 /// A 1.0 `TaskPushNotificationConfig` (`{id?, taskId?, url, token?, authentication?}`).
 pub(crate) fn push_config_10(o: &Obj<'_>, at: &str) -> Result<(PushConfig, Option<String>), Error> {
-    let path = |k: &str| format!("{at}.{k}");
     no_tenant(o)?;
-    let id = opt_id(o, "id", &path("id"))?;
-    let url = opt_str(o, "url", &path("url"))?
-        .ok_or_else(|| Error::invalid(path("url"), "is required"))?;
-    let token = opt_str(o, "token", &path("token"))?;
-    let auth = match field(o, "authentication") {
-        None => None,
-        Some(raw) => {
-            let a = Obj::parse(raw, &path("authentication"))?;
-            let scheme = opt_str(&a, "scheme", &path("authentication.scheme"))?
-                .ok_or_else(|| Error::invalid(path("authentication.scheme"), "is required"))?;
-            let credentials = opt_str(&a, "credentials", &path("authentication.credentials"))?;
-            Some((scheme, credentials))
-        }
-    };
-    Ok((config(url, token, auth, &path("authentication"))?, id))
+    push_config(o, at, |a, path| {
+        opt_str(a, "scheme", &path("authentication.scheme"))?
+            .ok_or_else(|| Error::invalid(path("authentication.scheme"), "is required"))
+    })
 }
 
 /// A 0.3 `PushNotificationConfig` (`{id?, url, token?, authentication?{schemes, credentials}}`).
 pub(crate) fn push_config_03(o: &Obj<'_>, at: &str) -> Result<(PushConfig, Option<String>), Error> {
+    push_config(o, at, |a, path| {
+        let schemes = match field(a, "schemes") {
+            Some(s) => json::array(s, &path("authentication.schemes"), 16)?,
+            None => Vec::new(),
+        };
+        match schemes.first() {
+            Some(s) => Ok(json::string(s, &path("authentication.schemes[0]"))?.into_owned()),
+            None => Err(Error::invalid(
+                path("authentication.schemes"),
+                "must name a scheme",
+            )),
+        }
+    })
+}
+
+/// The fields both versions share; `scheme` reads the version's authentication scheme.
+fn push_config(
+    o: &Obj<'_>,
+    at: &str,
+    scheme: impl Fn(&Obj<'_>, &dyn Fn(&str) -> String) -> Result<String, Error>,
+) -> Result<(PushConfig, Option<String>), Error> {
     let path = |k: &str| format!("{at}.{k}");
     let id = opt_id(o, "id", &path("id"))?;
     let url = opt_str(o, "url", &path("url"))?
@@ -382,19 +374,7 @@ pub(crate) fn push_config_03(o: &Obj<'_>, at: &str) -> Result<(PushConfig, Optio
         None => None,
         Some(raw) => {
             let a = Obj::parse(raw, &path("authentication"))?;
-            let schemes = match field(&a, "schemes") {
-                Some(s) => json::array(s, &path("authentication.schemes"), 16)?,
-                None => Vec::new(),
-            };
-            let scheme = match schemes.first() {
-                Some(s) => json::string(s, &path("authentication.schemes[0]"))?.into_owned(),
-                None => {
-                    return Err(Error::invalid(
-                        path("authentication.schemes"),
-                        "must name a scheme",
-                    ));
-                }
-            };
+            let scheme = scheme(&a, &path)?;
             let credentials = opt_str(&a, "credentials", &path("authentication.credentials"))?;
             Some((scheme, credentials))
         }

@@ -157,27 +157,7 @@ fn parse_message(raw: &RawValue, limits: &AgentLimits) -> Result<Message, Error>
             }
         },
     };
-    let parts = match m.get("parts") {
-        None => return Err(Error::invalid("message.parts", "is required")),
-        Some(v) if json::kind(v) != Kind::Array => {
-            return Err(Error::invalid("message.parts", "must be an array"));
-        }
-        Some(v) => json::array(v, "message.parts", limits.max_parts).map_err(|e| match e {
-            Error::InvalidParams { reason, .. } if reason.starts_with("must hold at most") => {
-                Error::invalid(
-                    "message.parts",
-                    format!(
-                        "holds more than {0} parts; this agent accepts at most {0} per message",
-                        limits.max_parts
-                    ),
-                )
-            }
-            other => other,
-        })?,
-    };
-    if parts.is_empty() {
-        return Err(Error::invalid("message.parts", "must not be empty"));
-    }
+    let parts = json::message_parts(m.get("parts"), limits.max_parts)?;
     let parts = parts
         .into_iter()
         .enumerate()
