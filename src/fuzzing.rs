@@ -44,7 +44,8 @@ fn call_params(call: Result<rpc::Call, rpc::Rejected>) {
 }
 
 /// The seed params parsers on an arbitrary JSON document: message, parts (Base64, MIME
-/// sniffing, UUIDs), push configurations. Every refusal is -32602 naming a field.
+/// sniffing, UUIDs), push configurations. Every refusal names a field and is -32602 on the
+/// seed path.
 pub fn params(data: &[u8]) {
     let Ok(text) = std::str::from_utf8(data) else {
         return;
@@ -61,9 +62,20 @@ pub fn params(data: &[u8]) {
         seed::task_id_param(&p, false).map(|_| ()),
     ] {
         if let Err(e) = result {
+            // (An unsupported MIME type is its own error in the model; the seed answers it
+            // with -32602 like every other refusal.)
             assert!(
-                matches!(e, crate::Error::InvalidParams { ref field, .. } if !field.is_empty()),
+                matches!(
+                    e,
+                    crate::Error::InvalidParams { ref field, .. }
+                        | crate::Error::UnsupportedContentType { ref field, .. }
+                        if !field.is_empty()
+                ),
                 "{e}"
+            );
+            assert_eq!(
+                rpc::seed::errors::rpc_error(&e).code,
+                rpc::error::INVALID_PARAMS
             );
         }
     }
