@@ -28,6 +28,7 @@ fn task_life(c: &mut Criterion) {
         .expect("runtime");
     let mut config = Config {
         agents: vec![AgentConfig::new("echo")],
+        store: a2ad::StoreConfig::memory(),
         ..Config::default()
     };
     config.server.task_retention_seconds = 1.0;

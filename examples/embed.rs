@@ -10,7 +10,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use a2ad::config::{AgentConfig, ApiKeyConfig};
+use a2ad::config::{AgentConfig, ApiKeyConfig, StoreConfig};
 use a2ad::{
     Agent, AgentError, AgentFuture, AgentId, AgentRequest, Config, Message, Part, Principal, Role,
     Runtime, SendRequest, Server, Updates,
@@ -48,6 +48,9 @@ fn user_text(text: &str) -> Message {
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut config = Config::default();
     config.server.listen = "127.0.0.1:0".into();
+    // Keep nothing on disk here (both halves below run on the same configuration). A
+    // durable server keeps the default, `StoreConfig::default()`: ./a2ad-data/a2ad.redb.
+    config.store = StoreConfig::memory();
     config.api_keys = vec![ApiKeyConfig::new("me", "embedded-key-0001")];
     config.agents = vec![AgentConfig::new("echo"), AgentConfig::new("shout")];
     let config = config.validated()?;

@@ -21,10 +21,11 @@ use crate::agent::Agent;
 use crate::config::{AgentConfig, Config};
 use crate::limits::Scheduler;
 use crate::metrics::{AgentMetrics, Metrics};
-use crate::model::{ContextId, Principal, TaskEvent, TaskKey, TaskSnapshot};
-use crate::store::{PushStore, TaskStore};
+use crate::model::{ContextId, Principal, TaskKey};
+use crate::store::Store;
 use context::ContextMsg;
 use task::TaskMsg;
+use webhook::WebhookPool;
 
 /// A conversation is owned by one principal.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -33,20 +34,6 @@ pub(crate) struct ContextKey {
     pub principal: Principal,
     /// The conversation.
     pub context: ContextId,
-}
-
-/// Hears every event of every task, after its record is stored. The webhook pool plugs in
-/// here. It is called inside a task actor's handler, so it must only hand the event on.
-pub trait TaskObserver: Send + Sync + 'static {
-    /// A task produced `event` (`changed`: its state changed); `task` is the task as the
-    /// event left it.
-    fn task_event(
-        &self,
-        key: &TaskKey,
-        event: &Arc<TaskEvent>,
-        task: &Arc<TaskSnapshot>,
-        changed: bool,
-    );
 }
 
 /// An agent as the runtime runs it.
@@ -77,22 +64,13 @@ pub(crate) struct Shared {
     /// Live tasks. Guards are never held across an await (STYLE pitfall 10). Hashed with
     /// seeded foldhash: fast, and ids chosen by clients cannot be aimed at one shard.
     pub(crate) live: DashMap<TaskKey, LiveTask, RandomState>,
-    pub(crate) store: Arc<dyn TaskStore>,
-    pub(crate) push: Arc<dyn PushStore>,
+    /// Everything kept: tasks, events, conversations, push configurations, the outbox.
+    pub(crate) store: Arc<dyn Store>,
     pub(crate) metrics: Metrics,
     pub(crate) contexts: ActorRef<ContextMsg>,
-    pub(crate) observer: Arc<dyn TaskObserver>,
+    /// Delivers the webhooks the store planned for published events.
+    pub(crate) webhooks: Arc<WebhookPool>,
     pub(crate) next_subscriber: AtomicU64,
     pub(crate) shutting_down: AtomicBool,
     pub(crate) call_timeout: Duration,
-}
-
-impl Shared {
-    /// Stores a task's record; the push configurations of tasks evicted to make room go
-    /// with them.
-    pub(crate) fn put_task(&self, key: &TaskKey, task: Arc<TaskSnapshot>) {
-        for gone in self.store.put(key, task) {
-            self.push.remove_task(&gone);
-        }
-    }
 }

@@ -23,6 +23,9 @@ pub struct Config {
     /// `[webhooks]`
     #[serde(default)]
     pub webhooks: WebhooksConfig,
+    /// `[store]`
+    #[serde(default)]
+    pub store: StoreConfig,
     /// `[[api_keys]]`; empty means a development key is generated at start-up.
     #[serde(default)]
     pub api_keys: Vec<ApiKeyConfig>,
@@ -110,6 +113,38 @@ pub struct WebhooksConfig {
     pub max_pending_deliveries: usize,
     /// Push configurations addressed by id that one task may hold (official dialects).
     pub max_configs_per_task: usize,
+}
+
+/// `[store]`: where tasks, events, conversations, push configurations and the webhook
+/// outbox are kept.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct StoreConfig {
+    /// `redb` (one file, durable: the default) or `memory` (lost on exit).
+    pub backend: StoreBackend,
+    /// The redb file (its directory is created if missing).
+    pub path: String,
+    /// Task events written per transaction at most (one fdatasync each).
+    pub max_batch: usize,
+    /// redb's page cache in MiB.
+    pub cache_mib: usize,
+    /// Record the allocator state at each commit, so a restart after a crash does not
+    /// walk the whole file.
+    pub quick_repair: bool,
+    /// Writes handed to the store and not yet durable, at most; beyond it new tasks are
+    /// refused (429) until the disk catches up.
+    pub max_pending_writes: u64,
+}
+
+/// Which store backend.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum StoreBackend {
+    /// One redb file, durable.
+    #[default]
+    Redb,
+    /// In memory only.
+    Memory,
 }
 
 /// `[[api_keys]]`
@@ -360,6 +395,7 @@ impl Default for Config {
         Self {
             server: ServerConfig::default(),
             webhooks: WebhooksConfig::default(),
+            store: StoreConfig::default(),
             api_keys: Vec::new(),
             agents: vec![AgentConfig::new(Self::DEFAULT_AGENT_ID)],
         }
@@ -493,6 +529,49 @@ impl Default for WebhooksConfig {
             workers: Self::DEFAULT_WORKERS,
             max_pending_deliveries: Self::DEFAULT_MAX_PENDING_DELIVERIES,
             max_configs_per_task: Self::DEFAULT_MAX_CONFIGS_PER_TASK,
+        }
+    }
+}
+
+// === impl StoreConfig ===
+
+impl StoreConfig {
+    /// Default file.
+    pub const DEFAULT_PATH: &'static str = "./a2ad-data/a2ad.redb";
+    /// Default events per transaction.
+    pub const DEFAULT_MAX_BATCH: usize = 1024;
+    /// Default page cache.
+    pub const DEFAULT_CACHE_MIB: usize = 64;
+    /// Default bound on writes not yet durable.
+    pub const DEFAULT_MAX_PENDING_WRITES: u64 = 200_000;
+
+    /// A memory store (tests, embedders who keep nothing).
+    pub fn memory() -> Self {
+        Self {
+            backend: StoreBackend::Memory,
+            ..Self::default()
+        }
+    }
+
+    /// A redb store in this file.
+    pub fn redb(path: impl Into<String>) -> Self {
+        Self {
+            backend: StoreBackend::Redb,
+            path: path.into(),
+            ..Self::default()
+        }
+    }
+}
+
+impl Default for StoreConfig {
+    fn default() -> Self {
+        Self {
+            backend: StoreBackend::Redb,
+            path: Self::DEFAULT_PATH.into(),
+            max_batch: Self::DEFAULT_MAX_BATCH,
+            cache_mib: Self::DEFAULT_CACHE_MIB,
+            quick_repair: true,
+            max_pending_writes: Self::DEFAULT_MAX_PENDING_WRITES,
         }
     }
 }

@@ -102,6 +102,15 @@ pub enum Error {
     /// The configuration is invalid.
     #[error(transparent)]
     Config(#[from] ConfigError),
+    /// The store file cannot be used (locked, unreadable, foreign, another schema). The
+    /// server does not start: it never starts fresh over a file it cannot read.
+    #[error("store {path}: {message}")]
+    Store {
+        /// The file.
+        path: String,
+        /// What is wrong, and what to do.
+        message: String,
+    },
     /// Binding or serving failed.
     #[error("i/o error: {0}")]
     Io(#[from] std::io::Error),

@@ -48,13 +48,13 @@ mod store;
 mod validate;
 mod webhook;
 
+pub use actors::AgentEntry;
 pub use actors::webhook::WebhookMetrics;
-pub use actors::{AgentEntry, TaskObserver};
 pub use agent::{
     Agent, AgentError, AgentFuture, AgentRequest, EchoAgent, OpenAiAgent, Outcome, OutcomeFuture,
     Updates,
 };
-pub use config::{Config, ConfigError};
+pub use config::{Config, ConfigError, StoreBackend, StoreConfig};
 pub use error::{Error, Result};
 pub use metrics::{AgentMetrics, AgentMetricsSnapshot, Metrics};
 pub use model::{
@@ -69,5 +69,8 @@ pub use runtime::{
     Streamed, SubmitOptions, TaskIdUse, TaskStream,
 };
 pub use server::{Server, ServerHandle};
-pub use store::{ListPage, ListQuery, PageToken, PushStore, TaskStore};
+pub use store::{
+    Committed, Delivery, Durable, ListPage, ListQuery, OutboxKey, PageToken, Recovered,
+    RecoveredContext, RecoveredTask, Store, StoreStats, Then, Write,
+};
 pub use webhook::{Payload, PayloadInput, PayloadRenderer, signature};

@@ -98,8 +98,16 @@ async fn serve() -> ExitCode {
     };
 
     raise_open_file_limit();
+    let store = match config.store.backend {
+        a2ad::StoreBackend::Redb => format!("{} (redb)", config.store.path),
+        a2ad::StoreBackend::Memory => "memory (nothing is kept across restarts)".to_string(),
+    };
     let server = match Server::bind(config).await {
         Ok(s) => s,
+        Err(e @ (a2ad::Error::Store { .. } | a2ad::Error::Config(_))) => {
+            eprintln!("a2ad: {e}");
+            return ExitCode::from(2);
+        }
         Err(e) => {
             eprintln!("a2ad: cannot start: {e}");
             return ExitCode::from(1);
@@ -115,6 +123,7 @@ async fn serve() -> ExitCode {
     if let Some(key) = server.dev_key() {
         println!("development API key (principal \"dev\", all agents): {key}");
     }
+    println!("store: {store}");
     println!("listening on http://{addr}");
     let handle = match server.serve() {
         Ok(h) => h,

@@ -238,6 +238,32 @@ impl StoredPushConfig {
         Self::build(id, scope, Namespace::Named, config, format)
     }
 
+    /// A configuration as a store kept it, with its delivery bookkeeping.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn restore(
+        id: String,
+        scope: PushScope,
+        namespace: Namespace,
+        format: &str,
+        config: PushConfig,
+        created_at: DateTime<Utc>,
+        last_used: Option<DateTime<Utc>>,
+        active: bool,
+        consecutive_failures: u32,
+    ) -> Arc<Self> {
+        Arc::new(Self {
+            id,
+            scope,
+            namespace,
+            format: format.into(),
+            config,
+            created_at,
+            last_used: Mutex::new(last_used),
+            active: AtomicBool::new(active),
+            consecutive_failures: AtomicU32::new(consecutive_failures),
+        })
+    }
+
     fn build(
         id: String,
         scope: PushScope,

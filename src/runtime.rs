@@ -21,19 +21,21 @@ pub use request::{
 };
 pub use stream::{Replay, Resubscribed, StreamItem, TaskStream};
 
-use crate::actors::context::{ContextActor, ContextArgs};
+use crate::actors::context::{ContextActor, ContextArgs, ContextMsg};
 use crate::actors::supervisor::{SupervisorMsg, TaskSupervisor};
-use crate::actors::task::{Follow, Subscriber, TaskMsg};
+use crate::actors::task::{Follow, Subscriber, TaskActor, TaskArgs, TaskMsg};
 use crate::actors::webhook::{WebhookMetrics, WebhookPool};
-use crate::actors::{AgentEntry, LiveTask, Shared};
+use crate::actors::{AgentEntry, ContextKey, LiveTask, Shared};
 use crate::agent::{self, Agent};
-use crate::config::Config;
+use crate::config::{Config, StoreBackend};
 use crate::error::{Error, Result};
 use crate::limits::Scheduler;
 use crate::metrics::{AgentMetrics, Metrics};
 use crate::model::{AgentId, ContextId, Message, Principal, TaskId, TaskKey, TaskSnapshot};
 use crate::push::{PushScope, StoredPushConfig};
-use crate::store::{ListPage, ListQuery, MemoryPushStore, MemoryTaskStore, PushStore};
+use crate::store::{
+    Durable, ListPage, ListQuery, LocalStore, RecoveredTask, Store, StoreStats, Write,
+};
 use crate::webhook::PayloadRenderer;
 
 /// The running actor system. Cheap to clone; every clone drives the same system.
@@ -102,9 +104,10 @@ impl Runtime {
                 })
                 .collect(),
         );
-        let push: Arc<dyn PushStore> = Arc::new(MemoryPushStore::default());
+        let store: Arc<dyn Store> = Arc::new(LocalStore::open(&config)?);
+        let recovered = store.recovered();
         let webhooks = Arc::new(
-            WebhookPool::start(&config.webhooks, push.clone(), agents.clone(), renderers).await?,
+            WebhookPool::start(&config.webhooks, store.clone(), agents.clone(), renderers).await?,
         );
         let (contexts, _) = Actor::spawn(
             None,
@@ -113,21 +116,18 @@ impl Runtime {
                 retention,
                 max_turns: server.max_context_turns,
                 max_contexts: server.max_contexts,
+                store: store.clone(),
+                restored: recovered.contexts,
             },
         )
         .await
         .map_err(spawn_failed)?;
         let shared = Arc::new(Shared {
             live: DashMap::default(),
-            store: Arc::new(MemoryTaskStore::new(
-                retention,
-                server.max_finished_tasks,
-                server.max_retained_bytes,
-            )),
-            push,
+            store,
             metrics: Metrics::default(),
             contexts,
-            observer: webhooks.clone(),
+            webhooks: webhooks.clone(),
             next_subscriber: AtomicU64::new(1),
             shutting_down: AtomicBool::new(false),
             call_timeout: Duration::from_secs_f64(server.actor_call_timeout_seconds),
@@ -136,12 +136,74 @@ impl Runtime {
         let (supervisor, _) = Actor::spawn(None, TaskSupervisor, shared.clone())
             .await
             .map_err(spawn_failed)?;
-        Ok(Self {
+        let runtime = Self {
             shared,
             agents,
             supervisor,
             webhooks,
-        })
+        };
+        for task in recovered.tasks {
+            runtime.resume(task).await;
+        }
+        if !recovered.deliveries.is_empty() {
+            runtime.webhooks.deliver(recovered.deliveries);
+        }
+        Ok(runtime)
+    }
+
+    /// Takes up a task the store held unfinished: queued tasks are queued again, a task
+    /// that was working fails (its agent's work is lost with the process), an
+    /// interrupted one waits for its continuing message again.
+    async fn resume(&self, r: RecoveredTask) {
+        let Some(agent) = self.agents.get(&r.key.agent).cloned() else {
+            tracing::warn!(task = %r.key.task, agent = %r.key.agent, "a stored task's agent is no longer configured; left as it was");
+            return;
+        };
+        let Some(message) = r.task.history.first().cloned() else {
+            return;
+        };
+        let admission = match r.task.status.state {
+            crate::model::TaskState::Submitted => agent.scheduler.admit().ok(),
+            _ => None,
+        };
+        let context_id = r.task.context_id.clone();
+        let _ = self.shared.contexts.cast(ContextMsg::Resume {
+            key: ContextKey {
+                principal: r.key.principal.clone(),
+                context: context_id.clone(),
+            },
+            number: r.turn,
+        });
+        let args = TaskArgs {
+            shared: self.shared.clone(),
+            agent,
+            key: r.key.clone(),
+            context_id: context_id.clone(),
+            message: message.clone(),
+            metadata: r.task.metadata.clone(),
+            history: Vec::new(),
+            turn: r.turn,
+            admission,
+            follow: Follow::Nobody,
+            restored: Some((r.task.clone(), r.events)),
+        };
+        match Actor::spawn_linked(None, TaskActor, args, self.supervisor.get_cell()).await {
+            Ok((actor, _)) => {
+                self.shared.metrics.live_tasks.fetch_add(1, Relaxed);
+                self.shared.live.insert(
+                    r.key,
+                    LiveTask {
+                        actor: actor.clone(),
+                        message_id: message.message_id.as_str().into(),
+                        context_id,
+                    },
+                );
+                let _ = actor.cast(TaskMsg::Start);
+            }
+            Err(e) => {
+                tracing::error!(error = %e, task = %r.key.task, "a stored task could not be resumed")
+            }
+        }
     }
 
     /// The configuration this runtime runs.
@@ -164,19 +226,35 @@ impl Runtime {
         self.webhooks.metrics()
     }
 
-    /// The push configuration store.
-    pub fn push_store(&self) -> &Arc<dyn PushStore> {
-        &self.shared.push
+    /// Store counters (retained tasks, writes in flight, commits).
+    pub fn store_stats(&self) -> StoreStats {
+        self.shared.store.stats()
     }
 
     /// Finished tasks currently retained.
     pub fn finished_tasks(&self) -> usize {
-        self.shared.store.len()
+        self.shared.store.stats().finished_tasks
     }
 
     /// About how many bytes the retained finished tasks hold.
     pub fn finished_bytes(&self) -> u64 {
-        self.shared.store.bytes()
+        self.shared.store.stats().finished_bytes
+    }
+
+    /// Appends writes and waits (bounded by the actor call time-out) until they are
+    /// durable.
+    pub(crate) async fn durable(&self, writes: Vec<Write>) -> Result<()> {
+        let (tx, rx) = oneshot::channel();
+        let then = Box::new(move |_| {
+            let _ = tx.send(());
+        });
+        match self.shared.store.append(writes, Some(then)) {
+            Durable::Now(_) => Ok(()),
+            Durable::Later => match tokio::time::timeout(self.shared.call_timeout, rx).await {
+                Ok(Ok(())) => Ok(()),
+                _ => Err(Error::Busy),
+            },
+        }
     }
 
     /// The agent's card with live metrics.
@@ -378,7 +456,7 @@ impl Runtime {
     }
 
     pub(crate) async fn get_key(&self, key: &TaskKey) -> Result<TaskSnapshot> {
-        match self.find(key) {
+        match self.find(key).await? {
             Some(submit::Existing::Live(live)) => self.get_live(key, live).await,
             Some(submit::Existing::Finished(f)) => Ok((*f).clone()),
             None => Err(Error::TaskNotFound {
@@ -399,7 +477,8 @@ impl Runtime {
             _ => self
                 .shared
                 .store
-                .get(key)
+                .task(key)
+                .await?
                 .map(|f| (*f).clone())
                 .ok_or_else(|| Error::TaskNotFound {
                     task: key.task.clone(),
@@ -408,8 +487,11 @@ impl Runtime {
     }
 
     /// One page of this principal's tasks on this agent (DIALECTS.md §6).
-    pub fn list(&self, query: &ListQuery) -> ListPage {
-        self.shared.store.list(query)
+    ///
+    /// # Errors
+    /// [`Error::Internal`] when the store cannot be read.
+    pub async fn list(&self, query: &ListQuery) -> Result<ListPage> {
+        self.shared.store.list(query).await
     }
 
     /// Cancels a submitted, working or interrupted task.
@@ -426,7 +508,7 @@ impl Runtime {
     ) -> Result<TaskSnapshot> {
         let key = task_key(principal, agent, task);
         let reason: Arc<str> = reason.as_deref().unwrap_or("Canceled by user").into();
-        match self.find(&key) {
+        match self.find(&key).await? {
             None => Err(Error::TaskNotFound { task: task.clone() }),
             Some(submit::Existing::Finished(f)) => Err(submit::finished_error(&f)),
             Some(submit::Existing::Live(live)) => {
@@ -440,7 +522,7 @@ impl Runtime {
                 match call.await {
                     Ok(CallResult::Success(outcome)) => outcome,
                     Ok(CallResult::Timeout) => Err(Error::Busy),
-                    _ => match self.shared.store.get(&key) {
+                    _ => match self.shared.store.task(&key).await? {
                         Some(f) => Err(Error::CancelFailed {
                             task: task.clone(),
                             state: f.status.state,
@@ -491,7 +573,7 @@ impl Runtime {
         next_run: bool,
     ) -> Result<Resubscribed> {
         let key = task_key(principal, agent, task);
-        match self.find(&key) {
+        match self.find(&key).await? {
             None => Err(Error::TaskNotFound { task: task.clone() }),
             Some(submit::Existing::Finished(f)) => Ok(Resubscribed::Finished(f)),
             Some(submit::Existing::Live(live)) => {
@@ -556,7 +638,7 @@ impl Runtime {
             }
             Ok(CallResult::Success(Err(e))) => Err(e),
             Ok(CallResult::Timeout) => Err(Error::Busy),
-            _ => match self.shared.store.get(key) {
+            _ => match self.shared.store.task(key).await? {
                 Some(f) => Ok(Resubscribed::Finished(f)),
                 None => Err(Error::TaskNotFound {
                     task: key.task.clone(),
@@ -585,7 +667,8 @@ impl Runtime {
     // --- push configurations ---
 
     /// Stores a push configuration (scoped: replaces its scope's; named: replaces the
-    /// same task and id). A task-scoped configuration needs the caller's task.
+    /// same task and id) and answers once it is durable. A task-scoped configuration needs
+    /// the caller's task.
     ///
     /// # Errors
     /// [`Error::TaskNotFound`] when the task is not this caller's; over the per-task cap,
@@ -597,8 +680,9 @@ impl Runtime {
                 .await?;
         }
         self.shared
-            .push
-            .set(config, self.shared.config.webhooks.max_configs_per_task)
+            .store
+            .push_reserve(&config, self.shared.config.webhooks.max_configs_per_task)?;
+        self.durable(vec![Write::PushSet(config)]).await
     }
 
     /// The named configurations of a task of this caller.
@@ -612,13 +696,14 @@ impl Runtime {
         task: &TaskId,
     ) -> Result<Vec<Arc<StoredPushConfig>>> {
         self.get(principal, agent, task).await?;
-        Ok(self
-            .shared
-            .push
-            .list_named(&task_key(principal, agent, task)))
+        self.shared
+            .store
+            .push_named(&task_key(principal, agent, task))
+            .await
     }
 
-    /// Removes a named configuration of a task of this caller (idempotent).
+    /// Removes a named configuration of a task of this caller (idempotent); answers once
+    /// the removal is durable.
     ///
     /// # Errors
     /// [`Error::TaskNotFound`] when the task is not this caller's.
@@ -630,24 +715,46 @@ impl Runtime {
         id: &str,
     ) -> Result<()> {
         self.get(principal, agent, task).await?;
-        self.shared
-            .push
-            .remove_named(&task_key(principal, agent, task), id);
-        Ok(())
+        self.durable(vec![Write::PushRemoveNamed {
+            task: task_key(principal, agent, task),
+            id: id.to_string(),
+        }])
+        .await
     }
 
     /// The scoped configuration of a scope.
-    pub fn scoped_push(&self, scope: &PushScope) -> Option<Arc<StoredPushConfig>> {
-        self.shared.push.get_scope(scope)
+    ///
+    /// # Errors
+    /// [`Error::Internal`] when the store cannot be read.
+    pub async fn scoped_push(&self, scope: &PushScope) -> Result<Option<Arc<StoredPushConfig>>> {
+        self.shared.store.push_scope(scope).await
     }
 
-    pub(crate) fn find(&self, key: &TaskKey) -> Option<submit::Existing> {
-        // Live first: an actor writes its record before leaving the live index, so a task
-        // missed here because it just finished is found in the store.
+    /// A scoped configuration of this principal and agent by id.
+    ///
+    /// # Errors
+    /// [`Error::Internal`] when the store cannot be read.
+    pub async fn push_by_id(
+        &self,
+        principal: &Principal,
+        agent: &AgentId,
+        id: &str,
+    ) -> Result<Option<Arc<StoredPushConfig>>> {
+        self.shared.store.push_by_id(principal, agent, id).await
+    }
+
+    pub(crate) async fn find(&self, key: &TaskKey) -> Result<Option<submit::Existing>> {
+        // Live first: an actor's record is durable (and indexed) before it leaves the live
+        // index, so a task missed here because it just finished is found in the store.
         if let Some(live) = self.shared.live.get(key) {
-            return Some(submit::Existing::Live(live.value().clone()));
+            return Ok(Some(submit::Existing::Live(live.value().clone())));
         }
-        self.shared.store.get(key).map(submit::Existing::Finished)
+        Ok(self
+            .shared
+            .store
+            .task(key)
+            .await?
+            .map(submit::Existing::Finished))
     }
 
     /// Stops taking work, cancels running tasks with reason `shutdown` (so their streams
@@ -656,6 +763,8 @@ impl Runtime {
     /// dropped), then stops the actors.
     pub async fn shutdown(&self, grace: Duration) {
         self.shared.shutting_down.store(true, Relaxed);
+        // A durable store keeps tasks that wait for input across the restart.
+        let keep_waiting = self.shared.config.store.backend != StoreBackend::Memory;
         let actors: Vec<_> = self
             .shared
             .live
@@ -663,10 +772,7 @@ impl Runtime {
             .map(|e| e.value().actor.clone())
             .collect();
         for actor in actors {
-            let _ = actor.cast(TaskMsg::Cancel {
-                reason: "shutdown".into(),
-                reply: None,
-            });
+            let _ = actor.cast(TaskMsg::Shutdown { keep_waiting });
         }
         let deadline = tokio::time::Instant::now() + grace;
         while self.shared.metrics.live_tasks.load(Relaxed) > 0
@@ -679,6 +785,9 @@ impl Runtime {
             .await;
         self.supervisor.stop(None);
         self.shared.contexts.stop(None);
+        let store = self.shared.store.clone();
+        // Commits what is queued (a bounded batch) on a blocking thread.
+        let _ = tokio::task::spawn_blocking(move || store.close()).await;
     }
 
     /// True once [`Runtime::shutdown`] began.

@@ -1,44 +1,261 @@
-//! Storage behind small interfaces: every task's record, and push configurations.
+//! Storage: one interface, [`Store`], for everything a2ad keeps — tasks and their numbered
+//! events, conversations, push configurations and the webhook outbox — implemented in
+//! memory (`backend = "memory"`) and in one redb file (`backend = "redb"`, the default),
+//! and shaped for a shared database too (reads are futures).
 //!
-//! A task actor writes its task's record at every event, so the store always holds the
-//! task as its last event left it: running tasks too, which is what lets any request
-//! list tasks without asking actors. Finished records stay for the retention, within a
-//! count cap and a byte budget. Implementations must never block for long: they are
-//! called from request handlers and actors (and [`TaskStore::get`] under a live-index
-//! guard, see `runtime::submit`).
+//! **The durability invariant.** Every change goes through [`Store::append`], in order. An
+//! event reaches a stream, a JSON-RPC reply or a webhook only after the store says it is
+//! durable; a push configuration is durable before `set` answers. So a crash loses only
+//! what nobody had been told. The writer never waits: `append` hands the writes to the
+//! store's committer and returns; the committer makes them durable in batches (one
+//! fdatasync per batch) and then runs each append's continuation. A task actor's mailbox
+//! therefore never waits on the disk — its *replies* do.
+//!
+//! Reads come from what the store has made durable: a task's record is visible once its
+//! event is durable, never before.
 
 use std::sync::Arc;
 use std::time::Instant;
 
 use chrono::{DateTime, Utc};
+use futures_util::future::BoxFuture;
 
-use crate::error::Error;
-use crate::model::{AgentId, ContextId, Principal, TaskId, TaskKey, TaskSnapshot, TaskState};
+use crate::error::{Error, Result};
+use crate::model::{
+    AgentId, ContextId, Message, Principal, TaskEvent, TaskId, TaskKey, TaskSnapshot, TaskState,
+};
 use crate::push::{PushScope, StoredPushConfig};
 
-mod memory;
+pub(crate) mod codec;
+mod file;
+mod index;
+mod local;
 
-pub(crate) use memory::{MemoryPushStore, MemoryTaskStore};
+pub(crate) use local::LocalStore;
 
-/// Where task records are kept.
-pub trait TaskStore: Send + Sync + 'static {
-    /// Stores the task as it stands (replacing its earlier record). Returns the tasks
-    /// evicted to make room (their push configurations go with them).
-    fn put(&self, key: &TaskKey, task: Arc<TaskSnapshot>) -> Vec<TaskKey>;
-    /// A task's record.
-    fn get(&self, key: &TaskKey) -> Option<Arc<TaskSnapshot>>;
+/// Where everything a2ad keeps is kept. See the module documentation for the durability
+/// invariant every implementation keeps.
+pub trait Store: Send + Sync + 'static {
+    /// Hands `writes` to the store, after every earlier append. They become durable
+    /// together and in order. When they already are (memory), the answer is
+    /// [`Durable::Now`] and `then` is dropped unused; otherwise [`Durable::Later`], and
+    /// `then` runs — on the store's committer, so it must only hand things on — once they
+    /// are. A write the store cannot make durable is logged and never acknowledged.
+    fn append(&self, writes: Vec<Write>, then: Option<Then>) -> Durable;
+
+    /// A task's durable record.
+    fn task(&self, key: &TaskKey) -> BoxFuture<'_, Result<Option<Arc<TaskSnapshot>>>>;
+
+    /// A task's durable record as this node holds it, without waiting: exact for the
+    /// embedded stores; a shared store may answer `None` and enforce uniqueness itself.
+    fn task_now(&self, key: &TaskKey) -> Option<Arc<TaskSnapshot>>;
+
+    /// A task's durable events numbered above `after`, in order. Empty when the store keeps
+    /// no events of finished tasks (memory).
+    fn events(&self, key: &TaskKey, after: u64) -> BoxFuture<'_, Result<Vec<TaskEvent>>>;
+
     /// One page of an owner's tasks (DIALECTS.md §6).
-    fn list(&self, query: &ListQuery) -> ListPage;
-    /// Evicts finished tasks older than the retention or over the caps; returns them.
-    fn evict(&self, now: Instant) -> Vec<TaskKey>;
-    /// Finished records held.
-    fn len(&self) -> usize;
-    /// True when no finished record is held.
-    fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-    /// About how many bytes the finished records hold.
-    fn bytes(&self) -> u64;
+    fn list(&self, query: &ListQuery) -> BoxFuture<'_, Result<ListPage>>;
+
+    /// Push configurations: the scoped one of exactly this scope.
+    fn push_scope(&self, scope: &PushScope)
+    -> BoxFuture<'_, Result<Option<Arc<StoredPushConfig>>>>;
+
+    /// A scoped configuration of this principal and agent by id.
+    fn push_by_id(
+        &self,
+        principal: &Principal,
+        agent: &AgentId,
+        id: &str,
+    ) -> BoxFuture<'_, Result<Option<Arc<StoredPushConfig>>>>;
+
+    /// A task's named configurations, oldest first.
+    fn push_named(&self, task: &TaskKey) -> BoxFuture<'_, Result<Vec<Arc<StoredPushConfig>>>>;
+
+    /// Checks that a configuration may be added (the per-task cap) and makes it visible to
+    /// the planning of deliveries at once; the caller then appends [`Write::PushSet`] and
+    /// answers once that is durable.
+    ///
+    /// # Errors
+    /// [`Error::InvalidParams`] over `max_per_task` named configurations on one task.
+    fn push_reserve(&self, config: &Arc<StoredPushConfig>, max_per_task: usize) -> Result<()>;
+
+    /// What the store held when it opened: the work a restart resumes. Taken once.
+    fn recovered(&self) -> Recovered;
+
+    /// Evicts what outlived the retention (and what is over the caps), now.
+    fn sweep(&self, now: Instant);
+
+    /// Counters for `/metrics`.
+    fn stats(&self) -> StoreStats;
+
+    /// Writes appended and not yet durable (cheap: admission reads it per task).
+    fn backlog(&self) -> u64;
+
+    /// Makes everything appended so far durable and stops the committer (shutdown).
+    fn close(&self);
+}
+
+/// A continuation of [`Store::append`], run once its writes are durable.
+pub type Then = Box<dyn FnOnce(Committed) + Send>;
+
+/// What [`Store::append`] says.
+pub enum Durable {
+    /// The writes are durable already; here is what they planned.
+    Now(Committed),
+    /// They will be; the continuation runs then.
+    Later,
+}
+
+/// What a batch of writes planned, once durable: the webhook deliveries of its task
+/// events (its outbox entries).
+#[derive(Default)]
+pub struct Committed {
+    /// One per (event, push configuration that selects it), in event order.
+    pub deliveries: Vec<Delivery>,
+}
+
+/// One change to what a2ad keeps.
+#[derive(Clone, Debug)]
+pub enum Write {
+    /// A task event, and the task as it left it. Webhook deliveries for the event are
+    /// planned (and kept in the outbox) in the same batch.
+    Task {
+        /// The task.
+        key: TaskKey,
+        /// The task as the event left it.
+        task: Arc<TaskSnapshot>,
+        /// The event.
+        event: Arc<TaskEvent>,
+        /// The event changed the task's state (for state-change subscriptions).
+        changed: bool,
+        /// The conversation turn the task is (kept with the record for a restart).
+        turn: u32,
+    },
+    /// A conversation turn ended: the user message and, if the task completed, the reply.
+    Turn {
+        /// The owner.
+        principal: Principal,
+        /// The conversation.
+        context: ContextId,
+        /// The turn's number, from 1.
+        number: u32,
+        /// The user message.
+        user: Arc<Message>,
+        /// The agent reply, if any.
+        reply: Option<Arc<Message>>,
+    },
+    /// Forget a conversation (evicted after the retention).
+    ForgetContext {
+        /// The owner.
+        principal: Principal,
+        /// The conversation.
+        context: ContextId,
+    },
+    /// Store a push configuration (after [`Store::push_reserve`]).
+    PushSet(Arc<StoredPushConfig>),
+    /// Its delivery bookkeeping changed (`lastUsed`, `active`, failures in a row).
+    PushStats(Arc<StoredPushConfig>),
+    /// Remove a scoped configuration.
+    PushRemove(PushScope),
+    /// Remove a named configuration of a task.
+    PushRemoveNamed {
+        /// The task.
+        task: TaskKey,
+        /// Its id.
+        id: String,
+    },
+    /// A delivery finished (delivered, or finally failed): out of the outbox.
+    OutboxDone(OutboxKey),
+    /// A delivery's attempt failed and will be retried.
+    OutboxRetry {
+        /// The delivery.
+        key: OutboxKey,
+        /// The next attempt's number.
+        attempt: u32,
+        /// When it is due.
+        due: DateTime<Utc>,
+    },
+}
+
+/// Where a delivery sits in the outbox: a task's event for one configuration.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct OutboxKey {
+    /// The task.
+    pub task: TaskKey,
+    /// The event.
+    pub seq: u64,
+    /// The configuration.
+    pub config: String,
+}
+
+/// One webhook delivery: an event for one configuration, with its stable id.
+#[derive(Clone, Debug)]
+pub struct Delivery {
+    /// `X-Webhook-Delivery`: the same on every attempt, and after a restart.
+    pub id: uuid::Uuid,
+    /// Its place in the outbox.
+    pub key: OutboxKey,
+    /// The configuration.
+    pub config: Arc<StoredPushConfig>,
+    /// The event.
+    pub event: Arc<TaskEvent>,
+    /// The task as the event left it (after a restart: as it stands).
+    pub task: Arc<TaskSnapshot>,
+    /// This attempt's number, from 1.
+    pub attempt: u32,
+    /// Not before (a retry's due time; `None`: now).
+    pub due: Option<DateTime<Utc>>,
+}
+
+/// What a store held when it opened.
+#[derive(Default)]
+pub struct Recovered {
+    /// Tasks that had not ended, with their events, oldest first.
+    pub tasks: Vec<RecoveredTask>,
+    /// Conversations: their recorded turns, oldest first.
+    pub contexts: Vec<RecoveredContext>,
+    /// Pending webhook deliveries, in per-task event order.
+    pub deliveries: Vec<Delivery>,
+}
+
+/// A task that had not ended when the store was last closed (or the process died).
+pub struct RecoveredTask {
+    /// Where it lives.
+    pub key: TaskKey,
+    /// Its last durable record.
+    pub task: Arc<TaskSnapshot>,
+    /// Its durable events, in order.
+    pub events: Vec<Arc<TaskEvent>>,
+    /// Its conversation turn.
+    pub turn: u32,
+}
+
+/// A conversation as the store kept it.
+pub struct RecoveredContext {
+    /// The owner.
+    pub principal: Principal,
+    /// The conversation.
+    pub context: ContextId,
+    /// Its recorded turns (number, user message, reply), oldest first.
+    pub turns: Vec<(u32, Arc<Message>, Option<Arc<Message>>)>,
+}
+
+/// Store counters.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct StoreStats {
+    /// Finished task records retained.
+    pub finished_tasks: usize,
+    /// About how many bytes the retained finished records take in memory.
+    pub finished_bytes: u64,
+    /// Writes appended and not yet durable.
+    pub pending_writes: u64,
+    /// Batches committed.
+    pub commits: u64,
+    /// Writes committed.
+    pub committed_writes: u64,
+    /// The store file's size in bytes (0 in memory).
+    pub file_bytes: u64,
 }
 
 /// A ListTasks query: one owner's tasks on one agent, newest status first.
@@ -90,39 +307,25 @@ pub struct ListPage {
     pub total: usize,
 }
 
-/// Where push configurations are kept: one per scope ([`crate::push::Namespace::Scoped`])
-/// or several per task by id ([`crate::push::Namespace::Named`]); the two never replace
-/// each other.
-pub trait PushStore: Send + Sync + 'static {
-    /// Stores a configuration, replacing the one of the same scope (scoped) or of the same
-    /// task and id (named).
-    ///
-    /// # Errors
-    /// [`Error::InvalidParams`] when a task would hold more than `max_per_task` named
-    /// configurations.
-    fn set(&self, config: Arc<StoredPushConfig>, max_per_task: usize) -> Result<(), Error>;
-    /// Removes the scoped configuration of exactly this scope.
-    fn remove(&self, scope: &PushScope);
-    /// Removes a named configuration of a task; true if there was one.
-    fn remove_named(&self, task: &TaskKey, id: &str) -> bool;
-    /// The scoped configuration of exactly this scope.
-    fn get_scope(&self, scope: &PushScope) -> Option<Arc<StoredPushConfig>>;
-    /// A scoped configuration of this principal and agent by id.
-    fn get_id(
-        &self,
-        principal: &Principal,
-        agent: &AgentId,
-        id: &str,
-    ) -> Option<Arc<StoredPushConfig>>;
-    /// A named configuration of a task.
-    fn get_named(&self, task: &TaskKey, id: &str) -> Option<Arc<StoredPushConfig>>;
-    /// A task's named configurations, oldest first.
-    fn list_named(&self, task: &TaskKey) -> Vec<Arc<StoredPushConfig>>;
-    /// Every configuration that applies to a task: its own (scoped and named) and its
-    /// owner's agent-wide one.
-    fn for_task(&self, key: &TaskKey) -> Vec<Arc<StoredPushConfig>>;
-    /// Forgets a task's configurations (the task was evicted).
-    fn remove_task(&self, key: &TaskKey);
-    /// True when no configuration is stored at all (the hot path skips webhooks then).
-    fn is_empty(&self) -> bool;
+/// A stable delivery id for an outbox entry: the same whenever it is planned or recovered.
+pub(crate) fn delivery_id(key: &OutboxKey) -> uuid::Uuid {
+    const NAMESPACE: uuid::Uuid = uuid::Uuid::from_u128(0x5b1e_2a2d_9c1e_4e0b_8a6f_a2ad_0000_0003);
+    let mut seed = Vec::with_capacity(96);
+    for part in [
+        key.task.principal.as_str(),
+        key.task.agent.as_str(),
+        key.task.task.as_str(),
+        &key.config,
+    ] {
+        seed.extend_from_slice(&(part.len() as u32).to_be_bytes());
+        seed.extend_from_slice(part.as_bytes());
+    }
+    seed.extend_from_slice(&key.seq.to_be_bytes());
+    uuid::Uuid::new_v5(&NAMESPACE, &seed)
+}
+
+/// An error of the store's own (I/O, a corrupt value), for callers that must answer.
+pub(crate) fn failed(what: impl std::fmt::Display) -> Error {
+    tracing::error!(error = %what, "store failure");
+    Error::Internal
 }

@@ -36,11 +36,12 @@ mod tempdir {
     }
 }
 
-/// Starts the binary and reads stdout up to the listening line; returns (child, base url,
-/// lines seen before it).
-fn start(args: &[&str]) -> (Child, String, Vec<String>) {
+/// Starts the binary in `dir` (where its default store file goes) and reads stdout up to
+/// the listening line; returns (child, base url, lines seen before it).
+fn start(dir: &tempdir::Dir, args: &[&str]) -> (Child, String, Vec<String>) {
     let mut child = Command::new(BIN)
         .args(args)
+        .current_dir(&dir.path)
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()
@@ -143,7 +144,8 @@ fn a_bad_configuration_names_file_and_key_and_exits_2() {
 
 #[tokio::test]
 async fn without_keys_a_development_key_is_printed_and_works() {
-    let (mut child, url, seen) = start(&["--listen", "127.0.0.1:0"]);
+    let dir = tempdir::Dir::new();
+    let (mut child, url, seen) = start(&dir, &["--listen", "127.0.0.1:0"]);
     let key_line = seen
         .iter()
         .find(|l| l.contains("a2ad-dev-"))
@@ -172,7 +174,7 @@ async fn sigterm_ends_open_streams_and_exits_zero() {
     let (_dir, path) = write_config(
         "[server]\nlisten = \"127.0.0.1:0\"\n[[api_keys]]\nname = \"a\"\nkey = \"k-0123456789\"\n[[agents]]\nid = \"slow\"\n[agents.echo]\ndelay_ms = 60000\n",
     );
-    let (mut child, url, _) = start(&["--config", &path]);
+    let (mut child, url, _) = start(&_dir, &["--config", &path]);
     let mid = uuid::Uuid::new_v4().to_string();
     let mut resp = reqwest::Client::new()
         .post(format!("{url}/api/v1/a2a/slow"))

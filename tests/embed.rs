@@ -1,5 +1,7 @@
 //! The embedding API without HTTP: a custom backend, send, stream, cancel, get, card.
 
+mod support;
+
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
@@ -52,6 +54,7 @@ fn request(text: &str, context: Option<a2ad::ContextId>) -> SendRequest {
 async fn runtime() -> Runtime {
     let c = Config {
         agents: vec![AgentConfig::new("up")],
+        store: support::test_store(),
         ..Config::default()
     };
     let c = c.validated().expect("valid");
@@ -151,6 +154,7 @@ async fn a_stream_follows_a_task_to_its_end_and_cancel_stops_the_agent() {
 async fn a_stream_that_falls_behind_is_dropped_and_counted_and_the_task_goes_on() {
     let mut c = Config {
         agents: vec![AgentConfig::new("echo")],
+        store: support::test_store(),
         ..Config::default()
     };
     c.server.stream_buffer = 1;

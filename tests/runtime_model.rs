@@ -2,6 +2,8 @@
 //! HTTP): interrupted states and continuing a task, artifacts and artifact events,
 //! rejected tasks, direct replies, several push configurations per task, and ListTasks.
 
+mod support;
+
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
@@ -67,6 +69,7 @@ async fn runtime() -> Runtime {
     agent.limits.requests_per_minute = 1_000_000;
     let config = Config {
         agents: vec![agent],
+        store: support::test_store(),
         ..Config::default()
     }
     .validated()
@@ -305,7 +308,7 @@ async fn a_rejected_task_is_terminal_and_a_direct_reply_makes_no_task() {
         Sent::Message(m) => assert_eq!(m.joined_text(), "direct answer"),
         Sent::Task(t) => panic!("no task expected: {t:?}"),
     }
-    let page = rt.list(&list_query());
+    let page = rt.list(&list_query()).await.expect("list");
     assert_eq!(page.total, 1, "the direct reply created no task");
 }
 
@@ -354,7 +357,7 @@ async fn list_tasks_pages_newest_first_filters_and_never_shows_another_principal
     q.page_size = 2;
     let mut seen = Vec::new();
     loop {
-        let page = rt.list(&q);
+        let page = rt.list(&q).await.expect("list");
         assert_eq!(page.total, 5);
         seen.extend(page.tasks.iter().map(|t| t.id.clone()));
         match page.next {
@@ -366,7 +369,7 @@ async fn list_tasks_pages_newest_first_filters_and_never_shows_another_principal
     assert_eq!(seen, ids, "newest status first, every task once");
     let mut only = list_query();
     only.state = Some(TaskState::InputRequired);
-    assert_eq!(rt.list(&only).total, 2);
+    assert_eq!(rt.list(&only).await.expect("list").total, 2);
 }
 
 #[tokio::test]

@@ -14,6 +14,7 @@ use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 
 use super::ContextKey;
 use crate::model::Message;
+use crate::store::{RecoveredContext, Store, Write};
 
 /// Messages of the [`ContextActor`].
 pub(crate) enum ContextMsg {
@@ -44,6 +45,14 @@ pub(crate) enum ContextMsg {
         /// The agent reply, if any.
         reply: Option<Arc<Message>>,
     },
+    /// A task read back from the store at start-up is in this conversation's turn
+    /// `number`, still in flight.
+    Resume {
+        /// The conversation.
+        key: ContextKey,
+        /// The task's turn.
+        number: u32,
+    },
     /// Evict idle conversations.
     Sweep,
 }
@@ -67,6 +76,10 @@ pub(crate) struct ContextArgs {
     pub(crate) max_turns: usize,
     /// Conversations kept at most (the oldest idle ones go first).
     pub(crate) max_contexts: usize,
+    /// Where evictions are recorded.
+    pub(crate) store: Arc<dyn Store>,
+    /// Conversations the store held at start-up.
+    pub(crate) restored: Vec<RecoveredContext>,
 }
 
 /// State of the context actor.
@@ -79,6 +92,7 @@ pub(crate) struct ContextState {
     retention: Duration,
     max_turns: usize,
     max_contexts: usize,
+    store: Arc<dyn Store>,
     /// Aborted in `post_stop`.
     sweeper: Option<tokio::task::JoinHandle<()>>,
 }
@@ -103,6 +117,13 @@ impl ContextState {
                 .is_some_and(|c| c.in_flight == 0 && c.last_active <= stamp);
             if evict {
                 self.conversations.remove(&key);
+                let _ = self.store.append(
+                    vec![Write::ForgetContext {
+                        principal: key.principal,
+                        context: key.context,
+                    }],
+                    None,
+                );
             }
             // Bound one sweep's work so the actor stays responsive; the next tick goes on.
             if examined >= 100_000 {
@@ -140,14 +161,42 @@ impl Actor for ContextActor {
         let period =
             (args.retention / 4).clamp(Duration::from_millis(100), Duration::from_secs(60));
         let sweeper = myself.send_interval(period, || ContextMsg::Sweep);
-        Ok(ContextState {
+        let now = Instant::now();
+        let mut state = ContextState {
             conversations: HashMap::default(),
             touched: VecDeque::new(),
             retention: args.retention,
             max_turns: args.max_turns,
             max_contexts: args.max_contexts,
+            store: args.store,
             sweeper: Some(sweeper),
-        })
+        };
+        for c in args.restored {
+            let key = ContextKey {
+                principal: c.principal,
+                context: c.context,
+            };
+            let turns_begun = c.turns.iter().map(|(n, _, _)| *n).max().unwrap_or(0);
+            let mut turns: VecDeque<_> = c
+                .turns
+                .into_iter()
+                .map(|(_, user, reply)| (user, reply))
+                .collect();
+            while turns.len() > state.max_turns {
+                turns.pop_front();
+            }
+            state.touched.push_back((now, key.clone()));
+            state.conversations.insert(
+                key,
+                Conversation {
+                    turns_begun,
+                    in_flight: 0,
+                    turns,
+                    last_active: now,
+                },
+            );
+        }
+        Ok(state)
     }
 
     async fn handle(
@@ -213,6 +262,20 @@ impl Actor for ContextActor {
                         c.turns.pop_front();
                     }
                 }
+            }
+            ContextMsg::Resume { key, number } => {
+                let c = state
+                    .conversations
+                    .entry(key)
+                    .or_insert_with(|| Conversation {
+                        turns_begun: 0,
+                        in_flight: 0,
+                        turns: VecDeque::new(),
+                        last_active: now,
+                    });
+                c.turns_begun = c.turns_begun.max(number);
+                c.in_flight += 1;
+                c.last_active = now;
             }
             ContextMsg::Sweep => state.sweep(now),
         }

@@ -13,7 +13,8 @@ use ractor::{Actor, ActorProcessingErr, ActorRef, SupervisionEvent};
 
 use super::context::ContextMsg;
 use super::{ContextKey, Shared};
-use crate::model::{AGENT_ERROR_CODE, TaskError, TaskSnapshot, TaskState, TaskStatus};
+use crate::model::{AGENT_ERROR_CODE, TaskError, TaskEvent, TaskSnapshot, TaskState, TaskStatus};
+use crate::store::Write;
 
 /// Messages of the [`TaskSupervisor`].
 pub(crate) enum SupervisorMsg {
@@ -57,15 +58,7 @@ impl Actor for TaskSupervisor {
         state: &mut SupervisorState,
     ) -> Result<(), ActorProcessingErr> {
         match msg {
-            SupervisorMsg::Sweep => {
-                let evicted = state.shared.store.evict(Instant::now());
-                for key in &evicted {
-                    state.shared.push.remove_task(key);
-                }
-                if !evicted.is_empty() {
-                    tracing::debug!(evicted = evicted.len(), "finished tasks evicted");
-                }
-            }
+            SupervisorMsg::Sweep => state.shared.store.sweep(Instant::now()),
         }
         Ok(())
     }
@@ -97,24 +90,29 @@ impl Actor for TaskSupervisor {
                 if let Some(key) = key
                     && let Some((key, live)) = state.shared.live.remove(&key)
                 {
+                    // The last durable record, if the store has one, now failed.
+                    let last = state.shared.store.task_now(&key);
                     let now = chrono::Utc::now();
                     let mut status = TaskStatus::new(TaskState::Failed);
                     status.error = Some(Arc::new(TaskError {
                         code: AGENT_ERROR_CODE,
                         message: "internal error".into(),
                     }));
+                    let seq = last.as_ref().map_or(0, |t| t.seq) + 1;
                     let snapshot = TaskSnapshot {
                         id: key.task.clone(),
                         context_id: live.context_id.clone(),
-                        status,
-                        seq: 0,
-                        created_at: now,
+                        status: status.clone(),
+                        seq,
+                        created_at: last.as_ref().map_or(now, |t| t.created_at),
                         updated_at: now,
-                        history: Vec::new(),
-                        artifacts: Vec::new(),
-                        metadata: None,
+                        history: last.as_ref().map(|t| t.history.clone()).unwrap_or_default(),
+                        artifacts: last
+                            .as_ref()
+                            .map(|t| t.artifacts.clone())
+                            .unwrap_or_default(),
+                        metadata: last.as_ref().and_then(|t| t.metadata.clone()),
                     };
-                    let snapshot = Arc::new(snapshot);
                     // Its turn will never be recorded: release the conversation.
                     let _ = state.shared.contexts.cast(ContextMsg::Abandon {
                         key: ContextKey {
@@ -122,7 +120,14 @@ impl Actor for TaskSupervisor {
                             context: live.context_id.clone(),
                         },
                     });
-                    state.shared.put_task(&key, snapshot);
+                    let write = Write::Task {
+                        key,
+                        task: Arc::new(snapshot),
+                        event: Arc::new(TaskEvent::status(seq, status)),
+                        changed: true,
+                        turn: 0,
+                    };
+                    let _ = state.shared.store.append(vec![write], None);
                 }
             }
             SupervisionEvent::ActorStarted(_) | SupervisionEvent::ProcessGroupChanged(_) => {}

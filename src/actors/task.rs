@@ -1,13 +1,17 @@
 //! `TaskActor`: one per task. Owns the task's state machine, its numbered events, its
 //! stream subscribers and the callers waiting for its end.
 //!
-//! It never awaits the agent, the network or a subscriber: the agent runs on a driver
-//! task that casts its results back, and subscribers are fed with `try_send`. Every event
-//! writes the task's record to the store before anyone hears of it. On a terminal state it
-//! leaves the live index, tells its followers and stops; on an interrupted state
-//! (`input-required`, `auth-required`) it tells its followers and waits for a message that
-//! continues the task (see docs/ARCHITECTURE.md, "Task lifecycle").
+//! It never awaits the agent, the network, the disk or a subscriber: the agent runs on a
+//! driver task that casts its results back, events are handed to the store's committer,
+//! and subscribers are fed with `try_send`. An event is *published* — to subscribers,
+//! waiters, webhooks and readers — only once the store says it is durable
+//! ([`TaskMsg::Durable`]), in event order; until then the actor answers with the last
+//! durable state. On a published terminal state it leaves the live index, tells its
+//! followers and stops; on an interrupted state (`input-required`, `auth-required`) it
+//! tells its followers and waits for a message that continues the task (see
+//! docs/ARCHITECTURE.md, "Task lifecycle").
 
+use std::collections::VecDeque;
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -27,6 +31,10 @@ use crate::model::{
     TaskSnapshot, TaskState, TaskStatus,
 };
 use crate::runtime::{Replay, StreamItem};
+use crate::store::{Committed, Durable, Write};
+
+/// The error of a task that was running when the server stopped without finishing it.
+pub(crate) const RESTART_ERROR: &str = "interrupted by a server restart";
 
 /// Messages of a [`TaskActor`].
 pub(crate) enum TaskMsg {
@@ -80,6 +88,15 @@ pub(crate) enum TaskMsg {
     },
     /// A stream's client went away.
     Unsubscribe(u64),
+    /// The store made every event up to this number durable: publish them.
+    Durable(u64, Committed),
+    /// The server stops: cancel the task (reason `shutdown`), or — a task waiting for input
+    /// when the store keeps it (`keep_waiting`) — just stop; it waits again after a
+    /// restart.
+    Shutdown {
+        /// The store is durable.
+        keep_waiting: bool,
+    },
 }
 
 /// A stream subscriber: a bounded channel fed with `try_send`.
@@ -113,8 +130,20 @@ pub(crate) struct TaskArgs {
     pub(crate) metadata: Option<Arc<serde_json::value::RawValue>>,
     pub(crate) history: Vec<Arc<Message>>,
     pub(crate) turn: u32,
-    pub(crate) admission: Admission,
+    /// A slot in the agent's queue; `None` for a task that cannot run (restored from a
+    /// store: it fails at once, or waits in an interrupted state).
+    pub(crate) admission: Option<Admission>,
     pub(crate) follow: Follow,
+    /// A task read back from the store at start-up, with its durable events.
+    pub(crate) restored: Option<(Arc<TaskSnapshot>, Vec<Arc<TaskEvent>>)>,
+}
+
+/// A reply that waits until every event emitted before it is durable.
+enum Deferred {
+    Cancel(
+        RpcReplyPort<Result<TaskSnapshot, Error>>,
+        Result<TaskSnapshot, Error>,
+    ),
 }
 
 /// A task actor's state.
@@ -137,6 +166,14 @@ pub(crate) struct TaskActorState {
     artifacts: Vec<Arc<Artifact>>,
     /// The record as the last event left it.
     snapshot: Arc<TaskSnapshot>,
+    /// Events emitted and not yet durable, oldest first.
+    unpublished: VecDeque<StreamItem>,
+    /// The number of the last published (durable) event.
+    published: u64,
+    /// The task as its last published event left it: what readers are told.
+    durable: Arc<TaskSnapshot>,
+    /// Replies waiting for an event to be published: (its number, the reply).
+    deferred: Vec<(u64, Deferred)>,
     subscribers: Vec<Subscriber>,
     waiters: Vec<oneshot::Sender<TaskSnapshot>>,
     /// Cancelled when the task ends: stops the current driver (and with it the agent).
@@ -145,6 +182,8 @@ pub(crate) struct TaskActorState {
     generation: u64,
     /// Taken to start the first run.
     start: Option<Admission>,
+    /// Restored from the store while it was running: fails at `Start`.
+    orphaned: bool,
 }
 
 // === impl TaskActor ===
@@ -156,16 +195,21 @@ impl Actor for TaskActor {
 
     async fn pre_start(
         &self,
-        _myself: ActorRef<TaskMsg>,
+        myself: ActorRef<TaskMsg>,
         args: TaskArgs,
     ) -> Result<TaskActorState, ActorProcessingErr> {
         let status = TaskStatus::new(TaskState::Submitted);
+        let placeholder = Arc::new(placeholder(&args.key, &args.context_id, &status));
         let mut state = TaskActorState {
             created_at: status.timestamp,
             started: Instant::now(),
             history: vec![args.message.clone()],
             artifacts: Vec::new(),
-            snapshot: Arc::new(placeholder(&args.key, &args.context_id, &status)),
+            snapshot: placeholder.clone(),
+            unpublished: VecDeque::new(),
+            published: 0,
+            durable: placeholder,
+            deferred: Vec::new(),
             shared: args.shared,
             agent: args.agent,
             key: args.key,
@@ -180,15 +224,35 @@ impl Actor for TaskActor {
             waiters: Vec::new(),
             cancel: CancellationToken::new(),
             generation: 0,
-            start: Some(args.admission),
+            start: args.admission,
+            orphaned: false,
         };
         state.follow(args.follow);
-        state
-            .shared
-            .metrics
-            .tasks_submitted
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        state.emit(status, None, true);
+        let submitted = || std::sync::atomic::Ordering::Relaxed;
+        match args.restored {
+            None => {
+                state
+                    .shared
+                    .metrics
+                    .tasks_submitted
+                    .fetch_add(1, submitted());
+                state.emit(&myself, status, None, true);
+            }
+            Some((task, events)) => {
+                state.restore(&task, events);
+                let m = &state.shared.metrics;
+                match task.status.state {
+                    TaskState::Submitted => {
+                        m.tasks_submitted.fetch_add(1, submitted());
+                    }
+                    TaskState::Working => {
+                        m.tasks_working.fetch_add(1, submitted());
+                        state.orphaned = true;
+                    }
+                    _ => state.interrupted(&myself),
+                }
+            }
+        }
         Ok(state)
     }
 
@@ -201,9 +265,27 @@ impl Actor for TaskActor {
         let terminal = state.status.state.is_terminal();
         match msg {
             TaskMsg::Start => {
-                if let Some(admission) = state.start.take() {
-                    let request = state.request(state.message.clone(), Vec::new());
+                if state.orphaned {
+                    // It was running when the server stopped: its agent's work is lost.
+                    state.orphaned = false;
+                    let mut s = TaskStatus::new(TaskState::Failed);
+                    s.error = Some(Arc::new(TaskError {
+                        code: AGENT_ERROR_CODE,
+                        message: RESTART_ERROR.into(),
+                    }));
+                    state.transition(&myself, s);
+                } else if let Some(admission) = state.start.take() {
+                    let history = state.history[1..].to_vec();
+                    let request = state.request(state.message.clone(), history);
                     state.run(&myself, admission, request);
+                } else if state.status.state == TaskState::Submitted {
+                    // Restored, and its agent's queue had no room.
+                    let mut s = TaskStatus::new(TaskState::Failed);
+                    s.error = Some(Arc::new(TaskError {
+                        code: AGENT_ERROR_CODE,
+                        message: "could not be queued again after a server restart (the agent's queue is full)".into(),
+                    }));
+                    state.transition(&myself, s);
                 }
             }
             TaskMsg::Started => state.transition(&myself, TaskStatus::new(TaskState::Working)),
@@ -218,7 +300,7 @@ impl Actor for TaskActor {
                 state.transition(&myself, status);
             }
             TaskMsg::Artifact(update) if state.status.state == TaskState::Working => {
-                state.artifact(update);
+                state.artifact(&myself, update);
             }
             TaskMsg::Finished(result) if state.status.state == TaskState::Working => {
                 let status = match result {
@@ -263,7 +345,8 @@ impl Actor for TaskActor {
                     Ok((*state.snapshot).clone())
                 };
                 if let Some(reply) = reply {
-                    let _ = reply.send(outcome);
+                    // Told only once what it reports is durable.
+                    state.defer(Deferred::Cancel(reply, outcome));
                 }
             }
             TaskMsg::Continue {
@@ -274,11 +357,11 @@ impl Actor for TaskActor {
                 let _ = reply.send(state.resume(&myself, message, follow));
             }
             TaskMsg::Get(reply) => {
-                let _ = reply.send((*state.snapshot).clone());
+                let _ = reply.send((*state.durable).clone());
             }
             TaskMsg::WaitFinal(tx) => {
-                if state.status.state.ends_stream() {
-                    let _ = tx.send((*state.snapshot).clone());
+                if state.durable.status.state.ends_stream() {
+                    let _ = tx.send((*state.durable).clone());
                 } else {
                     state.waiters.push(tx);
                 }
@@ -292,6 +375,23 @@ impl Actor for TaskActor {
                 let _ = reply.send(state.subscribe(subscriber, replay, next_run));
             }
             TaskMsg::Unsubscribe(id) => state.subscribers.retain(|s| s.id != id),
+            TaskMsg::Durable(seq, committed) => state.publish(&myself, seq, committed),
+            TaskMsg::Shutdown { keep_waiting } => {
+                let waiting = state.status.state.is_interrupted()
+                    && state.durable.status.state == state.status.state;
+                if waiting && keep_waiting {
+                    let me = myself.get_id();
+                    state
+                        .shared
+                        .live
+                        .remove_if(&state.key, |_, live| live.actor.get_id() == me);
+                    state.subscribers.clear();
+                    state.cancel.cancel();
+                    myself.stop(None);
+                } else if !terminal {
+                    state.transition(&myself, canceled("shutdown".into()));
+                }
+            }
             // Late messages for a task that already moved on: nothing to do.
             TaskMsg::Progress { .. }
             | TaskMsg::Artifact(_)
@@ -415,24 +515,29 @@ impl TaskActorState {
         ));
     }
 
-    /// Continues an interrupted task with a new message.
+    /// Continues an interrupted task with a new message. The interruption must be
+    /// published: a task nobody can have been told is waiting is still in progress.
     fn resume(
         &mut self,
         myself: &ActorRef<TaskMsg>,
         message: Arc<Message>,
         follow: Follow,
     ) -> Result<Arc<TaskSnapshot>, Error> {
-        let state = self.status.state;
-        if !state.is_interrupted() {
+        let state = self.durable.status.state;
+        if !state.is_interrupted() || self.status.state != state {
             return Err(Error::TaskNotContinuable {
                 task: self.key.task.clone(),
-                state,
+                state: if self.status.state.is_terminal() {
+                    self.status.state
+                } else {
+                    state
+                },
             });
         }
         let admission = self.agent.scheduler.admit()?;
         let before = self.history.clone();
         self.history.push(message.clone());
-        let found = self.snapshot.clone();
+        let found = self.durable.clone();
         self.follow(follow);
         let request = self.request(message, before);
         // The run ended with the interruption; its token went with it.
@@ -441,9 +546,27 @@ impl TaskActorState {
         Ok(found)
     }
 
-    /// Records an event: the record goes to the store, then the event to subscribers and
-    /// the observer. `changed` says whether the state changed.
-    fn emit(&mut self, status: TaskStatus, artifact: Option<ArtifactUpdate>, changed: bool) {
+    /// Takes up a task read back from the store: its record and its durable events.
+    fn restore(&mut self, task: &Arc<TaskSnapshot>, events: Vec<Arc<TaskEvent>>) {
+        self.created_at = task.created_at;
+        self.status = task.status.clone();
+        self.history = task.history.clone();
+        self.artifacts = task.artifacts.clone();
+        self.published = events.last().map_or(task.seq, |e| e.seq);
+        self.events = events;
+        self.snapshot = task.clone();
+        self.durable = task.clone();
+    }
+
+    /// Records an event: hands it (and the task as it left it) to the store, and publishes
+    /// it once it is durable — at once for a store that is durable on append.
+    fn emit(
+        &mut self,
+        myself: &ActorRef<TaskMsg>,
+        status: TaskStatus,
+        artifact: Option<ArtifactUpdate>,
+        changed: bool,
+    ) {
         let event = Arc::new(TaskEvent {
             seq: self.events.len() as u64 + 1,
             status: status.clone(),
@@ -452,11 +575,99 @@ impl TaskActorState {
         self.status = status;
         self.events.push(event.clone());
         self.snapshot = Arc::new(self.build_snapshot());
-        self.shared.put_task(&self.key, self.snapshot.clone());
-        self.fan_out(&event);
-        self.shared
-            .observer
-            .task_event(&self.key, &event, &self.snapshot, changed);
+        self.unpublished.push_back(StreamItem {
+            event: event.clone(),
+            task: self.snapshot.clone(),
+        });
+        let seq = event.seq;
+        let mut writes = vec![Write::Task {
+            key: self.key.clone(),
+            task: self.snapshot.clone(),
+            event,
+            changed,
+            turn: self.turn,
+        }];
+        if self.status.state.is_terminal() {
+            // The conversation's turn is durable with the end of the task.
+            writes.push(Write::Turn {
+                principal: self.key.principal.clone(),
+                context: self.context_id.clone(),
+                number: self.turn,
+                user: self.message.clone(),
+                reply: self.reply(),
+            });
+        }
+        let me = myself.clone();
+        let then = Box::new(move |committed: Committed| {
+            let _ = me.cast(TaskMsg::Durable(seq, committed));
+        });
+        if let Durable::Now(committed) = self.shared.store.append(writes, Some(then)) {
+            self.publish(myself, seq, committed);
+        }
+    }
+
+    /// The agent's reply of a completed task, for the conversation.
+    fn reply(&self) -> Option<Arc<Message>> {
+        (self.status.state == TaskState::Completed)
+            .then(|| self.status.message.clone())
+            .flatten()
+    }
+
+    /// Publishes every event up to `seq` (now durable), in order: subscribers, waiters at
+    /// the end of a run, the task's end; then the webhook deliveries the store planned and
+    /// the replies that waited for these events.
+    fn publish(&mut self, myself: &ActorRef<TaskMsg>, seq: u64, committed: Committed) {
+        while self.unpublished.front().is_some_and(|item| item.seq <= seq) {
+            let Some(item) = self.unpublished.pop_front() else {
+                break;
+            };
+            self.published = item.seq;
+            self.durable = item.task.clone();
+            self.fan_out(&item);
+            if item.is_final() {
+                self.end_run();
+                if item.status.state.is_terminal() {
+                    // Out of the live index before anyone hears of the end: whoever saw it
+                    // finds the record (the store indexed it before it said durable).
+                    let me = myself.get_id();
+                    self.shared
+                        .live
+                        .remove_if(&self.key, |_, live| live.actor.get_id() == me);
+                    self.finish(myself);
+                }
+            }
+        }
+        if !committed.deliveries.is_empty() {
+            self.shared.webhooks.deliver(committed.deliveries);
+        }
+        let published = self.published;
+        let mut i = 0;
+        while i < self.deferred.len() {
+            if self.deferred[i].0 <= published {
+                let (_, reply) = self.deferred.swap_remove(i);
+                match reply {
+                    Deferred::Cancel(port, outcome) => {
+                        let _ = port.send(outcome);
+                    }
+                }
+            } else {
+                i += 1;
+            }
+        }
+    }
+
+    /// Sends `reply` once every event emitted so far is published.
+    fn defer(&mut self, reply: Deferred) {
+        let upto = self.events.len() as u64;
+        if upto <= self.published {
+            match reply {
+                Deferred::Cancel(port, outcome) => {
+                    let _ = port.send(outcome);
+                }
+            }
+        } else {
+            self.deferred.push((upto, reply));
+        }
     }
 
     /// Keeps the `tasks by state` gauges of /metrics.
@@ -473,12 +684,8 @@ impl TaskActorState {
         }
     }
 
-    fn fan_out(&mut self, event: &Arc<TaskEvent>) {
+    fn fan_out(&mut self, item: &StreamItem) {
         let metrics = &self.shared.metrics;
-        let item = StreamItem {
-            event: event.clone(),
-            task: self.snapshot.clone(),
-        };
         self.subscribers
             .retain(|s| match s.tx.try_send(item.clone()) {
                 Ok(()) => true,
@@ -493,7 +700,7 @@ impl TaskActorState {
             });
     }
 
-    fn artifact(&mut self, update: ArtifactUpdate) {
+    fn artifact(&mut self, myself: &ActorRef<TaskMsg>, update: ArtifactUpdate) {
         let incoming = &update.artifact;
         match self
             .artifacts
@@ -509,7 +716,7 @@ impl TaskActorState {
             None => self.artifacts.push(incoming.clone()),
         }
         let status = self.status.clone();
-        self.emit(status, Some(update), false);
+        self.emit(myself, status, Some(update), false);
     }
 
     fn transition(&mut self, myself: &ActorRef<TaskMsg>, status: TaskStatus) {
@@ -522,28 +729,19 @@ impl TaskActorState {
         if to != previous {
             self.count_states(previous, to);
         }
+        self.emit(myself, status, None, to != previous);
         if to.is_terminal() {
-            // Out of the live index before anyone hears of the end: whoever saw it will
-            // find the record (written by `emit`, first).
-            self.emit(status, None, to != previous);
-            let me = myself.get_id();
-            self.shared
-                .live
-                .remove_if(&self.key, |_, live| live.actor.get_id() == me);
-            self.finish(myself);
-        } else {
-            self.emit(status, None, to != previous);
-            if to.is_interrupted() {
-                self.end_run();
-                self.interrupted(myself);
-            }
+            // The agent's run (if any) stops now; the actor stops once the end is published.
+            self.cancel.cancel();
+        } else if to.is_interrupted() {
+            self.interrupted(myself);
         }
     }
 
-    /// The run ended (terminal or interrupted): waiters get the task, streams end after
-    /// the event they just received.
+    /// The run ended (terminal or interrupted) and that is published: waiters get the
+    /// task, streams end after the event they just received.
     fn end_run(&mut self) {
-        let snapshot = (*self.snapshot).clone();
+        let snapshot = (*self.durable).clone();
         for waiter in self.waiters.drain(..) {
             let _ = waiter.send(snapshot.clone());
         }
@@ -564,37 +762,38 @@ impl TaskActorState {
     }
 
     fn finish(&mut self, myself: &ActorRef<TaskMsg>) {
-        self.end_run();
         let state = self.status.state;
         self.agent.metrics.finished(state, self.started.elapsed());
-        let reply = (state == TaskState::Completed)
-            .then(|| self.status.message.clone())
-            .flatten();
         let _ = self.shared.contexts.cast(ContextMsg::Record {
             key: ContextKey {
                 principal: self.key.principal.clone(),
                 context: self.context_id.clone(),
             },
             user: self.message.clone(),
-            reply,
+            reply: self.reply(),
         });
         self.cancel.cancel();
         myself.stop(None);
     }
 
+    /// Adds a stream subscriber; returns the published events to replay first. A task
+    /// waiting for input keeps a `next_run` subscriber through its next run.
     fn subscribe(
         &mut self,
         subscriber: Subscriber,
         replay: Replay,
         next_run: bool,
     ) -> Result<Vec<StreamItem>, Error> {
+        let published = &self.events[..(self.published as usize).min(self.events.len())];
+        let durable = self.durable.clone();
         let item = |event: &Arc<TaskEvent>| StreamItem {
             event: event.clone(),
-            task: self.snapshot.clone(),
+            task: durable.clone(),
         };
-        if self.status.state.is_terminal() {
-            // Cannot happen for a stopped actor; a queued message may still arrive.
-            return Ok(self.events.last().map(item).into_iter().collect());
+        let state = durable.status.state;
+        if state.is_terminal() {
+            // Its end is published and the actor is stopping: a queued message may arrive.
+            return Ok(published.last().map(item).into_iter().collect());
         }
         if self.subscribers.len() >= self.shared.config.server.max_subscribers_per_task {
             return Err(Error::SubscriptionFailed {
@@ -603,13 +802,19 @@ impl TaskActorState {
             });
         }
         let events: Vec<StreamItem> = match replay {
-            Replay::All => self.events.iter().map(item).collect(),
-            Replay::After(n) => self.events.iter().filter(|e| e.seq > n).map(item).collect(),
-            Replay::Current => self.current().map(item).into_iter().collect(),
+            Replay::All => published.iter().map(item).collect(),
+            Replay::After(n) => published.iter().filter(|e| e.seq > n).map(item).collect(),
+            Replay::Current => published
+                .iter()
+                .rev()
+                .find(|e| e.artifact.is_none())
+                .map(item)
+                .into_iter()
+                .collect(),
         };
         // An interrupted task's stream is over once the client has the current state,
         // unless it follows the run the continuing message starts.
-        if !self.status.state.ends_stream() || (next_run && self.status.state.is_interrupted()) {
+        if !state.ends_stream() || (next_run && state.is_interrupted()) {
             self.subscribers.push(subscriber);
         }
         Ok(events)

@@ -1,14 +1,16 @@
 //! The webhook pool: `webhooks.workers` actors that deliver signed, retried webhooks.
 //!
-//! Task actors hand each event to the worker chosen by the task's hash, which looks up the
-//! configurations that apply (so no lookup runs in a task actor's handler) and queues one
-//! delivery per configuration. A delivery belongs to a lane — one task and one
-//! configuration — and a lane has at most one attempt in flight, so a task's deliveries to
-//! a configuration go out in event order. All of a task's lanes live on one worker.
+//! The store plans deliveries when it makes a task event durable (one outbox entry per
+//! event and configuration that selects it), and the task actor hands them here when it
+//! publishes the event — or the runtime does, at start-up, for what the outbox held. A
+//! delivery belongs to a lane — one task and one configuration — and a lane has at most
+//! one attempt in flight, so a task's deliveries to a configuration go out in event
+//! order. All of a task's lanes live on one worker, chosen by the task's hash.
 //! A worker never awaits the network: each attempt runs on its own tokio task (bounded by
 //! the 5 s attempt time-out) and casts its outcome back; retries wait on timer tasks. So a
 //! slow or dead receiver holds up only its own lanes, never a task, a stream, a worker's
-//! mailbox or another receiver.
+//! mailbox or another receiver. Outcomes go back to the outbox (done, or the next
+//! attempt's number and time) without waiting for the disk.
 
 use std::collections::hash_map::DefaultHasher;
 use std::collections::{HashMap, VecDeque};
@@ -21,11 +23,11 @@ use std::time::Duration;
 
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 
-use super::{AgentEntry, TaskObserver};
+use super::AgentEntry;
 use crate::config::WebhooksConfig;
-use crate::model::{AgentId, TaskEvent, TaskKey, TaskSnapshot};
+use crate::model::{AgentId, TaskKey};
 use crate::push::{StoredPushConfig, address_allowed, redact_url};
-use crate::store::PushStore;
+use crate::store::{Delivery, Store, Write};
 use crate::webhook::{self, Outcome, PayloadInput, PayloadRenderer, Verdict};
 
 /// Webhook counters.
@@ -40,44 +42,24 @@ pub struct WebhookMetrics {
     /// Deliveries dropped without an outcome (pool full, shutdown).
     pub discarded: AtomicU64,
     /// Events not sent because their configuration is inactive (deactivated after too many
-    /// failures), at the event or when its turn in the lane came.
+    /// failures), when their turn in the lane came.
     pub skipped: AtomicU64,
     /// Deliveries accepted and not finished yet.
     pub pending: AtomicI64,
-}
-
-/// One delivery: an event for one configuration, with its stable id.
-pub(crate) struct Delivery {
-    /// `X-Webhook-Delivery`: the same on every attempt.
-    id: uuid::Uuid,
-    config: Arc<StoredPushConfig>,
-    agent_id: AgentId,
-    event: Arc<TaskEvent>,
-    task: Arc<TaskSnapshot>,
-    estimated_ms: u64,
-    attempt: u32,
 }
 
 type LaneKey = (TaskKey, String);
 
 /// Messages of a [`WebhookActor`].
 pub(crate) enum WebhookMsg {
-    /// A task's event: queue a delivery for each configuration that selects it.
-    Event {
-        /// The task.
-        key: TaskKey,
-        /// The event.
-        event: Arc<TaskEvent>,
-        /// The task as the event left it.
-        task: Arc<TaskSnapshot>,
-        /// The event changed the task's state.
-        changed: bool,
-    },
+    /// Deliveries of this worker's tasks, in event order.
+    Deliver(Vec<Delivery>),
     /// An attempt ended.
     AttemptDone(LaneKey, Delivery, Outcome),
     /// A retry's wait is over.
     Retry(LaneKey, Delivery),
-    /// Shutdown: log and drop what is left; replies with how many were dropped.
+    /// Shutdown: log and drop what is left (it stays in a durable outbox); replies with
+    /// how many were dropped.
     DropAll(RpcReplyPort<usize>),
 }
 
@@ -90,7 +72,7 @@ pub(crate) struct WebhookArgs {
     client: reqwest::Client,
     metrics: Arc<WebhookMetrics>,
     allow_private: bool,
-    push: Arc<dyn PushStore>,
+    store: Arc<dyn Store>,
     agents: Arc<HashMap<AgentId, Arc<AgentEntry>>>,
     renderers: Arc<HashMap<String, Arc<dyn PayloadRenderer>>>,
     max_pending: i64,
@@ -132,12 +114,11 @@ impl Actor for WebhookActor {
         state: &mut WebhookState,
     ) -> Result<(), ActorProcessingErr> {
         match msg {
-            WebhookMsg::Event {
-                key,
-                event,
-                task,
-                changed,
-            } => state.event(&myself, key, event, task, changed),
+            WebhookMsg::Deliver(deliveries) => {
+                for d in deliveries {
+                    state.queue(&myself, d);
+                }
+            }
             WebhookMsg::AttemptDone(lane, mut delivery, outcome) => {
                 let m = &state.args.metrics;
                 let attempts = webhook::max_attempts(&delivery.config.config.retry);
@@ -146,6 +127,7 @@ impl Actor for WebhookActor {
                         delivery.config.consecutive_failures.store(0, Relaxed);
                         m.delivered.fetch_add(1, Relaxed);
                         m.pending.fetch_sub(1, Relaxed);
+                        state.done(&delivery);
                         state.finish(&myself, lane);
                     }
                     Verdict::Retry(asked) if delivery.attempt < attempts => {
@@ -155,11 +137,17 @@ impl Actor for WebhookActor {
                         tracing::debug!(delivery = %delivery.id, attempt = delivery.attempt, ?outcome, ?wait, "webhook attempt failed; retrying");
                         delivery.attempt += 1;
                         m.retries.fetch_add(1, Relaxed);
-                        let me = myself.clone();
-                        tokio::spawn(async move {
-                            tokio::time::sleep(wait).await;
-                            let _ = me.cast(WebhookMsg::Retry(lane, delivery));
-                        });
+                        let due = chrono::Utc::now()
+                            + chrono::Duration::from_std(wait).unwrap_or_default();
+                        let _ = state.args.store.append(
+                            vec![Write::OutboxRetry {
+                                key: delivery.key.clone(),
+                                attempt: delivery.attempt,
+                                due,
+                            }],
+                            None,
+                        );
+                        state.later(&myself, lane, delivery, wait);
                     }
                     Verdict::Retry(_) | Verdict::Fail => {
                         let c = &delivery.config;
@@ -178,6 +166,7 @@ impl Actor for WebhookActor {
                             deactivated = failures >= StoredPushConfig::DEACTIVATE_AFTER,
                             "webhook delivery failed"
                         );
+                        state.done(&delivery);
                         state.finish(&myself, lane);
                     }
                 }
@@ -187,11 +176,11 @@ impl Actor for WebhookActor {
                 let mut dropped = 0;
                 for (_, lane) in state.lanes.drain() {
                     for d in lane.queue {
-                        tracing::error!(delivery = %d.id, url = %redact_url(&d.config.config.url), event = %d.event.name(), "webhook delivery dropped at shutdown");
+                        tracing::warn!(delivery = %d.id, url = %redact_url(&d.config.config.url), event = %d.event.name(), "webhook delivery left for after the restart (shutdown)");
                         dropped += 1;
                     }
                     if let Some(id) = lane.busy {
-                        tracing::error!(delivery = %id, "webhook delivery dropped at shutdown (in flight)");
+                        tracing::warn!(delivery = %id, "webhook delivery in flight at shutdown; left for after the restart");
                         dropped += 1;
                     }
                 }
@@ -206,54 +195,37 @@ impl Actor for WebhookActor {
 }
 
 impl WebhookState {
-    /// Queues a delivery of `event` for each configuration of the task that selects it.
-    fn event(
-        &mut self,
-        myself: &ActorRef<WebhookMsg>,
-        key: TaskKey,
-        event: Arc<TaskEvent>,
-        task: Arc<TaskSnapshot>,
-        changed: bool,
-    ) {
+    /// Queues one delivery in its lane (the pool full: discarded, logged and counted).
+    fn queue(&mut self, myself: &ActorRef<WebhookMsg>, delivery: Delivery) {
         let m = self.args.metrics.clone();
-        let mut estimated = None;
-        for config in self.args.push.for_task(&key) {
-            if !config.config.events.selects(&event, changed) {
-                continue;
-            }
-            if !config.is_active() {
-                m.skipped.fetch_add(1, Relaxed);
-                continue;
-            }
-            if m.pending.load(Relaxed) >= self.args.max_pending {
-                m.discarded.fetch_add(1, Relaxed);
-                tracing::error!(url = %redact_url(&config.config.url), event = %event.name(), task = %key.task, "webhook pool full; delivery discarded");
-                continue;
-            }
-            let estimated_ms = *estimated.get_or_insert_with(|| {
-                self.args
-                    .agents
-                    .get(&key.agent)
-                    .map(|a| a.metrics.snapshot().average_response_time.round() as u64)
-                    .unwrap_or(0)
-            });
-            m.pending.fetch_add(1, Relaxed);
-            let lane = (key.clone(), config.id.clone());
-            let delivery = Delivery {
-                id: uuid::Uuid::new_v4(),
-                agent_id: key.agent.clone(),
-                event: event.clone(),
-                task: task.clone(),
-                estimated_ms,
-                attempt: 1,
-                config,
-            };
-            let entry = self.lanes.entry(lane.clone()).or_default();
-            entry.queue.push_back(delivery);
-            if entry.busy.is_none() {
-                self.start_next(myself, lane);
-            }
+        if m.pending.load(Relaxed) >= self.args.max_pending {
+            m.discarded.fetch_add(1, Relaxed);
+            tracing::error!(url = %redact_url(&delivery.config.config.url), event = %delivery.event.name(), task = %delivery.key.task.task, "webhook pool full; delivery discarded");
+            let _ = self
+                .args
+                .store
+                .append(vec![Write::OutboxDone(delivery.key.clone())], None);
+            return;
         }
+        m.pending.fetch_add(1, Relaxed);
+        let lane = (delivery.key.task.clone(), delivery.key.config.clone());
+        let entry = self.lanes.entry(lane.clone()).or_default();
+        entry.queue.push_back(delivery);
+        if entry.busy.is_none() {
+            self.start_next(myself, lane);
+        }
+    }
+
+    /// The delivery is over (delivered, or finally failed): out of the outbox, and the
+    /// configuration's bookkeeping kept.
+    fn done(&self, delivery: &Delivery) {
+        let _ = self.args.store.append(
+            vec![
+                Write::OutboxDone(delivery.key.clone()),
+                Write::PushStats(delivery.config.clone()),
+            ],
+            None,
+        );
     }
 
     /// Starts the lane's next delivery, or forgets the lane when it is empty.
@@ -264,12 +236,37 @@ impl WebhookState {
         match lane.queue.pop_front() {
             Some(delivery) => {
                 lane.busy = Some(delivery.id);
-                self.attempt(myself, key, delivery);
+                let wait = delivery
+                    .due
+                    .and_then(|due| (due - chrono::Utc::now()).to_std().ok())
+                    .unwrap_or_default();
+                if wait.is_zero() {
+                    self.attempt(myself, key, delivery);
+                } else {
+                    // A retry that was due after a restart: wait for its time.
+                    self.later(myself, key, delivery, wait);
+                }
             }
             None => {
                 self.lanes.remove(&key);
             }
         }
+    }
+
+    /// Runs the delivery's next attempt after `wait`.
+    fn later(
+        &self,
+        myself: &ActorRef<WebhookMsg>,
+        lane: LaneKey,
+        mut delivery: Delivery,
+        wait: Duration,
+    ) {
+        delivery.due = None;
+        let me = myself.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(wait).await;
+            let _ = me.cast(WebhookMsg::Retry(lane, delivery));
+        });
     }
 
     fn finish(&mut self, myself: &ActorRef<WebhookMsg>, key: LaneKey) {
@@ -286,6 +283,10 @@ impl WebhookState {
             let m = &self.args.metrics;
             m.skipped.fetch_add(1, Relaxed);
             m.pending.fetch_sub(1, Relaxed);
+            let _ = self
+                .args
+                .store
+                .append(vec![Write::OutboxDone(delivery.key.clone())], None);
             self.finish(myself, key);
             return;
         }
@@ -318,11 +319,16 @@ async fn send(args: &WebhookArgs, d: &Delivery) -> Outcome {
     let Some(renderer) = args.renderers.get(&*d.config.format) else {
         return Outcome::Refused(format!("no payload format {:?}", d.config.format));
     };
+    let estimated_ms = args
+        .agents
+        .get(&d.key.task.agent)
+        .map(|a| a.metrics.snapshot().average_response_time.round() as u64)
+        .unwrap_or(0);
     let payload = renderer.render(&PayloadInput {
-        agent_id: &d.agent_id,
+        agent_id: &d.key.task.agent,
         event: &d.event,
         task: &d.task,
-        estimated_ms: d.estimated_ms,
+        estimated_ms,
         attempt: d.attempt,
         max_attempts: webhook::max_attempts(&config.retry),
     });
@@ -448,10 +454,9 @@ impl reqwest::dns::Resolve for GuardedResolver {
     }
 }
 
-/// The pool and the observer that feeds it.
+/// The pool: its workers, fed with the deliveries of published events.
 pub(crate) struct WebhookPool {
     workers: Vec<ActorRef<WebhookMsg>>,
-    push: Arc<dyn PushStore>,
     metrics: Arc<WebhookMetrics>,
 }
 
@@ -459,7 +464,7 @@ impl WebhookPool {
     /// Spawns `workers` webhook actors sharing one HTTP client.
     pub(crate) async fn start(
         config: &WebhooksConfig,
-        push: Arc<dyn PushStore>,
+        store: Arc<dyn Store>,
         agents: Arc<HashMap<AgentId, Arc<AgentEntry>>>,
         renderers: HashMap<String, Arc<dyn PayloadRenderer>>,
     ) -> Result<Self, crate::Error> {
@@ -481,7 +486,7 @@ impl WebhookPool {
             client,
             metrics: metrics.clone(),
             allow_private,
-            push: push.clone(),
+            store,
             agents,
             renderers: Arc::new(renderers),
             max_pending: i64::try_from(config.max_pending_deliveries).unwrap_or(i64::MAX),
@@ -498,7 +503,6 @@ impl WebhookPool {
         }
         Ok(Self {
             workers: refs,
-            push,
             metrics,
         })
     }
@@ -524,30 +528,27 @@ impl WebhookPool {
     }
 
     /// The worker of a task: all its lanes live there, so its deliveries keep their order.
-    fn worker(&self, key: &TaskKey) -> &ActorRef<WebhookMsg> {
+    fn worker(&self, key: &TaskKey) -> usize {
         let mut h = DefaultHasher::new();
         key.hash(&mut h);
-        let i = (h.finish() % self.workers.len() as u64) as usize;
-        &self.workers[i]
+        (h.finish() % self.workers.len() as u64) as usize
     }
-}
 
-impl TaskObserver for WebhookPool {
-    fn task_event(
-        &self,
-        key: &TaskKey,
-        event: &Arc<TaskEvent>,
-        task: &Arc<TaskSnapshot>,
-        changed: bool,
-    ) {
-        if self.push.is_empty() {
+    /// Hands deliveries (in event order per task) to their tasks' workers.
+    pub(crate) fn deliver(&self, deliveries: Vec<Delivery>) {
+        if self.workers.len() == 1 {
+            let _ = self.workers[0].cast(WebhookMsg::Deliver(deliveries));
             return;
         }
-        let _ = self.worker(key).cast(WebhookMsg::Event {
-            key: key.clone(),
-            event: event.clone(),
-            task: task.clone(),
-            changed,
-        });
+        let mut by_worker: HashMap<usize, Vec<Delivery>> = HashMap::new();
+        for d in deliveries {
+            by_worker
+                .entry(self.worker(&d.key.task))
+                .or_default()
+                .push(d);
+        }
+        for (i, batch) in by_worker {
+            let _ = self.workers[i].cast(WebhookMsg::Deliver(batch));
+        }
     }
 }

@@ -9,7 +9,7 @@ use std::net::SocketAddr;
 
 use super::{
     AgentConfig, AgentLimits, ApiKeyConfig, Config, ConfigError, EchoConfig, MAX_SECONDS,
-    OpenAiConfig, ServerConfig, WebhooksConfig,
+    OpenAiConfig, ServerConfig, StoreConfig, WebhooksConfig,
 };
 
 /// The largest `max_file_size` (512 MiB): its Base64 body still fits the body ceiling.
@@ -18,6 +18,7 @@ pub(super) const MAX_FILE_SIZE: u64 = 512 << 20;
 pub(super) fn config(c: &mut Config) -> Result<(), ConfigError> {
     server(&mut c.server)?;
     webhooks(&c.webhooks)?;
+    store(&c.store)?;
     let mut ids = HashSet::new();
     for (i, agent) in c.agents.iter_mut().enumerate() {
         agent_config(agent, i)?;
@@ -149,6 +150,26 @@ fn webhooks(w: &WebhooksConfig) -> Result<(), ConfigError> {
         w.max_configs_per_task,
         1,
         1000,
+    )
+}
+
+fn store(s: &StoreConfig) -> Result<(), ConfigError> {
+    if s.path.trim().is_empty() {
+        return Err(ConfigError::key("store.path", "must not be empty"));
+    }
+    if s.path.contains('\0') {
+        return Err(ConfigError::key(
+            "store.path",
+            "must not contain a NUL byte",
+        ));
+    }
+    int("store.max_batch", s.max_batch, 1, 65_536)?;
+    int("store.cache_mib", s.cache_mib, 1, 65_536)?;
+    int(
+        "store.max_pending_writes",
+        s.max_pending_writes,
+        1_000,
+        100_000_000,
     )
 }
 

@@ -17,6 +17,7 @@ use crate::model::{
     AgentId, ContextId, Message, Principal, TaskId, TaskKey, TaskSnapshot, TaskState,
 };
 use crate::push::{PushScope, StoredPushConfig};
+use crate::store::Write;
 
 /// What `submit` did.
 pub(crate) enum Submitted {
@@ -67,14 +68,17 @@ impl Runtime {
         let task = request.task_id.clone().unwrap_or_else(TaskId::generate);
         let key = task_key(principal, agent_id, &task);
         if request.task_id.is_some()
-            && let Some(existing) = self.find(&key)
+            && let Some(existing) = self.find(&key).await?
         {
             return replay_or_conflict(existing, &request.message, &task)
                 .map(|e| Submitted::Existing(key, e));
         }
         let live_now = self.shared.metrics.live_tasks.load(Relaxed);
-        if live_now >= self.shared.config.server.max_live_tasks as i64 {
-            // The server-wide cap answers like a full queue: the client should retry later.
+        if live_now >= self.shared.config.server.max_live_tasks as i64
+            || self.shared.store.backlog() >= self.shared.config.store.max_pending_writes
+        {
+            // The server-wide cap (or a disk that has fallen behind) answers like a full
+            // queue: the client should retry later.
             return Err(Error::TooManyTasks);
         }
         let admission = agent.scheduler.admit()?;
@@ -116,8 +120,9 @@ impl Runtime {
             metadata: request.metadata.map(Arc::from),
             history,
             turn,
-            admission,
+            admission: Some(admission),
             follow,
+            restored: None,
         };
         // An inline push configuration is in place before event 1 is recorded, so it
         // hears the task's first event; it is undone if the task is not created after all.
@@ -137,13 +142,23 @@ impl Runtime {
                 Some(id) => StoredPushConfig::named(&key, id, new.config, &new.format),
             };
             let id = stored.id.clone();
-            self.shared.push.set(stored, max_configs)?;
+            self.shared.store.push_reserve(&stored, max_configs)?;
+            // Durable no later than the task's first event, which is appended after it.
+            let _ = self.shared.store.append(vec![Write::PushSet(stored)], None);
             Ok(Some(id))
         };
         let undo_push = |stored: &Option<String>| {
             if let Some(id) = stored {
-                self.shared.push.remove(&push_scope);
-                self.shared.push.remove_named(&key, id);
+                let _ = self.shared.store.append(
+                    vec![
+                        Write::PushRemove(push_scope.clone()),
+                        Write::PushRemoveNamed {
+                            task: key.clone(),
+                            id: id.clone(),
+                        },
+                    ],
+                    None,
+                );
             }
         };
         let existing = if request.task_id.is_none() {
@@ -172,7 +187,7 @@ impl Runtime {
             // under the guard too: a finished task writes its record before leaving the index.
             match self.shared.live.entry(key.clone()) {
                 Entry::Occupied(o) => Err(Existing::Live(o.get().clone())),
-                Entry::Vacant(v) => match self.shared.store.get(&key) {
+                Entry::Vacant(v) => match self.shared.store.task_now(&key) {
                     Some(f) => Err(Existing::Finished(f)),
                     None => {
                         let stored = store_push()?;
@@ -229,7 +244,7 @@ impl Runtime {
         follow: Follow,
     ) -> Result<Submitted> {
         let key = task_key(principal, agent_id, task);
-        let (context_id, live) = match self.find(&key) {
+        let (context_id, live) = match self.find(&key).await? {
             None => return Err(Error::TaskNotFound { task: task.clone() }),
             Some(Existing::Finished(f)) => (f.context_id.clone(), None),
             Some(Existing::Live(live)) => (live.context_id.clone(), Some(live)),
@@ -245,7 +260,7 @@ impl Runtime {
             let state = self
                 .shared
                 .store
-                .get(&key)
+                .task_now(&key)
                 .map_or(TaskState::Completed, |f| f.status.state);
             return Err(Error::TaskNotContinuable {
                 task: task.clone(),
@@ -275,7 +290,7 @@ impl Runtime {
                 state: self
                     .shared
                     .store
-                    .get(&key)
+                    .task_now(&key)
                     .map_or(TaskState::Completed, |f| f.status.state),
             }),
         }

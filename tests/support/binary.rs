@@ -55,7 +55,9 @@ impl Binary {
         let mut args: Vec<&str> = wrapper.to_vec();
         args.extend([BIN, "--config", &path, "--listen", "127.0.0.1:0"]);
         let mut cmd = Command::new(args[0]);
-        cmd.args(&args[1..])
+        // Its own folder: the default store file (./a2ad-data/a2ad.redb) goes there.
+        cmd.current_dir(&dir.path)
+            .args(&args[1..])
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
         for (k, v) in envs {

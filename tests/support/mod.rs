@@ -10,7 +10,7 @@ pub mod upstream;
 use std::future::Future;
 use std::time::Duration;
 
-use a2ad::config::{AgentConfig, ApiKeyConfig, Config};
+use a2ad::config::{AgentConfig, ApiKeyConfig, Config, StoreConfig};
 use a2ad::{Server, ServerHandle};
 use serde_json::{Value, json};
 
@@ -19,10 +19,50 @@ pub const BOB: &str = "key-bob-0123456789";
 /// A key that may use only the agent `echo`.
 pub const CAROL: &str = "key-carol-0123456789";
 
+/// The store of a test's server or runtime: memory, or — with `A2AD_TEST_STORE=redb`, as
+/// CI runs the suite a second time — a fresh redb file of its own (removed when the
+/// `TestServer` stops, or left in the system temp folder by a runtime-level test).
+pub fn test_store() -> StoreConfig {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    match std::env::var("A2AD_TEST_STORE").as_deref() {
+        Ok("redb") => {
+            let n = NEXT.fetch_add(1, Ordering::Relaxed);
+            let root = std::env::temp_dir().join("a2ad-tests");
+            if n == 0 {
+                remove_stale_stores(&root);
+            }
+            let dir = root.join(format!("{}-{n}", std::process::id()));
+            StoreConfig::redb(dir.join("a2ad.redb").to_string_lossy().into_owned())
+        }
+        _ => StoreConfig::memory(),
+    }
+}
+
+/// Removes the store folders of test processes that are gone (runtime-level tests leave
+/// theirs behind: nothing stops them).
+fn remove_stale_stores(root: &std::path::Path) {
+    let Ok(entries) = std::fs::read_dir(root) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let Some(pid) = name.split('-').next() else {
+            continue;
+        };
+        if !std::path::Path::new("/proc").join(pid).exists() {
+            let _ = std::fs::remove_dir_all(entry.path());
+        }
+    }
+}
+
 /// A configuration with keys for alice, bob and carol and one agent per id given, each
 /// with permissive limits so tests don't trip them by accident.
 pub fn config(agents: &[&str]) -> Config {
-    let mut c = Config::default();
+    let mut c = Config {
+        store: test_store(),
+        ..Config::default()
+    };
     c.server.listen = "127.0.0.1:0".into();
     c.server.ping_interval_seconds = 15.0;
     c.webhooks.allow_private_networks = true;
@@ -50,6 +90,17 @@ pub struct TestServer {
     pub base: String,
     pub handle: Option<ServerHandle>,
     pub client: reqwest::Client,
+    /// A test store's folder, removed when the server stops.
+    store_dir: Option<std::path::PathBuf>,
+}
+
+impl Drop for TestServer {
+    fn drop(&mut self) {
+        // (An open file may be unlinked: the server still holds it until it stops.)
+        if let Some(dir) = self.store_dir.take() {
+            let _ = std::fs::remove_dir_all(dir);
+        }
+    }
 }
 
 impl TestServer {
@@ -63,6 +114,14 @@ impl TestServer {
         backends: std::collections::HashMap<a2ad::AgentId, std::sync::Arc<dyn a2ad::Agent>>,
     ) -> TestServer {
         let config = config.validated().expect("valid test config");
+        let store_dir = (config.store.backend == a2ad::StoreBackend::Redb)
+            .then(|| {
+                std::path::Path::new(&config.store.path)
+                    .parent()
+                    .map(|p| p.to_path_buf())
+            })
+            .flatten()
+            .filter(|d| d.starts_with(std::env::temp_dir().join("a2ad-tests")));
         let server = Server::bind_with(config, backends).await.expect("bind");
         let handle = server.serve().expect("serve");
         let base = format!("http://{}", handle.local_addr());
@@ -74,6 +133,7 @@ impl TestServer {
             base,
             handle: Some(handle),
             client,
+            store_dir,
         }
     }
 

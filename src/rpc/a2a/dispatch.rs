@@ -120,7 +120,7 @@ async fn run(runtime: &Runtime, cx: &CallContext, call: &Call, v: Version) -> Re
                 },
             ))
         }
-        (V10, "ListTasks") => list_tasks(runtime, cx, id, &p),
+        (V10, "ListTasks") => list_tasks(runtime, cx, id, &p).await,
         (V10, "CancelTask") | (V03, "tasks/cancel") => {
             params::no_tenant(&p)?;
             let task = task_param(cx, &p, "id")?;
@@ -336,7 +336,7 @@ const MAX_PAGE_SIZE: i64 = 100;
 /// The ListTasks page size when none is asked.
 const DEFAULT_PAGE_SIZE: i64 = 50;
 
-fn list_tasks(
+async fn list_tasks(
     runtime: &Runtime,
     cx: &CallContext,
     id: &serde_json::value::RawValue,
@@ -382,15 +382,17 @@ fn list_tasks(
         ),
     };
     let artifacts = params::opt_bool(p, "includeArtifacts", "includeArtifacts")?.unwrap_or(false);
-    let page = runtime.list(&ListQuery {
-        principal: cx.caller.principal.clone(),
-        agent: cx.agent_id.clone(),
-        context,
-        state,
-        status_after,
-        page_size,
-        after,
-    });
+    let page = runtime
+        .list(&ListQuery {
+            principal: cx.caller.principal.clone(),
+            agent: cx.agent_id.clone(),
+            context,
+            state,
+            status_after,
+            page_size,
+            after,
+        })
+        .await?;
     let next = page.next.as_ref().map(token::encode).unwrap_or_default();
     Ok(Reply::ok(
         id,

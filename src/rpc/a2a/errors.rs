@@ -185,7 +185,9 @@ pub(crate) fn rpc_error(v: Version, e: &Error) -> RpcError {
             .with_data(json!({ "suggestion": "retry later" })),
         Error::ShuttingDown => RpcError::new(INTERNAL_ERROR, "Server is shutting down")
             .with_data(json!({ "suggestion": "retry against another instance or later" })),
-        Error::Internal | Error::Config(_) | Error::Io(_) => RpcError::internal(),
+        Error::Internal | Error::Config(_) | Error::Store { .. } | Error::Io(_) => {
+            RpcError::internal()
+        }
     };
     dress(v, without_empty(out))
 }

@@ -169,9 +169,12 @@ async fn run(runtime: &Runtime, cx: &CallContext, call: &Call) -> Result<Reply, 
                 return Err(Error::PushNotSupported);
             }
             let p = params()?;
-            let store = runtime.push_store();
             let found = match p.str("configId", "configId")? {
-                Some(config_id) => store.get_id(principal, &cx.agent_id, &config_id),
+                Some(config_id) => {
+                    runtime
+                        .push_by_id(principal, &cx.agent_id, &config_id)
+                        .await?
+                }
                 None => {
                     let task = params::task_id_param(&p, false)?.map(TaskId::new);
                     let mut scope = PushScope {
@@ -179,11 +182,12 @@ async fn run(runtime: &Runtime, cx: &CallContext, call: &Call) -> Result<Reply, 
                         agent: cx.agent_id.clone(),
                         task,
                     };
-                    store.get_scope(&scope).or_else(|| {
+                    match runtime.scoped_push(&scope).await? {
+                        Some(c) => Some(c),
                         // A task without its own configuration gets the agent-wide one.
-                        scope.task.take()?;
-                        store.get_scope(&scope)
-                    })
+                        None if scope.task.take().is_some() => runtime.scoped_push(&scope).await?,
+                        None => None,
+                    }
                 }
             };
             Ok(Reply::ok(id, &render::push_config_out(found.as_deref())))

@@ -124,7 +124,9 @@ pub(crate) fn rpc_error(e: &Error) -> RpcError {
             .with_data(json!({ "suggestion": "retry later" })),
         Error::ShuttingDown => RpcError::new(INTERNAL_ERROR, "Server is shutting down")
             .with_data(json!({ "suggestion": "retry against another instance or later" })),
-        Error::Internal | Error::Config(_) | Error::Io(_) => RpcError::internal(),
+        Error::Internal | Error::Config(_) | Error::Store { .. } | Error::Io(_) => {
+            RpcError::internal()
+        }
     }
 }
 

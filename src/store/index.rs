@@ -1,4 +1,7 @@
-//! The in-memory stores: today's behaviour, and what the `memory` store backend keeps.
+//! The in-memory indexes every embedded store serves reads from: task records (with the
+//! owner index ListTasks walks, and retention), and push configurations. The `memory`
+//! backend is these alone; the redb backend fills them from its file at start and keeps
+//! them in step with what it commits.
 
 use std::collections::{BTreeSet, VecDeque};
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
@@ -8,7 +11,7 @@ use std::time::{Duration, Instant};
 use dashmap::DashMap;
 use foldhash::fast::RandomState;
 
-use super::{ListPage, ListQuery, PageToken, PushStore, TaskStore};
+use super::{ListPage, ListQuery, PageToken};
 use crate::error::Error;
 use crate::model::{AgentId, Principal, TaskId, TaskKey, TaskSnapshot};
 use crate::push::{Namespace, PushScope, StoredPushConfig};
@@ -20,7 +23,7 @@ use crate::push::{Namespace, PushScope, StoredPushConfig};
 /// scan of the whole map. Besides the age, a count cap and a byte budget bound what is
 /// kept; both are enforced as records arrive, so no burst can hold more than the budget
 /// until the next sweep. Each owner's tasks are also indexed by status time for ListTasks.
-pub(crate) struct MemoryTaskStore {
+pub(crate) struct TaskIndex {
     records: DashMap<TaskKey, Arc<TaskSnapshot>, RandomState>,
     /// Per (principal, agent): (status time in µs, task id) of every task.
     owners: DashMap<(Principal, AgentId), BTreeSet<(i64, TaskId)>, RandomState>,
@@ -43,7 +46,7 @@ fn micros(task: &TaskSnapshot) -> i64 {
     task.status.timestamp.timestamp_micros()
 }
 
-impl MemoryTaskStore {
+impl TaskIndex {
     /// A store keeping finished records for `retention`, at most `max_records` of them and
     /// at most about `max_bytes` bytes of them.
     pub(crate) fn new(retention: Duration, max_records: usize, max_bytes: u64) -> Self {
@@ -101,8 +104,10 @@ impl MemoryTaskStore {
     }
 }
 
-impl TaskStore for MemoryTaskStore {
-    fn put(&self, key: &TaskKey, task: Arc<TaskSnapshot>) -> Vec<TaskKey> {
+impl TaskIndex {
+    /// Stores the task as it stands (replacing its earlier record). Returns the tasks
+    /// evicted to make room.
+    pub(crate) fn put(&self, key: &TaskKey, task: Arc<TaskSnapshot>) -> Vec<TaskKey> {
         let finished = task.status.state.is_terminal();
         let at = micros(&task);
         let size = if finished {
@@ -142,11 +147,43 @@ impl TaskStore for MemoryTaskStore {
         }
     }
 
-    fn get(&self, key: &TaskKey) -> Option<Arc<TaskSnapshot>> {
+    /// Puts a finished record read back from a store file, `age` after it finished: it
+    /// expires when it would have had the server kept running. Call in finish order.
+    pub(crate) fn put_restored(
+        &self,
+        key: &TaskKey,
+        task: Arc<TaskSnapshot>,
+        age: Duration,
+    ) -> Vec<TaskKey> {
+        let expires = Instant::now() + self.retention.saturating_sub(age);
+        let size = task.approx_bytes() as u64;
+        let at = micros(&task);
+        self.records.insert(key.clone(), task);
+        self.owners
+            .entry(Self::owner(key))
+            .or_default()
+            .insert((at, key.task.clone()));
+        let over = {
+            let mut f = self.lock();
+            f.queue.push_back((expires, key.clone()));
+            f.count += 1;
+            f.bytes += size;
+            f.count > self.max_records || f.bytes > self.max_bytes
+        };
+        if over {
+            self.evict_while(|_| false)
+        } else {
+            Vec::new()
+        }
+    }
+
+    /// A task's record.
+    pub(crate) fn get(&self, key: &TaskKey) -> Option<Arc<TaskSnapshot>> {
         self.records.get(key).map(|r| r.value().clone())
     }
 
-    fn list(&self, q: &ListQuery) -> ListPage {
+    /// One page of an owner's tasks.
+    pub(crate) fn list(&self, q: &ListQuery) -> ListPage {
         let mut page = ListPage::default();
         let Some(set) = self.owners.get(&(q.principal.clone(), q.agent.clone())) else {
             return page;
@@ -187,7 +224,8 @@ impl TaskStore for MemoryTaskStore {
         page
     }
 
-    fn evict(&self, now: Instant) -> Vec<TaskKey> {
+    /// Evicts finished tasks older than the retention or over the caps; returns them.
+    pub(crate) fn evict(&self, now: Instant) -> Vec<TaskKey> {
         let evicted = self.evict_while(|expires| *expires <= now);
         if !evicted.is_empty() {
             let mut f = self.lock();
@@ -202,26 +240,39 @@ impl TaskStore for MemoryTaskStore {
         evicted
     }
 
-    fn len(&self) -> usize {
+    /// Finished records held.
+    pub(crate) fn len(&self) -> usize {
         self.lock().count
     }
 
-    fn bytes(&self) -> u64 {
+    /// About how many bytes the finished records hold.
+    pub(crate) fn bytes(&self) -> u64 {
         self.lock().bytes
     }
 }
 
-/// Push configurations in memory.
+/// Push configurations in memory: one per scope ([`Namespace::Scoped`]) or several per
+/// task by id ([`Namespace::Named`]); the two never replace each other.
 #[derive(Default)]
-pub(crate) struct MemoryPushStore {
+pub(crate) struct PushIndex {
     scoped: DashMap<PushScope, Arc<StoredPushConfig>, RandomState>,
     named: DashMap<TaskKey, Vec<Arc<StoredPushConfig>>, RandomState>,
     /// Configurations held, so the hot path's emptiness check costs one load.
     count: AtomicUsize,
 }
 
-impl PushStore for MemoryPushStore {
-    fn set(&self, config: Arc<StoredPushConfig>, max_per_task: usize) -> Result<(), Error> {
+impl PushIndex {
+    /// Stores a configuration, replacing the one of the same scope (scoped) or of the same
+    /// task and id (named).
+    ///
+    /// # Errors
+    /// [`Error::InvalidParams`] when a task would hold more than `max_per_task` named
+    /// configurations.
+    pub(crate) fn set(
+        &self,
+        config: Arc<StoredPushConfig>,
+        max_per_task: usize,
+    ) -> Result<(), Error> {
         match config.namespace {
             Namespace::Scoped => {
                 if self.scoped.insert(config.scope.clone(), config).is_none() {
@@ -258,13 +309,15 @@ impl PushStore for MemoryPushStore {
         Ok(())
     }
 
-    fn remove(&self, scope: &PushScope) {
+    /// Removes the scoped configuration of exactly this scope.
+    pub(crate) fn remove(&self, scope: &PushScope) {
         if self.scoped.remove(scope).is_some() {
             self.count.fetch_sub(1, Relaxed);
         }
     }
 
-    fn remove_named(&self, task: &TaskKey, id: &str) -> bool {
+    /// Removes a named configuration of a task; true if there was one.
+    pub(crate) fn remove_named(&self, task: &TaskKey, id: &str) -> bool {
         let removed = match self.named.get_mut(task) {
             Some(mut list) => {
                 let before = list.len();
@@ -280,11 +333,13 @@ impl PushStore for MemoryPushStore {
         removed
     }
 
-    fn get_scope(&self, scope: &PushScope) -> Option<Arc<StoredPushConfig>> {
+    /// The scoped configuration of exactly this scope.
+    pub(crate) fn get_scope(&self, scope: &PushScope) -> Option<Arc<StoredPushConfig>> {
         self.scoped.get(scope).map(|c| c.value().clone())
     }
 
-    fn get_id(
+    /// A scoped configuration of this principal and agent by id.
+    pub(crate) fn get_id(
         &self,
         principal: &Principal,
         agent: &AgentId,
@@ -296,20 +351,17 @@ impl PushStore for MemoryPushStore {
             .map(|c| c.value().clone())
     }
 
-    fn get_named(&self, task: &TaskKey, id: &str) -> Option<Arc<StoredPushConfig>> {
-        self.named
-            .get(task)
-            .and_then(|list| list.iter().find(|c| c.id == id).cloned())
-    }
-
-    fn list_named(&self, task: &TaskKey) -> Vec<Arc<StoredPushConfig>> {
+    /// A task's named configurations, oldest first.
+    pub(crate) fn list_named(&self, task: &TaskKey) -> Vec<Arc<StoredPushConfig>> {
         self.named
             .get(task)
             .map(|list| list.clone())
             .unwrap_or_default()
     }
 
-    fn for_task(&self, key: &TaskKey) -> Vec<Arc<StoredPushConfig>> {
+    /// Every configuration that applies to a task: its own (scoped and named) and its
+    /// owner's agent-wide one.
+    pub(crate) fn for_task(&self, key: &TaskKey) -> Vec<Arc<StoredPushConfig>> {
         let mut scope = PushScope {
             principal: key.principal.clone(),
             agent: key.agent.clone(),
@@ -323,7 +375,8 @@ impl PushStore for MemoryPushStore {
         all
     }
 
-    fn remove_task(&self, key: &TaskKey) {
+    /// Forgets a task's configurations (the task was evicted).
+    pub(crate) fn remove_task(&self, key: &TaskKey) {
         let scope = PushScope {
             principal: key.principal.clone(),
             agent: key.agent.clone(),
@@ -335,7 +388,8 @@ impl PushStore for MemoryPushStore {
         }
     }
 
-    fn is_empty(&self) -> bool {
+    /// True when no configuration is stored at all (the hot path skips planning then).
+    pub(crate) fn is_empty(&self) -> bool {
         self.count.load(Relaxed) == 0
     }
 }
@@ -372,8 +426,8 @@ mod tests {
         })
     }
 
-    fn store(retention: u64, max: usize, bytes: u64) -> MemoryTaskStore {
-        MemoryTaskStore::new(Duration::from_secs(retention), max, bytes)
+    fn store(retention: u64, max: usize, bytes: u64) -> TaskIndex {
+        TaskIndex::new(Duration::from_secs(retention), max, bytes)
     }
 
     #[test]
@@ -458,7 +512,7 @@ mod tests {
 
     #[test]
     fn named_configurations_are_capped_per_task_and_replace_by_id() {
-        let p = MemoryPushStore::default();
+        let p = PushIndex::default();
         let c = |id: &str| {
             StoredPushConfig::named(&key(1), Some(id.into()), PushConfig::new("http://h/"), "f")
         };

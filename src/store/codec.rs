@@ -1,0 +1,742 @@
+//! How records are laid out in the store file: keys as length-prefixed parts (so any id,
+//! whatever bytes it holds, sorts and splits exactly), values as JSON of the record types
+//! below. These types are the file's schema: they change only with
+//! [`SCHEMA_VERSION`] (see docs/ARCHITECTURE.md, "The store file"), never with the model.
+
+use std::sync::Arc;
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use serde_json::value::RawValue;
+
+use crate::model::{
+    AgentId, Artifact, ArtifactUpdate, ContextId, FileContent, FileUrl, Message, Part, Principal,
+    RawJson, Role, TaskError, TaskEvent, TaskId, TaskKey, TaskSnapshot, TaskState, TaskStatus,
+};
+use crate::push::{
+    Events, Namespace, PushAuth, PushConfig, PushScope, RetryPolicy, StoredPushConfig, WebhookEvent,
+};
+
+/// The version of the file layout this build reads and writes.
+pub(crate) const SCHEMA_VERSION: u32 = 1;
+
+// --- keys ---
+
+fn put_part(out: &mut Vec<u8>, part: &str) {
+    out.extend_from_slice(&(part.len() as u32).to_be_bytes());
+    out.extend_from_slice(part.as_bytes());
+}
+
+/// Reads the parts of a key written by [`put_part`], and what follows them.
+struct KeyReader<'a>(&'a [u8]);
+
+impl<'a> KeyReader<'a> {
+    fn part(&mut self) -> Option<&'a str> {
+        let (len, rest) = self.0.split_first_chunk::<4>()?;
+        let len = u32::from_be_bytes(*len) as usize;
+        let (part, rest) = (rest.get(..len)?, rest.get(len..)?);
+        self.0 = rest;
+        std::str::from_utf8(part).ok()
+    }
+
+    fn u64(&mut self) -> Option<u64> {
+        let (n, rest) = self.0.split_first_chunk::<8>()?;
+        self.0 = rest;
+        Some(u64::from_be_bytes(*n))
+    }
+
+    fn u32(&mut self) -> Option<u32> {
+        let (n, rest) = self.0.split_first_chunk::<4>()?;
+        self.0 = rest;
+        Some(u32::from_be_bytes(*n))
+    }
+
+    fn done(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
+/// The key of a task (and the prefix of its events and outbox entries).
+pub(crate) fn task_key(key: &TaskKey) -> Vec<u8> {
+    let mut out = Vec::with_capacity(64);
+    put_part(&mut out, key.principal.as_str());
+    put_part(&mut out, key.agent.as_str());
+    put_part(&mut out, key.task.as_str());
+    out
+}
+
+fn read_task_key(r: &mut KeyReader<'_>) -> Option<TaskKey> {
+    Some(TaskKey {
+        principal: Principal::new(r.part()?),
+        agent: AgentId::new(r.part()?),
+        task: TaskId::new(r.part()?),
+    })
+}
+
+/// Parses a task key.
+pub(crate) fn parse_task_key(bytes: &[u8]) -> Option<TaskKey> {
+    let mut r = KeyReader(bytes);
+    let key = read_task_key(&mut r)?;
+    r.done().then_some(key)
+}
+
+/// The key of a task's event.
+pub(crate) fn event_key(key: &TaskKey, seq: u64) -> Vec<u8> {
+    let mut out = task_key(key);
+    out.extend_from_slice(&seq.to_be_bytes());
+    out
+}
+
+/// The key of an outbox entry: the task, the event, the configuration.
+pub(crate) fn outbox_key(key: &super::OutboxKey) -> Vec<u8> {
+    let mut out = event_key(&key.task, key.seq);
+    put_part(&mut out, &key.config);
+    out
+}
+
+/// Parses an outbox key.
+pub(crate) fn parse_outbox_key(bytes: &[u8]) -> Option<super::OutboxKey> {
+    let mut r = KeyReader(bytes);
+    let task = read_task_key(&mut r)?;
+    let seq = r.u64()?;
+    let config = r.part()?.to_string();
+    r.done().then_some(super::OutboxKey { task, seq, config })
+}
+
+/// The key of a push configuration.
+pub(crate) fn push_key(config: &StoredPushConfig) -> Vec<u8> {
+    match config.namespace {
+        Namespace::Scoped => scoped_key(&config.scope),
+        Namespace::Named => {
+            let mut out = vec![b'N'];
+            put_part(&mut out, config.scope.principal.as_str());
+            put_part(&mut out, config.scope.agent.as_str());
+            put_part(
+                &mut out,
+                config.scope.task.as_ref().map_or("", TaskId::as_str),
+            );
+            put_part(&mut out, &config.id);
+            out
+        }
+    }
+}
+
+/// The key of the scoped configuration of a scope.
+pub(crate) fn scoped_key(scope: &PushScope) -> Vec<u8> {
+    let mut out = vec![b'S'];
+    put_part(&mut out, scope.principal.as_str());
+    put_part(&mut out, scope.agent.as_str());
+    match &scope.task {
+        Some(t) => {
+            out.push(1);
+            put_part(&mut out, t.as_str());
+        }
+        None => out.push(0),
+    }
+    out
+}
+
+/// The key of a named configuration.
+pub(crate) fn named_key(task: &TaskKey, id: &str) -> Vec<u8> {
+    let mut out = vec![b'N'];
+    put_part(&mut out, task.principal.as_str());
+    put_part(&mut out, task.agent.as_str());
+    put_part(&mut out, task.task.as_str());
+    put_part(&mut out, id);
+    out
+}
+
+/// The keys of the configurations that belong to one task (its scoped one and the prefix
+/// of its named ones).
+pub(crate) fn task_push_keys(task: &TaskKey) -> (Vec<u8>, Vec<u8>) {
+    let scoped = scoped_key(&PushScope {
+        principal: task.principal.clone(),
+        agent: task.agent.clone(),
+        task: Some(task.task.clone()),
+    });
+    let mut named = vec![b'N'];
+    put_part(&mut named, task.principal.as_str());
+    put_part(&mut named, task.agent.as_str());
+    put_part(&mut named, task.task.as_str());
+    (scoped, named)
+}
+
+/// The key of a conversation turn.
+pub(crate) fn turn_key(principal: &Principal, context: &ContextId, number: u32) -> Vec<u8> {
+    let mut out = context_prefix(principal, context);
+    out.extend_from_slice(&number.to_be_bytes());
+    out
+}
+
+/// The prefix of a conversation's turns.
+pub(crate) fn context_prefix(principal: &Principal, context: &ContextId) -> Vec<u8> {
+    let mut out = Vec::with_capacity(64);
+    put_part(&mut out, principal.as_str());
+    put_part(&mut out, context.as_str());
+    out
+}
+
+/// Parses a turn key.
+pub(crate) fn parse_turn_key(bytes: &[u8]) -> Option<(Principal, ContextId, u32)> {
+    let mut r = KeyReader(bytes);
+    let principal = Principal::new(r.part()?);
+    let context = ContextId::new(r.part()?);
+    let number = r.u32()?;
+    r.done().then_some((principal, context, number))
+}
+
+/// The first key after every key that starts with `prefix` (the end of a prefix range).
+pub(crate) fn prefix_end(prefix: &[u8]) -> Vec<u8> {
+    let mut end = prefix.to_vec();
+    end.push(0xff);
+    end
+}
+
+// --- values ---
+
+fn micros(t: &DateTime<Utc>) -> i64 {
+    t.timestamp_micros()
+}
+
+fn time(us: i64) -> DateTime<Utc> {
+    DateTime::from_timestamp_micros(us).unwrap_or_default()
+}
+
+#[derive(Serialize, Deserialize)]
+struct MessageRec {
+    #[serde(rename = "r")]
+    role: char,
+    #[serde(rename = "i")]
+    id: String,
+    #[serde(rename = "p")]
+    parts: Vec<PartRec>,
+}
+
+/// Externally tagged (`{"t": …}`): raw JSON data cannot go through serde's buffering of
+/// internally tagged enums.
+#[derive(Serialize, Deserialize)]
+enum PartRec {
+    #[serde(rename = "t")]
+    Text(String),
+    #[serde(rename = "f")]
+    File {
+        n: String,
+        m: String,
+        b: String,
+        s: usize,
+    },
+    #[serde(rename = "u")]
+    Url {
+        u: String,
+        n: Option<String>,
+        m: Option<String>,
+    },
+    #[serde(rename = "d")]
+    Data(Box<RawValue>),
+}
+
+impl MessageRec {
+    fn of(m: &Message) -> Self {
+        Self {
+            role: match m.role {
+                Role::User => 'u',
+                Role::Agent => 'a',
+            },
+            id: m.message_id.clone(),
+            parts: m.parts.iter().map(PartRec::of).collect(),
+        }
+    }
+
+    fn into_message(self) -> Message {
+        Message {
+            role: if self.role == 'u' {
+                Role::User
+            } else {
+                Role::Agent
+            },
+            message_id: self.id,
+            parts: self.parts.into_iter().map(PartRec::into_part).collect(),
+        }
+    }
+}
+
+impl PartRec {
+    fn of(p: &Part) -> Self {
+        match p {
+            Part::Text(t) => Self::Text(t.clone()),
+            Part::File(f) => Self::File {
+                n: f.name.clone(),
+                m: f.mime_type.clone(),
+                b: f.bytes.clone(),
+                s: f.size,
+            },
+            Part::Url(u) => Self::Url {
+                u: u.url.clone(),
+                n: u.name.clone(),
+                m: u.mime_type.clone(),
+            },
+            Part::Data(d) => Self::Data((*d.0).to_owned()),
+        }
+    }
+
+    fn into_part(self) -> Part {
+        match self {
+            Self::Text(t) => Part::Text(t),
+            Self::File { n, m, b, s } => Part::File(Box::new(FileContent {
+                name: n,
+                mime_type: m,
+                bytes: b,
+                size: s,
+            })),
+            Self::Url { u, n, m } => Part::Url(Box::new(FileUrl {
+                url: u,
+                name: n,
+                mime_type: m,
+            })),
+            Self::Data(d) => Part::Data(RawJson(Arc::from(d))),
+        }
+    }
+}
+
+#[derive(Serialize, Deserialize)]
+struct StatusRec {
+    s: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    m: Option<MessageRec>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    r: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    e: Option<(i64, String)>,
+    at: i64,
+}
+
+fn state_of(name: &str) -> TaskState {
+    match name {
+        "submitted" => TaskState::Submitted,
+        "working" => TaskState::Working,
+        "completed" => TaskState::Completed,
+        "canceled" => TaskState::Canceled,
+        "input-required" => TaskState::InputRequired,
+        "auth-required" => TaskState::AuthRequired,
+        "rejected" => TaskState::Rejected,
+        _ => TaskState::Failed,
+    }
+}
+
+impl StatusRec {
+    fn of(s: &TaskStatus) -> Self {
+        Self {
+            s: s.state.as_str().to_string(),
+            m: s.message.as_deref().map(MessageRec::of),
+            r: s.reason.as_deref().map(str::to_string),
+            e: s.error.as_deref().map(|e| (e.code, e.message.clone())),
+            at: micros(&s.timestamp),
+        }
+    }
+
+    /// The status; `shared` lends the task's history so a reply stays one allocation.
+    fn into_status(self, shared: &[Arc<Message>]) -> TaskStatus {
+        let message = self.m.map(|m| {
+            let m = m.into_message();
+            shared
+                .iter()
+                .rev()
+                .find(|h| h.message_id == m.message_id && ***h == m)
+                .cloned()
+                .unwrap_or_else(|| Arc::new(m))
+        });
+        TaskStatus {
+            state: state_of(&self.s),
+            message,
+            reason: self.r.map(Arc::from),
+            error: self
+                .e
+                .map(|(code, message)| Arc::new(TaskError { code, message })),
+            timestamp: time(self.at),
+        }
+    }
+}
+
+#[derive(Serialize, Deserialize)]
+struct ArtifactRec {
+    i: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    n: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    d: Option<String>,
+    p: Vec<PartRec>,
+}
+
+impl ArtifactRec {
+    fn of(a: &Artifact) -> Self {
+        Self {
+            i: a.artifact_id.clone(),
+            n: a.name.clone(),
+            d: a.description.clone(),
+            p: a.parts.iter().map(PartRec::of).collect(),
+        }
+    }
+
+    fn into_artifact(self) -> Artifact {
+        Artifact {
+            artifact_id: self.i,
+            name: self.n,
+            description: self.d,
+            parts: self.p.into_iter().map(PartRec::into_part).collect(),
+        }
+    }
+}
+
+/// A task's record as stored.
+#[derive(Serialize, Deserialize)]
+struct TaskRec {
+    c: String,
+    st: StatusRec,
+    seq: u64,
+    ca: i64,
+    ua: i64,
+    h: Vec<MessageRec>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    a: Vec<ArtifactRec>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    md: Option<Box<RawValue>>,
+    turn: u32,
+}
+
+/// Encodes a task's record.
+pub(crate) fn encode_task(task: &TaskSnapshot, turn: u32) -> Vec<u8> {
+    let rec = TaskRec {
+        c: task.context_id.to_string(),
+        st: StatusRec::of(&task.status),
+        seq: task.seq,
+        ca: micros(&task.created_at),
+        ua: micros(&task.updated_at),
+        h: task.history.iter().map(|m| MessageRec::of(m)).collect(),
+        a: task.artifacts.iter().map(|a| ArtifactRec::of(a)).collect(),
+        md: task.metadata.as_ref().map(|m| (**m).to_owned()),
+        turn,
+    };
+    serde_json::to_vec(&rec).unwrap_or_default()
+}
+
+/// Decodes a task's record: the task and its conversation turn.
+pub(crate) fn decode_task(key: &TaskKey, bytes: &[u8]) -> Option<(TaskSnapshot, u32)> {
+    let rec: TaskRec = serde_json::from_slice(bytes).ok()?;
+    let history: Vec<Arc<Message>> = rec
+        .h
+        .into_iter()
+        .map(|m| Arc::new(m.into_message()))
+        .collect();
+    let status = rec.st.into_status(&history);
+    Some((
+        TaskSnapshot {
+            id: key.task.clone(),
+            context_id: ContextId::new(rec.c),
+            status,
+            seq: rec.seq,
+            created_at: time(rec.ca),
+            updated_at: time(rec.ua),
+            history,
+            artifacts: rec
+                .a
+                .into_iter()
+                .map(|a| Arc::new(a.into_artifact()))
+                .collect(),
+            metadata: rec.md.map(Arc::from),
+        },
+        rec.turn,
+    ))
+}
+
+#[derive(Serialize, Deserialize)]
+struct EventRec {
+    st: StatusRec,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    a: Option<(ArtifactRec, bool, bool)>,
+}
+
+/// Encodes an event.
+pub(crate) fn encode_event(event: &TaskEvent) -> Vec<u8> {
+    let rec = EventRec {
+        st: StatusRec::of(&event.status),
+        a: event
+            .artifact
+            .as_ref()
+            .map(|u| (ArtifactRec::of(&u.artifact), u.append, u.last_chunk)),
+    };
+    serde_json::to_vec(&rec).unwrap_or_default()
+}
+
+/// Decodes event `seq`; `history` lends messages the event shares with its task.
+pub(crate) fn decode_event(seq: u64, bytes: &[u8], history: &[Arc<Message>]) -> Option<TaskEvent> {
+    let rec: EventRec = serde_json::from_slice(bytes).ok()?;
+    Some(TaskEvent {
+        seq,
+        status: rec.st.into_status(history),
+        artifact: rec.a.map(|(a, append, last_chunk)| ArtifactUpdate {
+            artifact: Arc::new(a.into_artifact()),
+            append,
+            last_chunk,
+        }),
+    })
+}
+
+#[derive(Serialize, Deserialize)]
+struct PushRec {
+    id: String,
+    p: String,
+    a: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    t: Option<String>,
+    named: bool,
+    f: String,
+    url: String,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    h: Vec<(String, String)>,
+    /// `None`: every event.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    ev: Option<Vec<String>>,
+    rt: (u32, f64, f64),
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    sec: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    tok: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    auth: Option<(String, Option<String>)>,
+    ca: i64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    lu: Option<i64>,
+    on: bool,
+    fails: u32,
+}
+
+/// Encodes a push configuration with its delivery bookkeeping.
+pub(crate) fn encode_push(c: &StoredPushConfig) -> Vec<u8> {
+    use std::sync::atomic::Ordering::Relaxed;
+    let cfg = &c.config;
+    let rec = PushRec {
+        id: c.id.clone(),
+        p: c.scope.principal.to_string(),
+        a: c.scope.agent.to_string(),
+        t: c.scope.task.as_ref().map(TaskId::to_string),
+        named: c.namespace == Namespace::Named,
+        f: c.format.to_string(),
+        url: cfg.url.clone(),
+        h: cfg.headers.clone(),
+        ev: match &cfg.events {
+            Events::All => None,
+            Events::StateChanges(names) => {
+                Some(names.iter().map(|e| e.as_str().to_string()).collect())
+            }
+        },
+        rt: (
+            cfg.retry.max_retries,
+            cfg.retry.backoff_multiplier,
+            cfg.retry.initial_delay,
+        ),
+        sec: cfg.secret.clone(),
+        tok: cfg.token.clone(),
+        auth: cfg
+            .authorization
+            .as_ref()
+            .map(|a| (a.scheme.clone(), a.credentials.clone())),
+        ca: micros(&c.created_at),
+        lu: c.last_used().as_ref().map(micros),
+        on: c.is_active(),
+        fails: c.consecutive_failures.load(Relaxed),
+    };
+    serde_json::to_vec(&rec).unwrap_or_default()
+}
+
+/// Decodes a push configuration.
+pub(crate) fn decode_push(bytes: &[u8]) -> Option<Arc<StoredPushConfig>> {
+    let rec: PushRec = serde_json::from_slice(bytes).ok()?;
+    let config = PushConfig {
+        url: rec.url,
+        headers: rec.h,
+        events: match rec.ev {
+            None => Events::All,
+            Some(names) => Events::StateChanges(
+                names
+                    .iter()
+                    .filter_map(|n| WebhookEvent::parse(n))
+                    .collect(),
+            ),
+        },
+        retry: RetryPolicy {
+            max_retries: rec.rt.0,
+            backoff_multiplier: rec.rt.1,
+            initial_delay: rec.rt.2,
+        },
+        secret: rec.sec,
+        token: rec.tok,
+        authorization: rec.auth.map(|(scheme, credentials)| PushAuth {
+            scheme,
+            credentials,
+        }),
+    };
+    let scope = PushScope {
+        principal: Principal::new(rec.p),
+        agent: AgentId::new(rec.a),
+        task: rec.t.map(TaskId::new),
+    };
+    let namespace = if rec.named {
+        Namespace::Named
+    } else {
+        Namespace::Scoped
+    };
+    Some(StoredPushConfig::restore(
+        rec.id,
+        scope,
+        namespace,
+        &rec.f,
+        config,
+        time(rec.ca),
+        rec.lu.map(time),
+        rec.on,
+        rec.fails,
+    ))
+}
+
+#[derive(Serialize, Deserialize)]
+struct OutboxRec {
+    n: u32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    due: Option<i64>,
+}
+
+/// Encodes an outbox entry: the next attempt's number and when it is due.
+pub(crate) fn encode_outbox(attempt: u32, due: Option<DateTime<Utc>>) -> Vec<u8> {
+    serde_json::to_vec(&OutboxRec {
+        n: attempt,
+        due: due.as_ref().map(micros),
+    })
+    .unwrap_or_default()
+}
+
+/// Decodes an outbox entry.
+pub(crate) fn decode_outbox(bytes: &[u8]) -> Option<(u32, Option<DateTime<Utc>>)> {
+    let rec: OutboxRec = serde_json::from_slice(bytes).ok()?;
+    Some((rec.n.max(1), rec.due.map(time)))
+}
+
+#[derive(Serialize, Deserialize)]
+struct TurnRec {
+    u: MessageRec,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    r: Option<MessageRec>,
+}
+
+/// Encodes a conversation turn.
+pub(crate) fn encode_turn(user: &Message, reply: Option<&Message>) -> Vec<u8> {
+    serde_json::to_vec(&TurnRec {
+        u: MessageRec::of(user),
+        r: reply.map(MessageRec::of),
+    })
+    .unwrap_or_default()
+}
+
+/// Decodes a conversation turn.
+pub(crate) fn decode_turn(bytes: &[u8]) -> Option<(Arc<Message>, Option<Arc<Message>>)> {
+    let rec: TurnRec = serde_json::from_slice(bytes).ok()?;
+    Some((
+        Arc::new(rec.u.into_message()),
+        rec.r.map(|r| Arc::new(r.into_message())),
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key() -> TaskKey {
+        TaskKey {
+            principal: "p\u{0}1".into(),
+            agent: "a".into(),
+            task: TaskId::new("t:ü"),
+        }
+    }
+
+    #[test]
+    fn keys_split_back_into_their_parts_whatever_bytes_ids_hold() {
+        let k = key();
+        assert_eq!(parse_task_key(&task_key(&k)), Some(k.clone()));
+        let o = super::super::OutboxKey {
+            task: k.clone(),
+            seq: 7,
+            config: "c\u{0}".into(),
+        };
+        assert_eq!(parse_outbox_key(&outbox_key(&o)), Some(o));
+        let turn = turn_key(&"p".into(), &ContextId::new("c"), 3);
+        assert_eq!(
+            parse_turn_key(&turn),
+            Some(("p".into(), ContextId::new("c"), 3))
+        );
+        // A task's events sort in number order under its prefix, and only its own.
+        let prefix = task_key(&k);
+        let (a, b) = (event_key(&k, 2), event_key(&k, 10));
+        assert!(a < b && a.starts_with(&prefix) && b < prefix_end(&prefix));
+    }
+
+    #[test]
+    fn a_task_record_and_its_events_round_trip() {
+        let reply = Arc::new(Message::agent_text(["echo: hi"]));
+        let user = Arc::new(Message {
+            role: Role::User,
+            parts: vec![
+                Part::Text("hi".into()),
+                Part::File(Box::new(FileContent {
+                    name: "a.txt".into(),
+                    mime_type: "text/plain".into(),
+                    bytes: "aGk=".into(),
+                    size: 2,
+                })),
+            ],
+            message_id: "m1".into(),
+        });
+        let mut status = TaskStatus::new(TaskState::Completed);
+        status.message = Some(reply.clone());
+        let data = RawValue::from_string(r#"{"k":[1,2]}"#.into()).expect("json");
+        let task = TaskSnapshot {
+            id: key().task,
+            context_id: ContextId::new("ctx"),
+            status: status.clone(),
+            seq: 3,
+            created_at: Utc::now(),
+            updated_at: status.timestamp,
+            history: vec![user.clone(), reply.clone()],
+            artifacts: vec![Arc::new(Artifact::new(
+                Some("reply"),
+                vec![Part::Data(RawJson(Arc::from(data)))],
+            ))],
+            metadata: Some(Arc::from(
+                RawValue::from_string(r#"{"trace":"x"}"#.into()).expect("json"),
+            )),
+        };
+        let (back, turn) = decode_task(&key(), &encode_task(&task, 4)).expect("decodes");
+        assert_eq!(turn, 4);
+        assert_eq!(back.history.len(), 2);
+        assert_eq!(*back.history[0], *user);
+        assert!(
+            Arc::ptr_eq(
+                back.status.message.as_ref().expect("reply"),
+                &back.history[1]
+            ),
+            "the reply is shared with the history, as in memory"
+        );
+        assert_eq!(back.status.state, TaskState::Completed);
+        assert_eq!(
+            back.status.timestamp.timestamp_micros(),
+            status.timestamp.timestamp_micros()
+        );
+        assert_eq!(back.artifacts[0].parts, task.artifacts[0].parts);
+        assert_eq!(
+            back.metadata.as_ref().map(|m| m.get()),
+            Some(r#"{"trace":"x"}"#)
+        );
+        let event = TaskEvent::status(3, status);
+        let e = decode_event(3, &encode_event(&event), &back.history).expect("event");
+        assert_eq!(e.seq, 3);
+        assert_eq!(e.status.state, TaskState::Completed);
+    }
+}

@@ -1,0 +1,729 @@
+//! The redb file behind [`super::LocalStore`]: a group-commit journal.
+//!
+//! One committer thread owns the write side. It takes whatever is queued (at most
+//! `store.max_batch` task events per transaction, no linger timer: the batch that forms
+//! while a commit runs is the next batch), writes it in one transaction, commits it with
+//! `Durability::Immediate` (one fdatasync) and quick-repair, then — only then — puts the
+//! task records into the index readers use and runs each append's continuation. Retention
+//! deletes run on the same thread, in chunks between batches. A commit that fails is
+//! retried (with the same writes, after a pause) and nothing is acknowledged meanwhile: the
+//! server stalls rather than tells anyone something it could lose.
+//!
+//! Tables: `meta` (schema version), `tasks` (record per task), `events` (task, number),
+//! `outbox` (task, event, configuration → next attempt), `push` (configurations with
+//! their bookkeeping), `turns` (principal, conversation, turn).
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender, TryRecvError};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use redb::{
+    Database, DatabaseError, Durability, ReadableDatabase, ReadableTable, StorageError,
+    TableDefinition, TableHandle, WriteTransaction,
+};
+
+use super::codec::{self, SCHEMA_VERSION};
+use super::local::Indexes;
+use super::{
+    Committed, Delivery, Recovered, RecoveredContext, RecoveredTask, StoreStats, Then, Write,
+    delivery_id,
+};
+use crate::config::Config;
+use crate::error::{Error, Result};
+use crate::model::{ContextId, Message, Principal, TaskEvent, TaskKey, TaskSnapshot};
+
+type Table = TableDefinition<'static, &'static [u8], &'static [u8]>;
+
+const META: Table = TableDefinition::new("meta");
+const TASKS: Table = TableDefinition::new("tasks");
+const EVENTS: Table = TableDefinition::new("events");
+const OUTBOX: Table = TableDefinition::new("outbox");
+const PUSH: Table = TableDefinition::new("push");
+const TURNS: Table = TableDefinition::new("turns");
+
+const APP: &[u8] = b"a2ad";
+
+/// Tasks deleted per retention transaction (between write batches).
+const FORGET_CHUNK: usize = 1024;
+
+enum Job {
+    Append(Vec<Write>, Option<Then>),
+    Forget(Vec<TaskKey>),
+}
+
+/// The journal: a handle to the committer thread and the file.
+pub(crate) struct Journal {
+    tx: Mutex<Option<Sender<Job>>>,
+    db: Arc<Database>,
+    path: PathBuf,
+    thread: Mutex<Option<std::thread::JoinHandle<()>>>,
+    counters: Arc<Counters>,
+}
+
+#[derive(Default)]
+struct Counters {
+    pending: AtomicU64,
+    commits: AtomicU64,
+    committed: AtomicU64,
+    failing: AtomicBool,
+}
+
+fn open_error(path: &Path, message: impl Into<String>) -> Error {
+    Error::Store {
+        path: path.display().to_string(),
+        message: message.into(),
+    }
+}
+
+impl Journal {
+    /// Opens (or creates) the file, checks it is an a2ad store of a schema this build
+    /// reads, loads it into `indexes`, and starts the committer.
+    ///
+    /// # Errors
+    /// [`Error::Store`] naming the file: locked by another process, unreadable, not an
+    /// a2ad store, or of another schema. The file is left as it was.
+    pub(crate) fn open(config: &Config, indexes: Arc<Indexes>) -> Result<(Self, Recovered)> {
+        let store = &config.store;
+        let path = PathBuf::from(&store.path);
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty())
+            && !dir.exists()
+        {
+            std::fs::create_dir_all(dir).map_err(|e| {
+                open_error(
+                    &path,
+                    format!("cannot create the directory {}: {e}", dir.display()),
+                )
+            })?;
+            restrict(dir, 0o700);
+        }
+        let fresh = !path.exists()
+            || std::fs::metadata(&path)
+                .map(|m| m.len() == 0)
+                .unwrap_or(false);
+        let db = redb::Builder::new()
+            .set_cache_size(store.cache_mib.saturating_mul(1 << 20))
+            .create(&path)
+            .map_err(|e| match e {
+                DatabaseError::DatabaseAlreadyOpen => open_error(
+                    &path,
+                    "is in use by another a2ad (the file is locked); stop it or point store.path elsewhere",
+                ),
+                DatabaseError::Storage(StorageError::Io(io))
+                    if io.kind() == std::io::ErrorKind::InvalidData =>
+                {
+                    open_error(&path, format!("is not an a2ad store ({io}); point store.path elsewhere"))
+                }
+                DatabaseError::Storage(StorageError::Io(io)) => {
+                    open_error(&path, format!("cannot be read or written: {io}"))
+                }
+                DatabaseError::UpgradeRequired(v) => open_error(
+                    &path,
+                    format!("was written in redb file format {v}, which this build cannot open"),
+                ),
+                other => open_error(
+                    &path,
+                    format!("is not an a2ad store (or is damaged beyond repair): {other}"),
+                ),
+            })?;
+        if fresh {
+            restrict(&path, 0o600);
+        }
+        check_schema(&db, &path)?;
+        let db = Arc::new(db);
+        let started = Instant::now();
+        let recovered = load(&db, &indexes, config)
+            .map_err(|e| open_error(&path, format!("could not be read: {e}")))?;
+        tracing::info!(
+            path = %path.display(),
+            tasks = indexes.tasks.len(),
+            resumed = recovered.tasks.len(),
+            deliveries = recovered.deliveries.len(),
+            elapsed_ms = started.elapsed().as_millis() as u64,
+            "store opened"
+        );
+        let (tx, rx) = std::sync::mpsc::channel();
+        let counters = Arc::new(Counters::default());
+        let committer = Committer {
+            db: db.clone(),
+            indexes,
+            rx,
+            counters: counters.clone(),
+            max_batch: store.max_batch,
+            quick_repair: store.quick_repair,
+            forget: Vec::new(),
+        };
+        let thread = std::thread::Builder::new()
+            .name("a2ad-store".into())
+            .spawn(move || committer.run())
+            .map_err(|e| open_error(&path, format!("cannot start the committer: {e}")))?;
+        Ok((
+            Self {
+                tx: Mutex::new(Some(tx)),
+                db,
+                path,
+                thread: Mutex::new(Some(thread)),
+                counters,
+            },
+            recovered,
+        ))
+    }
+
+    fn send(&self, job: Job) -> bool {
+        let guard = self.tx.lock().unwrap_or_else(|e| e.into_inner());
+        match guard.as_ref() {
+            Some(tx) => tx.send(job).is_ok(),
+            None => false,
+        }
+    }
+
+    /// Queues writes; `then` runs once they are durable.
+    pub(crate) fn append(&self, writes: Vec<Write>, then: Option<Then>) {
+        let n = writes.len() as u64;
+        self.counters.pending.fetch_add(n, Relaxed);
+        if !self.send(Job::Append(writes, then)) {
+            self.counters.pending.fetch_sub(n, Relaxed);
+            tracing::warn!("store closed; writes after shutdown are dropped");
+        }
+    }
+
+    /// Queues the deletion of evicted tasks (records, events, outbox entries, push
+    /// configurations).
+    pub(crate) fn forget(&self, keys: Vec<TaskKey>) {
+        self.send(Job::Forget(keys));
+    }
+
+    /// A task's events numbered above `after`.
+    pub(crate) fn events(&self, key: &TaskKey, after: u64) -> Result<Vec<TaskEvent>> {
+        let history: Vec<Arc<Message>> = Vec::new();
+        read_events(&self.db, key, after, &history).map_err(super::failed)
+    }
+
+    /// Writes queued and not yet durable.
+    pub(crate) fn backlog(&self) -> u64 {
+        self.counters.pending.load(Relaxed)
+    }
+
+    /// Counters.
+    pub(crate) fn stats(&self) -> StoreStats {
+        StoreStats {
+            pending_writes: self.counters.pending.load(Relaxed),
+            commits: self.counters.commits.load(Relaxed),
+            committed_writes: self.counters.committed.load(Relaxed),
+            file_bytes: std::fs::metadata(&self.path).map(|m| m.len()).unwrap_or(0),
+            ..StoreStats::default()
+        }
+    }
+
+    /// Commits what is queued and stops the committer.
+    pub(crate) fn close(&self) {
+        drop(self.tx.lock().unwrap_or_else(|e| e.into_inner()).take());
+        if let Some(thread) = self.thread.lock().unwrap_or_else(|e| e.into_inner()).take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+impl Drop for Journal {
+    fn drop(&mut self) {
+        self.close();
+    }
+}
+
+#[cfg(unix)]
+fn restrict(path: &Path, mode: u32) {
+    use std::os::unix::fs::PermissionsExt as _;
+    let _ = std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode));
+}
+
+#[cfg(not(unix))]
+fn restrict(_path: &Path, _mode: u32) {}
+
+/// A fresh file gets the schema; an existing one must carry a2ad's, at this version.
+fn check_schema(db: &Database, path: &Path) -> Result<()> {
+    let io = |e: &dyn std::fmt::Display| open_error(path, format!("cannot be read: {e}"));
+    let read = db.begin_read().map_err(|e| io(&e))?;
+    let tables: Vec<String> = read
+        .list_tables()
+        .map_err(|e| io(&e))?
+        .map(|t| t.name().to_string())
+        .collect();
+    if tables.is_empty() {
+        drop(read);
+        let w = db.begin_write().map_err(|e| io(&e))?;
+        {
+            let mut meta = w.open_table(META).map_err(|e| io(&e))?;
+            meta.insert(b"app".as_slice(), APP).map_err(|e| io(&e))?;
+            meta.insert(
+                b"schema".as_slice(),
+                SCHEMA_VERSION.to_be_bytes().as_slice(),
+            )
+            .map_err(|e| io(&e))?;
+            for t in [TASKS, EVENTS, OUTBOX, PUSH, TURNS] {
+                w.open_table(t).map_err(|e| io(&e))?;
+            }
+        }
+        w.commit().map_err(|e| io(&e))?;
+        return Ok(());
+    }
+    if !tables.iter().any(|t| t == "meta") {
+        return Err(open_error(
+            path,
+            "is a redb file of another program, not an a2ad store",
+        ));
+    }
+    let meta = read.open_table(META).map_err(|e| io(&e))?;
+    let app = meta
+        .get(b"app".as_slice())
+        .map_err(|e| io(&e))?
+        .map(|v| v.value().to_vec());
+    if app.as_deref() != Some(APP) {
+        return Err(open_error(
+            path,
+            "is a redb file of another program, not an a2ad store",
+        ));
+    }
+    let schema = meta
+        .get(b"schema".as_slice())
+        .map_err(|e| io(&e))?
+        .and_then(|v| <[u8; 4]>::try_from(v.value()).ok())
+        .map(u32::from_be_bytes);
+    match schema {
+        Some(SCHEMA_VERSION) => Ok(()),
+        Some(v) if v > SCHEMA_VERSION => Err(open_error(
+            path,
+            format!(
+                "was written by a newer a2ad (store schema {v}; this build reads {SCHEMA_VERSION}); run that version, or point store.path elsewhere"
+            ),
+        )),
+        Some(v) => Err(open_error(
+            path,
+            format!(
+                "has store schema {v}, which this build ({SCHEMA_VERSION}) cannot migrate; see docs/ARCHITECTURE.md"
+            ),
+        )),
+        None => Err(open_error(path, "has no readable schema version")),
+    }
+}
+
+fn read_events(
+    db: &Database,
+    key: &TaskKey,
+    after: u64,
+    history: &[Arc<Message>],
+) -> std::result::Result<Vec<TaskEvent>, redb::Error> {
+    let read = db.begin_read()?;
+    let events = read.open_table(EVENTS)?;
+    let from = codec::event_key(key, after.saturating_add(1));
+    let end = codec::prefix_end(&codec::task_key(key));
+    let mut out = Vec::new();
+    for entry in events.range(from.as_slice()..end.as_slice())? {
+        let (k, v) = entry?;
+        let seq = k
+            .value()
+            .split_last_chunk::<8>()
+            .map(|(_, n)| u64::from_be_bytes(*n))
+            .unwrap_or(0);
+        if let Some(e) = codec::decode_event(seq, v.value(), history) {
+            out.push(e);
+        }
+    }
+    Ok(out)
+}
+
+/// Loads the file: push configurations and finished tasks into the indexes (expired ones
+/// are dropped), unfinished tasks, conversations and the outbox into [`Recovered`].
+fn load(
+    db: &Database,
+    indexes: &Indexes,
+    config: &Config,
+) -> std::result::Result<Recovered, redb::Error> {
+    let read = db.begin_read()?;
+    for entry in read.open_table(PUSH)?.iter()? {
+        let (_, v) = entry?;
+        if let Some(c) = codec::decode_push(v.value()) {
+            let _ = indexes.push.set(c, usize::MAX);
+        }
+    }
+    let retention = Duration::from_secs_f64(config.server.task_retention_seconds);
+    let now = chrono::Utc::now();
+    let mut finished: Vec<(TaskKey, Arc<TaskSnapshot>)> = Vec::new();
+    let mut expired: Vec<TaskKey> = Vec::new();
+    let mut live: Vec<RecoveredTask> = Vec::new();
+    for entry in read.open_table(TASKS)?.iter()? {
+        let (k, v) = entry?;
+        let Some(key) = codec::parse_task_key(k.value()) else {
+            continue;
+        };
+        let Some((task, turn)) = codec::decode_task(&key, v.value()) else {
+            tracing::error!(task = %key.task, "a task record could not be decoded; skipped");
+            continue;
+        };
+        let task = Arc::new(task);
+        if task.status.state.is_terminal() {
+            let age = (now - task.updated_at).to_std().unwrap_or_default();
+            if age >= retention {
+                expired.push(key);
+            } else {
+                finished.push((key, task));
+            }
+        } else {
+            let events = read_events(db, &key, 0, &task.history)?
+                .into_iter()
+                .map(Arc::new)
+                .collect();
+            live.push(RecoveredTask {
+                key,
+                task,
+                events,
+                turn,
+            });
+        }
+    }
+    // Oldest first, so eviction order stays finish order.
+    finished.sort_by_key(|(_, t)| t.updated_at);
+    let mut evicted = Vec::new();
+    for (key, task) in finished {
+        let age = (now - task.updated_at).to_std().unwrap_or_default();
+        evicted.extend(indexes.tasks.put_restored(&key, task, age));
+    }
+    for key in &evicted {
+        indexes.push.remove_task(key);
+    }
+    expired.extend(evicted);
+    for t in &live {
+        indexes.tasks.put(&t.key, t.task.clone());
+    }
+    live.sort_by_key(|t| t.task.created_at);
+
+    let mut contexts: HashMap<(Principal, ContextId), RecoveredContext> = HashMap::new();
+    for entry in read.open_table(TURNS)?.iter()? {
+        let (k, v) = entry?;
+        let (Some((principal, context, number)), Some((user, reply))) = (
+            codec::parse_turn_key(k.value()),
+            codec::decode_turn(v.value()),
+        ) else {
+            continue;
+        };
+        contexts
+            .entry((principal.clone(), context.clone()))
+            .or_insert_with(|| RecoveredContext {
+                principal,
+                context,
+                turns: Vec::new(),
+            })
+            .turns
+            .push((number, user, reply));
+    }
+
+    let mut deliveries = Vec::new();
+    let mut stale = Vec::new();
+    for entry in read.open_table(OUTBOX)?.iter()? {
+        let (k, v) = entry?;
+        let (Some(key), Some((attempt, due))) = (
+            codec::parse_outbox_key(k.value()),
+            codec::decode_outbox(v.value()),
+        ) else {
+            continue;
+        };
+        let task = indexes.tasks.get(&key.task);
+        let config = indexes
+            .push
+            .for_task(&key.task)
+            .into_iter()
+            .find(|c| c.id == key.config);
+        let event = match &task {
+            Some(t) => read
+                .open_table(EVENTS)?
+                .get(codec::event_key(&key.task, key.seq).as_slice())?
+                .and_then(|e| codec::decode_event(key.seq, e.value(), &t.history)),
+            None => None,
+        };
+        match (task, config, event) {
+            (Some(task), Some(config), Some(event)) => deliveries.push(Delivery {
+                id: delivery_id(&key),
+                key,
+                config,
+                event: Arc::new(event),
+                task,
+                attempt,
+                due,
+            }),
+            _ => stale.push(key),
+        }
+    }
+    drop(read);
+    if !expired.is_empty() || !stale.is_empty() {
+        let w = db.begin_write()?;
+        for key in &expired {
+            delete_task(&w, key)?;
+        }
+        {
+            let mut outbox = w.open_table(OUTBOX)?;
+            for key in &stale {
+                outbox.remove(codec::outbox_key(key).as_slice())?;
+            }
+        }
+        w.commit()?;
+    }
+    Ok(Recovered {
+        tasks: live,
+        contexts: contexts.into_values().collect(),
+        deliveries,
+    })
+}
+
+/// Deletes a task's record, events, outbox entries and push configurations.
+fn delete_task(w: &WriteTransaction, key: &TaskKey) -> std::result::Result<(), redb::Error> {
+    let prefix = codec::task_key(key);
+    let end = codec::prefix_end(&prefix);
+    w.open_table(TASKS)?.remove(prefix.as_slice())?;
+    w.open_table(EVENTS)?
+        .retain_in(prefix.as_slice()..end.as_slice(), |_, _| false)?;
+    w.open_table(OUTBOX)?
+        .retain_in(prefix.as_slice()..end.as_slice(), |_, _| false)?;
+    let (scoped, named) = codec::task_push_keys(key);
+    let named_end = codec::prefix_end(&named);
+    let mut push = w.open_table(PUSH)?;
+    push.remove(scoped.as_slice())?;
+    push.retain_in(named.as_slice()..named_end.as_slice(), |_, _| false)?;
+    Ok(())
+}
+
+struct Committer {
+    db: Arc<Database>,
+    indexes: Arc<Indexes>,
+    rx: Receiver<Job>,
+    counters: Arc<Counters>,
+    max_batch: usize,
+    quick_repair: bool,
+    /// Evicted tasks whose rows are still to delete, in chunks between batches.
+    forget: Vec<TaskKey>,
+}
+
+/// What one batch writes, collected before the transaction so repeated records of one
+/// task are written once.
+#[derive(Default)]
+struct Batch {
+    appends: Vec<(usize, Option<Then>)>,
+    writes: Vec<Write>,
+    writes_count: u64,
+}
+
+impl Committer {
+    fn run(mut self) {
+        loop {
+            let first = if self.forget.is_empty() {
+                match self.rx.recv() {
+                    Ok(job) => job,
+                    Err(_) => break,
+                }
+            } else {
+                match self.rx.recv_timeout(Duration::from_millis(1)) {
+                    Ok(job) => job,
+                    Err(RecvTimeoutError::Timeout) => {
+                        self.forget_chunk();
+                        continue;
+                    }
+                    Err(RecvTimeoutError::Disconnected) => break,
+                }
+            };
+            let mut batch = Batch::default();
+            let mut tasks = 0usize;
+            let mut next = Some(first);
+            while let Some(job) = next.take() {
+                match job {
+                    Job::Append(writes, then) => {
+                        tasks += writes
+                            .iter()
+                            .filter(|w| matches!(w, Write::Task { .. }))
+                            .count();
+                        batch.writes_count += writes.len() as u64;
+                        batch.appends.push((writes.len(), then));
+                        batch.writes.extend(writes);
+                    }
+                    Job::Forget(keys) => self.forget.extend(keys),
+                }
+                if tasks < self.max_batch {
+                    match self.rx.try_recv() {
+                        Ok(job) => next = Some(job),
+                        Err(TryRecvError::Empty | TryRecvError::Disconnected) => {}
+                    }
+                }
+            }
+            if !batch.appends.is_empty() {
+                self.commit(batch);
+            }
+            if !self.forget.is_empty() {
+                self.forget_chunk();
+            }
+        }
+        // Disconnected: everything queued has been committed above.
+        while !self.forget.is_empty() {
+            self.forget_chunk();
+        }
+    }
+
+    /// Writes one batch, retrying until the file takes it; then publishes it.
+    fn commit(&mut self, batch: Batch) {
+        let mut pause = Duration::from_millis(100);
+        let deliveries = loop {
+            match self.write(&batch.writes) {
+                Ok(d) => break d,
+                Err(e) => {
+                    if !self.counters.failing.swap(true, Relaxed) {
+                        tracing::error!(error = %e, "store commit failed; retrying (nothing is acknowledged until it succeeds)");
+                    }
+                    std::thread::sleep(pause);
+                    pause = (pause * 2).min(Duration::from_secs(5));
+                }
+            }
+        };
+        if self.counters.failing.swap(false, Relaxed) {
+            tracing::warn!("store commits succeed again");
+        }
+        self.counters.commits.fetch_add(1, Relaxed);
+        self.counters
+            .committed
+            .fetch_add(batch.writes_count, Relaxed);
+        self.counters.pending.fetch_sub(batch.writes_count, Relaxed);
+        // Visible to readers only now that it is durable.
+        for w in &batch.writes {
+            if let Write::Task { key, task, .. } = w {
+                let evicted = self.indexes.put_task(key, task.clone());
+                self.forget.extend(evicted);
+            }
+        }
+        let mut deliveries = deliveries.into_iter().peekable();
+        let mut end = 0;
+        for (count, then) in batch.appends {
+            end += count;
+            let mut mine = Vec::new();
+            while let Some((_, d)) = deliveries.next_if(|(i, _)| *i < end) {
+                mine.push(d);
+            }
+            if let Some(then) = then {
+                then(Committed { deliveries: mine });
+            }
+        }
+    }
+
+    /// One transaction with every write of the batch. Returns the planned deliveries, each
+    /// with the index of the write that planned it.
+    fn write(&self, writes: &[Write]) -> std::result::Result<Vec<(usize, Delivery)>, redb::Error> {
+        let mut w = self.db.begin_write()?;
+        w.set_durability(Durability::Immediate).map_err(|e| {
+            redb::Error::from(redb::StorageError::Io(std::io::Error::other(e.to_string())))
+        })?;
+        w.set_quick_repair(self.quick_repair);
+        let mut planned = Vec::new();
+        {
+            let mut tasks = w.open_table(TASKS)?;
+            let mut events = w.open_table(EVENTS)?;
+            let mut outbox = w.open_table(OUTBOX)?;
+            let mut push = w.open_table(PUSH)?;
+            let mut turns = w.open_table(TURNS)?;
+            // The last record of each task in the batch (earlier ones are superseded).
+            let mut last: HashMap<&TaskKey, usize> = HashMap::new();
+            for (i, write) in writes.iter().enumerate() {
+                if let Write::Task { key, .. } = write {
+                    last.insert(key, i);
+                }
+            }
+            for (i, write) in writes.iter().enumerate() {
+                match write {
+                    Write::Task {
+                        key,
+                        task,
+                        event,
+                        changed,
+                        turn,
+                    } => {
+                        events.insert(
+                            codec::event_key(key, event.seq).as_slice(),
+                            codec::encode_event(event).as_slice(),
+                        )?;
+                        for d in self.indexes.plan(key, task, event, *changed) {
+                            outbox.insert(
+                                codec::outbox_key(&d.key).as_slice(),
+                                codec::encode_outbox(1, None).as_slice(),
+                            )?;
+                            planned.push((i, d));
+                        }
+                        if last.get(key) == Some(&i) {
+                            tasks.insert(
+                                codec::task_key(key).as_slice(),
+                                codec::encode_task(task, *turn).as_slice(),
+                            )?;
+                        }
+                    }
+                    Write::Turn {
+                        principal,
+                        context,
+                        number,
+                        user,
+                        reply,
+                    } => {
+                        turns.insert(
+                            codec::turn_key(principal, context, *number).as_slice(),
+                            codec::encode_turn(user, reply.as_deref()).as_slice(),
+                        )?;
+                    }
+                    Write::ForgetContext { principal, context } => {
+                        let prefix = codec::context_prefix(principal, context);
+                        let end = codec::prefix_end(&prefix);
+                        turns.retain_in(prefix.as_slice()..end.as_slice(), |_, _| false)?;
+                    }
+                    Write::PushSet(c) | Write::PushStats(c) => {
+                        push.insert(
+                            codec::push_key(c).as_slice(),
+                            codec::encode_push(c).as_slice(),
+                        )?;
+                    }
+                    Write::PushRemove(scope) => {
+                        push.remove(codec::scoped_key(scope).as_slice())?;
+                    }
+                    Write::PushRemoveNamed { task, id } => {
+                        push.remove(codec::named_key(task, id).as_slice())?;
+                    }
+                    Write::OutboxDone(key) => {
+                        outbox.remove(codec::outbox_key(key).as_slice())?;
+                    }
+                    Write::OutboxRetry { key, attempt, due } => {
+                        let k = codec::outbox_key(key);
+                        // Only while the entry exists: an evicted task's deliveries are gone.
+                        if outbox.get(k.as_slice())?.is_some() {
+                            outbox.insert(
+                                k.as_slice(),
+                                codec::encode_outbox(*attempt, Some(*due)).as_slice(),
+                            )?;
+                        }
+                    }
+                }
+            }
+        }
+        w.commit()?;
+        Ok(planned)
+    }
+
+    /// Deletes one chunk of evicted tasks.
+    fn forget_chunk(&mut self) {
+        let n = self.forget.len().min(FORGET_CHUNK);
+        let chunk: Vec<TaskKey> = self.forget.drain(..n).collect();
+        let result = (|| -> std::result::Result<(), redb::Error> {
+            let mut w = self.db.begin_write()?;
+            w.set_quick_repair(self.quick_repair);
+            for key in &chunk {
+                delete_task(&w, key)?;
+            }
+            w.commit()?;
+            Ok(())
+        })();
+        if let Err(e) = result {
+            tracing::error!(error = %e, tasks = chunk.len(), "store: deleting expired tasks failed; retried later");
+            self.forget.extend(chunk);
+        }
+    }
+}

@@ -1,0 +1,240 @@
+//! [`LocalStore`]: the embedded stores. Reads are served from in-memory indexes (task
+//! records with their owner index, push configurations); with a file (`backend = "redb"`)
+//! every write also goes to the file's committer, and a task record enters the index only
+//! once its event is durable.
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use futures_util::future::{BoxFuture, FutureExt as _, ready};
+
+use super::file::Journal;
+use super::index::{PushIndex, TaskIndex};
+use super::{
+    Committed, Delivery, Durable, ListPage, ListQuery, OutboxKey, Recovered, Store, StoreStats,
+    Then, Write, delivery_id,
+};
+use crate::config::{Config, StoreBackend};
+use crate::error::Result;
+use crate::model::{AgentId, Principal, TaskEvent, TaskKey, TaskSnapshot};
+use crate::push::{PushScope, StoredPushConfig};
+
+/// What the embedded stores serve reads from, shared with the file's committer.
+pub(crate) struct Indexes {
+    pub(crate) tasks: TaskIndex,
+    pub(crate) push: PushIndex,
+}
+
+impl Indexes {
+    /// The deliveries of a task event: one per configuration of the task that selects it
+    /// and is active. Costs one load when no configuration exists at all.
+    pub(crate) fn plan(
+        &self,
+        key: &TaskKey,
+        task: &Arc<TaskSnapshot>,
+        event: &Arc<TaskEvent>,
+        changed: bool,
+    ) -> Vec<Delivery> {
+        if self.push.is_empty() {
+            return Vec::new();
+        }
+        self.push
+            .for_task(key)
+            .into_iter()
+            .filter(|c| c.config.events.selects(event, changed))
+            .map(|config| {
+                let outbox = OutboxKey {
+                    task: key.clone(),
+                    seq: event.seq,
+                    config: config.id.clone(),
+                };
+                Delivery {
+                    id: delivery_id(&outbox),
+                    key: outbox,
+                    config,
+                    event: event.clone(),
+                    task: task.clone(),
+                    attempt: 1,
+                    due: None,
+                }
+            })
+            .collect()
+    }
+
+    /// Applies writes that change the indexes at once (push removals).
+    fn apply_now(&self, writes: &[Write]) {
+        for w in writes {
+            match w {
+                Write::PushRemove(scope) => self.push.remove(scope),
+                Write::PushRemoveNamed { task, id } => {
+                    self.push.remove_named(task, id);
+                }
+                _ => {}
+            }
+        }
+    }
+
+    /// Puts a durable task record; returns the tasks evicted to make room (their push
+    /// configurations go with them).
+    pub(crate) fn put_task(&self, key: &TaskKey, task: Arc<TaskSnapshot>) -> Vec<TaskKey> {
+        let evicted = self.tasks.put(key, task);
+        for gone in &evicted {
+            self.push.remove_task(gone);
+        }
+        evicted
+    }
+}
+
+/// The embedded store: memory alone, or memory in front of a redb file.
+pub(crate) struct LocalStore {
+    indexes: Arc<Indexes>,
+    journal: Option<Journal>,
+    recovered: Mutex<Option<Recovered>>,
+}
+
+impl LocalStore {
+    /// Opens the store the configuration names: for `redb`, opens (or creates) the file,
+    /// checks its schema and loads it.
+    ///
+    /// # Errors
+    /// [`crate::Error::Store`] when the file is locked by another process, unreadable, not
+    /// an a2ad store, or from an incompatible version: never a silent fresh start.
+    pub(crate) fn open(config: &Config) -> Result<Self> {
+        let server = &config.server;
+        let indexes = Arc::new(Indexes {
+            tasks: TaskIndex::new(
+                Duration::from_secs_f64(server.task_retention_seconds),
+                server.max_finished_tasks,
+                server.max_retained_bytes,
+            ),
+            push: PushIndex::default(),
+        });
+        let (journal, recovered) = match config.store.backend {
+            StoreBackend::Memory => (None, Recovered::default()),
+            StoreBackend::Redb => {
+                let (journal, recovered) = Journal::open(config, indexes.clone())?;
+                (Some(journal), recovered)
+            }
+        };
+        Ok(Self {
+            indexes,
+            journal,
+            recovered: Mutex::new(Some(recovered)),
+        })
+    }
+}
+
+fn done<T: Send + 'static>(value: T) -> BoxFuture<'static, Result<T>> {
+    ready(Ok(value)).boxed()
+}
+
+impl Store for LocalStore {
+    fn append(&self, writes: Vec<Write>, then: Option<Then>) -> Durable {
+        self.indexes.apply_now(&writes);
+        if let Some(journal) = &self.journal {
+            journal.append(writes, then);
+            return Durable::Later;
+        }
+        let mut committed = Committed::default();
+        for w in writes {
+            if let Write::Task {
+                key,
+                task,
+                event,
+                changed,
+                ..
+            } = w
+            {
+                committed
+                    .deliveries
+                    .extend(self.indexes.plan(&key, &task, &event, changed));
+                self.indexes.put_task(&key, task);
+            }
+        }
+        Durable::Now(committed)
+    }
+
+    fn task(&self, key: &TaskKey) -> BoxFuture<'_, Result<Option<Arc<TaskSnapshot>>>> {
+        done(self.indexes.tasks.get(key))
+    }
+
+    fn task_now(&self, key: &TaskKey) -> Option<Arc<TaskSnapshot>> {
+        self.indexes.tasks.get(key)
+    }
+
+    fn events(&self, key: &TaskKey, after: u64) -> BoxFuture<'_, Result<Vec<TaskEvent>>> {
+        match &self.journal {
+            Some(journal) => ready(journal.events(key, after)).boxed(),
+            None => done(Vec::new()),
+        }
+    }
+
+    fn list(&self, query: &ListQuery) -> BoxFuture<'_, Result<ListPage>> {
+        done(self.indexes.tasks.list(query))
+    }
+
+    fn push_scope(
+        &self,
+        scope: &PushScope,
+    ) -> BoxFuture<'_, Result<Option<Arc<StoredPushConfig>>>> {
+        done(self.indexes.push.get_scope(scope))
+    }
+
+    fn push_by_id(
+        &self,
+        principal: &Principal,
+        agent: &AgentId,
+        id: &str,
+    ) -> BoxFuture<'_, Result<Option<Arc<StoredPushConfig>>>> {
+        done(self.indexes.push.get_id(principal, agent, id))
+    }
+
+    fn push_named(&self, task: &TaskKey) -> BoxFuture<'_, Result<Vec<Arc<StoredPushConfig>>>> {
+        done(self.indexes.push.list_named(task))
+    }
+
+    fn push_reserve(&self, config: &Arc<StoredPushConfig>, max_per_task: usize) -> Result<()> {
+        self.indexes.push.set(config.clone(), max_per_task)
+    }
+
+    fn recovered(&self) -> Recovered {
+        self.recovered
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take()
+            .unwrap_or_default()
+    }
+
+    fn sweep(&self, now: Instant) {
+        let evicted = self.indexes.tasks.evict(now);
+        for gone in &evicted {
+            self.indexes.push.remove_task(gone);
+        }
+        if let Some(journal) = &self.journal
+            && !evicted.is_empty()
+        {
+            journal.forget(evicted);
+        }
+    }
+
+    fn stats(&self) -> StoreStats {
+        let mut stats = self
+            .journal
+            .as_ref()
+            .map(Journal::stats)
+            .unwrap_or_default();
+        stats.finished_tasks = self.indexes.tasks.len();
+        stats.finished_bytes = self.indexes.tasks.bytes();
+        stats
+    }
+
+    fn backlog(&self) -> u64 {
+        self.journal.as_ref().map_or(0, Journal::backlog)
+    }
+
+    fn close(&self) {
+        if let Some(journal) = &self.journal {
+            journal.close();
+        }
+    }
+}
