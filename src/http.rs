@@ -148,6 +148,10 @@ pub(crate) async fn handle(
         }
     } else if path == "/healthz" {
         match *req.method() {
+            Method::GET | Method::HEAD if app.runtime.store_stats().failing => json(
+                StatusCode::SERVICE_UNAVAILABLE,
+                br#"{"status":"store failing"}"#.to_vec(),
+            ),
             Method::GET | Method::HEAD => json(StatusCode::OK, br#"{"status":"ok"}"#.to_vec()),
             Method::OPTIONS => preflight(),
             _ => method_not_allowed("GET, HEAD"),

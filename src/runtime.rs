@@ -31,7 +31,9 @@ use crate::config::{Config, StoreBackend};
 use crate::error::{Error, Result};
 use crate::limits::Scheduler;
 use crate::metrics::{AgentMetrics, Metrics};
-use crate::model::{AgentId, ContextId, Message, Principal, TaskId, TaskKey, TaskSnapshot};
+use crate::model::{
+    AgentId, ContextId, Message, Principal, TaskEvent, TaskId, TaskKey, TaskSnapshot,
+};
 use crate::push::{PushScope, StoredPushConfig};
 use crate::store::{
     Durable, ListPage, ListQuery, LocalStore, RecoveredTask, Store, StoreStats, Write,
@@ -592,6 +594,46 @@ impl Runtime {
             snapshot.id.clone(),
             snapshot.context_id.clone(),
             VecDeque::from([item]),
+            None,
+            None,
+        )
+    }
+
+    /// A finished task's events after `after`, as the store kept them, ending with its final
+    /// state (a `Last-Event-ID` replay that picks up where a stream broke, a restart
+    /// included). A store that keeps no events of finished tasks (memory) gives the
+    /// one-event stream of [`Runtime::finished_stream`].
+    pub async fn finished_stream_after(
+        &self,
+        principal: &Principal,
+        agent: &AgentId,
+        snapshot: &Arc<TaskSnapshot>,
+        after: u64,
+    ) -> TaskStream {
+        let key = task_key(principal, agent, &snapshot.id);
+        let events: Vec<TaskEvent> = self
+            .shared
+            .store
+            .events(&key, after)
+            .await
+            .unwrap_or_default();
+        let complete = events
+            .last()
+            .is_some_and(|e| e.seq == snapshot.seq && e.is_final());
+        if !complete {
+            return self.finished_stream(snapshot);
+        }
+        let items = events
+            .into_iter()
+            .map(|e| StreamItem {
+                event: Arc::new(e),
+                task: snapshot.clone(),
+            })
+            .collect();
+        self.task_stream(
+            snapshot.id.clone(),
+            snapshot.context_id.clone(),
+            items,
             None,
             None,
         )

@@ -256,6 +256,8 @@ pub struct StoreStats {
     pub committed_writes: u64,
     /// The store file's size in bytes (0 in memory).
     pub file_bytes: u64,
+    /// Commits are failing (and being retried); nothing new is acknowledged meanwhile.
+    pub failing: bool,
 }
 
 /// A ListTasks query: one owner's tasks on one agent, newest status first.

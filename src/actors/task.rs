@@ -144,6 +144,8 @@ enum Deferred {
         RpcReplyPort<Result<TaskSnapshot, Error>>,
         Result<TaskSnapshot, Error>,
     ),
+    /// A read of a task none of whose events is durable yet: it answers with the first.
+    Get(RpcReplyPort<TaskSnapshot>),
 }
 
 /// A task actor's state.
@@ -357,7 +359,12 @@ impl Actor for TaskActor {
                 let _ = reply.send(state.resume(&myself, message, follow));
             }
             TaskMsg::Get(reply) => {
-                let _ = reply.send((*state.durable).clone());
+                if state.published == 0 {
+                    // Nobody may hear of the task before its first event is durable.
+                    state.deferred.push((1, Deferred::Get(reply)));
+                } else {
+                    let _ = reply.send((*state.durable).clone());
+                }
             }
             TaskMsg::WaitFinal(tx) => {
                 if state.durable.status.state.ends_stream() {
@@ -645,11 +652,7 @@ impl TaskActorState {
         while i < self.deferred.len() {
             if self.deferred[i].0 <= published {
                 let (_, reply) = self.deferred.swap_remove(i);
-                match reply {
-                    Deferred::Cancel(port, outcome) => {
-                        let _ = port.send(outcome);
-                    }
-                }
+                self.answer(reply);
             } else {
                 i += 1;
             }
@@ -660,13 +663,20 @@ impl TaskActorState {
     fn defer(&mut self, reply: Deferred) {
         let upto = self.events.len() as u64;
         if upto <= self.published {
-            match reply {
-                Deferred::Cancel(port, outcome) => {
-                    let _ = port.send(outcome);
-                }
-            }
+            self.answer(reply);
         } else {
             self.deferred.push((upto, reply));
+        }
+    }
+
+    fn answer(&self, reply: Deferred) {
+        match reply {
+            Deferred::Cancel(port, outcome) => {
+                let _ = port.send(outcome);
+            }
+            Deferred::Get(port) => {
+                let _ = port.send((*self.durable).clone());
+            }
         }
     }
 

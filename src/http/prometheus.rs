@@ -137,17 +137,48 @@ pub(crate) fn render(app: &App) -> String {
         "Live task actors.",
         &[("", m.live_tasks.load(Relaxed).max(0) as f64)],
     );
+    let store = runtime.store_stats();
     gauge(
         &mut out,
         "a2ad_finished_tasks_retained",
         "Finished tasks kept for the retention period.",
-        &[("", runtime.finished_tasks() as f64)],
+        &[("", store.finished_tasks as f64)],
     );
     gauge(
         &mut out,
         "a2ad_finished_tasks_retained_bytes",
         "About how many bytes the retained finished tasks hold (budget: server.max_retained_bytes).",
-        &[("", runtime.finished_bytes() as f64)],
+        &[("", store.finished_bytes as f64)],
+    );
+    gauge(
+        &mut out,
+        "a2ad_store_pending_writes",
+        "Writes handed to the store and not yet durable (bound: store.max_pending_writes).",
+        &[("", store.pending_writes as f64)],
+    );
+    counter(
+        &mut out,
+        "a2ad_store_commits_total",
+        "Store transactions committed (one fdatasync each).",
+        &[("", store.commits as f64)],
+    );
+    counter(
+        &mut out,
+        "a2ad_store_writes_total",
+        "Writes made durable.",
+        &[("", store.committed_writes as f64)],
+    );
+    gauge(
+        &mut out,
+        "a2ad_store_file_bytes",
+        "Size of the store file (0 in memory).",
+        &[("", store.file_bytes as f64)],
+    );
+    gauge(
+        &mut out,
+        "a2ad_store_failing",
+        "1 while store commits fail (nothing is acknowledged until they succeed again).",
+        &[("", if store.failing { 1.0 } else { 0.0 })],
     );
     gauge(
         &mut out,

@@ -103,31 +103,19 @@ impl Journal {
             || std::fs::metadata(&path)
                 .map(|m| m.len() == 0)
                 .unwrap_or(false);
+        if !fresh {
+            // Look before writing: a file that is not ours is left exactly as it was.
+            match redb::Builder::new().open_read_only(&path) {
+                Ok(read) => check_existing(&read, &path)?,
+                // Not closed cleanly (a crash): only a writer may repair it; checked below.
+                Err(DatabaseError::RepairAborted) => {}
+                Err(e) => return Err(refused(&path, e)),
+            }
+        }
         let db = redb::Builder::new()
             .set_cache_size(store.cache_mib.saturating_mul(1 << 20))
             .create(&path)
-            .map_err(|e| match e {
-                DatabaseError::DatabaseAlreadyOpen => open_error(
-                    &path,
-                    "is in use by another a2ad (the file is locked); stop it or point store.path elsewhere",
-                ),
-                DatabaseError::Storage(StorageError::Io(io))
-                    if io.kind() == std::io::ErrorKind::InvalidData =>
-                {
-                    open_error(&path, format!("is not an a2ad store ({io}); point store.path elsewhere"))
-                }
-                DatabaseError::Storage(StorageError::Io(io)) => {
-                    open_error(&path, format!("cannot be read or written: {io}"))
-                }
-                DatabaseError::UpgradeRequired(v) => open_error(
-                    &path,
-                    format!("was written in redb file format {v}, which this build cannot open"),
-                ),
-                other => open_error(
-                    &path,
-                    format!("is not an a2ad store (or is damaged beyond repair): {other}"),
-                ),
-            })?;
+            .map_err(|e| refused(&path, e))?;
         if fresh {
             restrict(&path, 0o600);
         }
@@ -213,6 +201,7 @@ impl Journal {
             commits: self.counters.commits.load(Relaxed),
             committed_writes: self.counters.committed.load(Relaxed),
             file_bytes: std::fs::metadata(&self.path).map(|m| m.len()).unwrap_or(0),
+            failing: self.counters.failing.load(Relaxed),
             ..StoreStats::default()
         }
     }
@@ -232,6 +221,35 @@ impl Drop for Journal {
     }
 }
 
+/// Why a file cannot be opened, said so an operator knows what to do.
+fn refused(path: &Path, e: DatabaseError) -> Error {
+    match e {
+        DatabaseError::DatabaseAlreadyOpen => open_error(
+            path,
+            "is in use by another a2ad (the file is locked); stop it or point store.path elsewhere",
+        ),
+        DatabaseError::Storage(StorageError::Io(io))
+            if io.kind() == std::io::ErrorKind::InvalidData =>
+        {
+            open_error(
+                path,
+                format!("is not an a2ad store ({io}); point store.path elsewhere"),
+            )
+        }
+        DatabaseError::Storage(StorageError::Io(io)) => {
+            open_error(path, format!("cannot be read or written: {io}"))
+        }
+        DatabaseError::UpgradeRequired(v) => open_error(
+            path,
+            format!("was written in redb file format {v}, which this build cannot open"),
+        ),
+        other => open_error(
+            path,
+            format!("is not an a2ad store (or is damaged beyond repair): {other}"),
+        ),
+    }
+}
+
 #[cfg(unix)]
 fn restrict(path: &Path, mode: u32) {
     use std::os::unix::fs::PermissionsExt as _;
@@ -245,27 +263,38 @@ fn restrict(_path: &Path, _mode: u32) {}
 fn check_schema(db: &Database, path: &Path) -> Result<()> {
     let io = |e: &dyn std::fmt::Display| open_error(path, format!("cannot be read: {e}"));
     let read = db.begin_read().map_err(|e| io(&e))?;
+    let empty = read.list_tables().map_err(|e| io(&e))?.next().is_none();
+    drop(read);
+    if !empty {
+        return check_existing(db, path);
+    }
+    let w = db.begin_write().map_err(|e| io(&e))?;
+    {
+        let mut meta = w.open_table(META).map_err(|e| io(&e))?;
+        meta.insert(b"app".as_slice(), APP).map_err(|e| io(&e))?;
+        meta.insert(
+            b"schema".as_slice(),
+            SCHEMA_VERSION.to_be_bytes().as_slice(),
+        )
+        .map_err(|e| io(&e))?;
+        for t in [TASKS, EVENTS, OUTBOX, PUSH, TURNS] {
+            w.open_table(t).map_err(|e| io(&e))?;
+        }
+    }
+    w.commit().map_err(|e| io(&e))
+}
+
+/// An existing file must be an a2ad store of the schema this build reads (an empty redb
+/// file — a first start that stopped early — is initialized by the writer).
+fn check_existing(db: &impl ReadableDatabase, path: &Path) -> Result<()> {
+    let io = |e: &dyn std::fmt::Display| open_error(path, format!("cannot be read: {e}"));
+    let read = db.begin_read().map_err(|e| io(&e))?;
     let tables: Vec<String> = read
         .list_tables()
         .map_err(|e| io(&e))?
         .map(|t| t.name().to_string())
         .collect();
     if tables.is_empty() {
-        drop(read);
-        let w = db.begin_write().map_err(|e| io(&e))?;
-        {
-            let mut meta = w.open_table(META).map_err(|e| io(&e))?;
-            meta.insert(b"app".as_slice(), APP).map_err(|e| io(&e))?;
-            meta.insert(
-                b"schema".as_slice(),
-                SCHEMA_VERSION.to_be_bytes().as_slice(),
-            )
-            .map_err(|e| io(&e))?;
-            for t in [TASKS, EVENTS, OUTBOX, PUSH, TURNS] {
-                w.open_table(t).map_err(|e| io(&e))?;
-            }
-        }
-        w.commit().map_err(|e| io(&e))?;
         return Ok(());
     }
     if !tables.iter().any(|t| t == "meta") {

@@ -114,6 +114,16 @@ impl Binary {
         self.child.id()
     }
 
+    /// SIGKILL (a crash: nothing runs on the way out); returns stderr.
+    pub fn kill9(mut self) -> String {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        if let Some(reader) = self.reader.take() {
+            let _ = reader.join();
+        }
+        self.stderr()
+    }
+
     /// SIGTERM, then waits (up to 30 s) for the exit; returns the exit code and stderr.
     pub fn stop(mut self) -> (i32, String) {
         let _ = Command::new("kill")

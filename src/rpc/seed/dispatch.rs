@@ -121,11 +121,18 @@ async fn run(runtime: &Runtime, cx: &CallContext, call: &Call) -> Result<Reply, 
                 .await?
             {
                 Resubscribed::Live(stream) => Ok(Reply::stream(id, stream, render::sse_data)),
-                Resubscribed::Finished(t) if cx.accepts_sse => Ok(Reply::stream(
-                    id,
-                    runtime.finished_stream(&t),
-                    render::sse_data,
-                )),
+                Resubscribed::Finished(t) if cx.accepts_sse => {
+                    let stream = match replay {
+                        // Pick up where the client's stream broke (across a restart too).
+                        Replay::After(n) if n < t.seq => {
+                            runtime
+                                .finished_stream_after(principal, &cx.agent_id, &t, n)
+                                .await
+                        }
+                        _ => runtime.finished_stream(&t),
+                    };
+                    Ok(Reply::stream(id, stream, render::sse_data))
+                }
                 Resubscribed::Finished(t) => Ok(Reply::ok(
                     id,
                     &TaskOut {

@@ -1,0 +1,387 @@
+//! The durable store across restarts of the real binary: files it must refuse (exit 2,
+//! left untouched), push configurations and waiting tasks that outlive the process, a
+//! webhook retry that resumes with its delivery id, a graceful shutdown, and the memory
+//! backend that keeps nothing.
+
+mod support;
+
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+use support::binary::{BIN, Binary, TempDir};
+use support::receiver::{Answer, Receiver};
+
+const KEY: &str = "key-restart-0123456789";
+
+fn config(extra: &str) -> String {
+    format!(
+        r#"[server]
+listen = "127.0.0.1:0"
+{extra}
+[webhooks]
+allow_private_networks = true
+
+[[api_keys]]
+name = "r"
+key = "{KEY}"
+
+[[agents]]
+id = "echo"
+
+[[agents]]
+id = "tck"
+backend = "tck"
+
+[[agents]]
+id = "slow"
+[agents.echo]
+delay_ms = 60000
+"#
+    )
+}
+
+fn redb(path: &std::path::Path) -> String {
+    format!("[store]\npath = \"{}\"\n", path.display())
+}
+
+async fn call(base: &str, path: &str, method: &str, params: Value, v: &str) -> Value {
+    let body = json!({"jsonrpc": "2.0", "id": 1, "method": method, "params": params});
+    let mut req = reqwest::Client::new()
+        .post(format!("{base}/api/v1/a2a/{path}"))
+        .header("x-api-key", KEY)
+        .header("content-type", "application/json")
+        .body(body.to_string());
+    if !v.is_empty() {
+        req = req.header("a2a-version", v);
+    }
+    let resp = req.send().await.expect("request");
+    serde_json::from_slice(&resp.bytes().await.expect("body")).expect("json")
+}
+
+fn seed_message(text: &str) -> Value {
+    json!({"message": {"role": "user", "messageId": uuid::Uuid::new_v4().to_string(),
+                       "parts": [{"type": "text", "text": text}]}})
+}
+
+/// Runs the binary on a configuration it must refuse; returns (exit code, stderr).
+fn refused(text: &str) -> (Option<i32>, String) {
+    let dir = TempDir::new();
+    let path = dir.path.join("a2ad.toml");
+    std::fs::write(&path, text).expect("write");
+    let out = Command::new(BIN)
+        .current_dir(&dir.path)
+        .args(["--config", &path.display().to_string()])
+        .output()
+        .expect("run");
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn a_locked_foreign_unreadable_or_newer_file_exits_2_and_is_left_as_it_was() {
+    let dir = TempDir::new();
+    // Locked by a running a2ad.
+    let store = dir.path.join("live.redb");
+    let text = config(&redb(&store));
+    let running = Binary::start(&text, &[], &[]);
+    let (code, err) = refused(&text);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("in use by another a2ad"), "{err}");
+    drop(running);
+
+    // Not a redb file at all.
+    let foreign = dir.path.join("foreign.redb");
+    std::fs::write(&foreign, b"these are someone's notes, not a database").expect("write");
+    let before = std::fs::read(&foreign).expect("read");
+    let (code, err) = refused(&config(&redb(&foreign)));
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("not an a2ad store"), "{err}");
+    assert!(
+        std::fs::read(&foreign).expect("read") == before,
+        "left untouched"
+    );
+
+    // A redb file of another program.
+    let other = dir.path.join("other.redb");
+    {
+        let db = redb::Database::create(&other).expect("create");
+        let w = db.begin_write().expect("write");
+        {
+            let t: redb::TableDefinition<&str, &str> = redb::TableDefinition::new("theirs");
+            w.open_table(t)
+                .expect("table")
+                .insert("k", "v")
+                .expect("insert");
+        }
+        w.commit().expect("commit");
+    }
+    let before = std::fs::read(&other).expect("read");
+    let (code, err) = refused(&config(&redb(&other)));
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("another program"), "{err}");
+    assert!(
+        std::fs::read(&other).expect("read") == before,
+        "left untouched"
+    );
+
+    // An a2ad store of a newer schema.
+    let newer = dir.path.join("newer.redb");
+    {
+        let db = redb::Database::create(&newer).expect("create");
+        let w = db.begin_write().expect("write");
+        {
+            let t: redb::TableDefinition<&[u8], &[u8]> = redb::TableDefinition::new("meta");
+            let mut meta = w.open_table(t).expect("table");
+            meta.insert(b"app".as_slice(), b"a2ad".as_slice())
+                .expect("insert");
+            meta.insert(b"schema".as_slice(), 99u32.to_be_bytes().as_slice())
+                .expect("insert");
+        }
+        w.commit().expect("commit");
+    }
+    let before = std::fs::read(&newer).expect("read");
+    let (code, err) = refused(&config(&redb(&newer)));
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("newer a2ad"), "{err}");
+    assert!(
+        std::fs::read(&newer).expect("read") == before,
+        "left untouched"
+    );
+
+    // Unreadable: the path is a directory.
+    let folder = dir.path.join("folder.redb");
+    std::fs::create_dir_all(&folder).expect("mkdir");
+    let (code, err) = refused(&config(&redb(&folder)));
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("folder.redb"), "names the file: {err}");
+}
+
+#[tokio::test]
+async fn the_default_store_is_a_file_beside_the_server_and_it_says_where() {
+    let dir = TempDir::new();
+    let path = dir.path.join("a2ad.toml");
+    std::fs::write(&path, config("")).expect("write");
+    let out = Command::new(BIN)
+        .current_dir(&dir.path)
+        .args([
+            "--config",
+            &path.display().to_string(),
+            "--listen",
+            "127.0.0.1:0",
+        ])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("spawn");
+    let mut child = out;
+    let stdout = child.stdout.take().expect("stdout");
+    let mut lines = std::io::BufRead::lines(std::io::BufReader::new(stdout));
+    let first = lines.next().expect("a line").expect("text");
+    assert_eq!(first, "store: ./a2ad-data/a2ad.redb (redb)");
+    let _ = child.kill();
+    let _ = child.wait();
+    assert!(dir.path.join("a2ad-data").join("a2ad.redb").exists());
+}
+
+#[tokio::test]
+async fn waiting_tasks_push_configurations_and_a_retried_delivery_outlive_a_crash() {
+    let dir = TempDir::new();
+    let text = config(&redb(&dir.path.join("a2ad.redb")));
+    // The receiver refuses the first attempt, so the delivery waits 10 s to retry.
+    let rx = Receiver::start(std::sync::Arc::new(|n| {
+        if n == 0 {
+            Answer::status(503)
+        } else {
+            Answer::status(200)
+        }
+    }))
+    .await;
+    let server = Binary::start(&text, &[], &[]);
+    let base = server.base.clone();
+    // A task waiting for input (official 1.0), with a named push configuration.
+    let msg = json!({"message": {"role": "ROLE_USER", "messageId": format!("tck-input-required-{}", uuid::Uuid::new_v4()),
+                                 "parts": [{"text": "wait"}]}});
+    let v = call(&base, "tck/jsonrpc/v1", "SendMessage", msg, "1.0").await;
+    let waiting = v["result"]["task"].clone();
+    assert_eq!(
+        waiting["status"]["state"], "TASK_STATE_INPUT_REQUIRED",
+        "{v}"
+    );
+    let task = waiting["id"].as_str().expect("id").to_string();
+    let v = call(
+        &base,
+        "tck/jsonrpc/v1",
+        "CreateTaskPushNotificationConfig",
+        json!({"taskId": task, "id": "keep-me", "url": "http://127.0.0.1:9/never"}),
+        "1.0",
+    )
+    .await;
+    assert_eq!(v["result"]["id"], "keep-me", "{v}");
+    // A seed delivery whose first attempt fails and retries in 30 s.
+    let v = call(
+        &base,
+        "echo",
+        "tasks/pushNotificationConfig/set",
+        json!({"config": {"url": rx.url, "events": ["task.completed"],
+                          "retryPolicy": {"maxRetries": 3, "initialDelay": 10}}}),
+        "",
+    )
+    .await;
+    assert_eq!(v["result"]["configured"], true, "{v}");
+    let v = call(&base, "echo", "message/send", seed_message("notify"), "").await;
+    assert_eq!(v["result"]["status"]["state"], "completed", "{v}");
+    let first = rx.wait_for(1).await;
+    let delivery = first[0].header("x-webhook-delivery").to_string();
+    assert_eq!(first[0].json()["delivery"]["attempt"], 1);
+    // Crash once the retry is scheduled and recorded (the outbox then says attempt 2,
+    // due 10 s after the first).
+    let end = Instant::now() + Duration::from_secs(30);
+    loop {
+        let metrics = reqwest::get(format!("{base}/metrics"))
+            .await
+            .expect("metrics")
+            .text()
+            .await
+            .expect("text");
+        let value = |name: &str| {
+            metrics
+                .lines()
+                .find_map(|l| l.strip_prefix(name).map(|v| v.trim().to_string()))
+                .and_then(|v| v.parse::<f64>().ok())
+                .unwrap_or(-1.0)
+        };
+        if value("a2ad_webhook_retries_total ") >= 1.0 && value("a2ad_store_pending_writes ") == 0.0
+        {
+            break;
+        }
+        assert!(Instant::now() < end, "the retry was never recorded");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let _ = server.kill9();
+
+    let server = Binary::start(&text, &[], &[]);
+    let base = server.base.clone();
+    let v = call(
+        &base,
+        "tck/jsonrpc/v1",
+        "GetTask",
+        json!({"id": task}),
+        "1.0",
+    )
+    .await;
+    assert_eq!(
+        v["result"]["status"]["state"], "TASK_STATE_INPUT_REQUIRED",
+        "{v}"
+    );
+    let v = call(
+        &base,
+        "tck/jsonrpc/v1",
+        "GetTaskPushNotificationConfig",
+        json!({"taskId": task, "id": "keep-me"}),
+        "1.0",
+    )
+    .await;
+    assert_eq!(v["result"]["url"], "http://127.0.0.1:9/never", "{v}");
+    // The waiting task continues on the restarted server.
+    let mut more = json!({"role": "ROLE_USER", "messageId": format!("tck-complete-task-{}", uuid::Uuid::new_v4()),
+                          "parts": [{"text": "go on"}], "taskId": task});
+    more["contextId"] = waiting["contextId"].clone();
+    let v = call(
+        &base,
+        "tck/jsonrpc/v1",
+        "SendMessage",
+        json!({"message": more}),
+        "1.0",
+    )
+    .await;
+    assert_eq!(
+        v["result"]["task"]["status"]["state"], "TASK_STATE_COMPLETED",
+        "{v}"
+    );
+    // The retry is due 10 s after the first attempt; it arrives then, with the same id.
+    let end = Instant::now() + Duration::from_secs(90);
+    let retried = loop {
+        let hits = rx.hits();
+        if hits.len() >= 2 {
+            break hits[1].clone();
+        }
+        assert!(Instant::now() < end, "the pending delivery never resumed");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(retried.header("x-webhook-delivery"), delivery);
+    assert_eq!(retried.json()["delivery"]["attempt"], 2);
+    let waited = retried.at.duration_since(first[0].at);
+    assert!(
+        waited >= Duration::from_secs(9),
+        "the retry kept its due time: {waited:?}"
+    );
+    let (code, _) = server.stop();
+    assert_eq!(code, 0);
+}
+
+#[tokio::test]
+async fn a_graceful_shutdown_cancels_running_tasks_and_keeps_waiting_ones() {
+    let dir = TempDir::new();
+    let text = config(&redb(&dir.path.join("a2ad.redb")));
+    let server = Binary::start(&text, &[], &[]);
+    let base = server.base.clone();
+    let msg = json!({"message": {"role": "ROLE_USER", "messageId": format!("tck-input-required-{}", uuid::Uuid::new_v4()),
+                                 "parts": [{"text": "wait"}]}});
+    let v = call(&base, "tck/jsonrpc/v1", "SendMessage", msg, "1.0").await;
+    let waiting = v["result"]["task"]["id"].as_str().expect("id").to_string();
+    let mut running = seed_message("forever");
+    running["configuration"] = json!({"blocking": false});
+    let v = call(&base, "slow", "message/send", running, "").await;
+    let slow = v["result"]["id"].as_str().expect("id").to_string();
+    let (code, _) = server.stop();
+    assert_eq!(code, 0);
+
+    let server = Binary::start(&text, &[], &[]);
+    let base = server.base.clone();
+    let v = call(
+        &base,
+        "tck/jsonrpc/v1",
+        "GetTask",
+        json!({"id": waiting}),
+        "1.0",
+    )
+    .await;
+    assert_eq!(
+        v["result"]["status"]["state"], "TASK_STATE_INPUT_REQUIRED",
+        "{v}"
+    );
+    let v = call(&base, "slow", "tasks/get", json!({"taskId": slow}), "").await;
+    assert_eq!(v["result"]["status"]["state"], "canceled", "{v}");
+    assert_eq!(v["result"]["status"]["reason"], "shutdown", "{v}");
+    let (code, _) = server.stop();
+    assert_eq!(code, 0);
+}
+
+#[tokio::test]
+async fn the_memory_backend_keeps_nothing_across_a_restart() {
+    let text = config("[store]\nbackend = \"memory\"\n");
+    let server = Binary::start(&text, &[], &[]);
+    let v = call(
+        &server.base,
+        "echo",
+        "message/send",
+        seed_message("gone"),
+        "",
+    )
+    .await;
+    let task = v["result"]["id"].as_str().expect("id").to_string();
+    let _ = server.kill9();
+    let server = Binary::start(&text, &[], &[]);
+    let v = call(
+        &server.base,
+        "echo",
+        "tasks/get",
+        json!({"taskId": task}),
+        "",
+    )
+    .await;
+    assert_eq!(v["error"]["code"], -32000, "{v}");
+}
