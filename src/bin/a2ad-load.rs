@@ -44,6 +44,15 @@ enum Scenario {
     Soak,
 }
 
+/// The store of a server the tool starts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum StoreKind {
+    /// The default: a redb file (in a fresh temporary directory, removed afterwards).
+    Redb,
+    /// Everything in RAM.
+    Memory,
+}
+
 /// Load-test an a2ad server (or start one) over real HTTP.
 #[derive(Parser, Debug)]
 #[command(name = "a2ad-load", version)]
@@ -84,6 +93,13 @@ struct Cli {
     /// Retention of a started server for `soak`, in seconds.
     #[arg(long, default_value_t = 5.0)]
     retention: f64,
+    /// The store of a started server (`--url` only: whatever that server uses).
+    #[arg(long, value_enum, default_value = "redb")]
+    store: StoreKind,
+    /// Directory for a started server's redb file (default: a fresh one under the
+    /// system's temporary directory). Put it on the disk you want to measure.
+    #[arg(long)]
+    store_dir: Option<String>,
     /// Also measure the floor server with the same client and settings.
     #[arg(long)]
     baseline: bool,
@@ -255,15 +271,32 @@ fn server_bin(cli: &Cli) -> Result<String, String> {
     Ok(me.with_file_name("a2ad").display().to_string())
 }
 
+/// The redb file of a started server: fresh for each run of the tool.
+fn store_file(cli: &Cli) -> std::path::PathBuf {
+    let dir = match &cli.store_dir {
+        Some(d) => std::path::PathBuf::from(d),
+        None => std::env::temp_dir(),
+    };
+    dir.join(format!("a2ad-load-{}", std::process::id()))
+        .join("a2ad.redb")
+}
+
 fn bench_config(cli: &Cli) -> String {
     let retention = if cli.scenario == Scenario::Soak {
         cli.retention
     } else {
         120.0
     };
+    let store = match cli.store {
+        StoreKind::Memory => "[store]\nbackend = \"memory\"\n\n".to_string(),
+        StoreKind::Redb => format!(
+            "[store]\nbackend = \"redb\"\npath = \"{}\"\n\n",
+            store_file(cli).display().to_string().replace('\\', "\\\\")
+        ),
+    };
     let limits = "[agents.limits]\nrequests_per_minute = 1000000000\nconcurrent_tasks = 1000000\nmax_queued_tasks = 1000000\ntask_timeout_seconds = 600\nsync_wait_seconds = 600\n";
     format!(
-        "[server]\nlisten = \"127.0.0.1:0\"\nlisten_backlog = 16384\ntask_retention_seconds = {retention}\nmax_live_tasks = 1000000\nmax_subscribers_per_task = 100000\n\n\
+        "[server]\nlisten = \"127.0.0.1:0\"\nlisten_backlog = 16384\ntask_retention_seconds = {retention}\nmax_live_tasks = 1000000\nmax_subscribers_per_task = 100000\n\n{store}\
          [webhooks]\nallow_private_networks = true\nworkers = 8\nmax_pending_deliveries = 1000000\n\n\
          [[api_keys]]\nname = \"bench\"\nkey = \"{BENCH_KEY}\"\n\n\
          [[agents]]\nid = \"echo\"\n{limits}\n\
@@ -326,6 +359,25 @@ async fn measure_a2ad(cli: &Cli) -> Result<Report, String> {
     };
     if let Some(s) = server {
         s.stop();
+        if cli.store == StoreKind::Redb {
+            let file = store_file(cli);
+            let bytes = std::fs::metadata(&file).map(|m| m.len()).unwrap_or(0);
+            if let Some(dir) = file.parent() {
+                let _ = std::fs::remove_dir_all(dir);
+            }
+            return result.map(|mut r| {
+                r.extra.insert("store", json!("redb"));
+                r.extra.insert(
+                    "store_file_mib",
+                    json!((bytes as f64 / 1048576.0 * 10.0).round() / 10.0),
+                );
+                r
+            });
+        }
+        return result.map(|mut r| {
+            r.extra.insert("store", json!("memory"));
+            r
+        });
     }
     result
 }

@@ -18,7 +18,7 @@ use crate::push::{
 };
 
 /// The version of the file layout this build reads and writes.
-pub(crate) const SCHEMA_VERSION: u32 = 1;
+pub(crate) const SCHEMA_VERSION: u32 = 2;
 
 // --- keys ---
 
@@ -56,51 +56,89 @@ impl<'a> KeyReader<'a> {
     }
 }
 
-/// The key of a task (and the prefix of its events and outbox entries).
-pub(crate) fn task_key(key: &TaskKey) -> Vec<u8> {
-    let mut out = Vec::with_capacity(64);
+/// Where a task's rows sit: its creation time first, so that the rows of new tasks are
+/// appended at the end of each table's B-tree (a commit then touches a few pages, not one
+/// per task), then the task's key. The embedded store reads this from the task's record.
+pub(crate) type Created = i64;
+
+/// A task's creation time as the first part of its row keys.
+pub(crate) fn created(task: &TaskSnapshot) -> Created {
+    micros(&task.created_at)
+}
+
+/// The key of a task (and the prefix of its events and outbox entries): creation time
+/// (µs, sign bit flipped so that it sorts as unsigned big-endian), then the task's key.
+pub(crate) fn task_key(key: &TaskKey, created: Created) -> Vec<u8> {
+    let mut out = Vec::with_capacity(72);
+    out.extend_from_slice(&((created as u64) ^ (1 << 63)).to_be_bytes());
     put_part(&mut out, key.principal.as_str());
     put_part(&mut out, key.agent.as_str());
     put_part(&mut out, key.task.as_str());
     out
 }
 
-fn read_task_key(r: &mut KeyReader<'_>) -> Option<TaskKey> {
-    Some(TaskKey {
-        principal: Principal::new(r.part()?),
-        agent: AgentId::new(r.part()?),
-        task: TaskId::new(r.part()?),
-    })
+fn read_task_key(r: &mut KeyReader<'_>) -> Option<(Created, TaskKey)> {
+    let created = (r.u64()? ^ (1 << 63)) as i64;
+    Some((created, v1::read_task_key(r)?))
 }
 
 /// Parses a task key.
-pub(crate) fn parse_task_key(bytes: &[u8]) -> Option<TaskKey> {
+pub(crate) fn parse_task_key(bytes: &[u8]) -> Option<(Created, TaskKey)> {
     let mut r = KeyReader(bytes);
     let key = read_task_key(&mut r)?;
     r.done().then_some(key)
 }
 
 /// The key of a task's event.
-pub(crate) fn event_key(key: &TaskKey, seq: u64) -> Vec<u8> {
-    let mut out = task_key(key);
+pub(crate) fn event_key(key: &TaskKey, created: Created, seq: u64) -> Vec<u8> {
+    let mut out = task_key(key, created);
     out.extend_from_slice(&seq.to_be_bytes());
     out
 }
 
 /// The key of an outbox entry: the task, the event, the configuration.
-pub(crate) fn outbox_key(key: &super::OutboxKey) -> Vec<u8> {
-    let mut out = event_key(&key.task, key.seq);
+pub(crate) fn outbox_key(key: &super::OutboxKey, created: Created) -> Vec<u8> {
+    let mut out = event_key(&key.task, created, key.seq);
     put_part(&mut out, &key.config);
     out
 }
 
 /// Parses an outbox key.
-pub(crate) fn parse_outbox_key(bytes: &[u8]) -> Option<super::OutboxKey> {
+pub(crate) fn parse_outbox_key(bytes: &[u8]) -> Option<(Created, super::OutboxKey)> {
     let mut r = KeyReader(bytes);
-    let task = read_task_key(&mut r)?;
+    let (created, task) = read_task_key(&mut r)?;
     let seq = r.u64()?;
     let config = r.part()?.to_string();
-    r.done().then_some(super::OutboxKey { task, seq, config })
+    r.done()
+        .then_some((created, super::OutboxKey { task, seq, config }))
+}
+
+/// The key layout of schema 1 (task rows keyed by the task's key alone), read only to
+/// migrate a file of that schema.
+pub(crate) mod v1 {
+    use super::{AgentId, KeyReader, Principal, TaskId, TaskKey};
+
+    pub(super) fn read_task_key(r: &mut KeyReader<'_>) -> Option<TaskKey> {
+        Some(TaskKey {
+            principal: Principal::new(r.part()?),
+            agent: AgentId::new(r.part()?),
+            task: TaskId::new(r.part()?),
+        })
+    }
+
+    /// A task key of schema 1.
+    pub(crate) fn parse_task_key(bytes: &[u8]) -> Option<TaskKey> {
+        let mut r = KeyReader(bytes);
+        let key = read_task_key(&mut r)?;
+        r.done().then_some(key)
+    }
+
+    /// An event or outbox key of schema 1: the task, and the rest of the key after it.
+    pub(crate) fn split_task_key(bytes: &[u8]) -> Option<(TaskKey, &[u8])> {
+        let mut r = KeyReader(bytes);
+        let key = read_task_key(&mut r)?;
+        Some((key, r.0))
+    }
 }
 
 /// The key of a push configuration.
@@ -660,22 +698,41 @@ mod tests {
     #[test]
     fn keys_split_back_into_their_parts_whatever_bytes_ids_hold() {
         let k = key();
-        assert_eq!(parse_task_key(&task_key(&k)), Some(k.clone()));
+        for created in [i64::MIN, -1, 0, 1_700_000_000_000_000, i64::MAX] {
+            assert_eq!(
+                parse_task_key(&task_key(&k, created)),
+                Some((created, k.clone()))
+            );
+        }
         let o = super::super::OutboxKey {
             task: k.clone(),
             seq: 7,
             config: "c\u{0}".into(),
         };
-        assert_eq!(parse_outbox_key(&outbox_key(&o)), Some(o));
+        assert_eq!(parse_outbox_key(&outbox_key(&o, 5)), Some((5, o)));
         let turn = turn_key(&"p".into(), &ContextId::new("c"), 3);
         assert_eq!(
             parse_turn_key(&turn),
             Some(("p".into(), ContextId::new("c"), 3))
         );
         // A task's events sort in number order under its prefix, and only its own.
-        let prefix = task_key(&k);
-        let (a, b) = (event_key(&k, 2), event_key(&k, 10));
+        let prefix = task_key(&k, 9);
+        let (a, b) = (event_key(&k, 9, 2), event_key(&k, 9, 10));
         assert!(a < b && a.starts_with(&prefix) && b < prefix_end(&prefix));
+    }
+
+    #[test]
+    fn task_rows_sort_by_creation_time_first() {
+        let (early, late) = (
+            key(),
+            TaskKey {
+                task: TaskId::new("a"),
+                ..key()
+            },
+        );
+        assert!(task_key(&early, -5) < task_key(&late, 3));
+        assert!(task_key(&late, 3) < task_key(&early, 4));
+        assert!(event_key(&early, 4, u64::MAX) < task_key(&late, 5));
     }
 
     #[test]

@@ -25,7 +25,8 @@ use redb::{
     TableDefinition, TableHandle, WriteTransaction,
 };
 
-use super::codec::{self, SCHEMA_VERSION};
+use super::codec::{self, Created, SCHEMA_VERSION};
+use super::index::Evicted;
 use super::local::Indexes;
 use super::{
     Committed, Delivery, Recovered, RecoveredContext, RecoveredTask, StoreStats, Then, Write,
@@ -51,7 +52,7 @@ const FORGET_CHUNK: usize = 1024;
 
 enum Job {
     Append(Vec<Write>, Option<Then>),
-    Forget(Vec<TaskKey>),
+    Forget(Vec<Evicted>),
 }
 
 /// The journal: a handle to the committer thread and the file.
@@ -61,6 +62,7 @@ pub(crate) struct Journal {
     path: PathBuf,
     thread: Mutex<Option<std::thread::JoinHandle<()>>>,
     counters: Arc<Counters>,
+    indexes: Arc<Indexes>,
 }
 
 #[derive(Default)]
@@ -106,7 +108,9 @@ impl Journal {
         if !fresh {
             // Look before writing: a file that is not ours is left exactly as it was.
             match redb::Builder::new().open_read_only(&path) {
-                Ok(read) => check_existing(&read, &path)?,
+                Ok(read) => {
+                    check_existing(&read, &path)?;
+                }
                 // Not closed cleanly (a crash): only a writer may repair it; checked below.
                 Err(DatabaseError::RepairAborted) => {}
                 Err(e) => return Err(refused(&path, e)),
@@ -136,7 +140,7 @@ impl Journal {
         let counters = Arc::new(Counters::default());
         let committer = Committer {
             db: db.clone(),
-            indexes,
+            indexes: indexes.clone(),
             rx,
             counters: counters.clone(),
             max_batch: store.max_batch,
@@ -154,6 +158,7 @@ impl Journal {
                 path,
                 thread: Mutex::new(Some(thread)),
                 counters,
+                indexes,
             },
             recovered,
         ))
@@ -179,14 +184,17 @@ impl Journal {
 
     /// Queues the deletion of evicted tasks (records, events, outbox entries, push
     /// configurations).
-    pub(crate) fn forget(&self, keys: Vec<TaskKey>) {
+    pub(crate) fn forget(&self, keys: Vec<Evicted>) {
         self.send(Job::Forget(keys));
     }
 
     /// A task's events numbered above `after`.
     pub(crate) fn events(&self, key: &TaskKey, after: u64) -> Result<Vec<TaskEvent>> {
-        let history: Vec<Arc<Message>> = Vec::new();
-        read_events(&self.db, key, after, &history).map_err(super::failed)
+        let Some(task) = self.indexes.tasks.get(key) else {
+            return Ok(Vec::new());
+        };
+        read_events(&self.db, key, codec::created(&task), after, &task.history)
+            .map_err(super::failed)
     }
 
     /// Writes queued and not yet durable.
@@ -266,7 +274,10 @@ fn check_schema(db: &Database, path: &Path) -> Result<()> {
     let empty = read.list_tables().map_err(|e| io(&e))?.next().is_none();
     drop(read);
     if !empty {
-        return check_existing(db, path);
+        return match check_existing(db, path)? {
+            1 => migrate_v1(db, path),
+            _ => Ok(()),
+        };
     }
     let w = db.begin_write().map_err(|e| io(&e))?;
     {
@@ -284,9 +295,10 @@ fn check_schema(db: &Database, path: &Path) -> Result<()> {
     w.commit().map_err(|e| io(&e))
 }
 
-/// An existing file must be an a2ad store of the schema this build reads (an empty redb
-/// file — a first start that stopped early — is initialized by the writer).
-fn check_existing(db: &impl ReadableDatabase, path: &Path) -> Result<()> {
+/// An existing file must be an a2ad store of the schema this build reads, or of one it
+/// migrates (an empty redb file — a first start that stopped early — is initialized by the
+/// writer). Returns the schema found.
+fn check_existing(db: &impl ReadableDatabase, path: &Path) -> Result<u32> {
     let io = |e: &dyn std::fmt::Display| open_error(path, format!("cannot be read: {e}"));
     let read = db.begin_read().map_err(|e| io(&e))?;
     let tables: Vec<String> = read
@@ -295,7 +307,7 @@ fn check_existing(db: &impl ReadableDatabase, path: &Path) -> Result<()> {
         .map(|t| t.name().to_string())
         .collect();
     if tables.is_empty() {
-        return Ok(());
+        return Ok(SCHEMA_VERSION);
     }
     if !tables.iter().any(|t| t == "meta") {
         return Err(open_error(
@@ -320,7 +332,7 @@ fn check_existing(db: &impl ReadableDatabase, path: &Path) -> Result<()> {
         .and_then(|v| <[u8; 4]>::try_from(v.value()).ok())
         .map(u32::from_be_bytes);
     match schema {
-        Some(SCHEMA_VERSION) => Ok(()),
+        Some(v @ (1 | SCHEMA_VERSION)) => Ok(v),
         Some(v) if v > SCHEMA_VERSION => Err(open_error(
             path,
             format!(
@@ -337,16 +349,83 @@ fn check_existing(db: &impl ReadableDatabase, path: &Path) -> Result<()> {
     }
 }
 
+/// Migrates a file of schema 1 (task rows keyed by the task's key) to schema 2 (keyed by
+/// creation time first), in one write transaction: a crash in the middle leaves schema 1
+/// as it was, and the next start migrates again.
+fn migrate_v1(db: &Database, path: &Path) -> Result<()> {
+    let fail = |e: &dyn std::fmt::Display| {
+        open_error(
+            path,
+            format!("could not be migrated from store schema 1: {e}"),
+        )
+    };
+    let started = Instant::now();
+    let migrate = || -> std::result::Result<usize, redb::Error> {
+        let w = db.begin_write()?;
+        let mut created: HashMap<TaskKey, Created> = HashMap::new();
+        for table in [TASKS, EVENTS, OUTBOX] {
+            let old: Vec<(Vec<u8>, Vec<u8>)> = w
+                .open_table(table)?
+                .iter()?
+                .map(|e| e.map(|(k, v)| (k.value().to_vec(), v.value().to_vec())))
+                .collect::<std::result::Result<_, _>>()?;
+            w.delete_table(table)?;
+            let mut new = w.open_table(table)?;
+            for (k, v) in old {
+                let row = if table.name() == TASKS.name() {
+                    let Some(key) = codec::v1::parse_task_key(&k) else {
+                        continue;
+                    };
+                    let Some((task, _)) = codec::decode_task(&key, &v) else {
+                        continue;
+                    };
+                    let at = codec::created(&task);
+                    let row = codec::task_key(&key, at);
+                    created.insert(key, at);
+                    row
+                } else {
+                    // Events and outbox entries: the task's key, then the rest as it was.
+                    let Some((key, rest)) = codec::v1::split_task_key(&k) else {
+                        continue;
+                    };
+                    let Some(at) = created.get(&key) else {
+                        continue;
+                    };
+                    let mut row = codec::task_key(&key, *at);
+                    row.extend_from_slice(rest);
+                    row
+                };
+                new.insert(row.as_slice(), v.as_slice())?;
+            }
+        }
+        w.open_table(META)?.insert(
+            b"schema".as_slice(),
+            SCHEMA_VERSION.to_be_bytes().as_slice(),
+        )?;
+        w.commit()?;
+        Ok(created.len())
+    };
+    let tasks = migrate().map_err(|e| fail(&e))?;
+    tracing::info!(
+        path = %path.display(),
+        tasks,
+        elapsed_ms = started.elapsed().as_millis() as u64,
+        "store migrated from schema 1 to {SCHEMA_VERSION}"
+    );
+    Ok(())
+}
+
 fn read_events(
     db: &Database,
     key: &TaskKey,
+    created: Created,
     after: u64,
     history: &[Arc<Message>],
 ) -> std::result::Result<Vec<TaskEvent>, redb::Error> {
     let read = db.begin_read()?;
     let events = read.open_table(EVENTS)?;
-    let from = codec::event_key(key, after.saturating_add(1));
-    let end = codec::prefix_end(&codec::task_key(key));
+    let from = codec::event_key(key, created, after.saturating_add(1));
+    let end = codec::prefix_end(&codec::task_key(key, created));
     let mut out = Vec::new();
     for entry in events.range(from.as_slice()..end.as_slice())? {
         let (k, v) = entry?;
@@ -379,11 +458,11 @@ fn load(
     let retention = Duration::from_secs_f64(config.server.task_retention_seconds);
     let now = chrono::Utc::now();
     let mut finished: Vec<(TaskKey, Arc<TaskSnapshot>)> = Vec::new();
-    let mut expired: Vec<TaskKey> = Vec::new();
+    let mut expired: Vec<Evicted> = Vec::new();
     let mut live: Vec<RecoveredTask> = Vec::new();
     for entry in read.open_table(TASKS)?.iter()? {
         let (k, v) = entry?;
-        let Some(key) = codec::parse_task_key(k.value()) else {
+        let Some((created, key)) = codec::parse_task_key(k.value()) else {
             continue;
         };
         let Some((task, turn)) = codec::decode_task(&key, v.value()) else {
@@ -394,12 +473,12 @@ fn load(
         if task.status.state.is_terminal() {
             let age = (now - task.updated_at).to_std().unwrap_or_default();
             if age >= retention {
-                expired.push(key);
+                expired.push((key, created));
             } else {
                 finished.push((key, task));
             }
         } else {
-            let events = read_events(db, &key, 0, &task.history)?
+            let events = read_events(db, &key, created, 0, &task.history)?
                 .into_iter()
                 .map(Arc::new)
                 .collect();
@@ -418,7 +497,7 @@ fn load(
         let age = (now - task.updated_at).to_std().unwrap_or_default();
         evicted.extend(indexes.tasks.put_restored(&key, task, age));
     }
-    for key in &evicted {
+    for (key, _) in &evicted {
         indexes.push.remove_task(key);
     }
     expired.extend(evicted);
@@ -451,7 +530,7 @@ fn load(
     let mut stale = Vec::new();
     for entry in read.open_table(OUTBOX)?.iter()? {
         let (k, v) = entry?;
-        let (Some(key), Some((attempt, due))) = (
+        let (Some((created, key)), Some((attempt, due))) = (
             codec::parse_outbox_key(k.value()),
             codec::decode_outbox(v.value()),
         ) else {
@@ -466,7 +545,7 @@ fn load(
         let event = match &task {
             Some(t) => read
                 .open_table(EVENTS)?
-                .get(codec::event_key(&key.task, key.seq).as_slice())?
+                .get(codec::event_key(&key.task, created, key.seq).as_slice())?
                 .and_then(|e| codec::decode_event(key.seq, e.value(), &t.history)),
             None => None,
         };
@@ -480,19 +559,19 @@ fn load(
                 attempt,
                 due,
             }),
-            _ => stale.push(key),
+            _ => stale.push((key, created)),
         }
     }
     drop(read);
     if !expired.is_empty() || !stale.is_empty() {
         let w = db.begin_write()?;
-        for key in &expired {
-            delete_task(&w, key)?;
+        for (key, created) in &expired {
+            delete_task(&w, key, *created)?;
         }
         {
             let mut outbox = w.open_table(OUTBOX)?;
-            for key in &stale {
-                outbox.remove(codec::outbox_key(key).as_slice())?;
+            for (key, created) in &stale {
+                outbox.remove(codec::outbox_key(key, *created).as_slice())?;
             }
         }
         w.commit()?;
@@ -505,8 +584,12 @@ fn load(
 }
 
 /// Deletes a task's record, events, outbox entries and push configurations.
-fn delete_task(w: &WriteTransaction, key: &TaskKey) -> std::result::Result<(), redb::Error> {
-    let prefix = codec::task_key(key);
+fn delete_task(
+    w: &WriteTransaction,
+    key: &TaskKey,
+    created: Created,
+) -> std::result::Result<(), redb::Error> {
+    let prefix = codec::task_key(key, created);
     let end = codec::prefix_end(&prefix);
     w.open_table(TASKS)?.remove(prefix.as_slice())?;
     w.open_table(EVENTS)?
@@ -529,7 +612,7 @@ struct Committer {
     max_batch: usize,
     quick_repair: bool,
     /// Evicted tasks whose rows are still to delete, in chunks between batches.
-    forget: Vec<TaskKey>,
+    forget: Vec<Evicted>,
 }
 
 /// What one batch writes, collected before the transaction so repeated records of one
@@ -670,20 +753,21 @@ impl Committer {
                         changed,
                         turn,
                     } => {
+                        let created = codec::created(task);
                         events.insert(
-                            codec::event_key(key, event.seq).as_slice(),
+                            codec::event_key(key, created, event.seq).as_slice(),
                             codec::encode_event(event).as_slice(),
                         )?;
                         for d in self.indexes.plan(key, task, event, *changed) {
                             outbox.insert(
-                                codec::outbox_key(&d.key).as_slice(),
+                                codec::outbox_key(&d.key, created).as_slice(),
                                 codec::encode_outbox(1, None).as_slice(),
                             )?;
                             planned.push((i, d));
                         }
                         if last.get(key) == Some(&i) {
                             tasks.insert(
-                                codec::task_key(key).as_slice(),
+                                codec::task_key(key, created).as_slice(),
                                 codec::encode_task(task, *turn).as_slice(),
                             )?;
                         }
@@ -717,11 +801,19 @@ impl Committer {
                     Write::PushRemoveNamed { task, id } => {
                         push.remove(codec::named_key(task, id).as_slice())?;
                     }
+                    // A delivery's task is in the index (its event is durable); one that
+                    // is not was evicted, and its outbox entries with it.
                     Write::OutboxDone(key) => {
-                        outbox.remove(codec::outbox_key(key).as_slice())?;
+                        if let Some(task) = self.indexes.tasks.get(&key.task) {
+                            let k = codec::outbox_key(key, codec::created(&task));
+                            outbox.remove(k.as_slice())?;
+                        }
                     }
                     Write::OutboxRetry { key, attempt, due } => {
-                        let k = codec::outbox_key(key);
+                        let Some(task) = self.indexes.tasks.get(&key.task) else {
+                            continue;
+                        };
+                        let k = codec::outbox_key(key, codec::created(&task));
                         // Only while the entry exists: an evicted task's deliveries are gone.
                         if outbox.get(k.as_slice())?.is_some() {
                             outbox.insert(
@@ -740,12 +832,12 @@ impl Committer {
     /// Deletes one chunk of evicted tasks.
     fn forget_chunk(&mut self) {
         let n = self.forget.len().min(FORGET_CHUNK);
-        let chunk: Vec<TaskKey> = self.forget.drain(..n).collect();
+        let chunk: Vec<Evicted> = self.forget.drain(..n).collect();
         let result = (|| -> std::result::Result<(), redb::Error> {
             let mut w = self.db.begin_write()?;
             w.set_quick_repair(self.quick_repair);
-            for key in &chunk {
-                delete_task(&w, key)?;
+            for (key, created) in &chunk {
+                delete_task(&w, key, *created)?;
             }
             w.commit()?;
             Ok(())
@@ -754,5 +846,127 @@ impl Committer {
             tracing::error!(error = %e, tasks = chunk.len(), "store: deleting expired tasks failed; retried later");
             self.forget.extend(chunk);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::StoreConfig;
+    use crate::model::{Role, TaskId, TaskState, TaskStatus};
+    use crate::store::index::{PushIndex, TaskIndex};
+
+    /// A key part as schema 1 wrote it.
+    fn part(out: &mut Vec<u8>, s: &str) {
+        out.extend_from_slice(&(s.len() as u32).to_be_bytes());
+        out.extend_from_slice(s.as_bytes());
+    }
+
+    fn v1_task_key(key: &TaskKey) -> Vec<u8> {
+        let mut out = Vec::new();
+        part(&mut out, key.principal.as_str());
+        part(&mut out, key.agent.as_str());
+        part(&mut out, key.task.as_str());
+        out
+    }
+
+    #[test]
+    fn a_schema_1_file_is_migrated_once_and_keeps_its_tasks_and_events() {
+        let dir = std::env::temp_dir().join(format!("a2ad-migrate-{}", uuid::Uuid::new_v4()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let path = dir.join("a2ad.redb");
+        let key = TaskKey {
+            principal: "alice".into(),
+            agent: "echo".into(),
+            task: TaskId::new("t-1"),
+        };
+        let user = Arc::new(Message {
+            role: Role::User,
+            parts: vec![crate::model::Part::Text("hi".into())],
+            message_id: "m1".into(),
+        });
+        let reply = Arc::new(Message::agent_text(["echo: hi"]));
+        let mut status = TaskStatus::new(TaskState::Completed);
+        status.message = Some(reply.clone());
+        let task = TaskSnapshot {
+            id: key.task.clone(),
+            context_id: ContextId::new("ctx"),
+            status: status.clone(),
+            seq: 2,
+            created_at: chrono::Utc::now(),
+            updated_at: status.timestamp,
+            history: vec![user, reply],
+            artifacts: Vec::new(),
+            metadata: None,
+        };
+        {
+            // A file as schema 1 left it: a finished task with two events.
+            let db = Database::create(&path).expect("create");
+            let w = db.begin_write().expect("write");
+            {
+                let mut meta = w.open_table(META).expect("meta");
+                meta.insert(b"app".as_slice(), APP).expect("app");
+                meta.insert(b"schema".as_slice(), 1u32.to_be_bytes().as_slice())
+                    .expect("schema");
+                w.open_table(TASKS)
+                    .expect("tasks")
+                    .insert(
+                        v1_task_key(&key).as_slice(),
+                        codec::encode_task(&task, 1).as_slice(),
+                    )
+                    .expect("task");
+                let mut events = w.open_table(EVENTS).expect("events");
+                for (seq, state) in [(1u64, TaskState::Submitted), (2, TaskState::Completed)] {
+                    let mut k = v1_task_key(&key);
+                    k.extend_from_slice(&seq.to_be_bytes());
+                    let event = TaskEvent {
+                        seq,
+                        status: TaskStatus::new(state),
+                        artifact: None,
+                    };
+                    events
+                        .insert(k.as_slice(), codec::encode_event(&event).as_slice())
+                        .expect("event");
+                }
+                for t in [OUTBOX, PUSH, TURNS] {
+                    w.open_table(t).expect("table");
+                }
+            }
+            w.commit().expect("commit");
+        }
+        let config = Config {
+            store: StoreConfig::redb(path.display().to_string()),
+            ..Config::default()
+        };
+        let indexes = || {
+            Arc::new(Indexes {
+                tasks: TaskIndex::new(Duration::from_secs(3600), 1000, 1 << 30),
+                push: PushIndex::default(),
+            })
+        };
+        for round in 0..2 {
+            // The first open migrates; the second finds schema 2 and reads it as it is.
+            let (journal, _) = Journal::open(&config, indexes()).expect("opens");
+            let back = journal.indexes.tasks.get(&key).expect("the task came back");
+            assert_eq!(back.status.state, TaskState::Completed, "round {round}");
+            let events = journal.events(&key, 0).expect("events");
+            assert_eq!(
+                events.iter().map(|e| e.seq).collect::<Vec<_>>(),
+                vec![1, 2],
+                "round {round}"
+            );
+            assert_eq!(journal.events(&key, 1).expect("events").len(), 1);
+            journal.close();
+            drop(journal);
+            let db = Database::open(&path).expect("reopen");
+            let read = db.begin_read().expect("read");
+            let meta = read.open_table(META).expect("meta");
+            let schema = meta
+                .get(b"schema".as_slice())
+                .expect("get")
+                .expect("schema");
+            assert_eq!(schema.value(), SCHEMA_VERSION.to_be_bytes().as_slice());
+        }
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -16,6 +16,9 @@ use crate::error::Error;
 use crate::model::{AgentId, Principal, TaskId, TaskKey, TaskSnapshot};
 use crate::push::{Namespace, PushScope, StoredPushConfig};
 
+/// An evicted task: its key and its creation time (µs), where the file keeps its rows.
+pub(crate) type Evicted = (TaskKey, i64);
+
 /// Every task's record in memory. Finished records are evicted oldest first.
 ///
 /// Retention is the same for every record, so the order in which tasks finish is the
@@ -69,7 +72,7 @@ impl TaskIndex {
     }
 
     /// Evicts from the front while `expired` says so or a cap is exceeded.
-    fn evict_while(&self, expired: impl Fn(&Instant) -> bool) -> Vec<TaskKey> {
+    fn evict_while(&self, expired: impl Fn(&Instant) -> bool) -> Vec<Evicted> {
         let mut evicted = Vec::new();
         loop {
             let key = {
@@ -98,7 +101,7 @@ impl TaskIndex {
             f.count = f.count.saturating_sub(1);
             f.bytes = f.bytes.saturating_sub(gone.approx_bytes() as u64);
             drop(f);
-            evicted.push(key);
+            evicted.push((key, gone.created_at.timestamp_micros()));
         }
         evicted
     }
@@ -107,7 +110,7 @@ impl TaskIndex {
 impl TaskIndex {
     /// Stores the task as it stands (replacing its earlier record). Returns the tasks
     /// evicted to make room.
-    pub(crate) fn put(&self, key: &TaskKey, task: Arc<TaskSnapshot>) -> Vec<TaskKey> {
+    pub(crate) fn put(&self, key: &TaskKey, task: Arc<TaskSnapshot>) -> Vec<Evicted> {
         let finished = task.status.state.is_terminal();
         let at = micros(&task);
         let size = if finished {
@@ -154,7 +157,7 @@ impl TaskIndex {
         key: &TaskKey,
         task: Arc<TaskSnapshot>,
         age: Duration,
-    ) -> Vec<TaskKey> {
+    ) -> Vec<Evicted> {
         let expires = Instant::now() + self.retention.saturating_sub(age);
         let size = task.approx_bytes() as u64;
         let at = micros(&task);
@@ -225,7 +228,7 @@ impl TaskIndex {
     }
 
     /// Evicts finished tasks older than the retention or over the caps; returns them.
-    pub(crate) fn evict(&self, now: Instant) -> Vec<TaskKey> {
+    pub(crate) fn evict(&self, now: Instant) -> Vec<Evicted> {
         let evicted = self.evict_while(|expires| *expires <= now);
         if !evicted.is_empty() {
             let mut f = self.lock();
@@ -438,7 +441,11 @@ mod tests {
         s.put(&key(2), task(2, TaskState::Working, "c"));
         assert!(s.evict(t0).is_empty());
         assert_eq!(s.len(), 1);
-        assert_eq!(s.evict(t0 + Duration::from_secs(11)), vec![key(1)]);
+        let evicted = s.evict(t0 + Duration::from_secs(11));
+        assert_eq!(
+            evicted.into_iter().map(|(k, _)| k).collect::<Vec<_>>(),
+            vec![key(1)]
+        );
         assert!(s.get(&key(1)).is_none());
         assert!(s.get(&key(2)).is_some(), "a running task is never evicted");
     }

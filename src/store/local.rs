@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use futures_util::future::{BoxFuture, FutureExt as _, ready};
 
 use super::file::Journal;
-use super::index::{PushIndex, TaskIndex};
+use super::index::{Evicted, PushIndex, TaskIndex};
 use super::{
     Committed, Delivery, Durable, ListPage, ListQuery, OutboxKey, Recovered, Store, StoreStats,
     Then, Write, delivery_id,
@@ -76,9 +76,9 @@ impl Indexes {
 
     /// Puts a durable task record; returns the tasks evicted to make room (their push
     /// configurations go with them).
-    pub(crate) fn put_task(&self, key: &TaskKey, task: Arc<TaskSnapshot>) -> Vec<TaskKey> {
+    pub(crate) fn put_task(&self, key: &TaskKey, task: Arc<TaskSnapshot>) -> Vec<Evicted> {
         let evicted = self.tasks.put(key, task);
-        for gone in &evicted {
+        for (gone, _) in &evicted {
             self.push.remove_task(gone);
         }
         evicted
@@ -207,7 +207,7 @@ impl Store for LocalStore {
 
     fn sweep(&self, now: Instant) {
         let evicted = self.indexes.tasks.evict(now);
-        for gone in &evicted {
+        for (gone, _) in &evicted {
             self.indexes.push.remove_task(gone);
         }
         if let Some(journal) = &self.journal
