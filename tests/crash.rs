@@ -177,38 +177,31 @@ impl Lcg {
     }
 }
 
+/// Records the task a `message/send` answer reported, in the state it reported.
+fn tell_result(told: &Mutex<Told>, agent: &str, answer: Option<Value>) {
+    if let Some(r) = answer.as_ref().and_then(|v| v.get("result")) {
+        let id = r["id"].as_str().unwrap_or_default();
+        let state = r["status"]["state"].as_str().unwrap_or_default();
+        told.lock().expect("lock").tell(agent, id, state);
+    }
+}
+
 /// Runs the load until `until`: clients that record what they were told.
 async fn load(client: Arc<Client>, told: Arc<Mutex<Told>>, seed: u64, until: Instant) {
     let mut rng = Lcg(seed);
     while Instant::now() < until {
         match rng.next(100) {
             0..=49 => {
-                if let Some(v) = client
+                let v = client
                     .call("echo", "message/send", Client::message("hi"))
-                    .await
-                    && let Some(r) = v.get("result")
-                {
-                    let id = r["id"].as_str().unwrap_or_default().to_string();
-                    let state = r["status"]["state"]
-                        .as_str()
-                        .unwrap_or_default()
-                        .to_string();
-                    told.lock().expect("lock").tell("echo", &id, &state);
-                }
+                    .await;
+                tell_result(&told, "echo", v);
             }
             50..=74 => {
                 let mut params = Client::message("later");
                 params["configuration"] = json!({"blocking": false});
-                if let Some(v) = client.call("slow", "message/send", params).await
-                    && let Some(r) = v.get("result")
-                {
-                    let id = r["id"].as_str().unwrap_or_default().to_string();
-                    let state = r["status"]["state"]
-                        .as_str()
-                        .unwrap_or_default()
-                        .to_string();
-                    told.lock().expect("lock").tell("slow", &id, &state);
-                }
+                let v = client.call("slow", "message/send", params).await;
+                tell_result(&told, "slow", v);
             }
             75..=89 => {
                 let told = told.clone();

@@ -80,6 +80,19 @@ fn refused(text: &str) -> (Option<i32>, String) {
     )
 }
 
+/// Starting on `file` exits 2 with a message containing `needle`, and the file is byte for
+/// byte as it was.
+fn refused_untouched(file: &std::path::Path, needle: &str) {
+    let before = std::fs::read(file).expect("read");
+    let (code, err) = refused(&config(&redb(file)));
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains(needle), "{err}");
+    assert!(
+        std::fs::read(file).expect("read") == before,
+        "left untouched"
+    );
+}
+
 #[test]
 fn a_locked_foreign_unreadable_or_newer_file_exits_2_and_is_left_as_it_was() {
     let dir = TempDir::new();
@@ -95,14 +108,7 @@ fn a_locked_foreign_unreadable_or_newer_file_exits_2_and_is_left_as_it_was() {
     // Not a redb file at all.
     let foreign = dir.path.join("foreign.redb");
     std::fs::write(&foreign, b"these are someone's notes, not a database").expect("write");
-    let before = std::fs::read(&foreign).expect("read");
-    let (code, err) = refused(&config(&redb(&foreign)));
-    assert_eq!(code, Some(2), "{err}");
-    assert!(err.contains("not an a2ad store"), "{err}");
-    assert!(
-        std::fs::read(&foreign).expect("read") == before,
-        "left untouched"
-    );
+    refused_untouched(&foreign, "not an a2ad store");
 
     // A redb file of another program.
     let other = dir.path.join("other.redb");
@@ -118,14 +124,7 @@ fn a_locked_foreign_unreadable_or_newer_file_exits_2_and_is_left_as_it_was() {
         }
         w.commit().expect("commit");
     }
-    let before = std::fs::read(&other).expect("read");
-    let (code, err) = refused(&config(&redb(&other)));
-    assert_eq!(code, Some(2), "{err}");
-    assert!(err.contains("another program"), "{err}");
-    assert!(
-        std::fs::read(&other).expect("read") == before,
-        "left untouched"
-    );
+    refused_untouched(&other, "another program");
 
     // An a2ad store of a newer schema.
     let newer = dir.path.join("newer.redb");
@@ -142,14 +141,7 @@ fn a_locked_foreign_unreadable_or_newer_file_exits_2_and_is_left_as_it_was() {
         }
         w.commit().expect("commit");
     }
-    let before = std::fs::read(&newer).expect("read");
-    let (code, err) = refused(&config(&redb(&newer)));
-    assert_eq!(code, Some(2), "{err}");
-    assert!(err.contains("newer a2ad"), "{err}");
-    assert!(
-        std::fs::read(&newer).expect("read") == before,
-        "left untouched"
-    );
+    refused_untouched(&newer, "newer a2ad");
 
     // Unreadable: the path is a directory.
     let folder = dir.path.join("folder.redb");

@@ -77,7 +77,7 @@ impl TaskIndex {
         loop {
             let key = {
                 let mut f = self.lock();
-                let over = f.count > self.max_records || f.bytes > self.max_bytes;
+                let over = self.over(&f);
                 match f.queue.front() {
                     Some((expires, _)) if over || expired(expires) => {
                         f.queue.pop_front().map(|(_, k)| k)
@@ -141,13 +141,9 @@ impl TaskIndex {
                 }
             }
             f.bytes += size;
-            f.count > self.max_records || f.bytes > self.max_bytes
+            self.over(&f)
         };
-        if over {
-            self.evict_while(|_| false)
-        } else {
-            Vec::new()
-        }
+        self.evict_if(over)
     }
 
     /// Puts a finished record read back from a store file, `age` after it finished: it
@@ -171,8 +167,18 @@ impl TaskIndex {
             f.queue.push_back((expires, key.clone()));
             f.count += 1;
             f.bytes += size;
-            f.count > self.max_records || f.bytes > self.max_bytes
+            self.over(&f)
         };
+        self.evict_if(over)
+    }
+
+    /// The finished records exceed a cap.
+    fn over(&self, f: &Finished) -> bool {
+        f.count > self.max_records || f.bytes > self.max_bytes
+    }
+
+    /// Evicts the oldest finished records until the caps hold, if they do not.
+    fn evict_if(&self, over: bool) -> Vec<Evicted> {
         if over {
             self.evict_while(|_| false)
         } else {
