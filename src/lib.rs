@@ -71,6 +71,6 @@ pub use runtime::{
 pub use server::{Server, ServerHandle};
 pub use store::{
     Committed, Delivery, Durable, ListPage, ListQuery, OutboxKey, PageToken, Recovered,
-    RecoveredContext, RecoveredTask, Store, StoreStats, Then, Write,
+    RecoveredContext, RecoveredTask, Store, StoreStats, Then, TurnId, Write,
 };
 pub use webhook::{Payload, PayloadInput, PayloadRenderer, signature};

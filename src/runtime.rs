@@ -174,7 +174,7 @@ impl Runtime {
                 principal: r.key.principal.clone(),
                 context: context_id.clone(),
             },
-            number: r.turn,
+            turn: r.turn,
         });
         let args = TaskArgs {
             shared: self.shared.clone(),

@@ -130,7 +130,7 @@ pub enum Write {
         /// The event changed the task's state (for state-change subscriptions).
         changed: bool,
         /// The conversation turn the task is (kept with the record for a restart).
-        turn: u32,
+        turn: TurnId,
     },
     /// A conversation turn ended: the user message and, if the task completed, the reply.
     Turn {
@@ -138,8 +138,8 @@ pub enum Write {
         principal: Principal,
         /// The conversation.
         context: ContextId,
-        /// The turn's number, from 1.
-        number: u32,
+        /// The turn.
+        turn: TurnId,
         /// The user message.
         user: Arc<Message>,
         /// The agent reply, if any.
@@ -151,6 +151,8 @@ pub enum Write {
         principal: Principal,
         /// The conversation.
         context: ContextId,
+        /// When it began ([`TurnId::since`]).
+        since: i64,
     },
     /// Store a push configuration (after [`Store::push_reserve`]).
     PushSet(Arc<StoredPushConfig>),
@@ -176,6 +178,17 @@ pub enum Write {
         /// When it is due.
         due: DateTime<Utc>,
     },
+}
+
+/// A task's place in its conversation: the turn's number, and when the conversation began
+/// (µs since the epoch) — the embedded store files a conversation's turns under that time,
+/// so the turns of new conversations are appended at the end of their table.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TurnId {
+    /// The turn's number, from 1 (0: none).
+    pub number: u32,
+    /// When the conversation began, in µs since the epoch.
+    pub since: i64,
 }
 
 /// Where a delivery sits in the outbox: a task's event for one configuration.
@@ -228,7 +241,7 @@ pub struct RecoveredTask {
     /// Its durable events, in order.
     pub events: Vec<Arc<TaskEvent>>,
     /// Its conversation turn.
-    pub turn: u32,
+    pub turn: TurnId,
 }
 
 /// A conversation as the store kept it.
@@ -237,6 +250,8 @@ pub struct RecoveredContext {
     pub principal: Principal,
     /// The conversation.
     pub context: ContextId,
+    /// When it began ([`TurnId::since`]).
+    pub since: i64,
     /// Its recorded turns (number, user message, reply), oldest first.
     pub turns: Vec<(u32, Arc<Message>, Option<Arc<Message>>)>,
 }

@@ -377,3 +377,64 @@ async fn the_memory_backend_keeps_nothing_across_a_restart() {
     .await;
     assert_eq!(v["error"]["code"], -32000, "{v}");
 }
+
+/// The reply's text parts, joined.
+fn reply_text(v: &Value) -> String {
+    v["result"]["status"]["message"]["parts"]
+        .as_array()
+        .map(|parts| {
+            parts
+                .iter()
+                .filter_map(|p| p["text"].as_str())
+                .collect::<Vec<_>>()
+                .join("\n")
+        })
+        .unwrap_or_default()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn conversations_go_on_after_a_crash_with_their_turns() {
+    let dir = TempDir::new();
+    let text = config(&redb(&dir.path.join("a2ad.redb")));
+    let server = Binary::start(&text, &[], &[]);
+    // One conversation the server named, one the client named; two turns each.
+    let v = call(
+        &server.base,
+        "echo",
+        "message/send",
+        seed_message("one"),
+        "",
+    )
+    .await;
+    let made = v["result"]["contextId"]
+        .as_str()
+        .expect("context")
+        .to_string();
+    let named = uuid::Uuid::new_v4().to_string();
+    for context in [&made, &named] {
+        let mut m = seed_message("again");
+        m["contextId"] = json!(context);
+        if context == &named {
+            let mut first = seed_message("first");
+            first["contextId"] = json!(context);
+            let v = call(&server.base, "echo", "message/send", first, "").await;
+            assert!(reply_text(&v).contains("turn 1"), "{v}");
+        }
+        let v = call(&server.base, "echo", "message/send", m, "").await;
+        assert!(reply_text(&v).contains("turn 2"), "{v}");
+    }
+    let _ = server.kill9();
+
+    let server = Binary::start(&text, &[], &[]);
+    for context in [&made, &named] {
+        let mut m = seed_message("after the crash");
+        m["contextId"] = json!(context);
+        let v = call(&server.base, "echo", "message/send", m, "").await;
+        assert!(
+            reply_text(&v).contains("turn 3"),
+            "the conversation went on: {v}"
+        );
+    }
+    let (code, _) = server.stop();
+    assert_eq!(code, 0);
+}

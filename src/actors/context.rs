@@ -14,7 +14,7 @@ use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 
 use super::ContextKey;
 use crate::model::Message;
-use crate::store::{RecoveredContext, Store, Write};
+use crate::store::{RecoveredContext, Store, TurnId, Write};
 
 /// Messages of the [`ContextActor`].
 pub(crate) enum ContextMsg {
@@ -22,6 +22,8 @@ pub(crate) enum ContextMsg {
     Create {
         /// The conversation.
         key: ContextKey,
+        /// When it begins (µs since the epoch).
+        since: i64,
     },
     /// A turn begins in a conversation the client named: its number and the earlier
     /// turns. A name this principal has not used yet starts a new conversation (turn 1).
@@ -51,7 +53,7 @@ pub(crate) enum ContextMsg {
         /// The conversation.
         key: ContextKey,
         /// The task's turn.
-        number: u32,
+        turn: TurnId,
     },
     /// Evict idle conversations.
     Sweep,
@@ -59,8 +61,8 @@ pub(crate) enum ContextMsg {
 
 /// A turn handed to a new task.
 pub(crate) struct Turn {
-    /// The turn's number, from 1.
-    pub(crate) number: u32,
+    /// The turn: its number, from 1, and when the conversation began.
+    pub(crate) id: TurnId,
     /// Earlier turns, oldest first: user and agent messages.
     pub(crate) history: Vec<Arc<Message>>,
 }
@@ -115,12 +117,12 @@ impl ContextState {
                 .conversations
                 .get(&key)
                 .is_some_and(|c| c.in_flight == 0 && c.last_active <= stamp);
-            if evict {
-                self.conversations.remove(&key);
+            if evict && let Some(gone) = self.conversations.remove(&key) {
                 let _ = self.store.append(
                     vec![Write::ForgetContext {
                         principal: key.principal,
                         context: key.context,
+                        since: gone.since,
                     }],
                     None,
                 );
@@ -142,6 +144,8 @@ impl ContextState {
 }
 
 struct Conversation {
+    /// When it began (µs since the epoch): where the store files its turns.
+    since: i64,
     turns_begun: u32,
     in_flight: u32,
     turns: VecDeque<(Arc<Message>, Option<Arc<Message>>)>,
@@ -189,6 +193,7 @@ impl Actor for ContextActor {
             state.conversations.insert(
                 key,
                 Conversation {
+                    since: c.since,
                     turns_begun,
                     in_flight: 0,
                     turns,
@@ -207,12 +212,13 @@ impl Actor for ContextActor {
     ) -> Result<(), ActorProcessingErr> {
         let now = Instant::now();
         match msg {
-            ContextMsg::Create { key } => {
+            ContextMsg::Create { key, since } => {
                 // No stamp yet: a conversation with a task in flight is never evicted, and
                 // its `Record` stamps it when that task ends.
                 state.conversations.insert(
                     key,
                     Conversation {
+                        since,
                         turns_begun: 1,
                         in_flight: 1,
                         turns: VecDeque::new(),
@@ -225,6 +231,7 @@ impl Actor for ContextActor {
                     .conversations
                     .entry(key)
                     .or_insert_with(|| Conversation {
+                        since: chrono::Utc::now().timestamp_micros(),
                         turns_begun: 0,
                         in_flight: 0,
                         turns: VecDeque::new(),
@@ -234,7 +241,10 @@ impl Actor for ContextActor {
                 c.in_flight += 1;
                 c.last_active = now;
                 let turn = Turn {
-                    number: c.turns_begun,
+                    id: TurnId {
+                        number: c.turns_begun,
+                        since: c.since,
+                    },
                     history: c
                         .turns
                         .iter()
@@ -263,11 +273,13 @@ impl Actor for ContextActor {
                     }
                 }
             }
-            ContextMsg::Resume { key, number } => {
+            ContextMsg::Resume { key, turn } => {
+                let number = turn.number;
                 let c = state
                     .conversations
                     .entry(key)
                     .or_insert_with(|| Conversation {
+                        since: turn.since,
                         turns_begun: 0,
                         in_flight: 0,
                         turns: VecDeque::new(),

@@ -125,7 +125,7 @@ impl Actor for TaskSupervisor {
                         task: Arc::new(snapshot),
                         event: Arc::new(TaskEvent::status(seq, status)),
                         changed: true,
-                        turn: 0,
+                        turn: crate::store::TurnId::default(),
                     };
                     let _ = state.shared.store.append(vec![write], None);
                 }

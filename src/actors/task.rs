@@ -31,7 +31,7 @@ use crate::model::{
     TaskSnapshot, TaskState, TaskStatus,
 };
 use crate::runtime::{Replay, StreamItem};
-use crate::store::{Committed, Durable, Write};
+use crate::store::{Committed, Durable, TurnId, Write};
 
 /// The error of a task that was running when the server stopped without finishing it.
 pub(crate) const RESTART_ERROR: &str = "interrupted by a server restart";
@@ -129,7 +129,7 @@ pub(crate) struct TaskArgs {
     pub(crate) message: Arc<Message>,
     pub(crate) metadata: Option<Arc<serde_json::value::RawValue>>,
     pub(crate) history: Vec<Arc<Message>>,
-    pub(crate) turn: u32,
+    pub(crate) turn: TurnId,
     /// A slot in the agent's queue; `None` for a task that cannot run (restored from a
     /// store: it fails at once, or waits in an interrupted state).
     pub(crate) admission: Option<Admission>,
@@ -158,7 +158,7 @@ pub(crate) struct TaskActorState {
     metadata: Option<Arc<serde_json::value::RawValue>>,
     /// The conversation's earlier turns, as the agent saw them.
     context_history: Vec<Arc<Message>>,
-    turn: u32,
+    turn: TurnId,
     created_at: DateTime<Utc>,
     started: Instant,
     status: TaskStatus,
@@ -494,7 +494,7 @@ impl TaskActorState {
             message,
             history: self.context_history.clone(),
             task_history,
-            turn: self.turn,
+            turn: self.turn.number,
             cancel: self.cancel.clone(),
         }
     }
@@ -599,7 +599,7 @@ impl TaskActorState {
             writes.push(Write::Turn {
                 principal: self.key.principal.clone(),
                 context: self.context_id.clone(),
-                number: self.turn,
+                turn: self.turn,
                 user: self.message.clone(),
                 reply: self.reply(),
             });

@@ -17,7 +17,7 @@ use crate::model::{
     AgentId, ContextId, Message, Principal, TaskId, TaskKey, TaskSnapshot, TaskState,
 };
 use crate::push::{PushScope, StoredPushConfig};
-use crate::store::Write;
+use crate::store::{TurnId, Write};
 
 /// What `submit` did.
 pub(crate) enum Submitted {
@@ -90,8 +90,12 @@ impl Runtime {
                     principal: principal.clone(),
                     context: context.clone(),
                 };
-                let _ = self.shared.contexts.cast(ContextMsg::Create { key: ck });
-                (context, 1, Vec::new())
+                let since = chrono::Utc::now().timestamp_micros();
+                let _ = self
+                    .shared
+                    .contexts
+                    .cast(ContextMsg::Create { key: ck, since });
+                (context, TurnId { number: 1, since }, Vec::new())
             }
             Some(context) => {
                 let ck = ContextKey {
@@ -103,7 +107,7 @@ impl Runtime {
                     Some(self.shared.call_timeout),
                 );
                 match call.await {
-                    Ok(CallResult::Success(turn)) => (context, turn.number, turn.history),
+                    Ok(CallResult::Success(turn)) => (context, turn.id, turn.history),
                     Ok(CallResult::Timeout) => return Err(Error::Busy),
                     Err(_) | Ok(CallResult::SenderError) => return Err(Error::Internal),
                 }

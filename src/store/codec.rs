@@ -9,6 +9,7 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 
+use super::TurnId;
 use crate::model::{
     AgentId, Artifact, ArtifactUpdate, ContextId, FileContent, FileUrl, Message, Part, Principal,
     RawJson, Role, TaskError, TaskEvent, TaskId, TaskKey, TaskSnapshot, TaskState, TaskStatus,
@@ -200,27 +201,31 @@ pub(crate) fn task_push_keys(task: &TaskKey) -> (Vec<u8>, Vec<u8>) {
 }
 
 /// The key of a conversation turn.
-pub(crate) fn turn_key(principal: &Principal, context: &ContextId, number: u32) -> Vec<u8> {
-    let mut out = context_prefix(principal, context);
-    out.extend_from_slice(&number.to_be_bytes());
+pub(crate) fn turn_key(principal: &Principal, context: &ContextId, turn: TurnId) -> Vec<u8> {
+    let mut out = context_prefix(principal, context, turn.since);
+    out.extend_from_slice(&turn.number.to_be_bytes());
     out
 }
 
-/// The prefix of a conversation's turns.
-pub(crate) fn context_prefix(principal: &Principal, context: &ContextId) -> Vec<u8> {
-    let mut out = Vec::with_capacity(64);
+/// The prefix of a conversation's turns: when it began first (as for tasks, so that new
+/// conversations append at the end of the table), then the owner and the conversation.
+pub(crate) fn context_prefix(principal: &Principal, context: &ContextId, since: i64) -> Vec<u8> {
+    let mut out = Vec::with_capacity(72);
+    out.extend_from_slice(&((since as u64) ^ (1 << 63)).to_be_bytes());
     put_part(&mut out, principal.as_str());
     put_part(&mut out, context.as_str());
     out
 }
 
 /// Parses a turn key.
-pub(crate) fn parse_turn_key(bytes: &[u8]) -> Option<(Principal, ContextId, u32)> {
+pub(crate) fn parse_turn_key(bytes: &[u8]) -> Option<(Principal, ContextId, TurnId)> {
     let mut r = KeyReader(bytes);
+    let since = (r.u64()? ^ (1 << 63)) as i64;
     let principal = Principal::new(r.part()?);
     let context = ContextId::new(r.part()?);
     let number = r.u32()?;
-    r.done().then_some((principal, context, number))
+    r.done()
+        .then_some((principal, context, TurnId { number, since }))
 }
 
 /// The first key after every key that starts with `prefix` (the end of a prefix range).
@@ -439,10 +444,13 @@ struct TaskRec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     md: Option<Box<RawValue>>,
     turn: u32,
+    /// When the conversation began (schema 1 had no such field: 0).
+    #[serde(default)]
+    cs: i64,
 }
 
 /// Encodes a task's record.
-pub(crate) fn encode_task(task: &TaskSnapshot, turn: u32) -> Vec<u8> {
+pub(crate) fn encode_task(task: &TaskSnapshot, turn: TurnId) -> Vec<u8> {
     let rec = TaskRec {
         c: task.context_id.to_string(),
         st: StatusRec::of(&task.status),
@@ -452,13 +460,14 @@ pub(crate) fn encode_task(task: &TaskSnapshot, turn: u32) -> Vec<u8> {
         h: task.history.iter().map(|m| MessageRec::of(m)).collect(),
         a: task.artifacts.iter().map(|a| ArtifactRec::of(a)).collect(),
         md: task.metadata.as_ref().map(|m| (**m).to_owned()),
-        turn,
+        turn: turn.number,
+        cs: turn.since,
     };
     serde_json::to_vec(&rec).unwrap_or_default()
 }
 
 /// Decodes a task's record: the task and its conversation turn.
-pub(crate) fn decode_task(key: &TaskKey, bytes: &[u8]) -> Option<(TaskSnapshot, u32)> {
+pub(crate) fn decode_task(key: &TaskKey, bytes: &[u8]) -> Option<(TaskSnapshot, TurnId)> {
     let rec: TaskRec = serde_json::from_slice(bytes).ok()?;
     let history: Vec<Arc<Message>> = rec
         .h
@@ -482,7 +491,10 @@ pub(crate) fn decode_task(key: &TaskKey, bytes: &[u8]) -> Option<(TaskSnapshot, 
                 .collect(),
             metadata: rec.md.map(Arc::from),
         },
-        rec.turn,
+        TurnId {
+            number: rec.turn,
+            since: rec.cs,
+        },
     ))
 }
 
@@ -710,10 +722,14 @@ mod tests {
             config: "c\u{0}".into(),
         };
         assert_eq!(parse_outbox_key(&outbox_key(&o, 5)), Some((5, o)));
-        let turn = turn_key(&"p".into(), &ContextId::new("c"), 3);
+        let t = TurnId {
+            number: 3,
+            since: -7,
+        };
+        let turn = turn_key(&"p".into(), &ContextId::new("c"), t);
         assert_eq!(
             parse_turn_key(&turn),
-            Some(("p".into(), ContextId::new("c"), 3))
+            Some(("p".into(), ContextId::new("c"), t))
         );
         // A task's events sort in number order under its prefix, and only its own.
         let prefix = task_key(&k, 9);
@@ -770,8 +786,12 @@ mod tests {
                 RawValue::from_string(r#"{"trace":"x"}"#.into()).expect("json"),
             )),
         };
-        let (back, turn) = decode_task(&key(), &encode_task(&task, 4)).expect("decodes");
-        assert_eq!(turn, 4);
+        let t = TurnId {
+            number: 4,
+            since: 12,
+        };
+        let (back, turn) = decode_task(&key(), &encode_task(&task, t)).expect("decodes");
+        assert_eq!(turn, t);
         assert_eq!(back.history.len(), 2);
         assert_eq!(*back.history[0], *user);
         assert!(

@@ -349,8 +349,8 @@ fn check_existing(db: &impl ReadableDatabase, path: &Path) -> Result<u32> {
     }
 }
 
-/// Migrates a file of schema 1 (task rows keyed by the task's key) to schema 2 (keyed by
-/// creation time first), in one write transaction: a crash in the middle leaves schema 1
+/// Migrates a file of schema 1 (task and turn rows keyed by their ids) to schema 2 (keyed
+/// by the task's creation time, or the conversation's, first), in one write transaction: a crash in the middle leaves schema 1
 /// as it was, and the next start migrates again.
 fn migrate_v1(db: &Database, path: &Path) -> Result<()> {
     let fail = |e: &dyn std::fmt::Display| {
@@ -363,7 +363,7 @@ fn migrate_v1(db: &Database, path: &Path) -> Result<()> {
     let migrate = || -> std::result::Result<usize, redb::Error> {
         let w = db.begin_write()?;
         let mut created: HashMap<TaskKey, Created> = HashMap::new();
-        for table in [TASKS, EVENTS, OUTBOX] {
+        for table in [TASKS, EVENTS, OUTBOX, TURNS] {
             let old: Vec<(Vec<u8>, Vec<u8>)> = w
                 .open_table(table)?
                 .iter()?
@@ -372,7 +372,15 @@ fn migrate_v1(db: &Database, path: &Path) -> Result<()> {
             w.delete_table(table)?;
             let mut new = w.open_table(table)?;
             for (k, v) in old {
-                let row = if table.name() == TASKS.name() {
+                let row = if table.name() == TURNS.name() {
+                    // Schema 1 did not know when a conversation began: 0 for all of them
+                    // (their tasks' records carry no such time either, so they agree).
+                    let mut row =
+                        codec::context_prefix(&Principal::new(""), &ContextId::new(""), 0);
+                    row.truncate(8);
+                    row.extend_from_slice(&k);
+                    row
+                } else if table.name() == TASKS.name() {
                     let Some(key) = codec::v1::parse_task_key(&k) else {
                         continue;
                     };
@@ -509,7 +517,7 @@ fn load(
     let mut contexts: HashMap<(Principal, ContextId), RecoveredContext> = HashMap::new();
     for entry in read.open_table(TURNS)?.iter()? {
         let (k, v) = entry?;
-        let (Some((principal, context, number)), Some((user, reply))) = (
+        let (Some((principal, context, turn)), Some((user, reply))) = (
             codec::parse_turn_key(k.value()),
             codec::decode_turn(v.value()),
         ) else {
@@ -520,10 +528,11 @@ fn load(
             .or_insert_with(|| RecoveredContext {
                 principal,
                 context,
+                since: turn.since,
                 turns: Vec::new(),
             })
             .turns
-            .push((number, user, reply));
+            .push((turn.number, user, reply));
     }
 
     let mut deliveries = Vec::new();
@@ -775,17 +784,21 @@ impl Committer {
                     Write::Turn {
                         principal,
                         context,
-                        number,
+                        turn,
                         user,
                         reply,
                     } => {
                         turns.insert(
-                            codec::turn_key(principal, context, *number).as_slice(),
+                            codec::turn_key(principal, context, *turn).as_slice(),
                             codec::encode_turn(user, reply.as_deref()).as_slice(),
                         )?;
                     }
-                    Write::ForgetContext { principal, context } => {
-                        let prefix = codec::context_prefix(principal, context);
+                    Write::ForgetContext {
+                        principal,
+                        context,
+                        since,
+                    } => {
+                        let prefix = codec::context_prefix(principal, context, *since);
                         let end = codec::prefix_end(&prefix);
                         turns.retain_in(prefix.as_slice()..end.as_slice(), |_, _| false)?;
                     }
@@ -912,7 +925,14 @@ mod tests {
                     .expect("tasks")
                     .insert(
                         v1_task_key(&key).as_slice(),
-                        codec::encode_task(&task, 1).as_slice(),
+                        codec::encode_task(
+                            &task,
+                            crate::store::TurnId {
+                                number: 1,
+                                since: 0,
+                            },
+                        )
+                        .as_slice(),
                     )
                     .expect("task");
                 let mut events = w.open_table(EVENTS).expect("events");
@@ -928,7 +948,18 @@ mod tests {
                         .insert(k.as_slice(), codec::encode_event(&event).as_slice())
                         .expect("event");
                 }
-                for t in [OUTBOX, PUSH, TURNS] {
+                let mut turn = Vec::new();
+                part(&mut turn, "alice");
+                part(&mut turn, "ctx");
+                turn.extend_from_slice(&1u32.to_be_bytes());
+                w.open_table(TURNS)
+                    .expect("turns")
+                    .insert(
+                        turn.as_slice(),
+                        codec::encode_turn(&task.history[0], Some(&task.history[1])).as_slice(),
+                    )
+                    .expect("turn");
+                for t in [OUTBOX, PUSH] {
                     w.open_table(t).expect("table");
                 }
             }
@@ -946,7 +977,10 @@ mod tests {
         };
         for round in 0..2 {
             // The first open migrates; the second finds schema 2 and reads it as it is.
-            let (journal, _) = Journal::open(&config, indexes()).expect("opens");
+            let (journal, recovered) = Journal::open(&config, indexes()).expect("opens");
+            assert_eq!(recovered.contexts.len(), 1, "round {round}");
+            let c = &recovered.contexts[0];
+            assert_eq!((c.context.as_str(), c.since, c.turns.len()), ("ctx", 0, 1));
             let back = journal.indexes.tasks.get(&key).expect("the task came back");
             assert_eq!(back.status.state, TaskState::Completed, "round {round}");
             let events = journal.events(&key, 0).expect("events");
