@@ -27,6 +27,8 @@ use crate::model::{
 use crate::push::{PushScope, StoredPushConfig};
 
 pub(crate) mod codec;
+#[cfg(test)]
+mod contract;
 mod file;
 mod index;
 mod local;
@@ -119,7 +121,8 @@ pub struct Committed {
 #[derive(Clone, Debug)]
 pub enum Write {
     /// A task event, and the task as it left it. Webhook deliveries for the event are
-    /// planned (and kept in the outbox) in the same batch.
+    /// planned (and kept in the outbox) in the same batch. A task's `created_at` is the
+    /// same in all its writes (the embedded store files the task's rows under it).
     Task {
         /// The task.
         key: TaskKey,

@@ -1,0 +1,336 @@
+//! The contract every [`Store`] keeps, as one suite run against each implementation:
+//! `memory` and the redb file here; a shared database runs the same checks. What differs by
+//! design is said where it is checked: memory keeps no events of finished tasks and nothing
+//! across a reopen.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::Utc;
+
+use super::{Committed, Durable, ListQuery, LocalStore, Store, TurnId, Write, delivery_id};
+use crate::config::{Config, StoreConfig};
+use crate::error::Error;
+use crate::model::{
+    ContextId, Message, Part, Role, TaskEvent, TaskId, TaskKey, TaskSnapshot, TaskState, TaskStatus,
+};
+use crate::push::{PushConfig, PushScope, StoredPushConfig};
+
+/// Appends and waits until the writes are durable; returns what they planned.
+fn commit(store: &dyn Store, writes: Vec<Write>) -> Committed {
+    let (tx, rx) = std::sync::mpsc::channel();
+    let then = Box::new(move |c: Committed| {
+        let _ = tx.send(c);
+    });
+    match store.append(writes, Some(then)) {
+        Durable::Now(c) => c,
+        Durable::Later => rx
+            .recv_timeout(Duration::from_secs(30))
+            .expect("the writes became durable"),
+    }
+}
+
+fn key(principal: &str, task: &str) -> TaskKey {
+    TaskKey {
+        principal: principal.into(),
+        agent: "echo".into(),
+        task: TaskId::new(task),
+    }
+}
+
+/// When the task of `key` was created: fixed per task, distinct between tasks.
+fn created_at(key: &TaskKey) -> chrono::DateTime<Utc> {
+    let n: i64 = key.task.as_str().bytes().map(i64::from).sum();
+    chrono::DateTime::from_timestamp_micros(1_700_000_000_000_000 + n).unwrap_or_default()
+}
+
+/// A task of `key` after `seq` events, the last one in `state`.
+fn snapshot(key: &TaskKey, context: &str, seq: u64, state: TaskState) -> Arc<TaskSnapshot> {
+    let user = Arc::new(Message {
+        role: Role::User,
+        parts: vec![Part::Text(format!("hello from {}", key.task))],
+        message_id: format!("m-{}", key.task),
+    });
+    let mut history = vec![user];
+    let mut status = TaskStatus::new(state);
+    if state == TaskState::Completed {
+        let reply = Arc::new(Message::agent_text(["echo"]));
+        status.message = Some(reply.clone());
+        history.push(reply);
+    }
+    Arc::new(TaskSnapshot {
+        id: key.task.clone(),
+        context_id: ContextId::new(context),
+        seq,
+        // A task's creation time never changes (the file keys its rows by it).
+        created_at: created_at(key),
+        updated_at: status.timestamp,
+        status,
+        history,
+        artifacts: Vec::new(),
+        metadata: None,
+    })
+}
+
+/// The write of event `seq` of a task.
+fn event(key: &TaskKey, context: &str, seq: u64, state: TaskState) -> Write {
+    let task = snapshot(key, context, seq, state);
+    Write::Task {
+        key: key.clone(),
+        event: Arc::new(TaskEvent::status(seq, task.status.clone())),
+        task,
+        changed: true,
+        turn: TurnId {
+            number: 1,
+            since: 0,
+        },
+    }
+}
+
+/// A task through submitted, working and completed, in three appends.
+fn run_to_completion(store: &dyn Store, key: &TaskKey, context: &str) -> Vec<Committed> {
+    [
+        TaskState::Submitted,
+        TaskState::Working,
+        TaskState::Completed,
+    ]
+    .into_iter()
+    .zip(1..)
+    .map(|(state, seq)| commit(store, vec![event(key, context, seq, state)]))
+    .collect()
+}
+
+fn block<T>(f: impl std::future::Future<Output = T>) -> T {
+    tokio::runtime::Builder::new_current_thread()
+        .build()
+        .expect("runtime")
+        .block_on(f)
+}
+
+/// The checks every store passes, whatever it keeps across a reopen.
+fn contract(store: &dyn Store, keeps_events: bool) {
+    let a = key("alice", "t-1");
+    // A task's record is readable once its event is durable, and it is the latest.
+    commit(store, vec![event(&a, "c1", 1, TaskState::Submitted)]);
+    let got = block(store.task(&a)).expect("read").expect("the task");
+    assert_eq!((got.seq, got.status.state), (1, TaskState::Submitted));
+    assert_eq!(store.task_now(&a).map(|t| t.seq), Some(1));
+    commit(store, vec![event(&a, "c1", 2, TaskState::Working)]);
+    commit(store, vec![event(&a, "c1", 3, TaskState::Completed)]);
+    let got = block(store.task(&a)).expect("read").expect("the task");
+    assert_eq!((got.seq, got.status.state), (3, TaskState::Completed));
+    assert_eq!(got.history.len(), 2, "the user message and the reply");
+
+    // Events: all after `after`, in order — or none, where finished tasks keep no events.
+    let events = block(store.events(&a, 1)).expect("events");
+    if keeps_events {
+        assert_eq!(events.iter().map(|e| e.seq).collect::<Vec<_>>(), vec![2, 3]);
+        assert_eq!(events[1].status.state, TaskState::Completed);
+    } else {
+        assert!(events.is_empty());
+    }
+
+    // Ownership: another principal's key with the same task id is another task.
+    assert!(
+        block(store.task(&key("mallory", "t-1")))
+            .expect("read")
+            .is_none()
+    );
+
+    // ListTasks: newest status first, paged with a token, filtered by state and context.
+    let b = key("alice", "t-2");
+    run_to_completion(store, &b, "c2");
+    let c = key("alice", "t-3");
+    commit(store, vec![event(&c, "c2", 1, TaskState::Submitted)]);
+    let query = |page_size, after| ListQuery {
+        principal: "alice".into(),
+        agent: "echo".into(),
+        context: None,
+        state: None,
+        status_after: None,
+        page_size,
+        after,
+    };
+    let first = block(store.list(&query(2, None))).expect("list");
+    assert_eq!(first.total, 3);
+    assert_eq!(
+        first
+            .tasks
+            .iter()
+            .map(|t| t.id.as_str())
+            .collect::<Vec<_>>(),
+        vec!["t-3", "t-2"]
+    );
+    let second = block(store.list(&query(2, first.next.clone()))).expect("list");
+    assert_eq!(
+        second
+            .tasks
+            .iter()
+            .map(|t| t.id.as_str())
+            .collect::<Vec<_>>(),
+        vec!["t-1"]
+    );
+    assert!(second.next.is_none());
+    let mut q = query(10, None);
+    q.state = Some(TaskState::Completed);
+    q.context = Some(ContextId::new("c2"));
+    let filtered = block(store.list(&q)).expect("list");
+    assert_eq!(
+        filtered
+            .tasks
+            .iter()
+            .map(|t| t.id.as_str())
+            .collect::<Vec<_>>(),
+        vec!["t-2"]
+    );
+    let mut q = query(10, None);
+    q.principal = "mallory".into();
+    assert_eq!(block(store.list(&q)).expect("list").total, 0);
+
+    // Push configurations: scoped by exact scope, named per task with a cap, removable.
+    let scope = PushScope {
+        principal: "alice".into(),
+        agent: "echo".into(),
+        task: Some(c.task.clone()),
+    };
+    let scoped = StoredPushConfig::scoped(
+        scope.clone(),
+        PushConfig::new("https://hooks.example.com/a"),
+        "seed",
+    );
+    store.push_reserve(&scoped, 2).expect("reserve");
+    commit(store, vec![Write::PushSet(scoped.clone())]);
+    let got = block(store.push_scope(&scope))
+        .expect("read")
+        .expect("scoped");
+    assert_eq!(got.id, scoped.id);
+    let by_id = block(store.push_by_id(&"alice".into(), &"echo".into(), &scoped.id));
+    assert!(by_id.expect("read").is_some());
+    let named: Vec<_> = ["n1", "n2", "n3"]
+        .into_iter()
+        .map(|id| {
+            StoredPushConfig::named(
+                &c,
+                Some(id.into()),
+                PushConfig::new("https://hooks.example.com/n"),
+                "a2a/1.0",
+            )
+        })
+        .collect();
+    for n in &named[..2] {
+        store.push_reserve(n, 2).expect("reserve");
+        commit(store, vec![Write::PushSet(n.clone())]);
+    }
+    assert!(matches!(
+        store.push_reserve(&named[2], 2),
+        Err(Error::InvalidParams { .. })
+    ));
+    let listed = block(store.push_named(&c)).expect("named");
+    assert_eq!(
+        listed.iter().map(|n| n.id.as_str()).collect::<Vec<_>>(),
+        vec!["n1", "n2"]
+    );
+    commit(
+        store,
+        vec![Write::PushRemoveNamed {
+            task: c.clone(),
+            id: "n1".into(),
+        }],
+    );
+    let listed = block(store.push_named(&c)).expect("named");
+    assert_eq!(
+        listed.iter().map(|n| n.id.as_str()).collect::<Vec<_>>(),
+        vec!["n2"]
+    );
+
+    // Deliveries are planned with the event that causes them, with a stable id.
+    let committed = commit(store, vec![event(&c, "c2", 2, TaskState::Working)]);
+    assert_eq!(
+        committed.deliveries.len(),
+        2,
+        "the scoped and the named configuration"
+    );
+    for d in &committed.deliveries {
+        assert_eq!(
+            (d.key.task.clone(), d.key.seq, d.attempt),
+            (c.clone(), 2, 1)
+        );
+        assert_eq!(d.id, delivery_id(&d.key));
+    }
+    commit(store, vec![Write::PushRemove(scope.clone())]);
+    assert!(block(store.push_scope(&scope)).expect("read").is_none());
+}
+
+fn open(config: &Config) -> LocalStore {
+    LocalStore::open(config).expect("the store opens")
+}
+
+#[test]
+fn memory_keeps_the_contract() {
+    let config = Config {
+        store: StoreConfig::memory(),
+        ..Config::default()
+    };
+    let store = open(&config);
+    contract(&store, false);
+    store.close();
+    // Nothing across a reopen, by design.
+    let store = open(&config);
+    assert!(store.task_now(&key("alice", "t-1")).is_none());
+}
+
+#[test]
+fn the_redb_file_keeps_the_contract_and_everything_across_a_reopen() {
+    let dir = std::env::temp_dir().join(format!("a2ad-contract-{}", uuid::Uuid::new_v4()));
+    let config = Config {
+        store: StoreConfig::redb(dir.join("a2ad.redb").display().to_string()),
+        ..Config::default()
+    };
+    let store = open(&config);
+    contract(&store, true);
+    store.close();
+    drop(store);
+
+    let store = open(&config);
+    let done = store
+        .task_now(&key("alice", "t-2"))
+        .expect("finished tasks come back");
+    assert_eq!(done.status.state, TaskState::Completed);
+    let events = block(store.events(&key("alice", "t-2"), 0)).expect("events");
+    assert_eq!(
+        events.iter().map(|e| e.seq).collect::<Vec<_>>(),
+        vec![1, 2, 3]
+    );
+    let recovered = store.recovered();
+    let live: Vec<_> = recovered
+        .tasks
+        .iter()
+        .map(|t| t.key.task.as_str())
+        .collect();
+    assert_eq!(
+        live,
+        vec!["t-3"],
+        "the unfinished task is handed back to run"
+    );
+    assert_eq!(recovered.tasks[0].events.len(), 2);
+    // Its delivery to the named configuration is pending; the scoped one was removed
+    // (and its outbox entry is dropped with it).
+    let pending: Vec<_> = recovered
+        .deliveries
+        .iter()
+        .map(|d| (d.key.seq, d.config.id.as_str(), d.id == delivery_id(&d.key)))
+        .collect();
+    assert_eq!(pending, vec![(2, "n2", true)]);
+    let key = recovered.deliveries[0].key.clone();
+    commit(&store, vec![Write::OutboxDone(key)]);
+    store.close();
+    drop(store);
+
+    let store = open(&config);
+    assert!(
+        store.recovered().deliveries.is_empty(),
+        "a done delivery is gone"
+    );
+    store.close();
+    let _ = std::fs::remove_dir_all(&dir);
+}
