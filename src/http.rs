@@ -148,7 +148,7 @@ pub(crate) async fn handle(
         }
     } else if path == "/healthz" {
         match *req.method() {
-            Method::GET | Method::HEAD if app.runtime.store_stats().failing => json(
+            Method::GET | Method::HEAD if app.runtime.store_failing() => json(
                 StatusCode::SERVICE_UNAVAILABLE,
                 br#"{"status":"store failing"}"#.to_vec(),
             ),

@@ -271,17 +271,17 @@ impl StoredPushConfig {
         config: PushConfig,
         format: &str,
     ) -> Arc<Self> {
-        Arc::new(Self {
+        Self::restore(
             id,
             scope,
             namespace,
-            format: format.into(),
+            format,
             config,
-            created_at: Utc::now(),
-            last_used: Mutex::new(None),
-            active: AtomicBool::new(true),
-            consecutive_failures: AtomicU32::new(0),
-        })
+            Utc::now(),
+            None,
+            true,
+            0,
+        )
     }
 
     /// Whether deliveries still go out.

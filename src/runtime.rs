@@ -228,6 +228,11 @@ impl Runtime {
         self.webhooks.metrics()
     }
 
+    /// The store's commits are failing: nothing new is acknowledged until they succeed.
+    pub fn store_failing(&self) -> bool {
+        self.shared.store.failing()
+    }
+
     /// Store counters (retained tasks, writes in flight, commits).
     pub fn store_stats(&self) -> StoreStats {
         self.shared.store.stats()

@@ -91,6 +91,11 @@ pub trait Store: Send + Sync + 'static {
     /// Counters for `/metrics`.
     fn stats(&self) -> StoreStats;
 
+    /// Commits are failing (cheap: `/healthz` asks on every probe).
+    fn failing(&self) -> bool {
+        self.stats().failing
+    }
+
     /// Writes appended and not yet durable (cheap: admission reads it per task).
     fn backlog(&self) -> u64;
 

@@ -59,6 +59,15 @@ async fn call(base: &str, path: &str, method: &str, params: Value, v: &str) -> V
     serde_json::from_slice(&resp.bytes().await.expect("body")).expect("json")
 }
 
+/// The official task `id` is still waiting for input.
+async fn assert_still_waiting(base: &str, id: &str) {
+    let v = call(base, "tck/jsonrpc/v1", "GetTask", json!({"id": id}), "1.0").await;
+    assert_eq!(
+        v["result"]["status"]["state"], "TASK_STATE_INPUT_REQUIRED",
+        "{v}"
+    );
+}
+
 fn seed_message(text: &str) -> Value {
     json!({"message": {"role": "user", "messageId": uuid::Uuid::new_v4().to_string(),
                        "parts": [{"type": "text", "text": text}]}})
@@ -256,18 +265,7 @@ async fn waiting_tasks_push_configurations_and_a_retried_delivery_outlive_a_cras
 
     let server = Binary::start(&text, &[], &[]);
     let base = server.base.clone();
-    let v = call(
-        &base,
-        "tck/jsonrpc/v1",
-        "GetTask",
-        json!({"id": task}),
-        "1.0",
-    )
-    .await;
-    assert_eq!(
-        v["result"]["status"]["state"], "TASK_STATE_INPUT_REQUIRED",
-        "{v}"
-    );
+    assert_still_waiting(&base, &task).await;
     let v = call(
         &base,
         "tck/jsonrpc/v1",
@@ -333,18 +331,7 @@ async fn a_graceful_shutdown_cancels_running_tasks_and_keeps_waiting_ones() {
 
     let server = Binary::start(&text, &[], &[]);
     let base = server.base.clone();
-    let v = call(
-        &base,
-        "tck/jsonrpc/v1",
-        "GetTask",
-        json!({"id": waiting}),
-        "1.0",
-    )
-    .await;
-    assert_eq!(
-        v["result"]["status"]["state"], "TASK_STATE_INPUT_REQUIRED",
-        "{v}"
-    );
+    assert_still_waiting(&base, &waiting).await;
     let v = call(&base, "slow", "tasks/get", json!({"taskId": slow}), "").await;
     assert_eq!(v["result"]["status"]["state"], "canceled", "{v}");
     assert_eq!(v["result"]["status"]["reason"], "shutdown", "{v}");

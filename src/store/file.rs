@@ -197,6 +197,11 @@ impl Journal {
             .map_err(super::failed)
     }
 
+    /// Commits are failing (and being retried).
+    pub(crate) fn failing(&self) -> bool {
+        self.counters.failing.load(Relaxed)
+    }
+
     /// Writes queued and not yet durable.
     pub(crate) fn backlog(&self) -> u64 {
         self.counters.pending.load(Relaxed)

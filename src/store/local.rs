@@ -228,6 +228,10 @@ impl Store for LocalStore {
         stats
     }
 
+    fn failing(&self) -> bool {
+        self.journal.as_ref().is_some_and(Journal::failing)
+    }
+
     fn backlog(&self) -> u64 {
         self.journal.as_ref().map_or(0, Journal::backlog)
     }
