@@ -26,6 +26,10 @@ pub struct Config {
     /// `[store]`
     #[serde(default)]
     pub store: StoreConfig,
+    /// `[cluster]`: several nodes as one service on a shared PostgreSQL. Absent: this
+    /// node runs alone on `[store]`.
+    #[serde(default)]
+    pub cluster: Option<ClusterConfig>,
     /// `[[api_keys]]`; empty means a development key is generated at start-up.
     #[serde(default)]
     pub api_keys: Vec<ApiKeyConfig>,
@@ -145,6 +149,90 @@ pub enum StoreBackend {
     Redb,
     /// In memory only.
     Memory,
+}
+
+/// `[cluster]`: several a2ad nodes acting as one service through PostgreSQL (docs/CLUSTER.md).
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ClusterConfig {
+    /// The shared engine: `postgres`.
+    pub engine: ClusterEngine,
+    /// The connection URL (`postgres://user:pass@host:port/db`, or key=value pairs).
+    pub url: String,
+    /// The schema a2ad's tables live in (created if missing).
+    #[serde(default = "ClusterConfig::default_schema")]
+    pub schema: String,
+    /// This node's name (default: generated at start-up).
+    #[serde(default)]
+    pub node_id: Option<String>,
+    /// A node whose heartbeat is older than this is dead: its tasks are taken over.
+    #[serde(default = "ClusterConfig::default_lease_ttl_ms")]
+    pub lease_ttl_ms: u64,
+    /// How often a node renews its lease (and reaps, claims deliveries, polls followers).
+    #[serde(default = "ClusterConfig::default_heartbeat_ms")]
+    pub heartbeat_ms: u64,
+    /// Connections to PostgreSQL for reads and cross-node operations.
+    #[serde(default = "ClusterConfig::default_pool_size")]
+    pub pool_size: usize,
+    /// What a working task of a dead node becomes.
+    #[serde(default)]
+    pub on_node_loss: NodeLoss,
+}
+
+/// Which shared engine.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ClusterEngine {
+    /// PostgreSQL (12 or later).
+    Postgres,
+}
+
+/// What a working task of a dead node becomes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum NodeLoss {
+    /// `failed` with "node lost".
+    #[default]
+    Fail,
+    /// Run again from its first message, on the node that takes it over — for agents whose
+    /// backend declares it can be resumed; the others fail.
+    Resume,
+}
+
+impl ClusterConfig {
+    /// Default lease.
+    pub const DEFAULT_LEASE_TTL_MS: u64 = 10_000;
+    /// Default heartbeat.
+    pub const DEFAULT_HEARTBEAT_MS: u64 = 1_000;
+    /// Default pool.
+    pub const DEFAULT_POOL_SIZE: usize = 16;
+
+    fn default_schema() -> String {
+        "a2ad".into()
+    }
+    fn default_lease_ttl_ms() -> u64 {
+        Self::DEFAULT_LEASE_TTL_MS
+    }
+    fn default_heartbeat_ms() -> u64 {
+        Self::DEFAULT_HEARTBEAT_MS
+    }
+    fn default_pool_size() -> usize {
+        Self::DEFAULT_POOL_SIZE
+    }
+
+    /// A cluster on this PostgreSQL URL with every other setting at its default.
+    pub fn postgres(url: impl Into<String>) -> Self {
+        Self {
+            engine: ClusterEngine::Postgres,
+            url: url.into(),
+            schema: Self::default_schema(),
+            node_id: None,
+            lease_ttl_ms: Self::DEFAULT_LEASE_TTL_MS,
+            heartbeat_ms: Self::DEFAULT_HEARTBEAT_MS,
+            pool_size: Self::DEFAULT_POOL_SIZE,
+            on_node_loss: NodeLoss::Fail,
+        }
+    }
 }
 
 /// `[[api_keys]]`
@@ -396,6 +484,7 @@ impl Default for Config {
             server: ServerConfig::default(),
             webhooks: WebhooksConfig::default(),
             store: StoreConfig::default(),
+            cluster: None,
             api_keys: Vec::new(),
             agents: vec![AgentConfig::new(Self::DEFAULT_AGENT_ID)],
         }

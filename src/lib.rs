@@ -32,6 +32,7 @@
 mod actors;
 pub mod agent;
 mod auth;
+pub mod cluster;
 pub mod config;
 pub mod error;
 #[doc(hidden)]
@@ -54,7 +55,7 @@ pub use agent::{
     Agent, AgentError, AgentFuture, AgentRequest, EchoAgent, OpenAiAgent, Outcome, OutcomeFuture,
     Updates,
 };
-pub use config::{Config, ConfigError, StoreBackend, StoreConfig};
+pub use config::{ClusterConfig, Config, ConfigError, NodeLoss, StoreBackend, StoreConfig};
 pub use error::{Error, Result};
 pub use metrics::{AgentMetrics, AgentMetricsSnapshot, Metrics};
 pub use model::{
@@ -70,7 +71,7 @@ pub use runtime::{
 };
 pub use server::{Server, ServerHandle};
 pub use store::{
-    Committed, Delivery, Durable, ListPage, ListQuery, OutboxKey, PageToken, Recovered,
+    Committed, Delivery, Durable, ListPage, ListQuery, Orphan, OutboxKey, PageToken, Recovered,
     RecoveredContext, RecoveredTask, Store, StoreStats, Then, TurnId, Write,
 };
 pub use webhook::{Payload, PayloadInput, PayloadRenderer, signature};

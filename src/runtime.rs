@@ -726,9 +726,9 @@ impl Runtime {
             self.get(&config.scope.principal, &config.scope.agent, task)
                 .await?;
         }
-        self.shared
-            .store
-            .push_reserve(&config, self.shared.config.webhooks.max_configs_per_task)?;
+        let max = self.shared.config.webhooks.max_configs_per_task;
+        self.shared.store.push_check(&config, max).await?;
+        self.shared.store.push_reserve(&config, max)?;
         self.durable(vec![Write::PushSet(config)]).await
     }
 

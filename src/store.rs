@@ -18,7 +18,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use chrono::{DateTime, Utc};
-use futures_util::future::BoxFuture;
+use futures_util::future::{BoxFuture, FutureExt as _};
 
 use crate::error::{Error, Result};
 use crate::model::{
@@ -32,6 +32,7 @@ mod contract;
 mod file;
 mod index;
 mod local;
+pub(crate) mod pg;
 
 pub(crate) use local::LocalStore;
 
@@ -74,13 +75,26 @@ pub trait Store: Send + Sync + 'static {
     /// A task's named configurations, oldest first.
     fn push_named(&self, task: &TaskKey) -> BoxFuture<'_, Result<Vec<Arc<StoredPushConfig>>>>;
 
-    /// Checks that a configuration may be added (the per-task cap) and makes it visible to
-    /// the planning of deliveries at once; the caller then appends [`Write::PushSet`] and
-    /// answers once that is durable.
+    /// Checks that a configuration may be added (the per-task cap) and, in the embedded
+    /// stores, makes it visible to the planning of deliveries at once; the caller then
+    /// appends [`Write::PushSet`] and answers once that is durable (a shared store plans
+    /// from what is durable and from the changes of the batch being committed, and checks
+    /// the cap in [`Store::push_check`]).
     ///
     /// # Errors
     /// [`Error::InvalidParams`] over `max_per_task` named configurations on one task.
     fn push_reserve(&self, config: &Arc<StoredPushConfig>, max_per_task: usize) -> Result<()>;
+
+    /// Checks the per-task cap against what is durable, for stores whose
+    /// [`Store::push_reserve`] cannot (a shared store; the embedded ones check there and
+    /// answer `Ok` here). Called before `push_reserve`.
+    fn push_check(
+        &self,
+        _config: &Arc<StoredPushConfig>,
+        _max_per_task: usize,
+    ) -> BoxFuture<'_, Result<()>> {
+        futures_util::future::ready(Ok(())).boxed()
+    }
 
     /// What the store held when it opened: the work a restart resumes. Taken once.
     fn recovered(&self) -> Recovered;
@@ -250,6 +264,23 @@ pub struct RecoveredTask {
     pub events: Vec<Arc<TaskEvent>>,
     /// Its conversation turn.
     pub turn: TurnId,
+    /// Why it is taken up again.
+    pub why: Orphan,
+}
+
+/// Why a task is taken up again, which decides what it becomes if it was working.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Orphan {
+    /// This node restarted: `failed`, "interrupted by a server restart".
+    Restart,
+    /// The node that ran it died: `failed`, "node lost" — or, when `rerun`, its agent
+    /// runs it again from its first message here.
+    NodeLost {
+        /// Run it again (`on_node_loss = "resume"` and a backend that can be resumed).
+        rerun: bool,
+    },
+    /// Taken here to be canceled or continued: it waits for that.
+    Held,
 }
 
 /// A conversation as the store kept it.

@@ -8,8 +8,8 @@ use std::fmt::Display;
 use std::net::SocketAddr;
 
 use super::{
-    AgentConfig, AgentLimits, ApiKeyConfig, Config, ConfigError, EchoConfig, MAX_SECONDS,
-    OpenAiConfig, ServerConfig, StoreConfig, WebhooksConfig,
+    AgentConfig, AgentLimits, ApiKeyConfig, ClusterConfig, Config, ConfigError, EchoConfig,
+    MAX_SECONDS, OpenAiConfig, ServerConfig, StoreConfig, WebhooksConfig,
 };
 
 /// The largest `max_file_size` (512 MiB): its Base64 body still fits the body ceiling.
@@ -19,6 +19,9 @@ pub(super) fn config(c: &mut Config) -> Result<(), ConfigError> {
     server(&mut c.server)?;
     webhooks(&c.webhooks)?;
     store(&c.store)?;
+    if let Some(cluster) = &c.cluster {
+        self::cluster(cluster)?;
+    }
     let mut ids = HashSet::new();
     for (i, agent) in c.agents.iter_mut().enumerate() {
         agent_config(agent, i)?;
@@ -171,6 +174,58 @@ fn store(s: &StoreConfig) -> Result<(), ConfigError> {
         1_000,
         100_000_000,
     )
+}
+
+fn cluster(c: &ClusterConfig) -> Result<(), ConfigError> {
+    if c.url.trim().is_empty() {
+        return Err(ConfigError::key("cluster.url", "must not be empty"));
+    }
+    if c.url.parse::<tokio_postgres::Config>().is_err() {
+        return Err(ConfigError::key(
+            "cluster.url",
+            "is not a PostgreSQL connection string (postgres://user@host:port/database)",
+        ));
+    }
+    let schema_ok = !c.schema.is_empty()
+        && c.schema.len() <= 50
+        && c.schema
+            .starts_with(|ch: char| ch.is_ascii_lowercase() || ch == '_')
+        && c.schema
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_');
+    if !schema_ok {
+        return Err(ConfigError::key(
+            "cluster.schema",
+            format!(
+                "{:?} must be 1–50 lowercase letters, digits or '_', not starting with a digit",
+                c.schema
+            ),
+        ));
+    }
+    if let Some(id) = &c.node_id
+        && (id.is_empty()
+            || id.len() > 64
+            || !id
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"-._".contains(&b)))
+    {
+        return Err(ConfigError::key(
+            "cluster.node_id",
+            format!("{id:?} must be 1–64 letters, digits, '-', '.' or '_'"),
+        ));
+    }
+    int("cluster.lease_ttl_ms", c.lease_ttl_ms, 500, 600_000)?;
+    int("cluster.heartbeat_ms", c.heartbeat_ms, 50, 60_000)?;
+    if c.heartbeat_ms.saturating_mul(3) > c.lease_ttl_ms {
+        return Err(ConfigError::key(
+            "cluster.heartbeat_ms",
+            format!(
+                "must be at most a third of cluster.lease_ttl_ms ({}), so one late heartbeat does not lose the lease",
+                c.lease_ttl_ms
+            ),
+        ));
+    }
+    int("cluster.pool_size", c.pool_size, 2, 1024)
 }
 
 fn agent_config(a: &mut AgentConfig, i: usize) -> Result<(), ConfigError> {

@@ -130,20 +130,22 @@ impl Runtime {
         };
         // An inline push configuration is in place before event 1 is recorded, so it
         // hears the task's first event; it is undone if the task is not created after all.
-        let mut push = options.push;
         let push_scope = PushScope {
             principal: principal.clone(),
             agent: agent_id.clone(),
             task: Some(task.clone()),
         };
+        let mut push = options.push.map(|new| match new.named {
+            None => StoredPushConfig::scoped(push_scope.clone(), new.config, &new.format),
+            Some(id) => StoredPushConfig::named(&key, id, new.config, &new.format),
+        });
         let max_configs = self.shared.config.webhooks.max_configs_per_task;
+        if let Some(stored) = &push {
+            self.shared.store.push_check(stored, max_configs).await?;
+        }
         let mut store_push = || -> Result<Option<String>> {
-            let Some(new) = push.take() else {
+            let Some(stored) = push.take() else {
                 return Ok(None);
-            };
-            let stored = match new.named {
-                None => StoredPushConfig::scoped(push_scope.clone(), new.config, &new.format),
-                Some(id) => StoredPushConfig::named(&key, id, new.config, &new.format),
             };
             let id = stored.id.clone();
             self.shared.store.push_reserve(&stored, max_configs)?;

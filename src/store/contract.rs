@@ -100,6 +100,12 @@ fn run_to_completion(store: &dyn Store, key: &TaskKey, context: &str) -> Vec<Com
     .collect()
 }
 
+/// Checks and reserves a configuration, as the runtime does (a cap of 2 per task).
+fn reserve(store: &dyn Store, config: &Arc<StoredPushConfig>) -> crate::error::Result<()> {
+    block(store.push_check(config, 2))?;
+    store.push_reserve(config, 2)
+}
+
 fn block<T>(f: impl std::future::Future<Output = T>) -> T {
     tokio::runtime::Builder::new_current_thread()
         .build()
@@ -107,14 +113,16 @@ fn block<T>(f: impl std::future::Future<Output = T>) -> T {
         .block_on(f)
 }
 
-/// The checks every store passes, whatever it keeps across a reopen.
-fn contract(store: &dyn Store, keeps_events: bool) {
+/// The checks every store passes, whatever it keeps across a reopen. A shared store
+/// (`shared`) answers `task_now` with `None`: uniqueness is its own.
+fn contract(store: &dyn Store, keeps_events: bool, shared: bool) {
     let a = key("alice", "t-1");
     // A task's record is readable once its event is durable, and it is the latest.
     commit(store, vec![event(&a, "c1", 1, TaskState::Submitted)]);
     let got = block(store.task(&a)).expect("read").expect("the task");
     assert_eq!((got.seq, got.status.state), (1, TaskState::Submitted));
-    assert_eq!(store.task_now(&a).map(|t| t.seq), Some(1));
+    let now = store.task_now(&a).map(|t| t.seq);
+    assert_eq!(now, (!shared).then_some(1));
     commit(store, vec![event(&a, "c1", 2, TaskState::Working)]);
     commit(store, vec![event(&a, "c1", 3, TaskState::Completed)]);
     let got = block(store.task(&a)).expect("read").expect("the task");
@@ -198,7 +206,7 @@ fn contract(store: &dyn Store, keeps_events: bool) {
         PushConfig::new("https://hooks.example.com/a"),
         "seed",
     );
-    store.push_reserve(&scoped, 2).expect("reserve");
+    reserve(store, &scoped).expect("reserve");
     commit(store, vec![Write::PushSet(scoped.clone())]);
     let got = block(store.push_scope(&scope))
         .expect("read")
@@ -218,11 +226,11 @@ fn contract(store: &dyn Store, keeps_events: bool) {
         })
         .collect();
     for n in &named[..2] {
-        store.push_reserve(n, 2).expect("reserve");
+        reserve(store, n).expect("reserve");
         commit(store, vec![Write::PushSet(n.clone())]);
     }
     assert!(matches!(
-        store.push_reserve(&named[2], 2),
+        reserve(store, &named[2]),
         Err(Error::InvalidParams { .. })
     ));
     let listed = block(store.push_named(&c)).expect("named");
@@ -272,7 +280,7 @@ fn memory_keeps_the_contract() {
         ..Config::default()
     };
     let store = open(&config);
-    contract(&store, false);
+    contract(&store, false, false);
     store.close();
     // Nothing across a reopen, by design.
     let store = open(&config);
@@ -287,7 +295,7 @@ fn the_redb_file_keeps_the_contract_and_everything_across_a_reopen() {
         ..Config::default()
     };
     let store = open(&config);
-    contract(&store, true);
+    contract(&store, true, false);
     store.close();
     drop(store);
 
@@ -333,4 +341,149 @@ fn the_redb_file_keeps_the_contract_and_everything_across_a_reopen() {
     );
     store.close();
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The PostgreSQL of the tests: `A2AD_TEST_PG_URL`, by default the local server of this
+/// project's machines. `None` (the test says it skips) when it cannot be reached — unless
+/// `A2AD_REQUIRE_PG` is set (CI), which turns the skip into a failure.
+pub(crate) fn test_pg_url() -> Option<String> {
+    let url = std::env::var("A2AD_TEST_PG_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into());
+    let reachable = url
+        .parse::<tokio_postgres::Config>()
+        .ok()
+        .and_then(|c| {
+            let host = match c.get_hosts().first() {
+                Some(tokio_postgres::config::Host::Tcp(h)) => h.clone(),
+                _ => "127.0.0.1".into(),
+            };
+            let port = c.get_ports().first().copied().unwrap_or(5432);
+            std::net::ToSocketAddrs::to_socket_addrs(&(host.as_str(), port))
+                .ok()?
+                .next()
+        })
+        .is_some_and(|addr| {
+            std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(2)).is_ok()
+        });
+    if reachable {
+        return Some(url);
+    }
+    assert!(
+        std::env::var_os("A2AD_REQUIRE_PG").is_none(),
+        "A2AD_REQUIRE_PG is set but PostgreSQL at {url} cannot be reached"
+    );
+    eprintln!(
+        "SKIPPED: no PostgreSQL at {url} (set A2AD_TEST_PG_URL, or A2AD_REQUIRE_PG=1 to fail)"
+    );
+    None
+}
+
+#[test]
+fn postgres_keeps_the_contract_and_a_second_node_takes_over_what_the_first_left() {
+    use super::pg::PgStore;
+    use crate::cluster::{Cluster as _, Signal};
+    use crate::config::ClusterConfig;
+
+    let Some(url) = test_pg_url() else {
+        return;
+    };
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let schema = format!(
+        "a2ad_contract_{}",
+        &uuid::Uuid::new_v4().simple().to_string()[..12]
+    );
+    let node = |id: &str| {
+        let mut cluster = ClusterConfig::postgres(url.clone());
+        cluster.schema = schema.clone();
+        cluster.node_id = Some(id.into());
+        cluster.heartbeat_ms = 100;
+        cluster.lease_ttl_ms = 600;
+        let config = Config {
+            cluster: Some(cluster.clone()),
+            ..Config::default()
+        };
+        rt.block_on(PgStore::open(&config, &cluster, Default::default()))
+            .expect("the store opens")
+    };
+    let first = node("n1");
+    let mut first_signals = first.signals().expect("signals");
+    contract(&first, true, true);
+
+    // Another node reads what the first wrote.
+    let second = node("n2");
+    let done = block(second.task(&key("alice", "t-2")))
+        .expect("read")
+        .expect("a finished task is shared");
+    assert_eq!(done.status.state, TaskState::Completed);
+    let events = block(second.events(&key("alice", "t-2"), 0)).expect("events");
+    assert_eq!(
+        events.iter().map(|e| e.seq).collect::<Vec<_>>(),
+        vec![1, 2, 3]
+    );
+
+    // The first node stops renewing its lease (as if killed): after the TTL, the second
+    // node's lease loop takes its unfinished task (with its events) and its pending
+    // delivery, and tells its runtime.
+    let mut second_signals = second.signals().expect("signals");
+    first.halt();
+    let (mut taken, mut claimed) = (Vec::new(), Vec::new());
+    while taken.is_empty() || claimed.is_empty() {
+        let signal = rt
+            .block_on(async {
+                tokio::time::timeout(Duration::from_secs(20), second_signals.recv()).await
+            })
+            .expect("the second node takes over within 20 s")
+            .expect("the channel is open");
+        match signal {
+            Signal::Adopted(t) => taken.push(t),
+            Signal::Deliver(d) => claimed.extend(d),
+            _ => {}
+        }
+    }
+    let names: Vec<_> = taken.iter().map(|t| t.key.task.as_str()).collect();
+    assert_eq!(names, vec!["t-3"], "the unfinished task is taken over");
+    assert_eq!(taken[0].events.len(), 2);
+    assert_eq!(
+        taken[0].why,
+        crate::store::Orphan::NodeLost { rerun: false }
+    );
+    let pending: Vec<_> = claimed
+        .iter()
+        .map(|d| (d.key.seq, d.config.id.as_str(), d.id == delivery_id(&d.key)))
+        .collect();
+    assert_eq!(
+        pending,
+        vec![(2, "n2", true)],
+        "same delivery id on the new node"
+    );
+
+    // The first node's next append to the task it lost is fenced: acknowledged to nobody,
+    // and the runtime is told to stop the task there.
+    let c = key("alice", "t-3");
+    let (tx, rx) = std::sync::mpsc::channel();
+    let then = Box::new(move |_: Committed| {
+        let _ = tx.send(());
+    });
+    let _ = first.append(vec![event(&c, "c2", 3, TaskState::Completed)], Some(then));
+    let signal = rt
+        .block_on(async {
+            tokio::time::timeout(Duration::from_secs(20), first_signals.recv()).await
+        })
+        .expect("a signal")
+        .expect("the channel is open");
+    assert!(matches!(signal, Signal::Fenced(k) if k == c));
+    assert!(
+        rx.recv_timeout(Duration::from_millis(200)).is_err(),
+        "never acknowledged"
+    );
+    // The new runner's append goes through.
+    commit(&second, vec![event(&c, "c2", 3, TaskState::Completed)]);
+    let got = block(first.task(&c)).expect("read").expect("task");
+    assert_eq!((got.seq, got.status.state), (3, TaskState::Completed));
+
+    rt.block_on(second.drop_schema()).expect("drop the schema");
 }

@@ -500,6 +500,7 @@ fn load(
                 task,
                 events,
                 turn,
+                why: super::Orphan::Restart,
             });
         }
     }
