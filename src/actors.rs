@@ -18,6 +18,7 @@ pub(crate) mod task;
 pub(crate) mod webhook;
 
 use crate::agent::Agent;
+use crate::cluster::Cluster;
 use crate::config::{AgentConfig, Config};
 use crate::limits::Scheduler;
 use crate::metrics::{AgentMetrics, Metrics};
@@ -66,6 +67,8 @@ pub(crate) struct Shared {
     pub(crate) live: DashMap<TaskKey, LiveTask, RandomState>,
     /// Everything kept: tasks, events, conversations, push configurations, the outbox.
     pub(crate) store: Arc<dyn Store>,
+    /// The other nodes, when this one is part of a cluster.
+    pub(crate) cluster: Option<Arc<dyn Cluster>>,
     pub(crate) metrics: Metrics,
     pub(crate) contexts: ActorRef<ContextMsg>,
     /// Delivers the webhooks the store planned for published events.

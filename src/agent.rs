@@ -67,6 +67,13 @@ pub trait Agent: Send + Sync + 'static {
     fn direct_reply(&self, _message: &Message) -> Option<Message> {
         None
     }
+
+    /// Whether a task this backend was working on when its node died may be run again,
+    /// from its first message, on the node that takes it over (`[cluster] on_node_loss =
+    /// "resume"`). Default: no — the task fails with "node lost".
+    fn resumable(&self) -> bool {
+        false
+    }
 }
 
 /// What an agent gets for one task.

@@ -14,7 +14,7 @@ use futures_util::future::BoxFuture;
 use tokio::sync::{Notify, mpsc};
 
 use crate::error::Result;
-use crate::model::TaskKey;
+use crate::model::{TaskEvent, TaskKey, TaskSnapshot};
 use crate::store::{Delivery, RecoveredTask};
 
 /// Cluster coordination, implemented by a shared store.
@@ -30,6 +30,14 @@ pub trait Cluster: Send + Sync + 'static {
     /// its fence on, so that node's appends fail from now on, makes this node its runner
     /// and tells the old runner to let go. `None` when the task is finished (or gone).
     fn adopt(&self, key: &TaskKey) -> BoxFuture<'_, Result<Option<RecoveredTask>>>;
+
+    /// A task's record and its events after `after`, read together (a follower's read).
+    /// `None` when the task is gone.
+    fn read_after(
+        &self,
+        key: &TaskKey,
+        after: u64,
+    ) -> BoxFuture<'_, Result<Option<(Arc<TaskSnapshot>, Vec<TaskEvent>)>>>;
 
     /// A wake-up for a follower of `key`: notified when another node appended to it (a
     /// hint; the follower re-reads the events after its cursor).

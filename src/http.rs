@@ -152,6 +152,10 @@ pub(crate) async fn handle(
                 StatusCode::SERVICE_UNAVAILABLE,
                 br#"{"status":"store failing"}"#.to_vec(),
             ),
+            Method::GET | Method::HEAD if !app.runtime.serving() => json(
+                StatusCode::SERVICE_UNAVAILABLE,
+                br#"{"status":"not serving"}"#.to_vec(),
+            ),
             Method::GET | Method::HEAD => json(StatusCode::OK, br#"{"status":"ok"}"#.to_vec()),
             Method::OPTIONS => preflight(),
             _ => method_not_allowed("GET, HEAD"),

@@ -94,6 +94,8 @@ pub struct Metrics {
     pub dropped_subscribers: AtomicU64,
     /// Task actors that failed (a bug: logged at error level).
     pub failed_actors: AtomicU64,
+    /// Streams and waiters following a task that runs on another node (cluster).
+    pub remote_followers: AtomicI64,
     /// Connections.
     pub connections: ConnectionMetrics,
 }

@@ -12,6 +12,7 @@ use ractor::rpc::CallResult;
 use ractor::{Actor, ActorRef};
 use tokio::sync::{mpsc, oneshot};
 
+pub(crate) mod remote;
 mod request;
 mod stream;
 mod submit;
@@ -27,6 +28,7 @@ use crate::actors::task::{Follow, Subscriber, TaskActor, TaskArgs, TaskMsg};
 use crate::actors::webhook::{WebhookMetrics, WebhookPool};
 use crate::actors::{AgentEntry, ContextKey, LiveTask, Shared};
 use crate::agent::{self, Agent};
+use crate::cluster::{Cluster, ClusterStats, Signal};
 use crate::config::{Config, StoreBackend};
 use crate::error::{Error, Result};
 use crate::limits::Scheduler;
@@ -35,8 +37,9 @@ use crate::model::{
     AgentId, ContextId, Message, Principal, TaskEvent, TaskId, TaskKey, TaskSnapshot,
 };
 use crate::push::{PushScope, StoredPushConfig};
+use crate::store::pg::PgStore;
 use crate::store::{
-    Durable, ListPage, ListQuery, LocalStore, RecoveredTask, Store, StoreStats, Write,
+    Durable, ListPage, ListQuery, LocalStore, Orphan, RecoveredTask, Store, StoreStats, Write,
 };
 use crate::webhook::PayloadRenderer;
 
@@ -47,6 +50,14 @@ pub struct Runtime {
     pub(crate) agents: Arc<HashMap<AgentId, Arc<AgentEntry>>>,
     pub(crate) supervisor: ActorRef<SupervisorMsg>,
     webhooks: Arc<WebhookPool>,
+    /// The task that acts on the cluster's signals (stopped at shutdown).
+    signals: Arc<std::sync::Mutex<Option<tokio::task::JoinHandle<()>>>>,
+}
+
+fn this_signals(
+    runtime: &Runtime,
+) -> std::sync::MutexGuard<'_, Option<tokio::task::JoinHandle<()>>> {
+    runtime.signals.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 // === impl Runtime ===
@@ -106,7 +117,19 @@ impl Runtime {
                 })
                 .collect(),
         );
-        let store: Arc<dyn Store> = Arc::new(LocalStore::open(&config)?);
+        let (store, cluster): (Arc<dyn Store>, Option<Arc<dyn Cluster>>) = match &config.cluster {
+            None => (Arc::new(LocalStore::open(&config)?), None),
+            Some(c) => {
+                let rerun = agents
+                    .iter()
+                    .filter(|(_, a)| a.backend.resumable())
+                    .map(|(id, _)| id.as_str().to_string())
+                    .collect();
+                let pg = Arc::new(PgStore::open(&config, c, rerun).await?);
+                (pg.clone(), Some(pg))
+            }
+        };
+        let signals = cluster.as_ref().and_then(|c| c.signals());
         let recovered = store.recovered();
         let webhooks = Arc::new(
             WebhookPool::start(&config.webhooks, store.clone(), agents.clone(), renderers).await?,
@@ -127,6 +150,7 @@ impl Runtime {
         let shared = Arc::new(Shared {
             live: DashMap::default(),
             store,
+            cluster,
             metrics: Metrics::default(),
             contexts,
             webhooks: webhooks.clone(),
@@ -143,9 +167,19 @@ impl Runtime {
             agents,
             supervisor,
             webhooks,
+            signals: Arc::default(),
         };
         for task in recovered.tasks {
             runtime.resume(task).await;
+        }
+        if let Some(mut rx) = signals {
+            let this = runtime.clone();
+            let handle = tokio::spawn(async move {
+                while let Some(signal) = rx.recv().await {
+                    this.on_signal(signal).await;
+                }
+            });
+            *this_signals(&runtime) = Some(handle);
         }
         if !recovered.deliveries.is_empty() {
             runtime.webhooks.deliver(recovered.deliveries);
@@ -153,20 +187,53 @@ impl Runtime {
         Ok(runtime)
     }
 
-    /// Takes up a task the store held unfinished: queued tasks are queued again, a task
-    /// that was working fails (its agent's work is lost with the process), an
-    /// interrupted one waits for its continuing message again.
-    async fn resume(&self, r: RecoveredTask) {
+    /// Acts on what the cluster asks of this node.
+    async fn on_signal(&self, signal: Signal) {
+        match signal {
+            Signal::Fenced(key) => {
+                let live = self.shared.live.get(&key).map(|l| l.actor.clone());
+                if let Some(actor) = live {
+                    let _ = actor.cast(TaskMsg::Fenced);
+                }
+            }
+            Signal::Adopted(task) => {
+                self.resume(task).await;
+            }
+            Signal::Deliver(deliveries) => self.webhooks.deliver(deliveries),
+            Signal::SelfFenced => {
+                let actors: Vec<_> = self
+                    .shared
+                    .live
+                    .iter()
+                    .map(|e| e.value().actor.clone())
+                    .collect();
+                for actor in actors {
+                    let _ = actor.cast(TaskMsg::Fenced);
+                }
+            }
+        }
+    }
+
+    /// Takes up a task the store held unfinished (after a restart, or taken over from
+    /// another node): queued tasks are queued again, a task that was working fails (its
+    /// agent's work is lost with the process) or runs again (`on_node_loss = "resume"`),
+    /// an interrupted one waits for its continuing message again. A task taken to be
+    /// canceled or continued here ([`Orphan::Held`]) waits for that.
+    async fn resume(&self, r: RecoveredTask) -> Option<LiveTask> {
         let Some(agent) = self.agents.get(&r.key.agent).cloned() else {
             tracing::warn!(task = %r.key.task, agent = %r.key.agent, "a stored task's agent is no longer configured; left as it was");
-            return;
+            return None;
         };
-        let Some(message) = r.task.history.first().cloned() else {
-            return;
+        let message = r.task.history.first().cloned()?;
+        let runs = match r.task.status.state {
+            crate::model::TaskState::Submitted => r.why != Orphan::Held,
+            crate::model::TaskState::Working => r.why == Orphan::NodeLost { rerun: true },
+            _ => false,
         };
-        let admission = match r.task.status.state {
-            crate::model::TaskState::Submitted => agent.scheduler.admit().ok(),
-            _ => None,
+        let admission = if runs {
+            agent.scheduler.admit().ok()
+        } else {
+            None
         };
         let context_id = r.task.context_id.clone();
         let _ = self.shared.contexts.cast(ContextMsg::Resume {
@@ -188,24 +255,52 @@ impl Runtime {
             admission,
             follow: Follow::Nobody,
             restored: Some((r.task.clone(), r.events)),
+            why: r.why,
         };
         match Actor::spawn_linked(None, TaskActor, args, self.supervisor.get_cell()).await {
             Ok((actor, _)) => {
                 self.shared.metrics.live_tasks.fetch_add(1, Relaxed);
-                self.shared.live.insert(
-                    r.key,
-                    LiveTask {
-                        actor: actor.clone(),
-                        message_id: message.message_id.as_str().into(),
-                        context_id,
-                    },
-                );
-                let _ = actor.cast(TaskMsg::Start);
+                let live = LiveTask {
+                    actor: actor.clone(),
+                    message_id: message.message_id.as_str().into(),
+                    context_id,
+                };
+                self.shared.live.insert(r.key, live.clone());
+                if r.why != Orphan::Held {
+                    let _ = actor.cast(TaskMsg::Start);
+                }
+                Some(live)
             }
             Err(e) => {
-                tracing::error!(error = %e, task = %r.key.task, "a stored task could not be resumed")
+                tracing::error!(error = %e, task = %r.key.task, "a stored task could not be resumed");
+                None
             }
         }
+    }
+
+    /// Takes a task that runs on another node to this one (to cancel or continue it
+    /// here). `None` when it finished meanwhile.
+    async fn take(&self, key: &TaskKey) -> Result<Option<LiveTask>> {
+        let Some(cluster) = &self.shared.cluster else {
+            return Ok(None);
+        };
+        match cluster.adopt(key).await? {
+            Some(task) => Ok(self.resume(task).await),
+            None => Ok(None),
+        }
+    }
+
+    /// This node may take traffic: in a cluster, it holds its lease (always true alone).
+    pub fn serving(&self) -> bool {
+        self.shared.cluster.as_ref().is_none_or(|c| c.serving())
+    }
+
+    /// Cluster counters (`None` for a node alone).
+    pub fn cluster_stats(&self) -> Option<(String, ClusterStats)> {
+        self.shared
+            .cluster
+            .as_ref()
+            .map(|c| (c.node_id().to_string(), c.stats()))
     }
 
     /// The configuration this runtime runs.
@@ -337,6 +432,19 @@ impl Runtime {
                     self.await_final(&key, rx, wait).await.map(Sent::Task)
                 }
             },
+            submit::Submitted::Existing(key, submit::Existing::Remote(r)) => match wait {
+                None => Ok(Sent::Task((*r).clone())),
+                Some(wait) => {
+                    let (tx, rx) = oneshot::channel();
+                    remote::spawn(
+                        self.shared.clone(),
+                        key.clone(),
+                        r.seq,
+                        remote::Sink::Final(tx),
+                    );
+                    self.await_final(&key, rx, wait).await.map(Sent::Task)
+                }
+            },
         }
     }
 
@@ -445,6 +553,9 @@ impl Runtime {
                     Resubscribed::Finished(f) => self.finished_stream(&f),
                 }
             }
+            submit::Submitted::Existing(key, submit::Existing::Remote(r)) => {
+                self.remote_stream(&key, &r, Replay::All)
+            }
         };
         Ok(Streamed::Task(stream))
     }
@@ -465,7 +576,7 @@ impl Runtime {
     pub(crate) async fn get_key(&self, key: &TaskKey) -> Result<TaskSnapshot> {
         match self.find(key).await? {
             Some(submit::Existing::Live(live)) => self.get_live(key, live).await,
-            Some(submit::Existing::Finished(f)) => Ok((*f).clone()),
+            Some(submit::Existing::Finished(f) | submit::Existing::Remote(f)) => Ok((*f).clone()),
             None => Err(Error::TaskNotFound {
                 task: key.task.clone(),
             }),
@@ -515,10 +626,27 @@ impl Runtime {
     ) -> Result<TaskSnapshot> {
         let key = task_key(principal, agent, task);
         let reason: Arc<str> = reason.as_deref().unwrap_or("Canceled by user").into();
-        match self.find(&key).await? {
-            None => Err(Error::TaskNotFound { task: task.clone() }),
-            Some(submit::Existing::Finished(f)) => Err(submit::finished_error(&f)),
-            Some(submit::Existing::Live(live)) => {
+        let live = match self.find(&key).await? {
+            None => return Err(Error::TaskNotFound { task: task.clone() }),
+            Some(submit::Existing::Finished(f)) => return Err(submit::finished_error(&f)),
+            Some(submit::Existing::Live(live)) => live,
+            // Another node runs it: take it here (its runner stops the agent when told, or
+            // at its next append at the latest) and cancel it here.
+            Some(submit::Existing::Remote(_)) => match self.take(&key).await? {
+                Some(live) => live,
+                None => {
+                    return match self.shared.store.task(&key).await? {
+                        Some(f) => Err(Error::CancelFailed {
+                            task: task.clone(),
+                            state: f.status.state,
+                        }),
+                        None => Err(Error::TaskNotFound { task: task.clone() }),
+                    };
+                }
+            },
+        };
+        {
+            {
                 let call = live.actor.call(
                     |reply| TaskMsg::Cancel {
                         reason,
@@ -586,7 +714,44 @@ impl Runtime {
             Some(submit::Existing::Live(live)) => {
                 self.subscribe_live(&key, live, replay, next_run).await
             }
+            Some(submit::Existing::Remote(r)) if r.status.state.ends_stream() && !next_run => {
+                Ok(Resubscribed::Finished(r))
+            }
+            Some(submit::Existing::Remote(r)) => {
+                Ok(Resubscribed::Live(self.remote_stream(&key, &r, replay)))
+            }
         }
+    }
+
+    /// A stream of a task another node runs, read from the shared store: the events
+    /// `replay` asks for, then each new one, to the end of the run.
+    fn remote_stream(&self, key: &TaskKey, r: &Arc<TaskSnapshot>, replay: Replay) -> TaskStream {
+        let (tx, rx) = mpsc::channel(self.shared.config.server.stream_buffer);
+        let mut pending = VecDeque::new();
+        let cursor = match replay {
+            Replay::All => 0,
+            Replay::After(n) => n,
+            Replay::Current => {
+                pending.push_back(StreamItem {
+                    event: Arc::new(r.current_event()),
+                    task: r.clone(),
+                });
+                r.seq
+            }
+        };
+        remote::spawn(
+            self.shared.clone(),
+            key.clone(),
+            cursor,
+            remote::Sink::Stream(tx),
+        );
+        self.task_stream(
+            key.task.clone(),
+            r.context_id.clone(),
+            pending,
+            Some(rx),
+            None,
+        )
     }
 
     /// A one-event stream carrying a finished task's final state.
@@ -796,12 +961,14 @@ impl Runtime {
         if let Some(live) = self.shared.live.get(key) {
             return Ok(Some(submit::Existing::Live(live.value().clone())));
         }
-        Ok(self
-            .shared
-            .store
-            .task(key)
-            .await?
-            .map(submit::Existing::Finished))
+        let shared = self.shared.cluster.is_some();
+        Ok(self.shared.store.task(key).await?.map(|t| {
+            if shared && !t.status.state.is_terminal() {
+                submit::Existing::Remote(t)
+            } else {
+                submit::Existing::Finished(t)
+            }
+        }))
     }
 
     /// Stops taking work, cancels running tasks with reason `shutdown` (so their streams
@@ -811,7 +978,10 @@ impl Runtime {
     pub async fn shutdown(&self, grace: Duration) {
         self.shared.shutting_down.store(true, Relaxed);
         // A durable store keeps tasks that wait for input across the restart.
-        let keep_waiting = self.shared.config.store.backend != StoreBackend::Memory;
+        let keep_waiting = self.shared.config.store.backend != StoreBackend::Memory
+            || self.shared.cluster.is_some();
+        // In a cluster, queued tasks are handed to the other nodes.
+        let keep_queued = self.shared.cluster.is_some();
         let actors: Vec<_> = self
             .shared
             .live
@@ -819,7 +989,10 @@ impl Runtime {
             .map(|e| e.value().actor.clone())
             .collect();
         for actor in actors {
-            let _ = actor.cast(TaskMsg::Shutdown { keep_waiting });
+            let _ = actor.cast(TaskMsg::Shutdown {
+                keep_waiting,
+                keep_queued,
+            });
         }
         let deadline = tokio::time::Instant::now() + grace;
         while self.shared.metrics.live_tasks.load(Relaxed) > 0
@@ -835,6 +1008,13 @@ impl Runtime {
         let store = self.shared.store.clone();
         // Commits what is queued (a bounded batch) on a blocking thread.
         let _ = tokio::task::spawn_blocking(move || store.close()).await;
+        if let Some(handle) = this_signals(self).take() {
+            handle.abort();
+        }
+        if let Some(cluster) = &self.shared.cluster {
+            // The other nodes take this node's queued tasks and pending deliveries now.
+            cluster.leave().await;
+        }
     }
 
     /// True once [`Runtime::shutdown`] began.

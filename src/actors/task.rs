@@ -30,11 +30,14 @@ use crate::model::{
     AGENT_ERROR_CODE, Artifact, ArtifactUpdate, ContextId, Message, TaskError, TaskEvent, TaskKey,
     TaskSnapshot, TaskState, TaskStatus,
 };
-use crate::runtime::{Replay, StreamItem};
-use crate::store::{Committed, Durable, TurnId, Write};
+use crate::runtime::{Replay, StreamItem, remote};
+use crate::store::{Committed, Durable, Orphan, TurnId, Write};
 
 /// The error of a task that was running when the server stopped without finishing it.
 pub(crate) const RESTART_ERROR: &str = "interrupted by a server restart";
+
+/// The error of a task whose node died while it was working (cluster).
+pub(crate) const NODE_LOST_ERROR: &str = "node lost";
 
 /// Messages of a [`TaskActor`].
 pub(crate) enum TaskMsg {
@@ -92,11 +95,18 @@ pub(crate) enum TaskMsg {
     Durable(u64, Committed),
     /// The server stops: cancel the task (reason `shutdown`), or — a task waiting for input
     /// when the store keeps it (`keep_waiting`) — just stop; it waits again after a
-    /// restart.
+    /// restart. In a cluster a queued task (`keep_queued`) also just stops: another node
+    /// takes it over and runs it.
     Shutdown {
         /// The store is durable.
         keep_waiting: bool,
+        /// Another node will run queued tasks.
+        keep_queued: bool,
     },
+    /// Another node took the task (a cancel or a continuing message arrived there, or this
+    /// node lost its lease): stop the agent without writing anything; followers here
+    /// follow the task from the shared store.
+    Fenced,
 }
 
 /// A stream subscriber: a bounded channel fed with `try_send`.
@@ -136,6 +146,8 @@ pub(crate) struct TaskArgs {
     pub(crate) follow: Follow,
     /// A task read back from the store at start-up, with its durable events.
     pub(crate) restored: Option<(Arc<TaskSnapshot>, Vec<Arc<TaskEvent>>)>,
+    /// Why it was read back (what a restored working task becomes).
+    pub(crate) why: Orphan,
 }
 
 /// A reply that waits until every event emitted before it is durable.
@@ -184,8 +196,8 @@ pub(crate) struct TaskActorState {
     generation: u64,
     /// Taken to start the first run.
     start: Option<Admission>,
-    /// Restored from the store while it was running: fails at `Start`.
-    orphaned: bool,
+    /// Restored from the store while it was running: fails at `Start`, with this error.
+    orphaned: Option<&'static str>,
 }
 
 // === impl TaskActor ===
@@ -227,7 +239,7 @@ impl Actor for TaskActor {
             cancel: CancellationToken::new(),
             generation: 0,
             start: args.admission,
-            orphaned: false,
+            orphaned: None,
         };
         state.follow(args.follow);
         let submitted = || std::sync::atomic::Ordering::Relaxed;
@@ -249,7 +261,12 @@ impl Actor for TaskActor {
                     }
                     TaskState::Working => {
                         m.tasks_working.fetch_add(1, submitted());
-                        state.orphaned = true;
+                        state.orphaned = match args.why {
+                            // Run again from its first message (`on_node_loss = "resume"`).
+                            Orphan::NodeLost { rerun: true } if state.start.is_some() => None,
+                            Orphan::NodeLost { .. } => Some(NODE_LOST_ERROR),
+                            Orphan::Restart | Orphan::Held => Some(RESTART_ERROR),
+                        };
                     }
                     _ => state.interrupted(&myself),
                 }
@@ -267,13 +284,13 @@ impl Actor for TaskActor {
         let terminal = state.status.state.is_terminal();
         match msg {
             TaskMsg::Start => {
-                if state.orphaned {
-                    // It was running when the server stopped: its agent's work is lost.
-                    state.orphaned = false;
+                if let Some(error) = state.orphaned.take() {
+                    // It was running when the server (or its node) stopped: its agent's work
+                    // is lost.
                     let mut s = TaskStatus::new(TaskState::Failed);
                     s.error = Some(Arc::new(TaskError {
                         code: AGENT_ERROR_CODE,
-                        message: RESTART_ERROR.into(),
+                        message: error.into(),
                     }));
                     state.transition(&myself, s);
                 } else if let Some(admission) = state.start.take() {
@@ -383,10 +400,16 @@ impl Actor for TaskActor {
             }
             TaskMsg::Unsubscribe(id) => state.subscribers.retain(|s| s.id != id),
             TaskMsg::Durable(seq, committed) => state.publish(&myself, seq, committed),
-            TaskMsg::Shutdown { keep_waiting } => {
+            TaskMsg::Fenced => state.fenced(&myself),
+            TaskMsg::Shutdown {
+                keep_waiting,
+                keep_queued,
+            } => {
                 let waiting = state.status.state.is_interrupted()
                     && state.durable.status.state == state.status.state;
-                if waiting && keep_waiting {
+                let queued = state.status.state == TaskState::Submitted
+                    && state.durable.status.state == TaskState::Submitted;
+                if (waiting && keep_waiting) || (queued && keep_queued) {
                     let me = myself.get_id();
                     state
                         .shared
@@ -520,6 +543,39 @@ impl TaskActorState {
             deadline,
             self.generation,
         ));
+    }
+
+    /// The task is another node's now: stop the agent and hand this node's followers to
+    /// the shared store, from the last event they were sent.
+    fn fenced(&mut self, myself: &ActorRef<TaskMsg>) {
+        tracing::info!(task = %self.key.task, "taken by another node; stopped here");
+        let me = myself.get_id();
+        self.shared
+            .live
+            .remove_if(&self.key, |_, live| live.actor.get_id() == me);
+        self.cancel.cancel();
+        self.start = None;
+        self.count_states(self.status.state, TaskState::Canceled);
+        let cursor = self.published;
+        for sub in self.subscribers.drain(..) {
+            remote::spawn(
+                self.shared.clone(),
+                self.key.clone(),
+                cursor,
+                remote::Sink::Stream(sub.tx),
+            );
+        }
+        for waiter in self.waiters.drain(..) {
+            remote::spawn(
+                self.shared.clone(),
+                self.key.clone(),
+                cursor,
+                remote::Sink::Final(waiter),
+            );
+        }
+        // Deferred replies are dropped: their callers read the task from the store.
+        self.deferred.clear();
+        myself.stop(None);
     }
 
     /// Continues an interrupted task with a new message. The interruption must be

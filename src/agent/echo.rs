@@ -42,6 +42,11 @@ impl Agent for EchoAgent {
         "echo"
     }
 
+    /// The echo has no side effects: running a task again gives the same result.
+    fn resumable(&self) -> bool {
+        true
+    }
+
     fn run(&self, request: AgentRequest, updates: Updates) -> AgentFuture {
         let config = self.config.clone();
         Box::pin(async move {

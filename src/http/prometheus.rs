@@ -192,6 +192,7 @@ pub(crate) fn render(app: &App) -> String {
         "Streams closed because their client fell too far behind.",
         &[("", m.dropped_subscribers.load(Relaxed) as f64)],
     );
+    cluster(&mut out, runtime);
     counter(
         &mut out,
         "a2ad_task_actor_failures_total",
@@ -278,6 +279,86 @@ pub(crate) fn render(app: &App) -> String {
 
 fn refs(v: &[(String, f64)]) -> Vec<(&str, f64)> {
     v.iter().map(|(l, n)| (l.as_str(), *n)).collect()
+}
+
+/// The cluster family: one series per metric, labelled with this node's id.
+fn cluster(out: &mut String, runtime: &crate::Runtime) {
+    let Some((node, c)) = runtime.cluster_stats() else {
+        return;
+    };
+    let label = format!("node=\"{node}\"");
+    let l = label.as_str();
+    let average = if c.appends == 0 {
+        0.0
+    } else {
+        c.append_micros_sum as f64 / c.appends as f64 / 1e6
+    };
+    gauge(
+        out,
+        "a2ad_cluster_lease_age_seconds",
+        "Seconds since this node last renewed its lease.",
+        &[(l, c.lease_age_ms as f64 / 1e3)],
+    );
+    gauge(
+        out,
+        "a2ad_cluster_live_nodes",
+        "Nodes holding a fresh lease, this one included.",
+        &[(l, c.live_nodes as f64)],
+    );
+    gauge(
+        out,
+        "a2ad_cluster_self_fenced",
+        "1 while this node cannot hold its lease (agents stopped, /healthz 503).",
+        &[(l, if c.self_fenced { 1.0 } else { 0.0 })],
+    );
+    counter(
+        out,
+        "a2ad_cluster_takeovers_total",
+        "Tasks this node took over from dead nodes.",
+        &[(l, c.takeovers as f64)],
+    );
+    counter(
+        out,
+        "a2ad_cluster_fenced_total",
+        "Tasks taken from this node by another (stopped here).",
+        &[(l, c.fenced as f64)],
+    );
+    counter(
+        out,
+        "a2ad_cluster_claimed_deliveries_total",
+        "Webhook deliveries this node claimed from other nodes.",
+        &[(l, c.claimed_deliveries as f64)],
+    );
+    gauge(
+        out,
+        "a2ad_cluster_outbox_depth",
+        "Webhook deliveries waiting in the shared outbox (all nodes; refreshed every 5 s).",
+        &[(l, c.outbox_depth as f64)],
+    );
+    counter(
+        out,
+        "a2ad_cluster_appends_total",
+        "Batches of appends committed to PostgreSQL.",
+        &[(l, c.appends as f64)],
+    );
+    gauge(
+        out,
+        "a2ad_cluster_append_seconds_avg",
+        "Average time of a committed batch (transaction round trips and commit).",
+        &[(l, average)],
+    );
+    gauge(
+        out,
+        "a2ad_cluster_append_seconds_max",
+        "Slowest committed batch since start.",
+        &[(l, c.append_micros_max as f64 / 1e6)],
+    );
+    counter(
+        out,
+        "a2ad_cluster_hints_total",
+        "Wake-ups of followers of tasks run by other nodes.",
+        &[(l, c.hints as f64)],
+    );
 }
 
 fn gauge(out: &mut String, name: &str, help: &str, samples: &[(&str, f64)]) {

@@ -39,8 +39,12 @@ pub(crate) enum Submitted {
 
 /// A task that already exists under a key.
 pub(crate) enum Existing {
+    /// Its actor runs here.
     Live(LiveTask),
+    /// Finished: its record.
     Finished(Arc<TaskSnapshot>),
+    /// Not finished, and run by another node (cluster): its record as it stands.
+    Remote(Arc<TaskSnapshot>),
 }
 
 impl Runtime {
@@ -127,6 +131,7 @@ impl Runtime {
             admission: Some(admission),
             follow,
             restored: None,
+            why: crate::store::Orphan::Restart,
         };
         // An inline push configuration is in place before event 1 is recorded, so it
         // hears the task's first event; it is undone if the task is not created after all.
@@ -254,6 +259,16 @@ impl Runtime {
             None => return Err(Error::TaskNotFound { task: task.clone() }),
             Some(Existing::Finished(f)) => (f.context_id.clone(), None),
             Some(Existing::Live(live)) => (live.context_id.clone(), Some(live)),
+            // Another node runs it: take it here, where the message continues it.
+            Some(Existing::Remote(r)) if r.status.state.is_interrupted() => {
+                (r.context_id.clone(), self.take(&key).await?)
+            }
+            Some(Existing::Remote(r)) => {
+                return Err(Error::TaskNotContinuable {
+                    task: task.clone(),
+                    state: r.status.state,
+                });
+            }
         };
         if request
             .context_id
@@ -263,11 +278,15 @@ impl Runtime {
             return Err(Error::ContextMismatch { task: task.clone() });
         }
         let Some(live) = live else {
-            let state = self
-                .shared
-                .store
-                .task_now(&key)
-                .map_or(TaskState::Completed, |f| f.status.state);
+            let state = match self.shared.store.task_now(&key) {
+                Some(f) => f.status.state,
+                None => self
+                    .shared
+                    .store
+                    .task(&key)
+                    .await?
+                    .map_or(TaskState::Completed, |f| f.status.state),
+            };
             return Err(Error::TaskNotContinuable {
                 task: task.clone(),
                 state,
@@ -325,13 +344,13 @@ fn first_message_id(task: &TaskSnapshot) -> &str {
 fn replay_or_conflict(existing: Existing, message: &Message, task: &TaskId) -> Result<Existing> {
     let same = match &existing {
         Existing::Live(l) => *l.message_id == *message.message_id,
-        Existing::Finished(f) => first_message_id(f) == message.message_id,
+        Existing::Finished(f) | Existing::Remote(f) => first_message_id(f) == message.message_id,
     };
     if same {
         return Ok(existing);
     }
     Err(match existing {
         Existing::Finished(f) => finished_error(&f),
-        Existing::Live(_) => Error::TaskInProgress { task: task.clone() },
+        Existing::Live(_) | Existing::Remote(_) => Error::TaskInProgress { task: task.clone() },
     })
 }

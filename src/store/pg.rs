@@ -1080,7 +1080,6 @@ async fn committer(inner: Arc<Inner>, mut rx: mpsc::UnboundedReceiver<Msg>, max_
                         break outcomes;
                     }
                     Ok(Err(e)) => {
-                        eprintln!("DBG commit {e:?}");
                         tracing::error!(error = %e, "postgres commit failed; retrying")
                     }
                     Err(_) => tracing::error!("postgres commit timed out; retrying"),
@@ -1906,6 +1905,21 @@ impl Cluster for PgStore {
         let inner = self.inner.clone();
         let key = key.clone();
         self.run(async move { inner.adopt(&key, Orphan::Held).await })
+    }
+
+    fn read_after(
+        &self,
+        key: &TaskKey,
+        after: u64,
+    ) -> BoxFuture<'_, Result<Option<(Arc<TaskSnapshot>, Vec<TaskEvent>)>>> {
+        let inner = self.inner.clone();
+        let key = key.clone();
+        self.run(async move {
+            Ok(inner
+                .record_and_events(&key, after)
+                .await?
+                .map(|(t, _, e)| (Arc::new(t), e)))
+        })
     }
 
     fn watch(&self, key: &TaskKey) -> Watch {
