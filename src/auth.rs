@@ -62,6 +62,8 @@ impl AuthError {
 pub(crate) struct KeyStore {
     by_digest: HashMap<[u8; 32], Arc<Caller>>,
     principals: usize,
+    /// Principal names by index.
+    names: Vec<String>,
 }
 
 impl KeyStore {
@@ -89,13 +91,23 @@ impl KeyStore {
             by_digest.insert(digest_of_configured(&k.key), caller);
         }
         let principals = principal_ids.len();
+        let mut names = vec![String::new(); principals];
+        for (name, i) in principal_ids {
+            names[i] = name;
+        }
         (
             Self {
                 by_digest,
                 principals,
+                names,
             },
             dev_key,
         )
+    }
+
+    /// A principal's name by index.
+    pub(crate) fn principal_name(&self, index: usize) -> &str {
+        self.names.get(index).map_or("", String::as_str)
     }
 
     /// Distinct principals.

@@ -33,11 +33,7 @@ pub trait Cluster: Send + Sync + 'static {
 
     /// A task's record and its events after `after`, read together (a follower's read).
     /// `None` when the task is gone.
-    fn read_after(
-        &self,
-        key: &TaskKey,
-        after: u64,
-    ) -> BoxFuture<'_, Result<Option<(Arc<TaskSnapshot>, Vec<TaskEvent>)>>>;
+    fn read_after(&self, key: &TaskKey, after: u64) -> BoxFuture<'_, Result<Option<Followed>>>;
 
     /// A wake-up for a follower of `key`: notified when another node appended to it (a
     /// hint; the follower re-reads the events after its cursor).
@@ -46,6 +42,16 @@ pub trait Cluster: Send + Sync + 'static {
     /// What the cluster asks of this node. Taken once, by the runtime.
     fn signals(&self) -> Option<mpsc::Receiver<Signal>>;
 
+    /// Shares this node's cumulative counters (by name) and returns the sums of every
+    /// other node's (live or gone: counters only grow). How often: [`Cluster::tick`].
+    fn share(
+        &self,
+        mine: Vec<(String, i64)>,
+    ) -> BoxFuture<'_, Result<std::collections::HashMap<String, i64>>>;
+
+    /// The heartbeat: how often counters are shared.
+    fn tick(&self) -> std::time::Duration;
+
     /// Graceful exit: gives up this node's lease and its claims on deliveries, so the
     /// other nodes take its queued tasks and pending deliveries at once.
     fn leave(&self) -> BoxFuture<'_, ()>;
@@ -53,6 +59,9 @@ pub trait Cluster: Send + Sync + 'static {
     /// Counters for `/metrics`.
     fn stats(&self) -> ClusterStats;
 }
+
+/// A task as it stands and its events after a cursor.
+pub type Followed = (Arc<TaskSnapshot>, Vec<TaskEvent>);
 
 /// What the cluster asks of the runtime.
 pub enum Signal {

@@ -23,6 +23,8 @@ pub(crate) struct RateLimiter {
 struct Bucket {
     tokens: f64,
     last: Instant,
+    /// Requests let through since start (shared with the other nodes of a cluster).
+    accepted: u64,
 }
 
 impl RateLimiter {
@@ -38,6 +40,7 @@ impl RateLimiter {
                 Mutex::new(Bucket {
                     tokens: rates[i % rates.len()].0,
                     last: now,
+                    accepted: 0,
                 })
             })
             .collect();
@@ -64,10 +67,37 @@ impl RateLimiter {
         b.last = now;
         if b.tokens >= 1.0 {
             b.tokens -= 1.0;
+            b.accepted += 1;
             Ok(())
         } else {
             Err((((1.0 - b.tokens) / per_second).ceil() as u64).max(1))
         }
+    }
+}
+
+impl RateLimiter {
+    /// Requests let through since start, per (principal, agent) with any.
+    pub(crate) fn accepted(&self) -> Vec<(usize, usize, u64)> {
+        self.buckets
+            .iter()
+            .enumerate()
+            .filter_map(|(i, b)| {
+                let n = lock(b).accepted;
+                (n > 0).then_some((i / self.agents.max(1), i % self.agents.max(1), n))
+            })
+            .collect()
+    }
+
+    /// Takes `n` tokens the other nodes of a cluster spent on this bucket's key (down to
+    /// one minute's worth below empty: a bucket in debt refills before it lets requests
+    /// through again).
+    pub(crate) fn charge(&self, principal: usize, agent: usize, n: u64) {
+        let Some(bucket) = self.buckets.get(principal * self.agents + agent) else {
+            return;
+        };
+        let (capacity, _) = self.rates[agent];
+        let mut b = lock(bucket);
+        b.tokens = (b.tokens - n as f64).max(-capacity);
     }
 }
 

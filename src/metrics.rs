@@ -15,6 +15,9 @@ pub struct AgentMetrics {
     canceled: AtomicU64,
     /// Sum of submission-to-terminal times of finished tasks, in microseconds.
     response_micros: AtomicU64,
+    /// The other nodes' counters, in [`AgentMetrics::raw`]'s order (a cluster: the card
+    /// shows the whole service).
+    others: [AtomicU64; 5],
 }
 
 /// A copy of an agent's counters.
@@ -53,23 +56,42 @@ impl AgentMetrics {
         counter.fetch_add(1, Relaxed);
     }
 
+    /// This node's own counters: requests, completed, failed, canceled, response µs.
+    pub fn raw(&self) -> [u64; 5] {
+        [
+            self.total_requests.load(Relaxed),
+            self.completed.load(Relaxed),
+            self.failed.load(Relaxed),
+            self.canceled.load(Relaxed),
+            self.response_micros.load(Relaxed),
+        ]
+    }
+
+    /// Sets the other nodes' counters (in [`AgentMetrics::raw`]'s order).
+    pub fn set_others(&self, others: [u64; 5]) {
+        for (slot, v) in self.others.iter().zip(others) {
+            slot.store(v, Relaxed);
+        }
+    }
+
     /// The counters as the card shows them.
     pub fn snapshot(&self) -> AgentMetricsSnapshot {
-        let completed = self.completed.load(Relaxed);
-        let failed = self.failed.load(Relaxed);
-        let canceled = self.canceled.load(Relaxed);
+        let other = |i: usize| self.others[i].load(Relaxed);
+        let completed = self.completed.load(Relaxed) + other(1);
+        let failed = self.failed.load(Relaxed) + other(2);
+        let canceled = self.canceled.load(Relaxed) + other(3);
         let terminal = completed + failed + canceled;
         let (average, rate) = if terminal == 0 {
             (0.0, 100.0)
         } else {
-            let micros = self.response_micros.load(Relaxed) as f64;
+            let micros = (self.response_micros.load(Relaxed) + other(4)) as f64;
             (
                 micros / 1000.0 / terminal as f64,
                 completed as f64 * 100.0 / terminal as f64,
             )
         };
         AgentMetricsSnapshot {
-            total_requests: self.total_requests.load(Relaxed),
+            total_requests: self.total_requests.load(Relaxed) + other(0),
             average_response_time: (average * 1000.0).round() / 1000.0,
             success_rate: (rate * 100.0).round() / 100.0,
             completed,

@@ -295,6 +295,27 @@ impl Runtime {
         self.shared.cluster.as_ref().is_none_or(|c| c.serving())
     }
 
+    /// Part of a cluster.
+    pub fn is_clustered(&self) -> bool {
+        self.shared.cluster.is_some()
+    }
+
+    /// How often the cluster's nodes share counters (`None` alone).
+    pub(crate) fn cluster_tick(&self) -> Option<Duration> {
+        self.shared.cluster.as_ref().map(|c| c.tick())
+    }
+
+    /// Shares this node's cumulative counters; the sums of the other nodes'.
+    pub(crate) async fn share(
+        &self,
+        mine: Vec<(String, i64)>,
+    ) -> Result<std::collections::HashMap<String, i64>> {
+        match &self.shared.cluster {
+            Some(c) => c.share(mine).await,
+            None => Ok(std::collections::HashMap::new()),
+        }
+    }
+
     /// Cluster counters (`None` for a node alone).
     pub fn cluster_stats(&self) -> Option<(String, ClusterStats)> {
         self.shared

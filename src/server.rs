@@ -135,6 +135,9 @@ impl Server {
         let addr = self.listener.local_addr()?;
         let (stop, stopped) = watch::channel(false);
         let runtime = self.app.runtime.clone();
+        if runtime.is_clustered() {
+            tokio::spawn(share_loop(self.app.clone()));
+        }
         let done = tokio::spawn(accept_loop(self.listener, self.app, stopped));
         Ok(ServerHandle {
             addr,
@@ -357,6 +360,74 @@ async fn accept_loop(listener: TcpListener, app: Arc<App>, mut stop: watch::Rece
 }
 
 /// Serves one connection until it ends, its watchdog closes it, or shutdown does.
+/// A cluster's nodes share their counters every heartbeat: the requests each let through
+/// per (principal, agent) — every node charges the others' to its own token bucket, so
+/// `requestsPerMinute` holds across the cluster within what the nodes accept during one
+/// heartbeat before they hear of each other (docs/CLUSTER.md) — and each agent's card
+/// counters, so every node's card shows the whole service.
+async fn share_loop(app: Arc<App>) {
+    const SEP: char = '\u{1}';
+    let mut seen: std::collections::HashMap<String, i64> = std::collections::HashMap::new();
+    let mut first = true;
+    let agents: Vec<_> = app
+        .runtime
+        .agents
+        .values()
+        .map(|a| (a.index, a.config.id.clone()))
+        .collect();
+    let mut by_index: Vec<String> = vec![String::new(); agents.len()];
+    for (i, id) in &agents {
+        if let Some(slot) = by_index.get_mut(*i) {
+            slot.clone_from(id);
+        }
+    }
+    loop {
+        let Some(tick) = app.runtime.cluster_tick() else {
+            return;
+        };
+        tokio::time::sleep(tick).await;
+        if app.runtime.is_shutting_down() {
+            return;
+        }
+        let mut mine: Vec<(String, i64)> = Vec::new();
+        let accepted = app.rate.accepted();
+        for &(p, a, n) in &accepted {
+            let key = format!("r{SEP}{}{SEP}{}", app.keys.principal_name(p), by_index[a]);
+            mine.push((key, i64::try_from(n).unwrap_or(i64::MAX)));
+        }
+        for entry in app.runtime.agents.values() {
+            for (i, v) in entry.metrics.raw().into_iter().enumerate() {
+                let key = format!("c{SEP}{}{SEP}{i}", entry.config.id);
+                mine.push((key, i64::try_from(v).unwrap_or(i64::MAX)));
+            }
+        }
+        let Ok(others) = app.runtime.share(mine).await else {
+            continue;
+        };
+        // Requests the other nodes let through since the last share: spent here too.
+        for p in 0..app.keys.principals() {
+            for (a, agent) in by_index.iter().enumerate() {
+                let key = format!("r{SEP}{}{SEP}{agent}", app.keys.principal_name(p));
+                let now = others.get(&key).copied().unwrap_or(0);
+                let before = seen.insert(key, now).unwrap_or(0);
+                if !first && now > before {
+                    app.rate
+                        .charge(p, a, u64::try_from(now - before).unwrap_or(0));
+                }
+            }
+        }
+        first = false;
+        for entry in app.runtime.agents.values() {
+            let mut sums = [0u64; 5];
+            for (i, slot) in sums.iter_mut().enumerate() {
+                let key = format!("c{SEP}{}{SEP}{i}", entry.config.id);
+                *slot = u64::try_from(others.get(&key).copied().unwrap_or(0)).unwrap_or(0);
+            }
+            entry.metrics.set_others(sums);
+        }
+    }
+}
+
 async fn serve_connection(
     tcp: TcpStream,
     app: Arc<App>,

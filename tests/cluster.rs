@@ -119,6 +119,11 @@ id = "long"
 [agents.echo]
 delay_ms = 60000
 progress_steps = 30
+
+[[agents]]
+id = "limited"
+[agents.limits]
+requests_per_minute = 30
 "#,
             url = self.url,
             schema = self.schema,
@@ -587,11 +592,24 @@ async fn webhooks_survive_a_kill_9_with_the_same_delivery_ids_in_order() {
             Instant::now() < deadline,
             "{} of {last_seq} deliveries within 60 s (events {:?}): {:?}; survivors' logs: {}",
             ids.len(),
-            events.iter().map(|(i, e)| (*i, state(e))).collect::<Vec<_>>(),
-            hits.iter()
-                .map(|h| (h.header("x-webhook-event").to_string(), h.header("x-webhook-delivery").to_string(), h.json()["delivery"].clone(), h.json()["data"].to_string()))
+            events
+                .iter()
+                .map(|(i, e)| (*i, state(e)))
                 .collect::<Vec<_>>(),
-            c.nodes.iter().flatten().map(|n| n.stderr()).collect::<Vec<_>>().join("\n---\n")
+            hits.iter()
+                .map(|h| (
+                    h.header("x-webhook-event").to_string(),
+                    h.header("x-webhook-delivery").to_string(),
+                    h.json()["delivery"].clone(),
+                    h.json()["data"].to_string()
+                ))
+                .collect::<Vec<_>>(),
+            c.nodes
+                .iter()
+                .flatten()
+                .map(|n| n.stderr())
+                .collect::<Vec<_>>()
+                .join("\n---\n")
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     };
@@ -670,5 +688,77 @@ async fn a_postgresql_restart_during_a_stream_is_ridden_out() {
     assert_eq!(result(&v)["status"]["state"], "canceled", "{v}");
     let tail = rest(&mut a).await;
     assert_eq!(tail.last().map(|(_, d)| state(d)), Some("canceled".into()));
+    c.finish().await;
+}
+
+#[tokio::test]
+async fn requests_per_minute_holds_across_nodes_within_the_documented_bound() {
+    let Some(url) = pg_url() else { return };
+    let _turn = TURN.lock().await;
+    let c = Cluster::start(url, 3, "").await;
+    // Let the nodes share counters once (the first share only sets the baseline).
+    tokio::time::sleep(Duration::from_millis(3 * HEARTBEAT_MS)).await;
+    // 60 requests over about 6 s, spread over the three nodes (alone, each node would let
+    // 30 through: 90 for the cluster). The documented bound: the limit, plus what refills
+    // meanwhile (30/min × 6 s = 3), plus what the other nodes let through during one
+    // heartbeat before hearing of it (2 nodes × about 1 request per 250 ms here).
+    let started = Instant::now();
+    let mut accepted = 0u32;
+    let mut limited = 0u32;
+    for i in 0..60 {
+        let v = c
+            .call(i % 3, "limited", "tasks/get", json!({"id": new_id()}))
+            .await;
+        match v["error"]["message"].as_str() {
+            Some("Task not found") => accepted += 1,
+            _ if v["error"]["code"] == -32008 => limited += 1,
+            _ => panic!("unexpected answer: {v}"),
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let seconds = started.elapsed().as_secs_f64();
+    let refill = (30.0 * seconds / 60.0).ceil() as u32;
+    assert_eq!(accepted + limited, 60);
+    assert!(accepted >= 30, "the limit itself is reachable: {accepted}");
+    assert!(
+        accepted <= 30 + refill + 6,
+        "at most the limit + refill ({refill}) + one heartbeat's worth per other node (+ slack): {accepted} accepted"
+    );
+    c.finish().await;
+}
+
+#[tokio::test]
+async fn card_metrics_count_the_whole_cluster() {
+    let Some(url) = pg_url() else { return };
+    let _turn = TURN.lock().await;
+    let c = Cluster::start(url, 2, "").await;
+    for i in 0..4 {
+        let v = c
+            .call(i % 2, "echo", "message/send", message("count me"))
+            .await;
+        result(&v);
+    }
+    // Node 1 ran two of the four tasks; its card counts the other node's two as well (and
+    // each card request itself, on node 1).
+    let mut asked = 0u64;
+    let mut last = Value::Null;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let v = c
+            .call(1, "echo", "agent/authenticatedExtendedCard", json!({}))
+            .await;
+        asked += 1;
+        last = result(&v).clone();
+        let total = last["metrics"]["totalRequests"].as_u64().unwrap_or(0);
+        if total >= 4 + asked {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the card counts only this node: {last}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(last["metrics"]["successRate"], 100.0, "{last}");
     c.finish().await;
 }

@@ -36,7 +36,7 @@ use super::{
     Committed, Delivery, Durable, ListPage, ListQuery, Orphan, OutboxKey, PageToken, Recovered,
     RecoveredTask, Store, StoreStats, Then, TurnId, Write, delivery_id,
 };
-use crate::cluster::{Cluster, ClusterStats, Signal, Watch, Watchers};
+use crate::cluster::{Cluster, ClusterStats, Followed, Signal, Watch, Watchers};
 use crate::config::{ClusterConfig, Config, NodeLoss};
 use crate::error::{Error, Result};
 use crate::model::{AgentId, Principal, TaskEvent, TaskId, TaskKey, TaskSnapshot};
@@ -235,6 +235,8 @@ CREATE TABLE IF NOT EXISTS {s}.outbox (
   attempt int NOT NULL, due_us bigint, claimed_by uuid, claimed_node text);
 CREATE INDEX IF NOT EXISTS outbox_lane ON {s}.outbox (task, config, seq);
 CREATE INDEX IF NOT EXISTS outbox_claim ON {s}.outbox (claimed_by);
+CREATE UNLOGGED TABLE IF NOT EXISTS {s}.usage (
+  incarnation uuid NOT NULL, key text NOT NULL, n bigint NOT NULL, PRIMARY KEY (incarnation, key));
 CREATE TABLE IF NOT EXISTS {s}.turns (
   principal text NOT NULL, context text NOT NULL, since bigint NOT NULL, number int NOT NULL,
   at timestamptz NOT NULL DEFAULT now(), body bytea NOT NULL,
@@ -796,7 +798,9 @@ impl Inner {
             return Ok(Vec::new());
         }
         drop(client);
-        let mut by_task: HashMap<Uuid, Vec<(u64, String, u32, Option<i64>)>> = HashMap::new();
+        // By task: (seq, configuration, attempt, due).
+        type Claimed = (u64, String, u32, Option<i64>);
+        let mut by_task: HashMap<Uuid, Vec<Claimed>> = HashMap::new();
         for r in &rows {
             by_task.entry(r.get(0)).or_default().push((
                 u64::try_from(r.get::<_, i64>(1)).unwrap_or(0),
@@ -1907,11 +1911,7 @@ impl Cluster for PgStore {
         self.run(async move { inner.adopt(&key, Orphan::Held).await })
     }
 
-    fn read_after(
-        &self,
-        key: &TaskKey,
-        after: u64,
-    ) -> BoxFuture<'_, Result<Option<(Arc<TaskSnapshot>, Vec<TaskEvent>)>>> {
+    fn read_after(&self, key: &TaskKey, after: u64) -> BoxFuture<'_, Result<Option<Followed>>> {
         let inner = self.inner.clone();
         let key = key.clone();
         self.run(async move {
@@ -1960,6 +1960,37 @@ impl Cluster for PgStore {
             }
         }
         .boxed()
+    }
+
+    fn share(&self, mine: Vec<(String, i64)>) -> BoxFuture<'_, Result<HashMap<String, i64>>> {
+        let inner = self.inner.clone();
+        let me = self.incarnation();
+        self.run(async move {
+            let s = &inner.schema;
+            let client = inner.client().await?;
+            let (keys, counts): (Vec<String>, Vec<i64>) = mine.into_iter().unzip();
+            bounded(client.execute(
+                &format!(
+                    "INSERT INTO {s}.usage (incarnation, key, n)
+                     SELECT $1, k, n FROM unnest($2::text[], $3::bigint[]) AS u(k, n)
+                     ON CONFLICT (incarnation, key) DO UPDATE SET n = EXCLUDED.n"
+                ),
+                &[&me, &keys, &counts],
+            ))
+            .await?;
+            let rows = bounded(client.query(
+                &format!(
+                    "SELECT key, sum(n)::bigint FROM {s}.usage WHERE incarnation <> $1 GROUP BY key"
+                ),
+                &[&me],
+            ))
+            .await?;
+            Ok(rows.iter().map(|r| (r.get(0), r.get(1))).collect())
+        })
+    }
+
+    fn tick(&self) -> Duration {
+        Duration::from_millis(self.inner.cfg.heartbeat_ms)
     }
 
     fn stats(&self) -> ClusterStats {
