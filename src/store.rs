@@ -96,6 +96,17 @@ pub trait Store: Send + Sync + 'static {
         futures_util::future::ready(Ok(())).boxed()
     }
 
+    /// A conversation's recorded turns as the store holds them — for a shared store, whose
+    /// other nodes may have recorded turns this node has not seen. The embedded stores
+    /// answer `None`: their conversations live in the context actor.
+    fn conversation(
+        &self,
+        _principal: &Principal,
+        _context: &ContextId,
+    ) -> BoxFuture<'_, Result<Option<RecoveredContext>>> {
+        futures_util::future::ready(Ok(None)).boxed()
+    }
+
     /// What the store held when it opened: the work a restart resumes. Taken once.
     fn recovered(&self) -> Recovered;
 

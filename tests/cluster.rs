@@ -124,6 +124,13 @@ progress_steps = 30
 id = "limited"
 [agents.limits]
 requests_per_minute = 30
+
+[[agents]]
+id = "single"
+[agents.echo]
+delay_ms = 2000
+[agents.limits]
+concurrent_tasks = 1
 "#,
             url = self.url,
             schema = self.schema,
@@ -760,5 +767,65 @@ async fn card_metrics_count_the_whole_cluster() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     assert_eq!(last["metrics"]["successRate"], 100.0, "{last}");
+    c.finish().await;
+}
+
+#[tokio::test]
+async fn a_conversation_continues_on_another_node() {
+    let Some(url) = pg_url() else { return };
+    let _turn = TURN.lock().await;
+    let c = Cluster::start(url, 2, "").await;
+    let first = result(&c.call(0, "echo", "message/send", message("one")).await).clone();
+    let context = first["contextId"].clone();
+    let mut second = message("two");
+    second["contextId"] = context.clone();
+    let t = result(&c.call(1, "echo", "message/send", second).await).clone();
+    assert_eq!(t["contextId"], context);
+    assert_eq!(
+        support::texts(&t["status"]["message"]),
+        ["echo: two", "turn 2"],
+        "the second node knows the first turn: {t}"
+    );
+    // And back on the first node: turn 3.
+    let mut third = message("three");
+    third["contextId"] = context;
+    let t = result(&c.call(0, "echo", "message/send", third).await).clone();
+    assert_eq!(
+        support::texts(&t["status"]["message"]),
+        ["echo: three", "turn 3"]
+    );
+    c.finish().await;
+}
+
+#[tokio::test]
+async fn a_graceful_shutdown_hands_queued_tasks_to_the_other_nodes() {
+    let Some(url) = pg_url() else { return };
+    let _turn = TURN.lock().await;
+    let mut c = Cluster::start(url, 2, "").await;
+    // One slot: the first task runs on node 0, the second waits in its queue.
+    let mut running = c
+        .stream(0, "single", "message/stream", message("first"), None)
+        .await;
+    let r = take(&mut running, 2).await;
+    assert_eq!(state(&r[1].1), "working");
+    let mut queued = c
+        .stream(0, "single", "message/stream", message("second"), None)
+        .await;
+    let q = take(&mut queued, 1).await;
+    assert_eq!(state(&q[0].1), "submitted");
+    let id = q[0].1["result"]["id"].as_str().expect("id").to_string();
+
+    let (code, _) = c.nodes[0].take().expect("node 0").stop();
+    assert_eq!(code, 0);
+    // The queued task runs on node 1 and completes there.
+    let done = poll_until(Duration::from_secs(30), || async {
+        let v = c.call(1, "single", "tasks/get", json!({"id": id})).await;
+        (v["result"]["status"]["state"] == "completed").then_some(v)
+    })
+    .await;
+    assert_eq!(
+        support::texts(&done["result"]["status"]["message"]),
+        ["echo: second", "turn 1"]
+    );
     c.finish().await;
 }

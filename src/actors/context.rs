@@ -30,6 +30,9 @@ pub(crate) enum ContextMsg {
     Open {
         /// The conversation.
         key: ContextKey,
+        /// The conversation as a shared store holds it (cluster: other nodes may have
+        /// recorded turns since this node last saw it).
+        stored: Option<RecoveredContext>,
         /// The turn.
         reply: RpcReplyPort<Turn>,
     },
@@ -100,6 +103,42 @@ pub(crate) struct ContextState {
 }
 
 impl ContextState {
+    /// Takes a conversation's turns from the shared store when it knows more of them than
+    /// this node (another node recorded turns of it, or this node never saw it).
+    fn merge(&mut self, key: &ContextKey, stored: RecoveredContext, now: Instant) {
+        let newest = stored.turns.iter().map(|(n, _, _)| *n).max().unwrap_or(0);
+        let known = self.conversations.get(key).map_or(0, |c| {
+            if c.since == stored.since {
+                c.turns_begun
+            } else {
+                0
+            }
+        });
+        if newest <= known && self.conversations.contains_key(key) {
+            return;
+        }
+        let mut turns: VecDeque<_> = stored
+            .turns
+            .into_iter()
+            .map(|(_, user, reply)| (user, reply))
+            .collect();
+        while turns.len() > self.max_turns {
+            turns.pop_front();
+        }
+        let in_flight = self.conversations.get(key).map_or(0, |c| c.in_flight);
+        self.touched.push_back((now, key.clone()));
+        self.conversations.insert(
+            key.clone(),
+            Conversation {
+                since: stored.since,
+                turns_begun: newest,
+                in_flight,
+                turns,
+                last_active: now,
+            },
+        );
+    }
+
     /// Evicts idle conversations past the retention, and the oldest idle ones beyond the
     /// cap. Conversations with a task in flight stay.
     fn sweep(&mut self, now: Instant) {
@@ -226,7 +265,10 @@ impl Actor for ContextActor {
                     },
                 );
             }
-            ContextMsg::Open { key, reply } => {
+            ContextMsg::Open { key, stored, reply } => {
+                if let Some(stored) = stored {
+                    state.merge(&key, stored, now);
+                }
                 let c = state
                     .conversations
                     .entry(key)

@@ -106,8 +106,14 @@ impl Runtime {
                     principal: principal.clone(),
                     context: context.clone(),
                 };
+                // A shared store may know turns other nodes recorded.
+                let stored = self.shared.store.conversation(principal, &context).await?;
                 let call = self.shared.contexts.call(
-                    |reply| ContextMsg::Open { key: ck, reply },
+                    |reply| ContextMsg::Open {
+                        key: ck,
+                        stored,
+                        reply,
+                    },
                     Some(self.shared.call_timeout),
                 );
                 match call.await {

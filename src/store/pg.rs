@@ -1855,6 +1855,46 @@ impl Store for PgStore {
         .boxed()
     }
 
+    fn conversation(
+        &self,
+        principal: &Principal,
+        context: &crate::model::ContextId,
+    ) -> BoxFuture<'_, Result<Option<super::RecoveredContext>>> {
+        let inner = self.inner.clone();
+        let principal = principal.clone();
+        let context = context.clone();
+        self.run(async move {
+            let s = &inner.schema;
+            let client = inner.client().await?;
+            let sql = format!(
+                "SELECT since, number, body FROM {s}.turns
+                 WHERE principal = $1 AND context = $2
+                   AND since = (SELECT max(since) FROM {s}.turns WHERE principal = $1 AND context = $2)
+                 ORDER BY number"
+            );
+            let stmt = bounded(client.prepare_cached(&sql)).await?;
+            let rows = bounded(client.query(&stmt, &[&principal.as_str(), &context.as_str()])).await?;
+            let Some(first) = rows.first() else {
+                return Ok(None);
+            };
+            let since: i64 = first.get(0);
+            let turns = rows
+                .iter()
+                .filter_map(|r| {
+                    let number = u32::try_from(r.get::<_, i32>(1)).ok()?;
+                    let (user, reply) = codec::decode_turn(r.get::<_, &[u8]>(2))?;
+                    Some((number, user, reply))
+                })
+                .collect();
+            Ok(Some(super::RecoveredContext {
+                principal,
+                context,
+                since,
+                turns,
+            }))
+        })
+    }
+
     fn recovered(&self) -> Recovered {
         // Unfinished tasks and pending deliveries are taken over by the lease loop (this
         // node's earlier run's at once, other nodes' once they are dead).
