@@ -748,24 +748,23 @@ async fn card_metrics_count_the_whole_cluster() {
     // Node 1 ran two of the four tasks; its card counts the other node's two as well (and
     // each card request itself, on node 1).
     let mut asked = 0u64;
-    let mut last = Value::Null;
     let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
+    let last = loop {
         let v = c
             .call(1, "echo", "agent/authenticatedExtendedCard", json!({}))
             .await;
         asked += 1;
-        last = result(&v).clone();
-        let total = last["metrics"]["totalRequests"].as_u64().unwrap_or(0);
+        let card = result(&v).clone();
+        let total = card["metrics"]["totalRequests"].as_u64().unwrap_or(0);
         if total >= 4 + asked {
-            break;
+            break card;
         }
         assert!(
             Instant::now() < deadline,
-            "the card counts only this node: {last}"
+            "the card counts only this node: {card}"
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    };
     assert_eq!(last["metrics"]["successRate"], 100.0, "{last}");
     c.finish().await;
 }
