@@ -98,9 +98,16 @@ async fn serve() -> ExitCode {
     };
 
     raise_open_file_limit();
-    let store = match config.store.backend {
-        a2ad::StoreBackend::Redb => format!("{} (redb)", config.store.path),
-        a2ad::StoreBackend::Memory => "memory (nothing is kept across restarts)".to_string(),
+    let store = match (&config.cluster, config.store.backend) {
+        (Some(c), _) => format!(
+            "postgres schema {} (cluster node {})",
+            c.schema,
+            c.node_id.as_deref().unwrap_or("with a generated id")
+        ),
+        (None, a2ad::StoreBackend::Redb) => format!("{} (redb)", config.store.path),
+        (None, a2ad::StoreBackend::Memory) => {
+            "memory (nothing is kept across restarts)".to_string()
+        }
     };
     let server = match Server::bind(config).await {
         Ok(s) => s,

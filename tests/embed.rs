@@ -55,6 +55,7 @@ async fn runtime() -> Runtime {
     let c = Config {
         agents: vec![AgentConfig::new("up")],
         store: support::test_store(),
+        cluster: support::test_cluster(),
         ..Config::default()
     };
     let c = c.validated().expect("valid");
@@ -155,6 +156,7 @@ async fn a_stream_that_falls_behind_is_dropped_and_counted_and_the_task_goes_on(
     let mut c = Config {
         agents: vec![AgentConfig::new("echo")],
         store: support::test_store(),
+        cluster: support::test_cluster(),
         ..Config::default()
     };
     c.server.stream_buffer = 1;

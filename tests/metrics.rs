@@ -122,7 +122,10 @@ async fn metrics_count_requests_latency_tasks_and_queues() {
         Some(1.0)
     );
     assert_eq!(value(&text, "a2ad_task_actors"), Some(2.0));
-    assert_eq!(value(&text, "a2ad_finished_tasks_retained"), Some(2.0));
+    if !support::on_postgres() {
+        // The shared store counts its finished tasks every 5 s, across the cluster.
+        assert_eq!(value(&text, "a2ad_finished_tasks_retained"), Some(2.0));
+    }
     for name in [
         "a2ad_streams_open",
         "a2ad_stream_subscribers_dropped_total",

@@ -70,6 +70,7 @@ async fn runtime() -> Runtime {
     let config = Config {
         agents: vec![agent],
         store: support::test_store(),
+        cluster: support::test_cluster(),
         ..Config::default()
     }
     .validated()

@@ -42,6 +42,9 @@ enum Scenario {
     Webhooks,
     /// Many tasks through a server with a short retention; RSS over time.
     Soak,
+    /// Cluster: tasks streamed on `--url` (`--slow-agent`, one with progress updates),
+    /// followed on `--follow-url`; latency = arrival at the follower − the event's time.
+    Follow,
 }
 
 /// The store of a server the tool starts.
@@ -51,6 +54,8 @@ enum StoreKind {
     Redb,
     /// Everything in RAM.
     Memory,
+    /// A one-node cluster on PostgreSQL (`--pg-url`; a fresh schema, dropped afterwards).
+    Postgres,
 }
 
 /// Load-test an a2ad server (or start one) over real HTTP.
@@ -66,6 +71,9 @@ struct Cli {
     /// Agent id for send/stream/mixed/webhooks (`--url` only; a started server has `echo`).
     #[arg(long, default_value = "echo")]
     agent: String,
+    /// Another node of the same cluster, for `follow`.
+    #[arg(long)]
+    follow_url: Option<String>,
     /// Agent id for `hold` (`--url` only; a started server has `slow`).
     #[arg(long, default_value = "slow")]
     slow_agent: String,
@@ -96,6 +104,9 @@ struct Cli {
     /// The store of a started server (`--url` only: whatever that server uses).
     #[arg(long, value_enum, default_value = "redb")]
     store: StoreKind,
+    /// PostgreSQL for `--store postgres`.
+    #[arg(long, default_value = "postgres://postgres@127.0.0.1:5432/test")]
+    pg_url: String,
     /// Directory for a started server's redb file (default: a fresh one under the
     /// system's temporary directory). Put it on the disk you want to measure.
     #[arg(long)]
@@ -271,6 +282,21 @@ fn server_bin(cli: &Cli) -> Result<String, String> {
     Ok(me.with_file_name("a2ad").display().to_string())
 }
 
+/// The PostgreSQL schema of a started server: fresh for each run of the tool.
+fn pg_schema() -> String {
+    format!("a2ad_load_{}", std::process::id())
+}
+
+/// Drops the started server's schema.
+async fn drop_pg_schema(url: &str) {
+    if let Ok((client, conn)) = tokio_postgres::connect(url, tokio_postgres::NoTls).await {
+        tokio::spawn(conn);
+        let _ = client
+            .batch_execute(&format!("DROP SCHEMA IF EXISTS {} CASCADE", pg_schema()))
+            .await;
+    }
+}
+
 /// The redb file of a started server: fresh for each run of the tool.
 fn store_file(cli: &Cli) -> std::path::PathBuf {
     let dir = match &cli.store_dir {
@@ -292,6 +318,11 @@ fn bench_config(cli: &Cli) -> String {
         StoreKind::Redb => format!(
             "[store]\nbackend = \"redb\"\npath = \"{}\"\n\n",
             store_file(cli).display().to_string().replace('\\', "\\\\")
+        ),
+        StoreKind::Postgres => format!(
+            "[cluster]\nengine = \"postgres\"\nurl = \"{}\"\nschema = \"{}\"\nnode_id = \"load\"\n\n",
+            cli.pg_url,
+            pg_schema()
         ),
     };
     let limits = "[agents.limits]\nrequests_per_minute = 1000000000\nconcurrent_tasks = 1000000\nmax_queued_tasks = 1000000\ntask_timeout_seconds = 600\nsync_wait_seconds = 600\n";
@@ -356,6 +387,7 @@ async fn measure_a2ad(cli: &Cli) -> Result<Report, String> {
         Scenario::Hold => hold(cli, target(slow), pid).await,
         Scenario::Webhooks => webhooks(cli, target(agent), pid).await,
         Scenario::Soak => soak(cli, target(agent), pid).await,
+        Scenario::Follow => follow(cli, &base, &key).await,
     };
     if let Some(s) = server {
         s.stop();
@@ -374,12 +406,148 @@ async fn measure_a2ad(cli: &Cli) -> Result<Report, String> {
                 r
             });
         }
+        if cli.store == StoreKind::Postgres {
+            drop_pg_schema(&cli.pg_url).await;
+        }
+        let kind = match cli.store {
+            StoreKind::Postgres => "postgres",
+            _ => "memory",
+        };
         return result.map(|mut r| {
-            r.extra.insert("store", json!("memory"));
+            r.extra.insert("store", json!(kind));
             r
         });
     }
     result
+}
+
+/// The `follow` scenario: `-c` workers, each streaming a task on one node and following it
+/// from another until its end, for `-d` seconds. Latency per event seen by the follower:
+/// its arrival minus the event's timestamp (set by the runner as it made the event; one
+/// clock, this machine's) — the runner's append, the hint and the follower's read.
+async fn follow(cli: &Cli, base: &str, key: &str) -> Result<Report, String> {
+    let other = cli
+        .follow_url
+        .clone()
+        .ok_or("--follow-url is required for follow")?;
+    let other = other.trim_end_matches('/').to_string();
+    let http = reqwest::Client::new();
+    let end = Instant::now() + Duration::from_secs_f64(cli.duration);
+    let t0 = Instant::now();
+    let workers: Vec<_> = (0..cli.connections)
+        .map(|_| {
+            let (http, base, other, key) = (
+                http.clone(),
+                base.to_string(),
+                other.clone(),
+                key.to_string(),
+            );
+            let agent = cli.slow_agent.clone();
+            tokio::spawn(async move {
+                let mut stats = client::Stats::default();
+                while Instant::now() < end {
+                    if let Err(e) = follow_one(&http, &base, &other, &key, &agent, &mut stats).await
+                    {
+                        stats.error(e);
+                    }
+                }
+                stats
+            })
+        })
+        .collect();
+    let mut stats = client::Stats::default();
+    for w in workers {
+        if let Ok(s) = w.await {
+            stats.merge(s);
+        }
+    }
+    let mut r = report(
+        Scenario::Follow,
+        "a2ad",
+        cli.connections,
+        t0.elapsed().as_secs_f64(),
+        stats,
+        None,
+        None,
+    );
+    r.extra.insert(
+        "measures",
+        json!("events followed across nodes; latency = arrival at the follower - event time"),
+    );
+    Ok(r)
+}
+
+async fn follow_one(
+    http: &reqwest::Client,
+    base: &str,
+    other: &str,
+    key: &str,
+    agent: &str,
+    stats: &mut client::Stats,
+) -> Result<(), String> {
+    let post = |url: String, body: String| {
+        http.post(url)
+            .header("x-api-key", key)
+            .header("content-type", "application/json")
+            .header("accept", "text/event-stream")
+            .timeout(Duration::from_secs(120))
+            .body(body)
+            .send()
+    };
+    let body = client::send_body("message/stream", "follow me", "");
+    let mut runner = post(format!("{base}/api/v1/a2a/{agent}"), body)
+        .await
+        .map_err(|e| format!("stream: {e}"))?;
+    let mut seen = Vec::new();
+    let id = loop {
+        let chunk = runner.chunk().await.map_err(|e| e.to_string())?;
+        let Some(chunk) = chunk else {
+            return Err("stream ended early".into());
+        };
+        seen.extend_from_slice(&chunk);
+        if let Some(id) = client::task_id(&seen) {
+            break id;
+        }
+    };
+    // The runner's stream is drained in the background (its client keeps reading).
+    tokio::spawn(async move { while let Ok(Some(_)) = runner.chunk().await {} });
+    let since = chrono::Utc::now();
+    let body = format!(
+        r#"{{"jsonrpc":"2.0","id":1,"method":"tasks/resubscribe","params":{{"id":"{id}"}}}}"#
+    );
+    let mut follower = post(format!("{other}/api/v1/a2a/{agent}"), body)
+        .await
+        .map_err(|e| format!("resubscribe: {e}"))?;
+    let mut buf: Vec<u8> = Vec::new();
+    while let Some(chunk) = follower.chunk().await.map_err(|e| e.to_string())? {
+        let now = chrono::Utc::now();
+        buf.extend_from_slice(&chunk);
+        while let Some(pos) = buf.windows(2).position(|w| w == b"\n\n") {
+            let frame: Vec<u8> = buf.drain(..pos + 2).collect();
+            let text = String::from_utf8_lossy(&frame);
+            let Some(data) = text.lines().find_map(|l| l.strip_prefix("data:")) else {
+                continue;
+            };
+            let Ok(v) = serde_json::from_str::<Value>(data.trim()) else {
+                continue;
+            };
+            let status = &v["result"]["status"];
+            if let Some(at) = status["timestamp"]
+                .as_str()
+                .and_then(|t| chrono::DateTime::parse_from_rfc3339(t).ok())
+            {
+                let at = at.with_timezone(&chrono::Utc);
+                if at >= since {
+                    let us = (now - at).num_microseconds().unwrap_or(0).max(0);
+                    stats.latencies.push(u32::try_from(us).unwrap_or(u32::MAX));
+                }
+            }
+            if v["result"]["final"] == true {
+                return Ok(());
+            }
+        }
+    }
+    Ok(())
 }
 
 async fn measure_floor(cli: &Cli) -> Result<Report, String> {

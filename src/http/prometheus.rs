@@ -192,6 +192,12 @@ pub(crate) fn render(app: &App) -> String {
         "Streams closed because their client fell too far behind.",
         &[("", m.dropped_subscribers.load(Relaxed) as f64)],
     );
+    gauge(
+        &mut out,
+        "a2ad_remote_followers",
+        "Streams and waiting callers following a task another node runs (cluster).",
+        &[("", m.remote_followers.load(Relaxed).max(0) as f64)],
+    );
     cluster(&mut out, runtime);
     counter(
         &mut out,

@@ -86,6 +86,10 @@ struct Inner {
     jobs: mpsc::UnboundedSender<Msg>,
     owned: DashMap<Uuid, Owned>,
     watchers: Arc<Watchers>,
+    /// Push configurations as this node last decoded them, by id: deliveries of one
+    /// configuration share one object, so its bookkeeping (failures in a row, `active`)
+    /// accumulates here as on a node alone.
+    configs: DashMap<String, Arc<StoredPushConfig>>,
     signals: mpsc::Sender<Signal>,
     signals_rx: Mutex<Option<mpsc::Receiver<Signal>>>,
     retention: Duration,
@@ -387,6 +391,7 @@ impl PgStore {
             jobs,
             owned: DashMap::new(),
             watchers: Arc::default(),
+            configs: DashMap::new(),
             signals,
             signals_rx: Mutex::new(Some(signals_rx)),
             retention: Duration::from_secs_f64(config.server.task_retention_seconds),
@@ -459,6 +464,22 @@ impl PgStore {
 }
 
 impl Inner {
+    /// The shared object of a decoded configuration (the same one while its id and
+    /// creation time are).
+    fn config(&self, decoded: Arc<StoredPushConfig>) -> Arc<StoredPushConfig> {
+        if let Some(known) = self.configs.get(&decoded.id)
+            && known.created_at == decoded.created_at
+            && known.scope == decoded.scope
+        {
+            return known.clone();
+        }
+        if self.configs.len() > 100_000 {
+            self.configs.clear();
+        }
+        self.configs.insert(decoded.id.clone(), decoded.clone());
+        decoded
+    }
+
     fn incarnation(&self) -> Uuid {
         *self.incarnation.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -608,6 +629,7 @@ impl Inner {
         Ok(rows
             .iter()
             .filter_map(|r| codec::decode_push(r.get::<_, &[u8]>(0)))
+            .map(|c| self.config(c))
             .collect())
     }
 
@@ -1132,6 +1154,9 @@ async fn committer(inner: Arc<Inner>, mut rx: mpsc::UnboundedReceiver<Msg>, max_
 struct Prepared {
     create: tokio_postgres::Statement,
     next: tokio_postgres::Statement,
+    /// An event followed by a later one of the same task in the same batch: its record
+    /// is superseded before the commit, so only the numbering moves.
+    light: tokio_postgres::Statement,
 }
 
 /// Prepares the task statements on a committer connection.
@@ -1172,6 +1197,19 @@ async fn prepare(
                  SELECT count(*) FROM t"
             ))
             .await?,
+        light: client
+            .prepare(&format!(
+                "WITH t AS (UPDATE {s}.tasks SET seq = $2::bigint
+                  WHERE id = $1 AND fence = $3::bigint AND (seq = $2::bigint - 1 OR seq = $2::bigint)
+                  RETURNING id),
+                 e AS (INSERT INTO {s}.events (task, seq, body) SELECT id, $2::bigint, $4 FROM t
+                       ON CONFLICT DO NOTHING),
+                 o AS (INSERT INTO {s}.outbox (delivery, task, seq, config, attempt, due_us, claimed_by, claimed_node)
+                       SELECT x.d, $1, $2::bigint, x.c, 1, NULL, $5, $8 FROM t, unnest($6::uuid[], $7::text[]) AS x(d, c)
+                       ON CONFLICT DO NOTHING)
+                 SELECT count(*) FROM t"
+            ))
+            .await?,
     })
 }
 
@@ -1208,6 +1246,7 @@ async fn commit(
         .await?
         .iter()
         .filter_map(|r| codec::decode_push(r.get::<_, &[u8]>(0)))
+        .map(|c| inner.config(c))
         .collect()
     };
 
@@ -1279,6 +1318,7 @@ async fn commit(
                             .iter()
                             .map(|d| (d.id, d.key.config.clone()))
                             .collect(),
+                        last: true,
                     });
                 }
                 Write::PushSet(c) => {
@@ -1290,6 +1330,7 @@ async fn commit(
                         }),
                     }
                     configs.push(c.clone());
+                    inner.configs.insert(c.id.clone(), c.clone());
                     planned.push(Planned::Other(w.clone()));
                 }
                 Write::PushRemove(scope) => {
@@ -1312,6 +1353,13 @@ async fn commit(
         plans.push(mine);
     }
 
+    // Only a task's last event of the batch writes its record.
+    let mut seen = HashSet::new();
+    for p in planned.iter_mut().rev() {
+        if let Planned::Task { id, last, .. } = p {
+            *last = seen.insert(*id);
+        }
+    }
     let results = try_join_all(
         planned
             .iter()
@@ -1374,6 +1422,8 @@ enum Planned {
         /// `None`: this node does not hold the task (its append is fenced).
         fence: Option<i64>,
         deliveries: Vec<(Uuid, String)>,
+        /// The task's last event in the batch: it writes the record.
+        last: bool,
     },
     Other(Write),
 }
@@ -1396,18 +1446,29 @@ async fn execute(
             turn,
             fence,
             deliveries,
+            last,
         } => {
             let Some(fence) = fence else {
                 return Ok(false);
             };
+            let ids: Vec<Uuid> = deliveries.iter().map(|d| d.0).collect();
+            let cfgs: Vec<&str> = deliveries.iter().map(|d| d.1.as_str()).collect();
+            let seq = i64::try_from(event.seq).unwrap_or(i64::MAX);
+            if !*last && event.seq > 1 {
+                let body = codec::encode_event(event);
+                let row = tx
+                    .query_one(
+                        &prepared.light,
+                        &[id, &seq, fence, &body, &me, &ids, &cfgs, &node],
+                    )
+                    .await?;
+                return Ok(row.get::<_, i64>(0) == 1);
+            }
             let state = task.status.state;
             let terminal = state.is_terminal();
             let record = codec::encode_task(task, *turn);
             let body = codec::encode_event(event);
             let status_us = task.status.timestamp.timestamp_micros();
-            let ids: Vec<Uuid> = deliveries.iter().map(|d| d.0).collect();
-            let cfgs: Vec<&str> = deliveries.iter().map(|d| d.1.as_str()).collect();
-            let seq = i64::try_from(event.seq).unwrap_or(i64::MAX);
             let row = if event.seq == 1 {
                 tx.query_one(
                     &prepared.create,

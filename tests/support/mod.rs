@@ -39,6 +39,65 @@ pub fn test_store() -> StoreConfig {
     }
 }
 
+/// The suite runs on the shared PostgreSQL store (`A2AD_TEST_STORE=postgres`).
+pub fn on_postgres() -> bool {
+    std::env::var("A2AD_TEST_STORE").as_deref() == Ok("postgres")
+}
+
+/// With `A2AD_TEST_STORE=postgres` (CI runs the suite a third time so), a one-node cluster
+/// on the tests' PostgreSQL, on a schema of its own: the whole suite then drives the
+/// shared store. `None` otherwise.
+pub fn test_cluster() -> Option<a2ad::config::ClusterConfig> {
+    if std::env::var("A2AD_TEST_STORE").as_deref() != Ok("postgres") {
+        return None;
+    }
+    let url = std::env::var("A2AD_TEST_PG_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into());
+    // The schemas of earlier test processes go first (others wait for this).
+    static CLEAN: std::sync::Once = std::sync::Once::new();
+    CLEAN.call_once(|| {
+        let url = url.clone();
+        let _ = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("runtime");
+            rt.block_on(async {
+                let Ok((client, conn)) = tokio_postgres::connect(&url, tokio_postgres::NoTls).await
+                else {
+                    return;
+                };
+                tokio::spawn(conn);
+                let Ok(rows) = client
+                    .query(
+                        "SELECT nspname FROM pg_namespace WHERE nspname LIKE 'a2ad_suite_%'",
+                        &[],
+                    )
+                    .await
+                else {
+                    return;
+                };
+                for r in rows {
+                    let name: String = r.get(0);
+                    let _ = client
+                        .batch_execute(&format!("DROP SCHEMA IF EXISTS {name} CASCADE"))
+                        .await;
+                }
+            });
+        })
+        .join();
+    });
+    let mut c = a2ad::config::ClusterConfig::postgres(url);
+    c.schema = format!(
+        "a2ad_suite_{}",
+        &uuid::Uuid::new_v4().simple().to_string()[..16]
+    );
+    c.heartbeat_ms = 200;
+    c.lease_ttl_ms = 3000;
+    c.pool_size = 4;
+    Some(c)
+}
+
 /// Removes the store folders of test processes that are gone (runtime-level tests leave
 /// theirs behind: nothing stops them).
 fn remove_stale_stores(root: &std::path::Path) {
@@ -61,6 +120,7 @@ fn remove_stale_stores(root: &std::path::Path) {
 pub fn config(agents: &[&str]) -> Config {
     let mut c = Config {
         store: test_store(),
+        cluster: test_cluster(),
         ..Config::default()
     };
     c.server.listen = "127.0.0.1:0".into();
