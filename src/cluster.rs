@@ -98,6 +98,10 @@ pub struct ClusterStats {
     pub append_micros_sum: u64,
     /// The slowest append (µs) since start.
     pub append_micros_max: u64,
+    /// Median and 99th percentile of the latest 4096 batches' commit times (µs).
+    pub append_micros_p50: u64,
+    /// See `append_micros_p50`.
+    pub append_micros_p99: u64,
     /// Cross-node follower wake-ups received.
     pub hints: u64,
     /// This node is self-fenced.

@@ -282,6 +282,28 @@ fn server_bin(cli: &Cli) -> Result<String, String> {
     Ok(me.with_file_name("a2ad").display().to_string())
 }
 
+/// The cluster's append figures from a node's /metrics.
+async fn cluster_metrics(base: &str) -> Option<Value> {
+    let text = reqwest::get(format!("{base}/metrics"))
+        .await
+        .ok()?
+        .text()
+        .await
+        .ok()?;
+    let value = |name: &str| -> Option<f64> {
+        text.lines()
+            .find(|l| l.starts_with(name))
+            .and_then(|l| l.rsplit(' ').next())
+            .and_then(|v| v.parse().ok())
+    };
+    Some(json!({
+        "batches": value("a2ad_cluster_appends_total"),
+        "p50_ms": value("a2ad_cluster_append_seconds_p50").map(|s| s * 1e3),
+        "p99_ms": value("a2ad_cluster_append_seconds_p99").map(|s| s * 1e3),
+        "writes": value("a2ad_store_writes_total"),
+    }))
+}
+
 /// The PostgreSQL schema of a started server: fresh for each run of the tool.
 fn pg_schema() -> String {
     format!("a2ad_load_{}", std::process::id())
@@ -389,6 +411,10 @@ async fn measure_a2ad(cli: &Cli) -> Result<Report, String> {
         Scenario::Soak => soak(cli, target(agent), pid).await,
         Scenario::Follow => follow(cli, &base, &key).await,
     };
+    let mut append = None;
+    if server.is_some() && cli.store == StoreKind::Postgres {
+        append = cluster_metrics(&base).await;
+    }
     if let Some(s) = server {
         s.stop();
         if cli.store == StoreKind::Redb {
@@ -415,6 +441,9 @@ async fn measure_a2ad(cli: &Cli) -> Result<Report, String> {
         };
         return result.map(|mut r| {
             r.extra.insert("store", json!(kind));
+            if let Some(a) = append {
+                r.extra.insert("append", a);
+            }
             r
         });
     }
@@ -505,7 +534,13 @@ async fn follow_one(
             return Err("stream ended early".into());
         };
         seen.extend_from_slice(&chunk);
-        if let Some(id) = client::task_id(&seen) {
+        // The first SSE event's data carries the task.
+        let text = String::from_utf8_lossy(&seen).into_owned();
+        if let Some(id) = text
+            .lines()
+            .filter_map(|l| l.strip_prefix("data:"))
+            .find_map(|d| client::task_id(d.trim().as_bytes()))
+        {
             break id;
         }
     };

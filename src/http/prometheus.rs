@@ -359,6 +359,18 @@ fn cluster(out: &mut String, runtime: &crate::Runtime) {
         "Slowest committed batch since start.",
         &[(l, c.append_micros_max as f64 / 1e6)],
     );
+    gauge(
+        out,
+        "a2ad_cluster_append_seconds_p50",
+        "Median commit time of the latest 4096 batches.",
+        &[(l, c.append_micros_p50 as f64 / 1e6)],
+    );
+    gauge(
+        out,
+        "a2ad_cluster_append_seconds_p99",
+        "99th percentile commit time of the latest 4096 batches.",
+        &[(l, c.append_micros_p99 as f64 / 1e6)],
+    );
     counter(
         out,
         "a2ad_cluster_hints_total",

@@ -56,6 +56,8 @@ const REAP_LIMIT: i64 = 200;
 const EVICT_CHUNK: i64 = 2000;
 /// A `NOTIFY` payload is kept under PostgreSQL's 8000-byte limit.
 const NOTIFY_MAX: usize = 7900;
+/// Commit times kept for the append percentiles.
+const RECENT: usize = 4096;
 /// Signals queued for the runtime at most (the lease loop waits when it is full).
 const SIGNALS: usize = 4096;
 
@@ -109,6 +111,8 @@ struct Inner {
     finished_tasks: AtomicU64,
     append_sum: AtomicU64,
     append_max: AtomicU64,
+    /// The latest batches' commit times (µs), for percentiles.
+    append_recent: Mutex<std::collections::VecDeque<u32>>,
     hints: AtomicU64,
     stop: tokio_util::sync::CancellationToken,
 }
@@ -410,6 +414,7 @@ impl PgStore {
             finished_tasks: AtomicU64::new(0),
             append_sum: AtomicU64::new(0),
             append_max: AtomicU64::new(0),
+            append_recent: Mutex::new(std::collections::VecDeque::with_capacity(RECENT)),
             hints: AtomicU64::new(0),
             stop: tokio_util::sync::CancellationToken::new(),
         });
@@ -1103,6 +1108,14 @@ async fn committer(inner: Arc<Inner>, mut rx: mpsc::UnboundedReceiver<Msg>, max_
                         let us = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX);
                         inner.append_sum.fetch_add(us, Relaxed);
                         inner.append_max.fetch_max(us, Relaxed);
+                        let mut recent = inner
+                            .append_recent
+                            .lock()
+                            .unwrap_or_else(|e| e.into_inner());
+                        if recent.len() == RECENT {
+                            recent.pop_front();
+                        }
+                        recent.push_back(u32::try_from(us).unwrap_or(u32::MAX));
                         break outcomes;
                     }
                     Ok(Err(e)) => {
@@ -1157,7 +1170,35 @@ struct Prepared {
     /// An event followed by a later one of the same task in the same batch: its record
     /// is superseded before the commit, so only the numbering moves.
     light: tokio_postgres::Statement,
+    /// The other writes' statements, prepared up front so that a batch goes out in one
+    /// flight (a statement prepared on the way would reach the server after COMMIT).
+    other: Vec<tokio_postgres::Statement>,
+    /// One `NOTIFY` per payload.
+    notify: tokio_postgres::Statement,
 }
+
+/// The other writes' statements (`{s}`: the schema), in the order `execute` uses them.
+const OTHER_SQL: &[&str] = &[
+    "INSERT INTO {s}.turns (principal, context, since, number, body)
+                             VALUES ($1, $2, $3, $4, $5)
+                             ON CONFLICT (principal, context, since, number)
+                             DO UPDATE SET body = EXCLUDED.body, at = now()",
+    "DELETE FROM {s}.turns WHERE principal = $1 AND context = $2 AND since = $3",
+    "UPDATE {s}.push SET body = $5 WHERE owner = $1
+                                 AND task IS NOT DISTINCT FROM $2 AND named = $3 AND id = $4",
+    "INSERT INTO {s}.push (owner, task, named, id, created_us, body)
+                                 VALUES ($1, $2, true, $3, $4, $5)
+                                 ON CONFLICT (owner, task, id) WHERE named
+                                 DO UPDATE SET body = EXCLUDED.body",
+    "WITH d AS (DELETE FROM {s}.push WHERE owner = $1
+                                   AND task IS NOT DISTINCT FROM $2 AND NOT named)
+                                 INSERT INTO {s}.push (owner, task, named, id, created_us, body)
+                                 VALUES ($1, $2, false, $3, $4, $5)",
+    "DELETE FROM {s}.push WHERE owner = $1 AND task IS NOT DISTINCT FROM $2 AND NOT named",
+    "DELETE FROM {s}.push WHERE owner = $1 AND task = $2 AND named AND id = $3",
+    "DELETE FROM {s}.outbox WHERE delivery = $1",
+    "UPDATE {s}.outbox SET attempt = $2, due_us = $3 WHERE delivery = $1",
+];
 
 /// Prepares the task statements on a committer connection.
 async fn prepare(
@@ -1197,6 +1238,13 @@ async fn prepare(
                  SELECT count(*) FROM t"
             ))
             .await?,
+        notify: client
+            .prepare("SELECT pg_notify($1::text, p) FROM unnest($2::text[]) AS p")
+            .await?,
+        other: {
+            let texts: Vec<String> = OTHER_SQL.iter().map(|q| q.replace("{s}", s)).collect();
+            try_join_all(texts.iter().map(|q| client.prepare(q))).await?
+        },
         light: client
             .prepare(&format!(
                 "WITH t AS (UPDATE {s}.tasks SET seq = $2::bigint
@@ -1235,20 +1283,24 @@ async fn commit(
         .collect::<HashSet<_>>()
         .into_iter()
         .collect();
-    let tx = client.transaction().await?;
-    let mut configs: Vec<Arc<StoredPushConfig>> = if owners.is_empty() {
-        Vec::new()
-    } else {
-        tx.query(
-            &format!("SELECT body FROM {s}.push WHERE owner = ANY($1) ORDER BY created_us"),
-            &[&owners],
-        )
-        .await?
+    // The transaction is pipelined by hand: BEGIN and the configurations' read in one
+    // flight, then every statement, the NOTIFYs and COMMIT in a second. A statement that
+    // fails aborts the transaction (its COMMIT then rolls back) and fails the batch,
+    // which is retried on a new connection.
+    let tx: &tokio_postgres::Client = client;
+    let config_sql = format!("SELECT body FROM {s}.push WHERE owner = ANY($1) ORDER BY created_us");
+    let (_, rows) = futures_util::try_join!(tx.batch_execute("BEGIN"), async {
+        if owners.is_empty() {
+            Ok(Vec::new())
+        } else {
+            tx.query(&config_sql, &[&owners]).await
+        }
+    })?;
+    let mut configs: Vec<Arc<StoredPushConfig>> = rows
         .iter()
         .filter_map(|r| codec::decode_push(r.get::<_, &[u8]>(0)))
         .map(|c| inner.config(c))
-        .collect()
-    };
+        .collect();
 
     // Plan every statement first (in order), then send them all at once (pipelined).
     let mut planned: Vec<Planned> = Vec::new();
@@ -1360,12 +1412,11 @@ async fn commit(
             *last = seen.insert(*id);
         }
     }
-    let results = try_join_all(
+    let statements = try_join_all(
         planned
             .iter()
-            .map(|p| execute(&tx, s, prepared, p, me, &inner.node)),
-    )
-    .await?;
+            .map(|p| execute(tx, prepared, p, me, &inner.node)),
+    );
 
     touched.sort_unstable();
     touched.dedup();
@@ -1384,11 +1435,10 @@ async fn commit(
         notifies.push(payload);
     }
     let channel = format!("{s}_ev");
-    for p in &notifies {
-        tx.execute("SELECT pg_notify($1, $2)", &[&channel, p])
-            .await?;
-    }
-    tx.commit().await?;
+    let notify_params: [&(dyn tokio_postgres::types::ToSql + Sync); 2] = [&channel, &notifies];
+    let notified = tx.execute(&prepared.notify, &notify_params);
+    let (results, _, ()) =
+        futures_util::try_join!(statements, notified, tx.batch_execute("COMMIT"))?;
 
     Ok(plans
         .into_iter()
@@ -1430,8 +1480,7 @@ enum Planned {
 
 /// Runs one statement; `false` when a task append was fenced.
 async fn execute(
-    tx: &tokio_postgres::Transaction<'_>,
-    s: &str,
+    tx: &tokio_postgres::Client,
     prepared: &Prepared,
     p: &Planned,
     me: Uuid,
@@ -1525,12 +1574,7 @@ async fn execute(
                     let body = codec::encode_turn(user, reply.as_deref());
                     let number = i32::try_from(turn.number).unwrap_or(i32::MAX);
                     tx.execute(
-                        &format!(
-                            "INSERT INTO {s}.turns (principal, context, since, number, body)
-                             VALUES ($1, $2, $3, $4, $5)
-                             ON CONFLICT (principal, context, since, number)
-                             DO UPDATE SET body = EXCLUDED.body, at = now()"
-                        ),
+                        &prepared.other[0],
                         &[
                             &principal.as_str(),
                             &context.as_str(),
@@ -1547,9 +1591,7 @@ async fn execute(
                     since,
                 } => {
                     tx.execute(
-                        &format!(
-                            "DELETE FROM {s}.turns WHERE principal = $1 AND context = $2 AND since = $3"
-                        ),
+                        &prepared.other[1],
                         &[&principal.as_str(), &context.as_str(), since],
                     )
                     .await?;
@@ -1560,22 +1602,11 @@ async fn execute(
                     let named = c.namespace == Namespace::Named;
                     let body = codec::encode_push(c);
                     if matches!(w, Write::PushStats(_)) {
-                        tx.execute(
-                            &format!(
-                                "UPDATE {s}.push SET body = $5 WHERE owner = $1
-                                 AND task IS NOT DISTINCT FROM $2 AND named = $3 AND id = $4"
-                            ),
-                            &[&owner, &task, &named, &c.id, &body],
-                        )
-                        .await?;
+                        tx.execute(&prepared.other[2], &[&owner, &task, &named, &c.id, &body])
+                            .await?;
                     } else if named {
                         tx.execute(
-                            &format!(
-                                "INSERT INTO {s}.push (owner, task, named, id, created_us, body)
-                                 VALUES ($1, $2, true, $3, $4, $5)
-                                 ON CONFLICT (owner, task, id) WHERE named
-                                 DO UPDATE SET body = EXCLUDED.body"
-                            ),
+                            &prepared.other[3],
                             &[
                                 &owner,
                                 &task,
@@ -1587,12 +1618,7 @@ async fn execute(
                         .await?;
                     } else {
                         tx.execute(
-                            &format!(
-                                "WITH d AS (DELETE FROM {s}.push WHERE owner = $1
-                                   AND task IS NOT DISTINCT FROM $2 AND NOT named)
-                                 INSERT INTO {s}.push (owner, task, named, id, created_us, body)
-                                 VALUES ($1, $2, false, $3, $4, $5)"
-                            ),
+                            &prepared.other[4],
                             &[
                                 &owner,
                                 &task,
@@ -1607,37 +1633,20 @@ async fn execute(
                 Write::PushRemove(scope) => {
                     let owner = owner_id(&scope.principal, &scope.agent);
                     let task = scope.task.as_ref().map(|t| t.as_str().to_string());
-                    tx.execute(
-                        &format!(
-                            "DELETE FROM {s}.push WHERE owner = $1 AND task IS NOT DISTINCT FROM $2 AND NOT named"
-                        ),
-                        &[&owner, &task],
-                    )
-                    .await?;
+                    tx.execute(&prepared.other[5], &[&owner, &task]).await?;
                 }
                 Write::PushRemoveNamed { task, id } => {
                     let owner = owner_id(&task.principal, &task.agent);
-                    tx.execute(
-                        &format!(
-                            "DELETE FROM {s}.push WHERE owner = $1 AND task = $2 AND named AND id = $3"
-                        ),
-                        &[&owner, &task.task.as_str(), id],
-                    )
-                    .await?;
+                    tx.execute(&prepared.other[6], &[&owner, &task.task.as_str(), id])
+                        .await?;
                 }
                 Write::OutboxDone(key) => {
-                    tx.execute(
-                        &format!("DELETE FROM {s}.outbox WHERE delivery = $1"),
-                        &[&delivery_id(key)],
-                    )
-                    .await?;
+                    tx.execute(&prepared.other[7], &[&delivery_id(key)]).await?;
                 }
                 Write::OutboxRetry { key, attempt, due } => {
                     let attempt = i32::try_from(*attempt).unwrap_or(i32::MAX);
                     tx.execute(
-                        &format!(
-                            "UPDATE {s}.outbox SET attempt = $2, due_us = $3 WHERE delivery = $1"
-                        ),
+                        &prepared.other[8],
                         &[&delivery_id(key), &attempt, &due.timestamp_micros()],
                     )
                     .await?;
@@ -2096,7 +2105,24 @@ impl Cluster for PgStore {
 
     fn stats(&self) -> ClusterStats {
         let i = &self.inner;
+        let mut recent: Vec<u32> = i
+            .append_recent
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .copied()
+            .collect();
+        recent.sort_unstable();
+        let pct = |p: f64| -> u64 {
+            if recent.is_empty() {
+                return 0;
+            }
+            let at = ((recent.len() - 1) as f64 * p).round() as usize;
+            u64::from(recent[at.min(recent.len() - 1)])
+        };
         ClusterStats {
+            append_micros_p50: pct(0.50),
+            append_micros_p99: pct(0.99),
             lease_age_ms: u64::try_from(
                 i.lease_ok
                     .lock()
