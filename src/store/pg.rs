@@ -56,6 +56,8 @@ const REAP_LIMIT: i64 = 200;
 const EVICT_CHUNK: i64 = 2000;
 /// A `NOTIFY` payload is kept under PostgreSQL's 8000-byte limit.
 const NOTIFY_MAX: usize = 7900;
+/// Committers (each with its own connection), side by side.
+const LANES: usize = 4;
 /// Commit times kept for the append percentiles.
 const RECENT: usize = 4096;
 /// Signals queued for the runtime at most (the lease loop waits when it is full).
@@ -85,7 +87,9 @@ struct Inner {
     pg: tokio_postgres::Config,
     pool: deadpool_postgres::Pool,
     rt: tokio::runtime::Handle,
-    jobs: mpsc::UnboundedSender<Msg>,
+    /// One committer per lane; a task's writes always go to the same lane (by its id),
+    /// so they stay in order, and the lanes commit side by side.
+    jobs: Vec<mpsc::UnboundedSender<Msg>>,
     owned: DashMap<Uuid, Owned>,
     watchers: Arc<Watchers>,
     /// Push configurations as this node last decoded them, by id: deliveries of one
@@ -378,7 +382,7 @@ impl PgStore {
         }
         drop(setup);
 
-        let (jobs, rx) = mpsc::unbounded_channel();
+        let (jobs, lanes): (Vec<_>, Vec<_>) = (0..LANES).map(|_| mpsc::unbounded_channel()).unzip();
         let (signals, signals_rx) = mpsc::channel(SIGNALS);
         let rerun_agents = match cfg.on_node_loss {
             NodeLoss::Fail => HashSet::new(),
@@ -419,7 +423,9 @@ impl PgStore {
             stop: tokio_util::sync::CancellationToken::new(),
         });
         tracing::info!(node = %inner.node, %incarnation, schema = %inner.schema, "joined the cluster");
-        tokio::spawn(committer(inner.clone(), rx, config.store.max_batch));
+        for rx in lanes {
+            tokio::spawn(committer(inner.clone(), rx, config.store.max_batch));
+        }
         tokio::spawn(listener(inner.clone()));
         tokio::spawn(lease_loop(inner.clone()));
         Ok(Self { inner })
@@ -469,6 +475,41 @@ impl PgStore {
 }
 
 impl Inner {
+    /// Hands a job to its lane's committer: the lane of the task it writes (all of a
+    /// task's writes, its push configurations and outbox entries go to one lane); lane 0
+    /// for writes of no task.
+    fn submit(&self, job: Job) {
+        let key = job.writes.iter().find_map(|w| match w {
+            Write::Task { key, .. }
+            | Write::PushRemoveNamed { task: key, .. }
+            | Write::OutboxDone(OutboxKey { task: key, .. })
+            | Write::OutboxRetry {
+                key: OutboxKey { task: key, .. },
+                ..
+            } => Some(row_id(key)),
+            Write::PushSet(c) | Write::PushStats(c) => c.scope.task.as_ref().map(|t| {
+                row_id(&TaskKey {
+                    principal: c.scope.principal.clone(),
+                    agent: c.scope.agent.clone(),
+                    task: t.clone(),
+                })
+            }),
+            Write::PushRemove(scope) => scope.task.as_ref().map(|t| {
+                row_id(&TaskKey {
+                    principal: scope.principal.clone(),
+                    agent: scope.agent.clone(),
+                    task: t.clone(),
+                })
+            }),
+            Write::Turn { .. } | Write::ForgetContext { .. } => None,
+        });
+        let lane = key.map_or(0, |id| (id.as_u128() % self.jobs.len() as u128) as usize);
+        self.backlog.fetch_add(job.writes.len() as u64, Relaxed);
+        if self.jobs[lane].send(Msg::Job(job)).is_err() {
+            tracing::error!("the postgres committer has stopped; a write is not kept");
+        }
+    }
+
     /// The shared object of a decoded configuration (the same one while its id and
     /// creation time are).
     fn config(&self, decoded: Arc<StoredPushConfig>) -> Arc<StoredPushConfig> {
@@ -878,11 +919,10 @@ impl Inner {
                     }),
                     // Its configuration was removed (or the event evicted): nothing to send.
                     _ => {
-                        let _ = self.jobs.send(Msg::Job(Job {
+                        self.submit(Job {
                             writes: vec![Write::OutboxDone(outbox)],
                             then: None,
-                        }));
-                        self.backlog.fetch_add(1, Relaxed);
+                        });
                     }
                 }
             }
@@ -1795,15 +1835,7 @@ async fn lease_loop(inner: Arc<Inner>) {
 
 impl Store for PgStore {
     fn append(&self, writes: Vec<Write>, then: Option<Then>) -> Durable {
-        self.inner.backlog.fetch_add(writes.len() as u64, Relaxed);
-        if self
-            .inner
-            .jobs
-            .send(Msg::Job(Job { writes, then }))
-            .is_err()
-        {
-            tracing::error!("the postgres committer has stopped; a write is not kept");
-        }
+        self.inner.submit(Job { writes, then });
         Durable::Later
     }
 
@@ -1998,8 +2030,21 @@ impl Store for PgStore {
 
     fn close(&self) {
         let (tx, rx) = std::sync::mpsc::channel();
-        if self.inner.jobs.send(Msg::Close(tx)).is_ok() {
-            let _ = rx.recv_timeout(COMMIT_TIMEOUT * 2);
+        let sent = self
+            .inner
+            .jobs
+            .iter()
+            .filter(|lane| lane.send(Msg::Close(tx.clone())).is_ok())
+            .count();
+        drop(tx);
+        let until = Instant::now() + COMMIT_TIMEOUT * 2;
+        for _ in 0..sent {
+            if rx
+                .recv_timeout(until.saturating_duration_since(Instant::now()))
+                .is_err()
+            {
+                break;
+            }
         }
     }
 }
