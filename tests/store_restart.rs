@@ -425,3 +425,16 @@ async fn conversations_go_on_after_a_crash_with_their_turns() {
     let (code, _) = server.stop();
     assert_eq!(code, 0);
 }
+
+#[test]
+fn an_unreachable_postgresql_at_start_up_exits_2_naming_it_without_its_password() {
+    // Port 1 on loopback: nothing listens (connection refused at once).
+    let text = config(
+        "[cluster]\nengine = \"postgres\"\nurl = \"postgres://a2ad:s3cret@127.0.0.1:1/a2ad\"\n",
+    );
+    let (code, err) = refused(&text);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("127.0.0.1:1"), "names the server: {err}");
+    assert!(err.contains("cannot connect"), "{err}");
+    assert!(!err.contains("s3cret"), "the password is masked: {err}");
+}

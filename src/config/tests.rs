@@ -307,3 +307,48 @@ fn a_file_without_settings_is_refused_naming_the_file() {
     assert!(e.message.contains("no settings"), "{e}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn the_cluster_section_is_checked_key_by_key() {
+    let base = "[cluster]\nengine = \"postgres\"\nurl = \"postgres://a2ad@127.0.0.1/a2ad\"\n";
+    let ok = Config::from_toml(base).expect("a minimal cluster section");
+    let c = ok.cluster.expect("cluster");
+    assert_eq!(
+        (
+            c.schema.as_str(),
+            c.lease_ttl_ms,
+            c.heartbeat_ms,
+            c.pool_size
+        ),
+        ("a2ad", 10_000, 1_000, 16)
+    );
+    assert_eq!(c.on_node_loss, crate::config::NodeLoss::Fail);
+    let cases = [
+        ("lease_ttl_ms = 10\n", "cluster.lease_ttl_ms"),
+        (
+            "lease_ttl_ms = 18446744073709551615\n",
+            "cluster.lease_ttl_ms",
+        ),
+        ("heartbeat_ms = 0\n", "cluster.heartbeat_ms"),
+        ("heartbeat_ms = 5000\n", "cluster.heartbeat_ms"),
+        ("pool_size = 0\n", "cluster.pool_size"),
+        ("pool_size = 100000\n", "cluster.pool_size"),
+        ("schema = \"Bad-Name\"\n", "cluster.schema"),
+        ("schema = \"x; DROP TABLE t\"\n", "cluster.schema"),
+        ("node_id = \"\"\n", "cluster.node_id"),
+        ("node_id = \"a b\"\n", "cluster.node_id"),
+    ];
+    for (tail, key) in cases {
+        let e = Config::from_toml(&format!("{base}{tail}")).expect_err(tail);
+        assert_eq!(e.key.as_deref(), Some(key), "{tail}: {e}");
+    }
+    for text in [
+        "[cluster]\nurl = \"postgres://x@127.0.0.1/x\"\n",
+        "[cluster]\nengine = \"redis\"\nurl = \"redis://x\"\n",
+        "[cluster]\nengine = \"postgres\"\nurl = \"\"\n",
+        "[cluster]\nengine = \"postgres\"\nurl = \"postgres://x@127.0.0.1/x\"\non_node_loss = \"retry\"\n",
+        "[cluster]\nengine = \"postgres\"\nurl = \"postgres://x@127.0.0.1/x\"\nlease = 1\n",
+    ] {
+        assert!(Config::from_toml(text).is_err(), "{text}");
+    }
+}
