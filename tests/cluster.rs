@@ -834,3 +834,126 @@ async fn a_graceful_shutdown_hands_queued_tasks_to_the_other_nodes() {
     );
     c.finish().await;
 }
+
+/// A TCP relay to PostgreSQL that a test can cut: every connection through it is dropped
+/// and new ones are refused until it is opened again.
+struct Relay {
+    port: u16,
+    open: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    cut: std::sync::Arc<tokio::sync::Notify>,
+}
+
+impl Relay {
+    async fn start(target: std::net::SocketAddr) -> Self {
+        use std::sync::atomic::Ordering::SeqCst;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind relay");
+        let port = listener.local_addr().expect("addr").port();
+        let open = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
+        let cut = std::sync::Arc::new(tokio::sync::Notify::new());
+        let (o, c) = (open.clone(), cut.clone());
+        tokio::spawn(async move {
+            while let Ok((mut inbound, _)) = listener.accept().await {
+                if !o.load(SeqCst) {
+                    continue;
+                }
+                let c = c.clone();
+                tokio::spawn(async move {
+                    let Ok(mut outbound) = tokio::net::TcpStream::connect(target).await else {
+                        return;
+                    };
+                    tokio::select! {
+                        _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound) => {}
+                        () = c.notified() => {}
+                    }
+                });
+            }
+        });
+        Self { port, open, cut }
+    }
+
+    fn close(&self) {
+        self.open.store(false, std::sync::atomic::Ordering::SeqCst);
+        self.cut.notify_waiters();
+    }
+
+    fn reopen(&self) {
+        self.open.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+// Several threads: the relay must run while a node starts (`Binary::start` blocks).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_cut_off_from_postgresql_fences_itself_and_its_task_moves() {
+    let Some(url) = pg_url() else { return };
+    let _turn = TURN.lock().await;
+    let pg: tokio_postgres::Config = url.parse().expect("url");
+    let target = match (pg.get_hosts().first(), pg.get_ports().first()) {
+        (Some(tokio_postgres::config::Host::Tcp(h)), Some(p)) => {
+            std::net::ToSocketAddrs::to_socket_addrs(&(h.as_str(), *p))
+                .expect("resolve")
+                .next()
+                .expect("an address")
+        }
+        _ => "127.0.0.1:5432".parse().expect("addr"),
+    };
+    let relay = Relay::start(target).await;
+    // Node 0 reaches PostgreSQL through the relay, node 1 directly.
+    let relayed = format!(
+        "postgres://{}@127.0.0.1:{}/{}",
+        pg.get_user().unwrap_or("postgres"),
+        relay.port,
+        pg.get_dbname().unwrap_or("postgres")
+    );
+    let mut c = Cluster::start(url, 0, "").await;
+    let direct = c.url.clone();
+    c.url = relayed;
+    let n0 = c.spawn(0, "");
+    c.url = direct;
+    let n1 = c.spawn(1, "");
+    c.nodes = vec![Some(n0), Some(n1)];
+
+    let mut a = c
+        .stream(0, "long", "message/stream", message("cut me off"), None)
+        .await;
+    let first = take(&mut a, 3).await;
+    let id = first[0].1["result"]["id"]
+        .as_str()
+        .expect("task id")
+        .to_string();
+    let health = |i: usize| {
+        let url = format!("{}/healthz", c.base(i));
+        let http = c.http.clone();
+        async move {
+            http.get(url)
+                .send()
+                .await
+                .map(|r| r.status().as_u16())
+                .unwrap_or(0)
+        }
+    };
+    assert_eq!(health(0).await, 200);
+    relay.close();
+    // Within half a lease (plus a heartbeat and slack) node 0 stops serving...
+    poll_until(Duration::from_millis(TTL_MS + 5000), || async {
+        (health(0).await == 503).then_some(())
+    })
+    .await;
+    // ...and within a lease, node 1 takes the task over: it ends "node lost".
+    let end = poll_until(Duration::from_secs(30), || async {
+        let v = c.call(1, "long", "tasks/get", json!({"id": id})).await;
+        (v["result"]["status"]["state"] == "failed").then_some(v)
+    })
+    .await;
+    assert!(end.to_string().contains("node lost"), "{end}");
+    // Back in touch: node 0 serves again and agrees.
+    relay.reopen();
+    poll_until(Duration::from_secs(30), || async {
+        (health(0).await == 200).then_some(())
+    })
+    .await;
+    let v = c.call(0, "long", "tasks/get", json!({"id": id})).await;
+    assert_eq!(result(&v)["status"]["state"], "failed");
+    c.finish().await;
+}

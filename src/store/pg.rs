@@ -712,6 +712,12 @@ impl Inner {
         }
         bounded(tx.commit()).await?;
         drop(client);
+        self.taken(key, fence, why).await
+    }
+
+    /// A task this node just took (under `fence`): read back with its events to be run
+    /// here, its appends carrying the new fence from now on.
+    async fn taken(&self, key: &TaskKey, fence: i64, why: Orphan) -> Result<Option<RecoveredTask>> {
         let Some((task, turn, events)) = self.record_and_events(key, 0).await? else {
             return Ok(None);
         };
@@ -819,24 +825,8 @@ impl Inner {
             return Ok(None);
         };
         let fence: i64 = row.get(0);
-        let Some((task, turn, events)) = self.record_and_events(key, 0).await? else {
-            return Ok(None);
-        };
-        self.owned.insert(
-            row_id(key),
-            Owned {
-                key: key.clone(),
-                fence,
-            },
-        );
         tracing::info!(task = %key.task, agent = %key.agent, fence, "took over a task of a lost node");
-        Ok(Some(RecoveredTask {
-            key: key.clone(),
-            task: Arc::new(task),
-            events: events.into_iter().map(Arc::new).collect(),
-            turn,
-            why,
-        }))
+        self.taken(key, fence, why).await
     }
 
     async fn claim(&self, others: bool) -> Result<Vec<Delivery>> {
