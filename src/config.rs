@@ -133,7 +133,8 @@ pub struct StoreConfig {
     /// redb's page cache in MiB.
     pub cache_mib: usize,
     /// Record the allocator state at each commit, so a restart after a crash does not
-    /// walk the whole file.
+    /// walk the whole file. Off by default: it roughly doubles the CPU of a commit
+    /// (docs/PERFORMANCE.md), and the walk adds seconds only to a restart after a crash.
     pub quick_repair: bool,
     /// Writes handed to the store and not yet durable, at most; beyond it new tasks are
     /// refused (429) until the disk catches up.
@@ -659,7 +660,7 @@ impl Default for StoreConfig {
             path: Self::DEFAULT_PATH.into(),
             max_batch: Self::DEFAULT_MAX_BATCH,
             cache_mib: Self::DEFAULT_CACHE_MIB,
-            quick_repair: true,
+            quick_repair: false,
             max_pending_writes: Self::DEFAULT_MAX_PENDING_WRITES,
         }
     }

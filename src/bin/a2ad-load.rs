@@ -22,7 +22,7 @@ mod procs;
 #[path = "a2ad-load/receiver.rs"]
 mod receiver;
 
-use client::{Conn, Kind, Stats, Target};
+use client::{Conn, Dialect, Kind, Stats, Target};
 use procs::ServerProc;
 
 const BENCH_KEY: &str = "bench-key-0123456789";
@@ -86,6 +86,13 @@ struct Cli {
     /// Concurrent keep-alive connections.
     #[arg(long, short = 'c', default_value_t = 64)]
     connections: usize,
+    /// The dialect of `send` and `stream`.
+    #[arg(long, value_enum, default_value = "seed")]
+    dialect: Dialect,
+    /// Stop `send`/`stream` after this many requests instead of after `--duration`
+    /// (no warm-up; for instruction counts: see benches/instructions.sh).
+    #[arg(long)]
+    requests: Option<u64>,
     /// Seconds to run (send, stream, mixed, webhooks).
     #[arg(long, short = 'd', default_value_t = 10.0)]
     duration: f64,
@@ -93,8 +100,11 @@ struct Cli {
     #[arg(long, default_value_t = 10_000)]
     streams: usize,
     /// How long the slow agent of a started server takes, in ms (`hold`).
-    #[arg(long, default_value_t = 15_000)]
+    #[arg(long, default_value_t = 3_000)]
     hold_ms: u64,
+    /// Progress updates the slow agent of a started server sends on the way (`hold`).
+    #[arg(long, default_value_t = 2)]
+    hold_steps: u32,
     /// Tasks for `soak`.
     #[arg(long, default_value_t = 1_000_000)]
     tasks: u64,
@@ -353,8 +363,8 @@ fn bench_config(cli: &Cli) -> String {
          [webhooks]\nallow_private_networks = true\nworkers = 8\nmax_pending_deliveries = 1000000\n\n\
          [[api_keys]]\nname = \"bench\"\nkey = \"{BENCH_KEY}\"\n\n\
          [[agents]]\nid = \"echo\"\n{limits}\n\
-         [[agents]]\nid = \"slow\"\n{limits}[agents.echo]\ndelay_ms = {}\n",
-        cli.hold_ms
+         [[agents]]\nid = \"slow\"\n{limits}[agents.echo]\ndelay_ms = {}\nprogress_steps = {}\n",
+        cli.hold_ms, cli.hold_steps
     )
 }
 
@@ -398,8 +408,9 @@ async fn measure_a2ad(cli: &Cli) -> Result<Report, String> {
     let target = |agent: &str| {
         Arc::new(Target {
             addr,
-            path: format!("/api/v1/a2a/{agent}"),
+            path: cli.dialect.path(agent),
             key: key.clone(),
+            dialect: cli.dialect,
         })
     };
     let result = match cli.scenario {
@@ -596,6 +607,7 @@ async fn measure_floor(cli: &Cli) -> Result<Report, String> {
         addr: s.addr,
         path: "/api/v1/a2a/echo".into(),
         key: BENCH_KEY.into(),
+        dialect: Dialect::Seed,
     });
     // The floor answers every call with one JSON result, so `send` is its workload.
     let r = timed(cli, target, Kind::Send, Some(s.pid()), "floor").await;
@@ -611,7 +623,9 @@ async fn timed(
     pid: Option<u32>,
     name: &'static str,
 ) -> Result<Report, String> {
-    warm_up(cli, &target, kind).await;
+    if cli.requests.is_none() {
+        warm_up(cli, &target, kind).await;
+    }
     measured(cli, target, kind, pid, name).await
 }
 
@@ -631,12 +645,19 @@ async fn measured(
 ) -> Result<Report, String> {
     let cpu0 = pid.and_then(procs::cpu_seconds);
     let t0 = Instant::now();
-    let deadline = t0 + Duration::from_secs_f64(cli.duration);
+    let (deadline, budget) = match cli.requests {
+        // A fixed number of requests: bounded by an hour in case the server stalls.
+        Some(n) => (
+            t0 + Duration::from_secs(3600),
+            Some(Arc::new(AtomicU64::new(n))),
+        ),
+        None => (t0 + Duration::from_secs_f64(cli.duration), None),
+    };
     let progress = progress_line(
         format!("{:?} c={}", cli.scenario, cli.connections).to_lowercase(),
         cli.duration,
     );
-    let stats = drive(cli.connections, target, kind, deadline, None).await;
+    let stats = drive(cli.connections, target, kind, deadline, budget).await;
     progress.store(true, Relaxed);
     let seconds = t0.elapsed().as_secs_f64();
     Ok(report(

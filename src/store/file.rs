@@ -3,7 +3,7 @@
 //! One committer thread owns the write side. It takes whatever is queued (at most
 //! `store.max_batch` task events per transaction, no linger timer: the batch that forms
 //! while a commit runs is the next batch), writes it in one transaction, commits it with
-//! `Durability::Immediate` (one fdatasync) and quick-repair, then — only then — puts the
+//! `Durability::Immediate` (one fdatasync; quick-repair if configured), then — only then — puts the
 //! task records into the index readers use and runs each append's continuation. Retention
 //! deletes run on the same thread, in chunks between batches. A commit that fails is
 //! retried (with the same writes, after a pause) and nothing is acknowledged meanwhile: the

@@ -20,6 +20,69 @@ pub struct Target {
     pub addr: SocketAddr,
     pub path: String,
     pub key: String,
+    pub dialect: Dialect,
+}
+
+/// The JSON-RPC dialect `send` and `stream` speak.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Dialect {
+    /// The seed dialect: `message/send` on `/api/v1/a2a/{agent}`.
+    Seed,
+    /// Official A2A 1.0: `SendMessage` on `…/jsonrpc/v1` with `A2A-Version: 1.0`.
+    V1,
+    /// Official A2A 0.3: `message/send` on `…/jsonrpc/v0.3`.
+    V03,
+}
+
+impl Dialect {
+    /// The agent's JSON-RPC path in this dialect.
+    pub fn path(self, agent: &str) -> String {
+        match self {
+            Dialect::Seed => format!("/api/v1/a2a/{agent}"),
+            Dialect::V1 => format!("/api/v1/a2a/{agent}/jsonrpc/v1"),
+            Dialect::V03 => format!("/api/v1/a2a/{agent}/jsonrpc/v0.3"),
+        }
+    }
+
+    /// A blocking send (`stream == false`) or a stream of one fresh message.
+    pub fn body(self, stream: bool, text: &str) -> String {
+        let id = uuid::Uuid::new_v4();
+        match (self, stream) {
+            (Dialect::V1, _) => format!(
+                r#"{{"jsonrpc":"2.0","id":1,"method":"{}","params":{{"message":{{"role":"ROLE_USER","messageId":"{id}","parts":[{{"text":"{text}"}}]}}}}}}"#,
+                if stream {
+                    "SendStreamingMessage"
+                } else {
+                    "SendMessage"
+                }
+            ),
+            (Dialect::V03, _) => format!(
+                r#"{{"jsonrpc":"2.0","id":1,"method":"{}","params":{{"message":{{"kind":"message","role":"user","messageId":"{id}","parts":[{{"kind":"text","text":"{text}"}}]}}}}}}"#,
+                if stream {
+                    "message/stream"
+                } else {
+                    "message/send"
+                }
+            ),
+            (Dialect::Seed, _) => send_body(
+                if stream {
+                    "message/stream"
+                } else {
+                    "message/send"
+                },
+                text,
+                "",
+            ),
+        }
+    }
+
+    /// Whether a stream's body ended with its final event.
+    pub fn stream_finished(self, body: &[u8]) -> bool {
+        match self {
+            Dialect::V1 => contains(body, b"TASK_STATE_COMPLETED"),
+            Dialect::Seed | Dialect::V03 => contains(body, b"\"final\":true"),
+        }
+    }
 }
 
 /// What one worker saw.
@@ -81,6 +144,9 @@ impl Conn {
             .header("host", "a2ad")
             .header("content-type", "application/json")
             .header("x-api-key", &self.target.key);
+        if self.target.dialect == Dialect::V1 {
+            req = req.header("a2a-version", "1.0");
+        }
         if sse {
             req = req.header("accept", "text/event-stream");
         }
@@ -179,8 +245,8 @@ pub async fn run_loop(
         let Some(c) = conn.as_mut() else { continue };
         round += 1;
         let (body, sse, is_cancel) = match kind {
-            Kind::Send => (send_body("message/send", "load", ""), false, false),
-            Kind::Stream => (send_body("message/stream", "load", ""), true, false),
+            Kind::Send => (target.dialect.body(false, "load"), false, false),
+            Kind::Stream => (target.dialect.body(true, "load"), true, false),
             Kind::Mixed => mixed_body(round, &recent),
         };
         let t0 = Instant::now();
@@ -188,7 +254,7 @@ pub async fn run_loop(
             Ok((status, bytes)) => {
                 let micros = u32::try_from(t0.elapsed().as_micros()).unwrap_or(u32::MAX);
                 let error = if sse {
-                    (!contains(&bytes, b"\"final\":true")).then(|| "no-final-event".to_string())
+                    (!target.dialect.stream_finished(&bytes)).then(|| "no-final-event".to_string())
                 } else {
                     rpc_error(status, &bytes)
                 };

@@ -1,0 +1,92 @@
+#!/usr/bin/env bash
+# Instructions per request, counted by valgrind's callgrind: a figure that does not move
+# with machine noise (the same binary, inputs and environment give the same count to
+# within a fraction of a percent), so a regression on the send path shows as a number.
+#
+#   benches/instructions.sh                 # seed message/send and 1.0 SendMessage, memory and redb
+#   A2AD_INSN_REQUESTS=5000 benches/instructions.sh
+#
+# For each (store, dialect): starts the release a2ad under callgrind with a bench
+# configuration, warms it with 300 requests, zeroes the counters, sends N requests
+# (`a2ad-load --requests N`, one connection and four connections), dumps the counters and
+# prints the process's instructions (every thread: hyper, the actors, the committer) per
+# request. Needs valgrind and a release build (`cargo build --release`).
+set -euo pipefail
+
+cd "$(dirname "$0")/.."
+N=${A2AD_INSN_REQUESTS:-2000}
+BIN=target/release/a2ad
+LOAD=target/release/a2ad-load
+[ -x "$BIN" ] && [ -x "$LOAD" ] || { echo "run cargo build --release first" >&2; exit 2; }
+command -v valgrind >/dev/null || { echo "valgrind is not installed" >&2; exit 2; }
+
+WORK=$(mktemp -d)
+SERVER=
+cleanup() {
+  [ -n "$SERVER" ] && kill "$SERVER" 2>/dev/null && wait "$SERVER" 2>/dev/null
+  rm -rf "$WORK"
+}
+trap cleanup EXIT
+KEY=insn-key-0123456789
+
+measure() { # store dialect connections
+  local store=$1 dialect=$2 conns=$3 cfg="$WORK/a2ad.toml" out="$WORK/out.log"
+  rm -rf "$WORK/db" "$WORK"/cg.* && mkdir -p "$WORK/db"
+  local store_cfg="backend = \"memory\""
+  [ "$store" = redb ] && store_cfg="backend = \"redb\"
+path = \"$WORK/db/a2ad.redb\"
+${A2AD_INSN_REDB:-}"
+  cat >"$cfg" <<EOF
+[server]
+listen = "127.0.0.1:0"
+
+[store]
+$store_cfg
+
+[[api_keys]]
+name = "insn"
+key = "$KEY"
+
+[[agents]]
+id = "echo"
+[agents.limits]
+requests_per_minute = 1000000000
+concurrent_tasks = 100000
+max_queued_tasks = 100000
+EOF
+  # MIMALLOC_PURGE_DELAY set here: a2ad then does not re-execute itself to set it.
+  MIMALLOC_PURGE_DELAY=0 RUST_LOG=warn valgrind --tool=callgrind --quiet \
+    --callgrind-out-file="$WORK/cg.%p" "$BIN" --config "$cfg" >"$out" 2>&1 &
+  SERVER=$!
+  local url=
+  for _ in $(seq 1 600); do
+    url=$(grep -o 'listening on http://[0-9.:]*' "$out" | head -1 | sed 's/listening on //') || true
+    [ -n "$url" ] && break
+    sleep 0.1
+  done
+  [ -n "$url" ] || { cat "$out" >&2; echo "a2ad did not start under valgrind" >&2; exit 1; }
+  "$LOAD" --url "$url" --key "$KEY" --dialect "$dialect" --requests 300 -c "$conns" >/dev/null
+  callgrind_control -z "$SERVER" >/dev/null 2>&1
+  "$LOAD" --url "$url" --key "$KEY" --dialect "$dialect" --requests "$N" -c "$conns" >"$WORK/load.txt"
+  callgrind_control -d "$SERVER" >/dev/null 2>&1
+  [ -n "${A2AD_INSN_KEEP:-}" ] && mkdir -p "$A2AD_INSN_KEEP" && cp "$(ls -t "$WORK"/cg.*.* | head -1)" "$A2AD_INSN_KEEP/callgrind.$store.$dialect.c$conns"
+  if grep -q "errors: none" "$WORK/load.txt"; then :; else
+    cat "$WORK/load.txt" >&2; echo "requests failed" >&2; exit 1
+  fi
+  local dump
+  dump=$(ls -t "$WORK"/cg.*.* 2>/dev/null | head -1)
+  local total
+  total=$(awk '/^(summary|totals):/ {print $2; exit}' "$dump")
+  kill "$SERVER" && wait "$SERVER" 2>/dev/null || true
+  SERVER=
+  printf '%-7s %-5s c=%-2s %12s Ir for %s requests: %9.0f instructions per request\n' \
+    "$store" "$dialect" "$conns" "$total" "$N" "$(echo "$total / $N" | bc -l)"
+}
+
+for store in ${A2AD_INSN_STORES:-memory redb}; do
+  for dialect in ${A2AD_INSN_DIALECTS:-seed v1}; do
+    for conns in ${A2AD_INSN_CONNS:-1 4}; do
+      measure "$store" "$dialect" "$conns"
+    done
+  done
+done
