@@ -1,11 +1,18 @@
 //! The headline load benchmark: `cargo bench --bench load`.
 //!
-//! Starts a2ad (release) on 127.0.0.1:0 with a bench configuration through `a2ad-load`,
-//! pinned to CPU 0 with the load on CPU 1 (when the machine has two or more), and runs:
-//! `send` at concurrency 1, 64 and 256, `stream` at 64 — each beside the floor server — and
-//! `hold` with 10,000 streams. Writes `target/bench-report.md` and `target/bench-report.svg`.
-//! `A2AD_BENCH_SECONDS` sets the length of each run (default 10), `A2AD_BENCH_STREAMS` the
-//! streams of `hold` (default 10000).
+//! Runs the project's load tool (`a2ad-load`) against fresh release servers, a2ad pinned to
+//! CPU 0 and the load to CPU 1 (when the machine has two or more CPUs), and measures every
+//! target of docs/PERFORMANCE.md in one run: `send` at c=32 and c=256 in the seed dialect
+//! and `SendMessage` (A2A 1.0) at c=32, `stream` at c=64 — each with `memory` and with the
+//! default store (redb), each beside the floor server measured right after it — then
+//! `hold` (10,000 streams on a slow echo agent: 3 s, 2 progress updates) and `webhooks`
+//! (signed deliveries per second, none lost) on both stores. Every run is repeated
+//! `A2AD_BENCH_ROUNDS` times (default 3) and reported as medians, with a verdict per
+//! target. Writes `target/bench-report.md`, `target/bench-report.svg` and the raw
+//! results, `target/bench-*.json`.
+//!
+//! `A2AD_BENCH_SECONDS` (default 6) sets each timed run's length, `A2AD_BENCH_STREAMS`
+//! (default 10000) the streams of `hold`, `A2AD_BENCH_ROUNDS` the rounds.
 
 use std::fmt::Write as _;
 use std::path::PathBuf;
@@ -13,16 +20,20 @@ use std::process::Command;
 
 use serde_json::Value;
 
-struct Run {
+/// One line of the plan, run once per round.
+struct Item {
     label: String,
-    results: Vec<Value>,
+    args: Vec<String>,
+    /// One result list (a2ad, then the floor when measured) per round.
+    rounds: Vec<Vec<Value>>,
 }
 
 fn main() {
     let load = env!("CARGO_BIN_EXE_a2ad-load");
     let server = env!("CARGO_BIN_EXE_a2ad");
-    let seconds: f64 = env_or("A2AD_BENCH_SECONDS", 10.0);
+    let seconds: f64 = env_or("A2AD_BENCH_SECONDS", 6.0);
     let streams: usize = env_or("A2AD_BENCH_STREAMS", 10_000);
+    let rounds: usize = env_or("A2AD_BENCH_ROUNDS", 3).clamp(1, 20);
     let cpus = std::thread::available_parallelism().map_or(1, usize::from);
     let pin: Vec<String> = if cpus >= 2 {
         ["--server-cpus", "0", "--load-cpus", "1"]
@@ -34,56 +45,91 @@ fn main() {
     let target = target_dir();
     std::fs::create_dir_all(&target).expect("target dir");
 
-    let plan: Vec<(String, Vec<String>)> = vec![
-        (
-            "send c=1".into(),
-            args(&["--scenario", "send", "-c", "1", "--baseline"], seconds),
-        ),
-        (
-            "send c=64".into(),
-            args(&["--scenario", "send", "-c", "64", "--baseline"], seconds),
-        ),
-        (
-            "send c=256".into(),
-            args(&["--scenario", "send", "-c", "256", "--baseline"], seconds),
-        ),
-        (
-            "stream c=64".into(),
-            args(&["--scenario", "stream", "-c", "64", "--baseline"], seconds),
-        ),
-        (
-            format!("hold {streams}"),
-            vec![
-                "--scenario".into(),
-                "hold".into(),
-                "--streams".into(),
-                streams.to_string(),
-                "--hold-ms".into(),
-                "15000".into(),
-            ],
-        ),
-    ];
-    let mut runs = Vec::new();
-    for (label, mut a) in plan {
-        let json = target.join(format!("bench-{}.json", label.replace([' ', '='], "-")));
-        a.extend(pin.iter().cloned());
-        a.extend([
-            "--server-bin".into(),
-            server.into(),
-            "--json".into(),
-            json.display().to_string(),
-        ]);
-        eprintln!("== {label}");
-        let status = Command::new(load).args(&a).status().expect("run a2ad-load");
-        assert!(status.success(), "a2ad-load failed for {label}");
-        let text = std::fs::read_to_string(&json).expect("results");
-        let results: Vec<Value> = serde_json::from_str(&text).expect("JSON results");
-        runs.push(Run { label, results });
+    let mut plan: Vec<Item> = Vec::new();
+    let mut add = |label: String, a: &[&str], timed: bool| {
+        let mut args: Vec<String> = a.iter().map(|s| s.to_string()).collect();
+        if timed {
+            args.extend(["--duration".into(), seconds.to_string()]);
+        }
+        plan.push(Item {
+            label,
+            args,
+            rounds: Vec::new(),
+        });
+    };
+    for store in ["memory", "redb"] {
+        for (name, scenario, c, dialect) in [
+            ("send", "send", "32", "seed"),
+            ("send", "send", "256", "seed"),
+            ("SendMessage", "send", "32", "v1"),
+            ("stream", "stream", "64", "seed"),
+        ] {
+            add(
+                format!("{name} c={c} {store}"),
+                &[
+                    "--scenario",
+                    scenario,
+                    "-c",
+                    c,
+                    "--dialect",
+                    dialect,
+                    "--store",
+                    store,
+                    "--baseline",
+                ],
+                true,
+            );
+        }
     }
-    let machine = machine();
-    let report = markdown(&runs, &machine, seconds, !pin.is_empty());
+    for store in ["memory", "redb"] {
+        add(
+            format!("hold {streams} {store}"),
+            &[
+                "--scenario",
+                "hold",
+                "--streams",
+                &streams.to_string(),
+                "--hold-ms",
+                "3000",
+                "--hold-steps",
+                "2",
+                "--store",
+                store,
+            ],
+            false,
+        );
+        add(
+            format!("webhooks c=64 {store}"),
+            &["--scenario", "webhooks", "-c", "64", "--store", store],
+            true,
+        );
+    }
+
+    for round in 1..=rounds {
+        for item in &mut plan {
+            let json = target.join(format!(
+                "bench-{}-{round}.json",
+                item.label.replace([' ', '='], "-")
+            ));
+            let mut a = item.args.clone();
+            a.extend(pin.iter().cloned());
+            a.extend([
+                "--server-bin".into(),
+                server.into(),
+                "--json".into(),
+                json.display().to_string(),
+            ]);
+            eprintln!("== round {round}/{rounds}: {}", item.label);
+            let status = Command::new(load).args(&a).status().expect("run a2ad-load");
+            assert!(status.success(), "a2ad-load failed for {}", item.label);
+            let text = std::fs::read_to_string(&json).expect("results");
+            item.rounds
+                .push(serde_json::from_str(&text).expect("JSON results"));
+        }
+    }
+    let report = markdown(&plan, &machine(), seconds, rounds, !pin.is_empty());
     std::fs::write(target.join("bench-report.md"), &report).expect("write report");
-    std::fs::write(target.join("bench-report.svg"), svg(&runs)).expect("write chart");
+    std::fs::write(target.join("bench-report.svg"), svg(&plan)).expect("write chart");
     println!("{report}");
     println!(
         "written: {}/bench-report.md and bench-report.svg",
@@ -96,12 +142,6 @@ fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(default)
-}
-
-fn args(a: &[&str], seconds: f64) -> Vec<String> {
-    let mut v: Vec<String> = a.iter().map(|s| s.to_string()).collect();
-    v.extend(["--duration".to_string(), seconds.to_string()]);
-    v
 }
 
 fn target_dir() -> PathBuf {
@@ -123,15 +163,98 @@ fn machine() -> String {
     format!("{cpus} × {cpu}")
 }
 
-fn get<'a>(run: &'a Run, target: &str) -> Option<&'a Value> {
-    run.results.iter().find(|r| r["target"] == target)
-}
-
 fn num(v: &Value, k: &str) -> f64 {
     v[k].as_f64().unwrap_or(0.0)
 }
 
-fn markdown(runs: &[Run], machine: &str, seconds: f64, pinned: bool) -> String {
+fn median(mut v: Vec<f64>) -> f64 {
+    if v.is_empty() {
+        return f64::NAN;
+    }
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    }
+}
+
+/// The medians of one item over its rounds.
+#[derive(Default)]
+struct Summary {
+    rps: f64,
+    floor_rps: f64,
+    /// a2ad / floor, the median of each round's ratio.
+    ratio: f64,
+    p99: f64,
+    p99_ratio: f64,
+    peak_rss: f64,
+    cpu_per_1k: f64,
+    errors: u64,
+    /// `webhooks`: deliveries per second; `hold`: streams that finished.
+    extra: f64,
+    /// `webhooks`: deliveries lost; `hold`: streams dropped (the worst round).
+    lost: u64,
+}
+
+fn summary(item: &Item) -> Summary {
+    let of = |f: &dyn Fn(&[Value]) -> Option<f64>| -> f64 {
+        median(item.rounds.iter().filter_map(|r| f(r)).collect())
+    };
+    let a2ad = |r: &[Value]| r.iter().find(|v| v["target"] == "a2ad").cloned();
+    let floor = |r: &[Value]| r.iter().find(|v| v["target"] == "floor").cloned();
+    let errors = item
+        .rounds
+        .iter()
+        .filter_map(|r| a2ad(r))
+        .map(|v| {
+            v["errors"]
+                .as_object()
+                .map(|e| e.values().filter_map(Value::as_u64).sum::<u64>())
+                .unwrap_or(0)
+        })
+        .sum();
+    let worst = |k: &str| {
+        item.rounds
+            .iter()
+            .filter_map(|r| a2ad(r))
+            .filter_map(|v| v["extra"][k].as_u64())
+            .max()
+            .unwrap_or(0)
+    };
+    Summary {
+        rps: of(&|r| a2ad(r).map(|v| num(&v, "rps"))),
+        floor_rps: of(&|r| floor(r).map(|v| num(&v, "rps"))),
+        ratio: of(&|r| Some(num(&a2ad(r)?, "rps") / num(&floor(r)?, "rps").max(1e-9))),
+        p99: of(&|r| a2ad(r).map(|v| num(&v, "p99_ms"))),
+        p99_ratio: of(&|r| Some(num(&a2ad(r)?, "p99_ms") / num(&floor(r)?, "p99_ms").max(1e-9))),
+        peak_rss: of(&|r| a2ad(r).and_then(|v| v["peak_rss_mib"].as_f64())),
+        cpu_per_1k: of(&|r| a2ad(r).and_then(|v| v["cpu_seconds_per_1k"].as_f64())),
+        errors,
+        extra: of(&|r| {
+            let v = a2ad(r)?;
+            v["extra"]["deliveries_per_second"]
+                .as_f64()
+                .or_else(|| v["extra"]["finished_with_final_event"].as_f64())
+        }),
+        lost: worst("lost").max(worst("dropped")),
+    }
+}
+
+fn find<'a>(plan: &'a [Item], label: &str) -> Option<&'a Item> {
+    plan.iter().find(|i| i.label == label)
+}
+
+fn pct(x: f64) -> String {
+    if x.is_finite() {
+        format!("{:.1}%", 100.0 * x)
+    } else {
+        "—".into()
+    }
+}
+
+fn markdown(plan: &[Item], machine: &str, seconds: f64, rounds: usize, pinned: bool) -> String {
     let mut out = String::new();
     let date = Command::new("date")
         .arg("-u")
@@ -143,7 +266,7 @@ fn markdown(runs: &[Run], machine: &str, seconds: f64, pinned: bool) -> String {
     let _ = writeln!(out, "# a2ad load benchmark\n");
     let _ = writeln!(
         out,
-        "{} · {machine} · {seconds} s per run · {}\n",
+        "{} · {machine} · {seconds} s per timed run · medians of {rounds} round(s) · {}\n",
         date.trim(),
         if pinned {
             "server on CPU 0, load on CPU 1"
@@ -153,176 +276,189 @@ fn markdown(runs: &[Run], machine: &str, seconds: f64, pinned: bool) -> String {
     );
     let _ = writeln!(
         out,
-        "| run | server | req/s | p50 ms | p90 ms | p99 ms | max ms | errors | peak RSS MiB | CPU s / 1k req | req/s vs floor | p99 vs floor |"
+        "| run | a2ad req/s | floor req/s | vs floor | p99 ms | p99 vs floor | peak RSS MiB | CPU s / 1k req | errors |"
     );
-    let _ = writeln!(
-        out,
-        "|---|---|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|"
-    );
-    for run in runs {
-        let floor = get(run, "floor");
-        for r in &run.results {
-            let errors = r["errors"]
-                .as_object()
-                .map(|e| {
-                    if e.is_empty() {
-                        "none".to_string()
-                    } else {
-                        e.iter()
-                            .map(|(k, v)| format!("{k}={v}"))
-                            .collect::<Vec<_>>()
-                            .join(" ")
-                    }
-                })
-                .unwrap_or_default();
-            let (ratio, p99) = match (floor, r["target"] == "a2ad") {
-                (Some(f), true) => (
-                    format!("{:.1}%", 100.0 * num(r, "rps") / num(f, "rps").max(1e-9)),
-                    format!("{:.2}×", num(r, "p99_ms") / num(f, "p99_ms").max(1e-9)),
-                ),
-                _ => ("".into(), "".into()),
-            };
-            let _ = writeln!(
-                out,
-                "| {} | {} | {:.0} | {:.2} | {:.2} | {:.2} | {:.2} | {} | {} | {} | {} | {} |",
-                run.label,
-                r["target"].as_str().unwrap_or("?"),
-                num(r, "rps"),
-                num(r, "p50_ms"),
-                num(r, "p90_ms"),
-                num(r, "p99_ms"),
-                num(r, "max_ms"),
-                errors,
-                r["peak_rss_mib"]
-                    .as_f64()
-                    .map(|m| format!("{m:.1}"))
-                    .unwrap_or_default(),
-                r["cpu_seconds_per_1k"]
-                    .as_f64()
-                    .map(|c| format!("{c:.3}"))
-                    .unwrap_or_default(),
-                ratio,
-                p99
-            );
-        }
-        for r in &run.results {
-            if let Some(extra) = r["extra"].as_object().filter(|e| !e.is_empty()) {
-                let parts: Vec<String> = extra.iter().map(|(k, v)| format!("{k} {v}")).collect();
-                let _ = writeln!(out, "| | | {} |||||||||| ", parts.join(", "));
-            }
-        }
-    }
-    if let (Some(a), Some(b)) = (
-        runs.iter().find(|r| r.label == "send c=64"),
-        runs.iter().find(|r| r.label == "send c=256"),
-    ) && let (Some(a), Some(b)) = (get(a, "a2ad"), get(b, "a2ad"))
+    let _ = writeln!(out, "|---|---:|---:|---:|---:|---:|---:|---:|---:|");
+    for item in plan
+        .iter()
+        .filter(|i| i.args.contains(&"--baseline".into()))
     {
+        let s = summary(item);
         let _ = writeln!(
             out,
-            "\nsend c=256 / c=64 (no collapse): {:.1}%",
-            100.0 * num(b, "rps") / num(a, "rps").max(1e-9)
+            "| {} | {:.0} | {:.0} | {} | {:.2} | {:.2}× | {:.1} | {:.3} | {} |",
+            item.label,
+            s.rps,
+            s.floor_rps,
+            pct(s.ratio),
+            s.p99,
+            s.p99_ratio,
+            s.peak_rss,
+            s.cpu_per_1k,
+            s.errors
         );
     }
+    let _ = writeln!(out);
     let _ = writeln!(
         out,
-        "\n![requests/s and p99 against concurrency](bench-report.svg)"
+        "| run | result | peak RSS MiB | lost / dropped | errors |"
     );
+    let _ = writeln!(out, "|---|---|---:|---:|---:|");
+    for item in plan
+        .iter()
+        .filter(|i| !i.args.contains(&"--baseline".into()))
+    {
+        let s = summary(item);
+        let result = if item.label.starts_with("webhooks") {
+            format!("{:.0} deliveries/s", s.extra)
+        } else {
+            format!("{:.0} streams finished with their final event", s.extra)
+        };
+        let _ = writeln!(
+            out,
+            "| {} | {result} | {:.1} | {} | {} |",
+            item.label, s.peak_rss, s.lost, s.errors
+        );
+    }
+
+    // The targets of docs/PERFORMANCE.md, each with what this run measured.
+    let get = |label: &str| find(plan, label).map(summary).unwrap_or_default();
+    let streams = plan
+        .iter()
+        .find(|i| i.label.starts_with("hold") && i.label.ends_with("redb"))
+        .map(|i| i.label.clone())
+        .unwrap_or_default();
+    let mut targets: Vec<(String, String, bool)> = Vec::new();
+    for c in ["32", "256"] {
+        let s = get(&format!("send c={c} memory"));
+        targets.push((
+            format!("send c={c}, memory: ≥ 60% of the floor"),
+            pct(s.ratio),
+            s.ratio >= 0.60,
+        ));
+        let r = get(&format!("send c={c} redb"));
+        let x = r.ratio / s.ratio;
+        targets.push((
+            format!("send c={c}, redb: ≥ 75% of memory (ratios to the floor)"),
+            pct(x),
+            x >= 0.75,
+        ));
+    }
+    for store in ["memory", "redb"] {
+        let s = get(&format!("send c=32 {store}"));
+        targets.push((
+            format!("send c=32, {store}: p99 ≤ 2.5× the floor's"),
+            format!("{:.2}×", s.p99_ratio),
+            s.p99_ratio <= 2.5,
+        ));
+    }
+    let (a, b) = (get("send c=32 memory"), get("send c=256 memory"));
+    targets.push((
+        "send, memory: ratio at c=256 ≥ ratio at c=32".into(),
+        format!("{} vs {}", pct(b.ratio), pct(a.ratio)),
+        b.ratio >= a.ratio,
+    ));
+    for store in ["memory", "redb"] {
+        let s = get(&format!("stream c=64 {store}"));
+        targets.push((
+            format!("stream c=64, {store}: ≥ 50% of the floor"),
+            pct(s.ratio),
+            s.ratio >= 0.50,
+        ));
+    }
+    let h = get(&streams);
+    targets.push((
+        format!("{streams}: all finish, peak RSS < 250 MiB"),
+        format!("{:.0} finished, {:.1} MiB", h.extra, h.peak_rss),
+        h.lost == 0 && h.errors == 0 && h.peak_rss < 250.0,
+    ));
+    for store in ["memory", "redb"] {
+        let w = get(&format!("webhooks c=64 {store}"));
+        targets.push((
+            format!("webhooks, {store}: ≥ 10,000 deliveries/s, none lost"),
+            format!("{:.0}/s, {} lost", w.extra, w.lost),
+            w.extra >= 10_000.0 && w.lost == 0,
+        ));
+    }
+    for store in ["memory", "redb"] {
+        let (seed, v1) = (
+            get(&format!("send c=32 {store}")),
+            get(&format!("SendMessage c=32 {store}")),
+        );
+        let x = v1.ratio / seed.ratio;
+        targets.push((
+            format!("1.0 SendMessage within 10% of seed send, {store} (c=32)"),
+            pct(x),
+            x >= 0.90,
+        ));
+    }
+    let _ = writeln!(out, "\n| target | measured | |\n|---|---:|---|");
+    for (what, measured, met) in targets {
+        let _ = writeln!(
+            out,
+            "| {what} | {measured} | {} |",
+            if met { "met" } else { "**missed**" }
+        );
+    }
+    let _ = writeln!(out, "\n![a2ad as a share of the floor](bench-report.svg)");
     out
 }
 
-/// Two panels: requests/s and p99 against concurrency, a2ad beside the floor.
-fn svg(runs: &[Run]) -> String {
-    let points = |target: &str, key: &str| -> Vec<(f64, f64)> {
-        runs.iter()
-            .filter(|r| r.label.starts_with("send c="))
-            .filter_map(|r| get(r, target).map(|v| (num(v, "connections"), num(v, key))))
-            .collect()
-    };
-    let mut out = String::from(
-        r#"<svg xmlns="http://www.w3.org/2000/svg" width="900" height="360" font-family="sans-serif" font-size="12">"#,
+/// Bars: each floor-paired run as a share of the floor (median), memory beside redb, with
+/// the targets' lines.
+fn svg(plan: &[Item]) -> String {
+    let rows: Vec<(String, f64)> = plan
+        .iter()
+        .filter(|i| i.args.contains(&"--baseline".into()))
+        .map(|i| (i.label.clone(), summary(i).ratio))
+        .collect();
+    let (left, width, bar, gap) = (190.0, 560.0, 18.0, 8.0);
+    let height = 60.0 + rows.len() as f64 * (bar + gap) + 30.0;
+    let mut out = format!(
+        r#"<svg xmlns="http://www.w3.org/2000/svg" width="800" height="{height}" font-family="sans-serif" font-size="12">"#
     );
-    out.push_str(r#"<rect width="900" height="360" fill="white"/>"#);
-    for (i, (key, title)) in [
-        ("rps", "send: requests/s"),
-        ("p99_ms", "send: p99 latency (ms)"),
-    ]
-    .iter()
-    .enumerate()
-    {
-        let x0 = 60.0 + i as f64 * 450.0;
-        let (w, h, y0) = (360.0, 250.0, 50.0);
-        let series = [
-            ("a2ad", "#1f6feb", points("a2ad", key)),
-            ("floor", "#888888", points("floor", key)),
-        ];
-        let max = series
-            .iter()
-            .flat_map(|s| s.2.iter().map(|p| p.1))
-            .fold(0.0f64, f64::max)
-            .max(1e-9)
-            * 1.1;
-        let xs = [1.0f64, 64.0, 256.0];
-        let xpos = |c: f64| x0 + w * (c.max(1.0).ln() / 256f64.ln());
-        let ypos = |v: f64| y0 + h - h * v / max;
+    let _ = write!(
+        out,
+        r#"<rect width="800" height="{height}" fill="white"/><text x="10" y="24" font-size="14" font-weight="bold">a2ad requests/s as a share of the floor (median of rounds)</text>"#
+    );
+    let x = |r: f64| left + width * r.clamp(0.0, 1.0);
+    for k in 0..=10 {
+        let r = k as f64 / 10.0;
         let _ = write!(
             out,
-            r#"<text x="{}" y="30" font-size="14" font-weight="bold">{title}</text>"#,
-            x0
+            r##"<line x1="{0:.1}" y1="40" x2="{0:.1}" y2="{1:.1}" stroke="#eee"/><text x="{0:.1}" y="{2:.1}" text-anchor="middle">{3}%</text>"##,
+            x(r),
+            height - 30.0,
+            height - 14.0,
+            k * 10
         );
+    }
+    for (r, name) in [(0.5, "stream target"), (0.6, "send target")] {
         let _ = write!(
             out,
-            r##"<line x1="{x0}" y1="{}" x2="{}" y2="{}" stroke="#333"/><line x1="{x0}" y1="{y0}" x2="{x0}" y2="{}" stroke="#333"/>"##,
-            y0 + h,
-            x0 + w,
-            y0 + h,
-            y0 + h
+            r##"<line x1="{0:.1}" y1="40" x2="{0:.1}" y2="{1:.1}" stroke="#d73a49" stroke-dasharray="4 3"/><text x="{0:.1}" y="38" fill="#d73a49" text-anchor="middle">{name}</text>"##,
+            x(r),
+            height - 30.0
         );
-        for c in xs {
-            let _ = write!(
-                out,
-                r#"<text x="{}" y="{}" text-anchor="middle">c={c}</text>"#,
-                xpos(c),
-                y0 + h + 18.0
-            );
-        }
-        for k in 0..=4 {
-            let v = max * k as f64 / 4.0;
-            let _ = write!(
-                out,
-                r##"<text x="{}" y="{}" text-anchor="end">{:.0}</text><line x1="{x0}" y1="{}" x2="{}" y2="{}" stroke="#eee"/>"##,
-                x0 - 6.0,
-                ypos(v) + 4.0,
-                v,
-                ypos(v),
-                x0 + w,
-                ypos(v)
-            );
-        }
-        for (j, (name, color, pts)) in series.iter().enumerate() {
-            let path: Vec<String> = pts
-                .iter()
-                .map(|(c, v)| format!("{:.1},{:.1}", xpos(*c), ypos(*v)))
-                .collect();
-            let _ = write!(
-                out,
-                r#"<polyline fill="none" stroke="{color}" stroke-width="2" points="{}"/>"#,
-                path.join(" ")
-            );
-            for (c, v) in pts {
-                let _ = write!(
-                    out,
-                    r#"<circle cx="{:.1}" cy="{:.1}" r="3" fill="{color}"/>"#,
-                    xpos(*c),
-                    ypos(*v)
-                );
-            }
-            let _ = write!(
-                out,
-                r#"<text x="{}" y="{}" fill="{color}">{name}</text>"#,
-                x0 + w - 60.0,
-                y0 + 14.0 + 16.0 * j as f64
-            );
-        }
+    }
+    for (i, (label, ratio)) in rows.iter().enumerate() {
+        let y = 50.0 + i as f64 * (bar + gap);
+        let color = if label.ends_with("redb") {
+            "#8250df"
+        } else {
+            "#1f6feb"
+        };
+        let r = if ratio.is_finite() { *ratio } else { 0.0 };
+        let _ = write!(
+            out,
+            r#"<text x="{:.1}" y="{:.1}" text-anchor="end">{label}</text><rect x="{left}" y="{y:.1}" width="{:.1}" height="{bar}" fill="{color}"/><text x="{:.1}" y="{:.1}">{:.1}%</text>"#,
+            left - 8.0,
+            y + 13.0,
+            width * r.clamp(0.0, 1.0),
+            x(r) + 4.0,
+            y + 13.0,
+            100.0 * r
+        );
     }
     out.push_str("</svg>\n");
     out

@@ -6,14 +6,17 @@
 //! event), let in-flight requests finish within the grace period, then close everything.
 
 use std::convert::Infallible;
+use std::future::Future;
 use std::net::SocketAddr;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::Duration;
 
+use futures_util::future::Either;
+use hyper::server::conn::{http1, http2};
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
-use hyper_util::server::conn::auto;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
 use tracing::Instrument as _;
@@ -213,20 +216,25 @@ fn open_file_limit() -> Option<u64> {
     None
 }
 
-/// hyper's connection settings: HTTP/1.1 and HTTP/2 (prior knowledge), each with its bounds.
-fn http_builder(s: &ServerConfig) -> auto::Builder<TokioExecutor> {
-    let mut builder = auto::Builder::new(TokioExecutor::new());
-    builder
-        .http1()
-        .timer(TokioTimer::new())
+/// hyper's connection settings: HTTP/1.1 and HTTP/2 (prior knowledge), each with its
+/// bounds. A connection's first bytes pick one ([`is_http2`]).
+pub(crate) struct Protocols {
+    h1: http1::Builder,
+    h2: http2::Builder<TokioExecutor>,
+}
+
+fn http_builder(s: &ServerConfig) -> Protocols {
+    let mut h1 = http1::Builder::new();
+    h1.timer(TokioTimer::new())
         .header_read_timeout(Duration::from_secs_f64(s.header_read_timeout_seconds))
         .keep_alive(true)
-        // The read buffer must hold the whole request head; a larger one is 431.
+        // A request head larger than this is 431, wherever the reads happen to split it
+        // (the read buffer's cap alone is not exact: a read may complete a larger head).
+        .max_header_size(s.max_header_bytes)
         .max_buf_size(s.max_header_bytes.max(8192));
     let keep_alive = Duration::from_secs_f64(s.http2_keep_alive_seconds);
-    builder
-        .http2()
-        .timer(TokioTimer::new())
+    let mut h2 = http2::Builder::new(TokioExecutor::new());
+    h2.timer(TokioTimer::new())
         .max_concurrent_streams(s.http2_max_concurrent_streams)
         .max_header_list_size(u32::try_from(s.max_header_bytes).unwrap_or(u32::MAX))
         .keep_alive_interval(keep_alive)
@@ -238,7 +246,39 @@ fn http_builder(s: &ServerConfig) -> auto::Builder<TokioExecutor> {
         // server had to reset for protocol errors, are bounded (then GOAWAY).
         .max_pending_accept_reset_streams(20)
         .max_local_error_reset_streams(1024);
-    builder
+    Protocols { h1, h2 }
+}
+
+/// Whether a connection speaks HTTP/2 (prior knowledge: it opens with `PRI * HTTP/2.0…`),
+/// from its first bytes, *peeked*: hyper then reads the request from the socket itself.
+/// (hyper-util's version sniffing reads 24 bytes and hands them back first, which made
+/// hyper's HTTP/1 read buffer grow from 8 to 16 KiB on every connection.) `None`: the
+/// peer closed first. An HTTP/1 request never starts with `PRI`; hyper's HTTP/2 side
+/// checks the rest of the preface.
+async fn is_http2(tcp: &TcpStream, activity: &Activity) -> Option<bool> {
+    let mut first = [0u8; 3];
+    let mut seen = 0;
+    loop {
+        let n = tcp.peek(&mut first).await.ok()?;
+        if n == 0 {
+            return None;
+        }
+        if n > seen {
+            // Bytes came: from now on the idle timeout applies, not the first byte's.
+            activity.read();
+            seen = n;
+        }
+        if !b"PRI".starts_with(&first[..n]) {
+            return Some(false);
+        }
+        if n == first.len() {
+            return Some(true);
+        }
+        // Only "P" or "PR" so far (rare: a split preface). The data is still there, so
+        // waiting for readiness would return at once: poll again shortly. The watchdog
+        // bounds how long this may take (no byte is *read* until a protocol is chosen).
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
 }
 
 /// Connection slots: the permits, and whether they run short (see `conn::Pressure`).
@@ -431,7 +471,7 @@ async fn share_loop(app: Arc<App>) {
 async fn serve_connection(
     tcp: TcpStream,
     app: Arc<App>,
-    builder: Arc<auto::Builder<TokioExecutor>>,
+    builder: Arc<Protocols>,
     limits: Timeouts,
     slots: Arc<Slots>,
     mut phase: watch::Receiver<Phase>,
@@ -441,6 +481,41 @@ async fn serve_connection(
     metrics.accepted.fetch_add(1, Relaxed);
     metrics.open.fetch_add(1, Relaxed);
     let activity = Activity::new();
+    let watchdog = conn::watchdog(&activity, limits, &slots.pressure);
+    tokio::pin!(watchdog);
+    let h2 = tokio::select! {
+        h2 = is_http2(&tcp, &activity) => h2,
+        why = watchdog.as_mut() => {
+            let counter = match why {
+                Closed::FirstByte => &metrics.closed_first_byte,
+                Closed::WriteStalled => &metrics.closed_write_stalled,
+                Closed::Idle => &metrics.closed_idle,
+            };
+            counter.fetch_add(1, Relaxed);
+            None
+        }
+        _ = phase.wait_for(|p| *p >= Phase::Drain) => None,
+    };
+    if let Some(h2) = h2 {
+        serve_protocol(tcp, h2, app.clone(), &builder, &activity, watchdog, phase).await;
+    }
+    metrics.open.fetch_sub(1, Relaxed);
+    drop(permit);
+    slots.update();
+}
+
+/// Serves a connection in the protocol it opened with until it ends, the watchdog closes
+/// it, or the server drains.
+async fn serve_protocol(
+    tcp: TcpStream,
+    h2: bool,
+    app: Arc<App>,
+    builder: &Protocols,
+    activity: &Arc<Activity>,
+    mut watchdog: Pin<&mut impl Future<Output = Closed>>,
+    mut phase: watch::Receiver<Phase>,
+) {
+    let metrics = &app.runtime.metrics().connections;
     let io = TokioIo::new(Tracked::new(tcp, activity.clone()));
     let service = {
         let app = app.clone();
@@ -450,7 +525,10 @@ async fn serve_connection(
             let guard = InFlight::new(&activity);
             let app = app.clone();
             async move {
-                let response = match http::handle(app, req).await {
+                // Boxed: hyper keeps room for this future for the connection's whole
+                // life, so it must stay small; the request's own state lives in the box
+                // only while the request is handled (7.7 KB per held stream otherwise).
+                let response = match Box::pin(http::handle(app, req)).await {
                     Ok(r) => r,
                     Err(never) => match never {},
                 };
@@ -458,8 +536,20 @@ async fn serve_connection(
             }
         })
     };
-    let conn = builder.serve_connection(io, service);
+    let conn = if h2 {
+        Either::Right(builder.h2.serve_connection(io, service))
+    } else {
+        Either::Left(builder.h1.serve_connection(io, service))
+    };
     tokio::pin!(conn);
+    macro_rules! graceful_shutdown {
+        ($conn:expr) => {
+            match $conn.as_pin_mut() {
+                Either::Left(h1) => h1.graceful_shutdown(),
+                Either::Right(h2) => h2.graceful_shutdown(),
+            }
+        };
+    }
     enum Stop {
         Ended,
         Watchdog(Closed),
@@ -472,7 +562,7 @@ async fn serve_connection(
             }
             Stop::Ended
         }
-        why = conn::watchdog(&activity, limits, &slots.pressure) => Stop::Watchdog(why),
+        why = watchdog.as_mut() => Stop::Watchdog(why),
         _ = phase.wait_for(|p| *p >= Phase::Drain) => Stop::Draining,
     };
     match stop {
@@ -490,20 +580,17 @@ async fn serve_connection(
             counter.fetch_add(1, Relaxed);
             tracing::debug!(reason = why.label(), "connection closed");
             // Nothing is in flight: an HTTP/2 peer gets its GOAWAY, then the socket closes.
-            conn.as_mut().graceful_shutdown();
+            graceful_shutdown!(conn.as_mut());
             let _ = tokio::time::timeout(Duration::from_secs(1), conn.as_mut()).await;
         }
         Stop::Draining => {
-            conn.as_mut().graceful_shutdown();
+            graceful_shutdown!(conn.as_mut());
             tokio::select! {
                 _ = conn.as_mut() => {}
                 _ = phase.wait_for(|p| *p >= Phase::Abort) => {}
             }
         }
     }
-    metrics.open.fetch_sub(1, Relaxed);
-    drop(permit);
-    slots.update();
 }
 
 /// Resolves once `true` was sent (or the handle was dropped).

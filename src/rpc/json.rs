@@ -205,6 +205,33 @@ pub(crate) fn array<'a>(
     })
 }
 
+/// How a message part's fields are named while the part is parsed: `message.parts[#]…`.
+/// Only an error gets the real index ([`at_part`]), so a valid part formats no names.
+pub(crate) const PART: &str = "message.parts[#]";
+
+/// The name of field `k` (`""`, `".text"`, …) of the part being parsed.
+pub(crate) fn part_field(k: &'static str) -> std::borrow::Cow<'static, str> {
+    use std::borrow::Cow;
+    match k {
+        "" => Cow::Borrowed(PART),
+        ".text" => Cow::Borrowed("message.parts[#].text"),
+        ".type" => Cow::Borrowed("message.parts[#].type"),
+        ".kind" => Cow::Borrowed("message.parts[#].kind"),
+        other => Cow::Owned(format!("{PART}{other}")),
+    }
+}
+
+/// An error of part `i`, its field named with the real index.
+pub(crate) fn at_part(i: usize, e: Error) -> Error {
+    match e {
+        Error::InvalidParams { field, reason } if field.starts_with(PART) => Error::invalid(
+            format!("message.parts[{i}]{}", &field[PART.len()..]),
+            reason,
+        ),
+        other => other,
+    }
+}
+
 /// `message.parts`: a non-empty array of at most `max` parts (refused as soon as the parser
 /// reaches the part past the cap), for every dialect.
 ///

@@ -83,7 +83,8 @@ impl Activity {
         u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX)
     }
 
-    fn read(&self) {
+    /// Bytes arrived (read, or peeked to choose the protocol).
+    pub(crate) fn read(&self) {
         self.last_io.store(self.now_ms(), Relaxed);
         self.first_byte.store(true, Relaxed);
     }

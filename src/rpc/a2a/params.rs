@@ -215,7 +215,7 @@ fn message(v: Version, m: &Obj<'_>, limits: &AgentLimits) -> Result<Message, Err
     Ok(message)
 }
 
-fn unsupported(field: String) -> Error {
+fn unsupported(field: impl Into<String>) -> Error {
     Error::invalid(
         field,
         "part kind not supported: send text, or a file with its bytes inline",
@@ -223,7 +223,11 @@ fn unsupported(field: String) -> Error {
 }
 
 fn part(v: Version, i: usize, raw: &RawValue, limits: &AgentLimits) -> Result<Part, Error> {
-    let at = |k: &str| format!("message.parts[{i}]{k}");
+    part_of(v, raw, limits).map_err(|e| json::at_part(i, e))
+}
+
+fn part_of(v: Version, raw: &RawValue, limits: &AgentLimits) -> Result<Part, Error> {
+    let at = json::part_field;
     let p = Obj::parse(raw, &at(""))?;
     match v {
         Version::V10 => {

@@ -173,7 +173,11 @@ fn parse_message(raw: &RawValue, limits: &AgentLimits) -> Result<Message, Error>
 }
 
 fn parse_part(i: usize, raw: &RawValue, limits: &AgentLimits) -> Result<Part, Error> {
-    let at = |k: &str| format!("message.parts[{i}]{k}");
+    part(raw, limits).map_err(|e| json::at_part(i, e))
+}
+
+fn part(raw: &RawValue, limits: &AgentLimits) -> Result<Part, Error> {
+    let at = json::part_field;
     let p = Obj::parse(raw, &at(""))?;
     let kind = match (p.str("type", &at(".type"))?, p.str("kind", &at(".kind"))?) {
         (Some(t), Some(k)) if t != k => {
@@ -203,7 +207,7 @@ fn parse_part(i: usize, raw: &RawValue, limits: &AgentLimits) -> Result<Part, Er
                 }
             };
             let take = |k: &str| {
-                let field = at(&format!(".file.{k}"));
+                let field = format!("{}.file.{k}", json::PART);
                 match f.str(k, &field)? {
                     Some(s) => Ok(s.into_owned()),
                     None => Err(Error::invalid(field, "is required")),
