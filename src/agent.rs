@@ -9,6 +9,7 @@
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 
 use ractor::ActorRef;
 use tokio_util::sync::CancellationToken;
@@ -118,16 +119,41 @@ impl AgentError {
 #[derive(Clone)]
 pub struct Updates {
     task: Option<ActorRef<TaskMsg>>,
+    /// Whether the task was told that its agent started (`working`): by the first update,
+    /// or by the driver once the agent did not answer at its first poll.
+    started: Arc<AtomicBool>,
 }
 
 impl Updates {
     pub(crate) fn new(task: ActorRef<TaskMsg>) -> Self {
-        Self { task: Some(task) }
+        Self {
+            task: Some(task),
+            started: Arc::default(),
+        }
     }
 
     /// Updates that go nowhere (for running an agent outside a task, e.g. in a bench).
     pub fn detached() -> Self {
-        Self { task: None }
+        Self {
+            task: None,
+            started: Arc::default(),
+        }
+    }
+
+    /// Tells the task its agent started, unless that was done; returns whether this call
+    /// did it.
+    pub(crate) fn start(&self) -> bool {
+        let first = !self.started.swap(true, Relaxed);
+        if first && let Some(t) = &self.task {
+            let _ = t.cast(TaskMsg::Started);
+        }
+        first
+    }
+
+    /// Marks the start as told without telling it (the driver folds it into the reply);
+    /// returns whether it was not told yet.
+    pub(crate) fn take_start(&self) -> bool {
+        !self.started.swap(true, Relaxed)
     }
 
     /// Emits a progress message: a `working` update that is also kept in the task's
@@ -151,12 +177,14 @@ impl Updates {
             append,
             last_chunk,
         };
+        self.start();
         self.task
             .as_ref()
             .is_some_and(|t| t.cast(TaskMsg::Artifact(update)).is_ok())
     }
 
     fn send(&self, message: Message, keep: bool) -> bool {
+        self.start();
         self.task
             .as_ref()
             .is_some_and(|t| t.cast(TaskMsg::Progress { message, keep }).is_ok())

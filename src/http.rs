@@ -502,9 +502,7 @@ async fn read_body(app: &App, req: Request<Incoming>) -> Result<Bytes, Refusal> 
     let limit = usize::try_from(app.max_body).unwrap_or(usize::MAX);
     let collect = Limited::new(req.into_body(), limit).collect();
     match tokio::time::timeout(app.body_timeout, collect).await {
-        // A copy: hyper hands the body out as a slice of its connection's read buffer,
-        // and while any slice of it lives, the next read allocates a second buffer.
-        Ok(Ok(collected)) => Ok(Bytes::copy_from_slice(&collected.to_bytes())),
+        Ok(Ok(collected)) => Ok(collected.to_bytes()),
         Ok(Err(e)) if e.is::<http_body_util::LengthLimitError>() => {
             Err(Refusal::TooLarge(app.max_body))
         }

@@ -15,7 +15,7 @@
 //! Runtime: new task → Scheduler::admit → ContextActor → spawn TaskActor (live index)
 //!        | continue → TaskActor::Continue | existing → TaskActor call or TaskStore record
 //! TaskActor ── every event ─→ TaskStore · subscribers (try_send) · waiters · TaskObserver
-//! driver task ── cast(Started | Progress | Artifact | Finished | TimedOut) ─→ TaskActor
+//! driver task ── cast(Started | Progress | Artifact | Finished | Ran | TimedOut) ─→ TaskActor
 //! ```
 //!
 //! The core (model, runtime, actors, store, webhook delivery) speaks no wire dialect; each

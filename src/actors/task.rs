@@ -56,6 +56,8 @@ pub(crate) enum TaskMsg {
     Artifact(ArtifactUpdate),
     /// The agent's run ended.
     Finished(Result<Outcome, AgentError>),
+    /// The agent answered at its first poll: `Started` and `Finished` in one message.
+    Ran(Result<Outcome, AgentError>),
     /// The deadline of run `0` (a generation) passed.
     TimedOut(u64),
     /// Cancel the task; `reply` is `None` for shutdown.
@@ -322,32 +324,14 @@ impl Actor for TaskActor {
                 state.artifact(&myself, update);
             }
             TaskMsg::Finished(result) if state.status.state == TaskState::Working => {
-                let status = match result {
-                    Ok(outcome) => {
-                        let (to, reply) = match outcome {
-                            Outcome::Completed(m) => (TaskState::Completed, m),
-                            Outcome::InputRequired(m) => (TaskState::InputRequired, m),
-                            Outcome::AuthRequired(m) => (TaskState::AuthRequired, m),
-                            Outcome::Rejected(m) => (TaskState::Rejected, m),
-                        };
-                        let mut s = TaskStatus::new(to);
-                        if let Some(reply) = reply {
-                            let reply = Arc::new(reply);
-                            state.history.push(reply.clone());
-                            s.message = Some(reply);
-                        }
-                        s
-                    }
-                    Err(e) => {
-                        let mut s = TaskStatus::new(TaskState::Failed);
-                        s.error = Some(Arc::new(TaskError {
-                            code: AGENT_ERROR_CODE,
-                            message: e.message,
-                        }));
-                        s
-                    }
-                };
-                state.transition(&myself, status);
+                state.agent_finished(&myself, result);
+            }
+            // Exactly what `Started` then `Finished` would do.
+            TaskMsg::Ran(result) => {
+                state.transition(&myself, TaskStatus::new(TaskState::Working));
+                if state.status.state == TaskState::Working {
+                    state.agent_finished(&myself, result);
+                }
             }
             TaskMsg::TimedOut(generation) if generation == state.generation && !terminal => {
                 state.transition(&myself, canceled("timeout".into()));
@@ -479,15 +463,26 @@ async fn drive(
         let Some(_permit) = admission.ready().await else {
             return;
         };
-        if task.cast(TaskMsg::Started).is_err() {
-            return;
-        }
-        let run = agent.backend.run_task(request, Updates::new(task.clone()));
-        let result = AssertUnwindSafe(run)
-            .catch_unwind()
-            .await
-            .unwrap_or_else(|_| Err(AgentError::new("the agent failed unexpectedly")));
-        let _ = task.cast(TaskMsg::Finished(result));
+        let updates = Updates::new(task.clone());
+        let run = agent.backend.run_task(request, updates.clone());
+        let mut run = std::pin::pin!(AssertUnwindSafe(run).catch_unwind());
+        // The first poll decides: an agent that answers at once costs the task one
+        // message (`Ran`), one that does not is told `working` now (or was, by its first
+        // update) and `Finished` later.
+        let result = match futures_util::future::poll_immediate(run.as_mut()).await {
+            Some(result) => result,
+            None => {
+                updates.start();
+                run.await
+            }
+        };
+        let result =
+            result.unwrap_or_else(|_| Err(AgentError::new("the agent failed unexpectedly")));
+        let _ = task.cast(if updates.take_start() {
+            TaskMsg::Ran(result)
+        } else {
+            TaskMsg::Finished(result)
+        });
     };
     tokio::select! {
         biased;
@@ -502,6 +497,36 @@ async fn drive(
 // === impl TaskActorState ===
 
 impl TaskActorState {
+    /// The agent's run ended: its outcome becomes the task's next state.
+    fn agent_finished(&mut self, myself: &ActorRef<TaskMsg>, result: Result<Outcome, AgentError>) {
+        let status = match result {
+            Ok(outcome) => {
+                let (to, reply) = match outcome {
+                    Outcome::Completed(m) => (TaskState::Completed, m),
+                    Outcome::InputRequired(m) => (TaskState::InputRequired, m),
+                    Outcome::AuthRequired(m) => (TaskState::AuthRequired, m),
+                    Outcome::Rejected(m) => (TaskState::Rejected, m),
+                };
+                let mut s = TaskStatus::new(to);
+                if let Some(reply) = reply {
+                    let reply = Arc::new(reply);
+                    self.history.push(reply.clone());
+                    s.message = Some(reply);
+                }
+                s
+            }
+            Err(e) => {
+                let mut s = TaskStatus::new(TaskState::Failed);
+                s.error = Some(Arc::new(TaskError {
+                    code: AGENT_ERROR_CODE,
+                    message: e.message,
+                }));
+                s
+            }
+        };
+        self.transition(myself, status);
+    }
+
     fn follow(&mut self, follow: Follow) {
         match follow {
             Follow::Nobody => {}

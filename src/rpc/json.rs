@@ -222,14 +222,13 @@ pub(crate) fn part_field(k: &'static str) -> std::borrow::Cow<'static, str> {
 }
 
 /// An error of part `i`, its field named with the real index.
-pub(crate) fn at_part(i: usize, e: Error) -> Error {
-    match e {
-        Error::InvalidParams { field, reason } if field.starts_with(PART) => Error::invalid(
-            format!("message.parts[{i}]{}", &field[PART.len()..]),
-            reason,
-        ),
-        other => other,
+pub(crate) fn at_part(i: usize, mut e: Error) -> Error {
+    if let Error::InvalidParams { field, .. } | Error::UnsupportedContentType { field, .. } = &mut e
+        && let Some(rest) = field.strip_prefix(PART)
+    {
+        *field = format!("message.parts[{i}]{rest}");
     }
+    e
 }
 
 /// `message.parts`: a non-empty array of at most `max` parts (refused as soon as the parser
