@@ -5,6 +5,7 @@
 #
 #   benches/instructions.sh                 # seed message/send and 1.0 SendMessage, memory and redb
 #   A2AD_INSN_REQUESTS=5000 benches/instructions.sh
+#   A2AD_INSN_BIN=/path/to/older/a2ad benches/instructions.sh   # the same for another build
 #
 # For each (store, dialect): starts the release a2ad under callgrind with a bench
 # configuration, warms it with 300 requests, zeroes the counters, sends N requests
@@ -15,7 +16,7 @@ set -euo pipefail
 
 cd "$(dirname "$0")/.."
 N=${A2AD_INSN_REQUESTS:-2000}
-BIN=target/release/a2ad
+BIN=${A2AD_INSN_BIN:-target/release/a2ad}
 LOAD=target/release/a2ad-load
 [ -x "$BIN" ] && [ -x "$LOAD" ] || { echo "run cargo build --release first" >&2; exit 2; }
 command -v valgrind >/dev/null || { echo "valgrind is not installed" >&2; exit 2; }
