@@ -9,7 +9,7 @@
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+use std::sync::Mutex;
 
 use ractor::ActorRef;
 use tokio_util::sync::CancellationToken;
@@ -120,8 +120,10 @@ impl AgentError {
 pub struct Updates {
     task: Option<ActorRef<TaskMsg>>,
     /// Whether the task was told that its agent started (`working`): by the first update,
-    /// or by the driver once the agent did not answer at its first poll.
-    started: Arc<AtomicBool>,
+    /// or by the driver once the agent did not answer at its first poll. A lock, not an
+    /// atomic flag: `Started` is sent while it is held, so an update from another thread
+    /// can never let the driver's `Finished` overtake its `Started`.
+    started: Arc<Mutex<bool>>,
 }
 
 impl Updates {
@@ -140,20 +142,20 @@ impl Updates {
         }
     }
 
-    /// Tells the task its agent started, unless that was done; returns whether this call
-    /// did it.
-    pub(crate) fn start(&self) -> bool {
-        let first = !self.started.swap(true, Relaxed);
-        if first && let Some(t) = &self.task {
+    /// Tells the task its agent started, unless that was done.
+    pub(crate) fn start(&self) {
+        let mut started = self.started.lock().unwrap_or_else(|e| e.into_inner());
+        if !*started && let Some(t) = &self.task {
             let _ = t.cast(TaskMsg::Started);
         }
-        first
+        *started = true;
     }
 
     /// Marks the start as told without telling it (the driver folds it into the reply);
     /// returns whether it was not told yet.
     pub(crate) fn take_start(&self) -> bool {
-        !self.started.swap(true, Relaxed)
+        let mut started = self.started.lock().unwrap_or_else(|e| e.into_inner());
+        !std::mem::replace(&mut *started, true)
     }
 
     /// Emits a progress message: a `working` update that is also kept in the task's
