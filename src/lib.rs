@@ -7,7 +7,7 @@
 //! ## Request flow (one module per step)
 //!
 //! ```text
-//! TcpListener → server (connection permit, watchdog, hyper-util auto conn)
+//! TcpListener → server (connection permit, watchdog, first bytes peeked → hyper http1 | http2)
 //!   → http::handle: route → dialect | OPTIONS | auth (401) | agent (404) | may use (403)
 //!       | 405 | 415 | 413 → rpc::decode (-32700 / -32600, id recovered)
 //!       → http::one: span, rate limit (429), metrics → Dialect::dispatch

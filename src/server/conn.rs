@@ -2,7 +2,7 @@
 //! closes it when it goes silent, stalls its writes, or the server needs the slot.
 //!
 //! hyper bounds the time to read a request head (`header_read_timeout`), but nothing
-//! bounds a connection that never sends its first byte (hyper-util's HTTP-version sniffing
+//! bounds a connection that never sends its first byte (choosing HTTP/1 or HTTP/2 from its first bytes
 //! waits forever), an idle keep-alive connection, or a client that stops reading its
 //! response. The watchdog bounds all three; it never touches a connection while one of its
 //! requests is being answered, except for a write that makes no progress.
