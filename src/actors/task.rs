@@ -559,7 +559,7 @@ impl TaskActorState {
             Instant::now()
         };
         let deadline = tokio::time::Instant::from_std(from) + timeout;
-        tokio::spawn(drive(
+        let mut driver = Box::pin(drive(
             myself.clone(),
             self.agent.clone(),
             admission,
@@ -568,6 +568,16 @@ impl TaskActorState {
             deadline,
             self.generation,
         ));
+        // The driver's first poll runs here, in this turn of the actor: an agent that
+        // answers at once has its `Ran` in the mailbox before this turn ends, with no task
+        // spawned and no wake-up. One that does not is handed to tokio, whose first poll
+        // registers the real waker (this poll's waker does nothing: the driver is polled
+        // again at once, so nothing it waits for can be missed). A poll never waits on
+        // the outside world, so the mailbox is not held up by it.
+        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+        if driver.as_mut().poll(&mut cx).is_pending() {
+            tokio::spawn(driver);
+        }
     }
 
     /// The task is another node's now: stop the agent and hand this node's followers to
