@@ -237,6 +237,14 @@ async fn take(s: &mut SseReader, n: usize) -> Vec<(u64, Value)> {
     out
 }
 
+/// The id of the task a stream's first event shows.
+fn task_id(events: &[(u64, Value)]) -> String {
+    events[0].1["result"]["id"]
+        .as_str()
+        .expect("task id")
+        .to_string()
+}
+
 /// Reads events to the end of the stream.
 async fn rest(s: &mut SseReader) -> Vec<(u64, Value)> {
     s.collect()
@@ -379,10 +387,7 @@ async fn a_follower_on_another_node_resumes_after_last_event_id_without_gap_or_d
         .await;
     let first = take(&mut a, 3).await;
     consecutive(&first, 1, false);
-    let id = first[0].1["result"]["id"]
-        .as_str()
-        .expect("task id")
-        .to_string();
+    let id = task_id(&first);
 
     let mut b = c
         .stream(1, "slow", "tasks/resubscribe", json!({"id": id}), Some(3))
@@ -425,10 +430,7 @@ async fn a_cancel_on_another_node_stops_the_runner_and_every_stream_ends_with_it
         .stream(0, "long", "message/stream", message("cancel me"), None)
         .await;
     let first = take(&mut a, 3).await;
-    let id = first[0].1["result"]["id"]
-        .as_str()
-        .expect("task id")
-        .to_string();
+    let id = task_id(&first);
     let mut b = c
         .stream(1, "long", "tasks/resubscribe", json!({"id": id}), Some(3))
         .await;
@@ -478,10 +480,7 @@ async fn kill_9_of_the_runner_mid_stream_loses_no_event_and_the_task_fails_node_
         .await;
     let first = take(&mut a, 4).await;
     consecutive(&first, 1, false);
-    let id = first[0].1["result"]["id"]
-        .as_str()
-        .expect("task id")
-        .to_string();
+    let id = task_id(&first);
     let k = first.last().map(|(id, _)| *id).expect("k");
     let killed_at = Instant::now();
     c.kill9(0);
@@ -553,10 +552,7 @@ async fn webhooks_survive_a_kill_9_with_the_same_delivery_ids_in_order() {
         .stream(0, "slow", "message/stream", message("hooked"), None)
         .await;
     let first = take(&mut a, 3).await;
-    let id = first[0].1["result"]["id"]
-        .as_str()
-        .expect("task id")
-        .to_string();
+    let id = task_id(&first);
     c.kill9(0);
     drop(a);
 
@@ -679,10 +675,7 @@ async fn a_postgresql_restart_during_a_stream_is_ridden_out() {
         .stream(0, "long", "message/stream", message("ride it out"), None)
         .await;
     let first = take(&mut a, 3).await;
-    let id = first[0].1["result"]["id"]
-        .as_str()
-        .expect("task id")
-        .to_string();
+    let id = task_id(&first);
     let command = std::env::var("A2AD_TEST_PG_RESTART").unwrap_or_default();
     let status = std::process::Command::new("sh")
         .args(["-c", &command])
@@ -818,7 +811,7 @@ async fn a_graceful_shutdown_hands_queued_tasks_to_the_other_nodes() {
         .await;
     let q = take(&mut queued, 1).await;
     assert_eq!(state(&q[0].1), "submitted");
-    let id = q[0].1["result"]["id"].as_str().expect("id").to_string();
+    let id = task_id(&q);
 
     let (code, _) = c.nodes[0].take().expect("node 0").stop();
     assert_eq!(code, 0);
@@ -918,10 +911,7 @@ async fn a_node_cut_off_from_postgresql_fences_itself_and_its_task_moves() {
         .stream(0, "long", "message/stream", message("cut me off"), None)
         .await;
     let first = take(&mut a, 3).await;
-    let id = first[0].1["result"]["id"]
-        .as_str()
-        .expect("task id")
-        .to_string();
+    let id = task_id(&first);
     let health = |i: usize| {
         let url = format!("{}/healthz", c.base(i));
         let http = c.http.clone();

@@ -1207,7 +1207,29 @@ struct Prepared {
     notify: tokio_postgres::Statement,
 }
 
-/// The other writes' statements (`{s}`: the schema), in the order `execute` uses them.
+/// Which of [`OTHER_SQL`] (and of `Prepared::other`) a write uses.
+#[derive(Clone, Copy)]
+enum Other {
+    TurnPut,
+    TurnsForget,
+    PushStats,
+    PushNamed,
+    PushScoped,
+    PushRemove,
+    PushRemoveNamed,
+    OutboxDone,
+    OutboxRetry,
+}
+
+const _: () = assert!(OTHER_SQL.len() == Other::OutboxRetry as usize + 1);
+
+impl Prepared {
+    fn other(&self, which: Other) -> &tokio_postgres::Statement {
+        &self.other[which as usize]
+    }
+}
+
+/// The other writes' statements (`{s}`: the schema), in the order of [`Other`].
 const OTHER_SQL: &[&str] = &[
     "INSERT INTO {s}.turns (principal, context, since, number, body)
                              VALUES ($1, $2, $3, $4, $5)
@@ -1604,7 +1626,7 @@ async fn execute(
                     let body = codec::encode_turn(user, reply.as_deref());
                     let number = i32::try_from(turn.number).unwrap_or(i32::MAX);
                     tx.execute(
-                        &prepared.other[0],
+                        prepared.other(Other::TurnPut),
                         &[
                             &principal.as_str(),
                             &context.as_str(),
@@ -1621,7 +1643,7 @@ async fn execute(
                     since,
                 } => {
                     tx.execute(
-                        &prepared.other[1],
+                        prepared.other(Other::TurnsForget),
                         &[&principal.as_str(), &context.as_str(), since],
                     )
                     .await?;
@@ -1632,11 +1654,14 @@ async fn execute(
                     let named = c.namespace == Namespace::Named;
                     let body = codec::encode_push(c);
                     if matches!(w, Write::PushStats(_)) {
-                        tx.execute(&prepared.other[2], &[&owner, &task, &named, &c.id, &body])
-                            .await?;
+                        tx.execute(
+                            prepared.other(Other::PushStats),
+                            &[&owner, &task, &named, &c.id, &body],
+                        )
+                        .await?;
                     } else if named {
                         tx.execute(
-                            &prepared.other[3],
+                            prepared.other(Other::PushNamed),
                             &[
                                 &owner,
                                 &task,
@@ -1648,7 +1673,7 @@ async fn execute(
                         .await?;
                     } else {
                         tx.execute(
-                            &prepared.other[4],
+                            prepared.other(Other::PushScoped),
                             &[
                                 &owner,
                                 &task,
@@ -1663,20 +1688,25 @@ async fn execute(
                 Write::PushRemove(scope) => {
                     let owner = owner_id(&scope.principal, &scope.agent);
                     let task = scope.task.as_ref().map(|t| t.as_str().to_string());
-                    tx.execute(&prepared.other[5], &[&owner, &task]).await?;
+                    tx.execute(prepared.other(Other::PushRemove), &[&owner, &task])
+                        .await?;
                 }
                 Write::PushRemoveNamed { task, id } => {
                     let owner = owner_id(&task.principal, &task.agent);
-                    tx.execute(&prepared.other[6], &[&owner, &task.task.as_str(), id])
-                        .await?;
+                    tx.execute(
+                        prepared.other(Other::PushRemoveNamed),
+                        &[&owner, &task.task.as_str(), id],
+                    )
+                    .await?;
                 }
                 Write::OutboxDone(key) => {
-                    tx.execute(&prepared.other[7], &[&delivery_id(key)]).await?;
+                    tx.execute(prepared.other(Other::OutboxDone), &[&delivery_id(key)])
+                        .await?;
                 }
                 Write::OutboxRetry { key, attempt, due } => {
                     let attempt = i32::try_from(*attempt).unwrap_or(i32::MAX);
                     tx.execute(
-                        &prepared.other[8],
+                        prepared.other(Other::OutboxRetry),
                         &[&delivery_id(key), &attempt, &due.timestamp_micros()],
                     )
                     .await?;
