@@ -197,7 +197,10 @@ impl Updates {
 pub fn from_config(config: &AgentConfig) -> Arc<dyn Agent> {
     // `Config::validated` only lets known backends through, each with its own table.
     match (&config.backend[..], &config.openai) {
-        ("openai", Some(openai)) => Arc::new(OpenAiAgent::new(openai.clone())),
+        ("openai", Some(openai)) => Arc::new(OpenAiAgent::with_reply_limit(
+            openai.clone(),
+            config.limits.max_message_length,
+        )),
         ("tck", _) => Arc::new(TckAgent::new(config.tck.clone())),
         _ => Arc::new(EchoAgent::new(config.echo.clone())),
     }

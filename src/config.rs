@@ -90,6 +90,12 @@ pub struct ServerConfig {
     pub body_read_timeout_seconds: f64,
     /// Requests in one JSON-RPC batch at most.
     pub max_batch_size: usize,
+    /// Bytes of a batch's answer at most: items whose answers would take it past this are
+    /// answered with -32600 instead.
+    pub max_batch_response_bytes: usize,
+    /// Bytes of the tasks of one ListTasks page at most: a page stops early (with a
+    /// `nextPageToken`) rather than pass it; a page always holds at least one task.
+    pub max_list_page_bytes: usize,
     /// Concurrent HTTP/2 streams per connection.
     pub http2_max_concurrent_streams: u32,
     /// HTTP/2 keep-alive: a PING after this much silence; no answer within it closes.
@@ -336,6 +342,10 @@ pub struct OpenAiConfig {
     /// Earlier turns of the conversation sent as chat history (oldest dropped first).
     #[serde(default = "OpenAiConfig::default_history_turns")]
     pub max_history_turns: usize,
+    /// Bytes of one upstream answer at most (a JSON body, or a whole stream); past it the
+    /// task fails "upstream answer too large".
+    #[serde(default = "OpenAiConfig::default_max_response_bytes")]
+    pub max_response_bytes: usize,
 }
 
 /// `[agents.limits]`
@@ -558,6 +568,10 @@ impl ServerConfig {
     pub const DEFAULT_HTTP2_KEEP_ALIVE_SECONDS: f64 = 20.0;
     /// Default internal call bound.
     pub const DEFAULT_ACTOR_CALL_TIMEOUT_SECONDS: f64 = 10.0;
+    /// Default byte budget of a batch's answer (16 MiB).
+    pub const DEFAULT_MAX_BATCH_RESPONSE_BYTES: usize = 16 << 20;
+    /// Default byte bound of a ListTasks page (4 MiB).
+    pub const DEFAULT_MAX_LIST_PAGE_BYTES: usize = 4 << 20;
     /// Default shutdown grace.
     pub const DEFAULT_SHUTDOWN_GRACE_SECONDS: f64 = 10.0;
     /// Default conversation turns kept.
@@ -591,6 +605,8 @@ impl Default for ServerConfig {
             max_header_bytes: Self::DEFAULT_MAX_HEADER_BYTES,
             body_read_timeout_seconds: Self::DEFAULT_BODY_READ_TIMEOUT_SECONDS,
             max_batch_size: Self::DEFAULT_MAX_BATCH_SIZE,
+            max_batch_response_bytes: Self::DEFAULT_MAX_BATCH_RESPONSE_BYTES,
+            max_list_page_bytes: Self::DEFAULT_MAX_LIST_PAGE_BYTES,
             http2_max_concurrent_streams: Self::DEFAULT_HTTP2_MAX_CONCURRENT_STREAMS,
             http2_keep_alive_seconds: Self::DEFAULT_HTTP2_KEEP_ALIVE_SECONDS,
             actor_call_timeout_seconds: Self::DEFAULT_ACTOR_CALL_TIMEOUT_SECONDS,
@@ -703,6 +719,8 @@ impl OpenAiConfig {
     pub const DEFAULT_REQUEST_TIMEOUT_SECONDS: f64 = 120.0;
     /// Default history turns.
     pub const DEFAULT_MAX_HISTORY_TURNS: usize = 20;
+    /// Default bound on one upstream answer (16 MiB).
+    pub const DEFAULT_MAX_RESPONSE_BYTES: usize = 16 << 20;
 
     /// An upstream at `base_url` serving `model`, every other option at its default.
     pub fn new(base_url: &str, model: &str) -> Self {
@@ -715,7 +733,12 @@ impl OpenAiConfig {
             max_tokens: None,
             request_timeout_seconds: Self::DEFAULT_REQUEST_TIMEOUT_SECONDS,
             max_history_turns: Self::DEFAULT_MAX_HISTORY_TURNS,
+            max_response_bytes: Self::DEFAULT_MAX_RESPONSE_BYTES,
         }
+    }
+
+    fn default_max_response_bytes() -> usize {
+        Self::DEFAULT_MAX_RESPONSE_BYTES
     }
 
     fn default_timeout() -> f64 {

@@ -335,7 +335,24 @@ async fn endpoint(
     match decoded {
         rpc::Body::Single(call) => reply_response(app, one(app, dialect, &cx, call).await),
         rpc::Body::Batch(calls) => {
-            let replies = join_all(calls.into_iter().map(|c| one(app, dialect, &cx, c))).await;
+            // The items run concurrently, but each answer is weighed as soon as it is
+            // rendered (one poll at a time): what the batch holds stays within the budget
+            // plus one item's answer.
+            let budget = Budget::new(app.runtime.config().server.max_batch_response_bytes);
+            let replies =
+                join_all(
+                    calls.into_iter().map(|c| {
+                        let id = match &c {
+                            Ok(call) => Some(call.id.clone()),
+                            Err(r) => r.id.clone(),
+                        };
+                        let (budget, cx) = (&budget, &cx);
+                        async move {
+                            budget.weigh(one(app, dialect, cx, c).await, id.as_deref(), dialect)
+                        }
+                    }),
+                )
+                .await;
             let mut out = Vec::with_capacity(replies.len() * 128 + 2);
             out.push(b'[');
             for (i, reply) in replies.into_iter().enumerate() {
@@ -362,6 +379,56 @@ async fn endpoint(
             out.push(b']');
             json(StatusCode::OK, out)
         }
+    }
+}
+
+/// The bytes a batch's answer may still take (`server.max_batch_response_bytes`).
+struct Budget {
+    limit: usize,
+    used: std::sync::atomic::AtomicUsize,
+}
+
+impl Budget {
+    fn new(limit: usize) -> Self {
+        Self {
+            limit,
+            used: std::sync::atomic::AtomicUsize::new(0),
+        }
+    }
+
+    /// Lets an item's answer through while the batch stays within its budget; past it, the
+    /// item is answered -32600 with `data.limit` (its answer is dropped at once), telling
+    /// the client to ask for it on its own.
+    fn weigh(
+        &self,
+        reply: Reply,
+        id: Option<&serde_json::value::RawValue>,
+        dialect: Dialect,
+    ) -> Reply {
+        use std::sync::atomic::Ordering::Relaxed;
+        let Reply::Json { body, .. } = &reply else {
+            return reply;
+        };
+        let size = body.len();
+        let fits = self
+            .used
+            .fetch_update(Relaxed, Relaxed, |used| {
+                used.checked_add(size).filter(|total| *total <= self.limit)
+            })
+            .is_ok();
+        if fits {
+            return reply;
+        }
+        drop(reply);
+        Reply::error(
+            id,
+            &dialect.dress(RpcError::new(INVALID_REQUEST, "Invalid Request").with_data(
+                serde_json::json!({
+                    "reason": "the batch's answer would be too large; send this request on its own",
+                    "limit": self.limit,
+                }),
+            )),
+        )
     }
 }
 

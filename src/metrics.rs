@@ -133,6 +133,9 @@ pub struct ConnectionMetrics {
     pub accept_errors: AtomicU64,
     /// Closed because no first byte arrived in time.
     pub closed_first_byte: AtomicU64,
+    /// Closed because their first bytes began the HTTP/2 preface and the rest of it did not
+    /// come within the header read time-out.
+    pub closed_header: AtomicU64,
     /// Closed because they stayed idle with nothing in flight.
     pub closed_idle: AtomicU64,
     /// Closed because a response write made no progress.

@@ -217,16 +217,19 @@ fn open_file_limit() -> Option<u64> {
 }
 
 /// hyper's connection settings: HTTP/1.1 and HTTP/2 (prior knowledge), each with its
-/// bounds. A connection's first bytes pick one ([`is_http2`]).
+/// bounds. A connection's first bytes pick one ([`choose_protocol`]).
 pub(crate) struct Protocols {
     h1: http1::Builder,
     h2: http2::Builder<TokioExecutor>,
+    /// The bound on a request head, which bounds choosing the protocol too.
+    header_read: Duration,
 }
 
 fn http_builder(s: &ServerConfig) -> Protocols {
+    let header_read = Duration::from_secs_f64(s.header_read_timeout_seconds);
     let mut h1 = http1::Builder::new();
     h1.timer(TokioTimer::new())
-        .header_read_timeout(Duration::from_secs_f64(s.header_read_timeout_seconds))
+        .header_read_timeout(header_read)
         .keep_alive(true)
         // A request head larger than this is 431, wherever the reads happen to split it
         // (the read buffer's cap alone is not exact: a read may complete a larger head).
@@ -246,38 +249,72 @@ fn http_builder(s: &ServerConfig) -> Protocols {
         // server had to reset for protocol errors, are bounded (then GOAWAY).
         .max_pending_accept_reset_streams(20)
         .max_local_error_reset_streams(1024);
-    Protocols { h1, h2 }
+    Protocols {
+        h1,
+        h2,
+        header_read,
+    }
 }
 
-/// Whether a connection speaks HTTP/2 (prior knowledge: it opens with `PRI * HTTP/2.0…`),
-/// from its first bytes, *peeked*: hyper then reads the request from the socket itself.
-/// (hyper-util's version sniffing reads 24 bytes and hands them back first, which made
-/// hyper's HTTP/1 read buffer grow from 8 to 16 KiB on every connection.) `None`: the
-/// peer closed first. An HTTP/1 request never starts with `PRI`; hyper's HTTP/2 side
-/// checks the rest of the preface.
-async fn is_http2(tcp: &TcpStream, activity: &Activity) -> Option<bool> {
-    let mut first = [0u8; 3];
+/// The HTTP/2 connection preface (RFC 9113 §3.4).
+const PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+
+/// How a connection's protocol choice ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Choice {
+    Http1,
+    Http2,
+    /// The peer closed (or the socket failed) before a protocol could be chosen.
+    Closed,
+    /// The first bytes were a proper prefix of the HTTP/2 preface, and the rest did not
+    /// come within the header read time-out.
+    TimedOut,
+}
+
+/// Whether a connection speaks HTTP/2 (prior knowledge: it opens with the 24-byte preface
+/// `PRI * HTTP/2.0…`), from its first bytes, *peeked*: hyper then reads the request from
+/// the socket itself. (hyper-util's version sniffing reads 24 bytes and hands them back
+/// first, which made hyper's HTTP/1 read buffer grow from 8 to 16 KiB on every
+/// connection.) An HTTP/1 request never starts with `PRI`. While the bytes seen are a
+/// proper prefix of the preface (`P`, `PR`, `PRI * HT`…) the choice waits for more — but
+/// no longer than `header_read` from the first byte, the bound an HTTP/1 request head
+/// gets from hyper; the first byte itself is bounded by the watchdog.
+async fn choose_protocol(tcp: &TcpStream, activity: &Activity, header_read: Duration) -> Choice {
+    let mut first = [0u8; PREFACE.len()];
     let mut seen = 0;
+    let mut deadline = None;
+    let mut pause = Duration::from_millis(2);
     loop {
-        let n = tcp.peek(&mut first).await.ok()?;
-        if n == 0 {
-            return None;
-        }
+        let n = match tcp.peek(&mut first).await {
+            Ok(0) | Err(_) => return Choice::Closed,
+            Ok(n) => n,
+        };
         if n > seen {
             // Bytes came: from now on the idle timeout applies, not the first byte's.
             activity.read();
             seen = n;
         }
-        if !b"PRI".starts_with(&first[..n]) {
-            return Some(false);
+        let deadline = *deadline.get_or_insert_with(|| tokio::time::Instant::now() + header_read);
+        if !PREFACE.starts_with(&first[..n]) {
+            // Not the preface: HTTP/1 — unless it starts like it (hyper's HTTP/2 side
+            // then refuses the rest of it).
+            return if first[..n].starts_with(b"PRI") {
+                Choice::Http2
+            } else {
+                Choice::Http1
+            };
         }
-        if n == first.len() {
-            return Some(true);
+        if n == PREFACE.len() {
+            return Choice::Http2;
         }
-        // Only "P" or "PR" so far (rare: a split preface). The data is still there, so
-        // waiting for readiness would return at once: poll again shortly. The watchdog
-        // bounds how long this may take (no byte is *read* until a protocol is chosen).
-        tokio::time::sleep(Duration::from_millis(5)).await;
+        // A proper prefix so far. The data is still there, so waiting for readiness would
+        // return at once: look again shortly, backing off to 100 ms between looks.
+        let now = tokio::time::Instant::now();
+        if now >= deadline {
+            return Choice::TimedOut;
+        }
+        tokio::time::sleep(pause.min(deadline - now)).await;
+        pause = (pause * 2).min(Duration::from_millis(100));
     }
 }
 
@@ -484,7 +521,16 @@ async fn serve_connection(
     let watchdog = conn::watchdog(&activity, limits, &slots.pressure);
     tokio::pin!(watchdog);
     let h2 = tokio::select! {
-        h2 = is_http2(&tcp, &activity) => h2,
+        choice = choose_protocol(&tcp, &activity, builder.header_read) => match choice {
+            Choice::Http1 => Some(false),
+            Choice::Http2 => Some(true),
+            Choice::Closed => None,
+            Choice::TimedOut => {
+                metrics.closed_header.fetch_add(1, Relaxed);
+                tracing::debug!("connection closed: an unfinished HTTP/2 preface");
+                None
+            }
+        },
         why = watchdog.as_mut() => {
             let counter = match why {
                 Closed::FirstByte => &metrics.closed_first_byte,

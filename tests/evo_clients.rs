@@ -13,7 +13,7 @@ use std::time::Duration;
 use a2ad::{Agent, AgentFuture, AgentId, AgentRequest, Message, Updates};
 use serde_json::{Value, json};
 use support::receiver::Receiver;
-use support::{ALICE, BOB, SseReader, TestServer, agent, config, new_id, poll_until};
+use support::{ALICE, BOB, SseReader, TestServer, agent, config, new_id, poll_until, texts};
 
 /// What the CRM's `response_processor.rb` does: the first `type: "text"` part of the first
 /// artifact.
@@ -114,11 +114,16 @@ async fn a_crm_client_names_its_conversation_and_reads_the_reply_from_artifacts(
         .await,
     );
     let (_, last) = sse.collect().await.pop().expect("one event");
-    assert_eq!(last["result"]["artifacts"][0], artifact);
+    // SSE events never carry `artifacts` (DECISIONS.md §3): the reply is in status.message.
+    assert!(last["result"].get("artifacts").is_none(), "{last}");
+    assert_eq!(
+        last["result"]["status"]["message"]["parts"],
+        artifact["parts"]
+    );
 }
 
 #[tokio::test]
-async fn only_a_completed_task_carries_artifacts_and_a_stream_ends_with_them() {
+async fn only_a_completed_task_carries_artifacts_and_no_stream_event_does() {
     let mut slow = agent("slow");
     slow.echo.delay_ms = 100;
     let mut failing = agent("failing");
@@ -132,10 +137,18 @@ async fn only_a_completed_task_carries_artifacts_and_a_stream_ends_with_them() {
     );
     let events = sse.collect().await;
     let (last, earlier) = events.split_last().expect("events");
-    for (_, e) in earlier {
+    for (_, e) in earlier.iter().chain([last]) {
         assert!(e["result"].get("artifacts").is_none(), "{e}");
     }
-    assert_eq!(crm_reply(&last.1["result"]), "echo: streamed");
+    // Evo AI's Stream Lab shows every text it finds: the reply appears once, in
+    // status.message.
+    assert_eq!(last.1["result"]["status"]["state"], "completed");
+    assert_eq!(
+        texts(&last.1["result"]["status"]["message"]),
+        ["echo: streamed"]
+    );
+    let all = last.1.to_string();
+    assert_eq!(all.matches("echo: streamed").count(), 1, "{all}");
     let queued = s.ok(s
         .call(
             "slow",

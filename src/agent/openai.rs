@@ -23,6 +23,8 @@ pub struct OpenAiAgent {
     /// The upstream key, read once from `api_key_env` at start-up.
     key: Option<String>,
     client: reqwest::Client,
+    /// The longest reply, in Unicode scalar values (the agent's `max_message_length`).
+    max_reply_chars: usize,
 }
 
 impl std::fmt::Debug for OpenAiAgent {
@@ -36,8 +38,18 @@ impl std::fmt::Debug for OpenAiAgent {
 }
 
 impl OpenAiAgent {
-    /// A backend for this configuration. The key is read from `api_key_env` now.
+    /// A backend for this configuration, whose replies are capped at the default
+    /// `max_message_length`. The key is read from `api_key_env` now.
     pub fn new(config: OpenAiConfig) -> Self {
+        Self::with_reply_limit(
+            config,
+            crate::config::AgentLimits::DEFAULT_MAX_MESSAGE_LENGTH,
+        )
+    }
+
+    /// A backend whose replies may hold at most `max_reply_chars` Unicode scalar values
+    /// (past that the task fails "reply too large").
+    pub fn with_reply_limit(config: OpenAiConfig, max_reply_chars: usize) -> Self {
         let key = config
             .api_key_env
             .as_ref()
@@ -53,6 +65,7 @@ impl OpenAiAgent {
             endpoint,
             key,
             client,
+            max_reply_chars,
         }
     }
 
@@ -119,20 +132,42 @@ impl OpenAiAgent {
             .get("content-type")
             .and_then(|v| v.to_str().ok())
             .is_some_and(|v| v.starts_with("text/event-stream"));
+        let limit = self.config.max_response_bytes;
+        let mut received = 0usize;
+        let mut next_chunk =
+            async |resp: &mut reqwest::Response| -> Result<Option<bytes::Bytes>, AgentError> {
+                let chunk = resp.chunk().await.map_err(|_| broken())?;
+                if let Some(c) = &chunk {
+                    received = received.saturating_add(c.len());
+                    if received > limit {
+                        return Err(AgentError::new(format!(
+                            "upstream answer too large (over {limit} bytes)"
+                        )));
+                    }
+                }
+                Ok(chunk)
+            };
         if !is_stream {
             // Some servers ignore `stream: true` and answer with one JSON object.
-            let bytes = resp.bytes().await.map_err(|_| broken())?;
+            let mut bytes = Vec::new();
+            while let Some(chunk) = next_chunk(&mut resp).await? {
+                bytes.extend_from_slice(&chunk);
+            }
             let v: Value = serde_json::from_slice(&bytes).map_err(|_| malformed())?;
             let text = v["choices"][0]["message"]["content"]
                 .as_str()
                 .ok_or_else(malformed)?;
+            if text.chars().count() > self.max_reply_chars {
+                return Err(self.too_large());
+            }
             return Ok(Message::agent_text([text]));
         }
         let mut parser = SseLines::default();
         let mut text = String::new();
+        let mut chars = 0usize;
         let mut finished = false;
-        while let Some(chunk) = resp.chunk().await.map_err(|_| broken())? {
-            for data in parser.push(&chunk) {
+        while let Some(chunk) = next_chunk(&mut resp).await? {
+            for data in parser.push(&chunk)? {
                 if data == "[DONE]" {
                     finished = true;
                     break;
@@ -145,6 +180,10 @@ impl OpenAiAgent {
                 if let Some(delta) = choice["delta"]["content"].as_str()
                     && !delta.is_empty()
                 {
+                    chars = chars.saturating_add(delta.chars().count());
+                    if chars > self.max_reply_chars {
+                        return Err(self.too_large());
+                    }
                     text.push_str(delta);
                     updates.partial(Message::agent_text([delta]));
                 }
@@ -162,6 +201,13 @@ impl OpenAiAgent {
             ));
         }
         Ok(Message::agent_text([text]))
+    }
+
+    fn too_large(&self) -> AgentError {
+        AgentError::new(format!(
+            "reply too large: the model's answer passed {} characters (the agent's max_message_length)",
+            self.max_reply_chars
+        ))
     }
 }
 
@@ -254,22 +300,29 @@ fn describe_file(f: &crate::model::FileContent) -> String {
     format!("[file {} ({}, {} bytes)]", f.name, f.mime_type, f.size)
 }
 
-/// Splits an SSE byte stream into the payloads of its `data:` fields.
+/// The longest SSE line an upstream may send (one chunk of a chat stream is far smaller).
+const MAX_LINE: usize = 1 << 20;
+
+/// Splits an SSE byte stream into the payloads of its `data:` fields. Each byte is looked
+/// at once: a partial line is kept with how far it was already searched for its end.
 #[derive(Default)]
 struct SseLines {
     buf: Vec<u8>,
+    /// Bytes of `buf` known to hold no newline.
+    scanned: usize,
     done: bool,
 }
 
 impl SseLines {
-    /// Feeds bytes; returns the complete `data:` payloads they finish.
-    fn push(&mut self, bytes: &[u8]) -> Vec<String> {
+    /// Feeds bytes; returns the complete `data:` payloads they finish, or an error once a
+    /// line passes [`MAX_LINE`] without ending.
+    fn push(&mut self, bytes: &[u8]) -> Result<Vec<String>, AgentError> {
         self.buf.extend_from_slice(bytes);
         let mut out = Vec::new();
-        while let Some(pos) = self.buf.iter().position(|&b| b == b'\n') {
-            let line: Vec<u8> = self.buf.drain(..=pos).collect();
-            let line = String::from_utf8_lossy(&line);
-            let line = line.trim_end_matches(['\r', '\n']);
+        let mut start = 0;
+        while let Some(pos) = memchr(&self.buf[self.scanned..]).map(|p| p + self.scanned) {
+            let line = String::from_utf8_lossy(&self.buf[start..pos]);
+            let line = line.trim_end_matches('\r');
             if let Some(data) = line.strip_prefix("data:") {
                 let data = data.trim_start().to_string();
                 if data == "[DONE]" {
@@ -277,9 +330,22 @@ impl SseLines {
                 }
                 out.push(data);
             }
+            start = pos + 1;
+            self.scanned = start;
         }
-        out
+        self.buf.drain(..start);
+        self.scanned = self.buf.len();
+        if self.buf.len() > MAX_LINE {
+            return Err(AgentError::new(format!(
+                "upstream sent a line longer than {MAX_LINE} bytes"
+            )));
+        }
+        Ok(out)
     }
+}
+
+fn memchr(haystack: &[u8]) -> Option<usize> {
+    haystack.iter().position(|&b| b == b'\n')
 }
 
 #[cfg(test)]
@@ -367,11 +433,28 @@ mod tests {
     #[test]
     fn sse_lines_split_across_chunks() {
         let mut p = SseLines::default();
-        assert!(p.push(b"data: {\"a\"").is_empty());
+        assert!(p.push(b"data: {\"a\"").expect("line").is_empty());
         assert_eq!(
-            p.push(b":1}\n\n: keep-alive\ndata: [DONE]\n"),
+            p.push(b":1}\n\n: keep-alive\ndata: [DONE]\n")
+                .expect("lines"),
             ["{\"a\":1}", "[DONE]"]
         );
         assert!(p.done);
+    }
+
+    #[test]
+    fn an_endless_line_fails_once_it_passes_the_cap() {
+        let mut p = SseLines::default();
+        let chunk = vec![b'x'; 64 << 10];
+        let mut pushed = 0;
+        let err = loop {
+            match p.push(&chunk) {
+                Ok(lines) => assert!(lines.is_empty()),
+                Err(e) => break e,
+            }
+            pushed += chunk.len();
+            assert!(pushed <= MAX_LINE, "no error past the cap");
+        };
+        assert!(err.message.contains("longer than"), "{}", err.message);
     }
 }

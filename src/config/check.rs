@@ -124,6 +124,18 @@ fn server(s: &mut ServerConfig) -> Result<(), ConfigError> {
     seconds(&k("body_read_timeout_seconds"), s.body_read_timeout_seconds)?;
     int(&k("max_batch_size"), s.max_batch_size, 1, 10_000)?;
     int(
+        &k("max_batch_response_bytes"),
+        s.max_batch_response_bytes,
+        64 << 10,
+        1 << 30,
+    )?;
+    int(
+        &k("max_list_page_bytes"),
+        s.max_list_page_bytes,
+        64 << 10,
+        1 << 30,
+    )?;
+    int(
         &k("http2_max_concurrent_streams"),
         s.http2_max_concurrent_streams,
         1,
@@ -363,6 +375,12 @@ fn openai(o: &OpenAiConfig, at: &dyn Fn(&str) -> String) -> Result<(), ConfigErr
         o.max_history_turns,
         0,
         100_000,
+    )?;
+    int(
+        &at("openai.max_response_bytes"),
+        o.max_response_bytes,
+        1024,
+        1 << 30,
     )?;
     seconds(
         &at("openai.request_timeout_seconds"),

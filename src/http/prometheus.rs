@@ -234,6 +234,10 @@ pub(crate) fn render(app: &App) -> String {
                 c.closed_first_byte.load(Relaxed) as f64,
             ),
             (
+                "reason=\"header_timeout\"",
+                c.closed_header.load(Relaxed) as f64,
+            ),
+            (
                 "reason=\"idle_timeout\"",
                 c.closed_idle.load(Relaxed) as f64,
             ),

@@ -28,6 +28,13 @@ pub enum Mode {
     Malformed,
     /// Accept, then never answer.
     Hang,
+    /// Hostile: `delta.content` chunks of `chunk` characters as fast as the client reads,
+    /// never a `[DONE]`.
+    Flood { chunk: usize },
+    /// Hostile: `Content-Type: application/json` and a body that never ends.
+    EndlessJson,
+    /// Hostile: `data: ` and then 1 MiB chunks with no newline, forever.
+    EndlessLine,
 }
 
 pub struct Upstream {
@@ -116,6 +123,21 @@ async fn answer(mode: Mode, closed: Arc<AtomicBool>) -> Response<Body> {
         }
         Mode::Malformed => full(200, "text/event-stream",
             format!("{}data: {{not json\n\n", String::from_utf8_lossy(&chunk("a")))),
+        Mode::Flood { chunk: size } => endless(
+            "text/event-stream",
+            Bytes::new(),
+            chunk(&"x".repeat(size)),
+        ),
+        Mode::EndlessJson => endless(
+            "application/json",
+            Bytes::from_static(b"{\"choices\": [{\"message\": {\"content\": \""),
+            Bytes::from(vec![b'a'; 64 << 10]),
+        ),
+        Mode::EndlessLine => endless(
+            "text/event-stream",
+            Bytes::from_static(b"data: "),
+            Bytes::from(vec![b'a'; 1 << 20]),
+        ),
         Mode::Stream { words, gap } => {
             let (tx, rx) = tokio::sync::mpsc::channel::<Result<Frame<Bytes>, Infallible>>(1);
             tokio::spawn(async move {
@@ -138,6 +160,22 @@ async fn answer(mode: Mode, closed: Arc<AtomicBool>) -> Response<Body> {
             r
         }
     }
+}
+
+/// A body of `first` and then `repeat` for as long as the client reads (ends when the
+/// client goes away).
+fn endless(content_type: &str, first: Bytes, repeat: Bytes) -> Response<Body> {
+    let stream = futures_util::stream::unfold(Some(first), move |next| {
+        let repeat = repeat.clone();
+        async move {
+            let frame = next.filter(|b| !b.is_empty()).unwrap_or(repeat);
+            Some((Ok::<_, Infallible>(Frame::data(frame)), None))
+        }
+    });
+    let mut r = Response::new(BodyExt::boxed(StreamBody::new(stream)));
+    r.headers_mut()
+        .insert("content-type", content_type.parse().expect("ct"));
+    r
 }
 
 impl Drop for Upstream {

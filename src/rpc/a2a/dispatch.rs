@@ -393,10 +393,10 @@ async fn list_tasks(
             after,
         })
         .await?;
-    let next = page.next.as_ref().map(token::encode).unwrap_or_default();
+    let max_bytes = runtime.config().server.max_list_page_bytes;
     Ok(Reply::ok(
         id,
-        &render::list_result(&page, next, page_size, history_length, artifacts),
+        &render::list_result(&page, page_size, history_length, artifacts, max_bytes),
     ))
 }
 

@@ -17,7 +17,7 @@ use crate::model::{
 use crate::push::StoredPushConfig;
 use crate::rpc::success;
 use crate::runtime::StreamItem;
-use crate::store::ListPage;
+use crate::store::{ListPage, PageToken};
 
 /// A state's wire name.
 pub(crate) fn state_name(v: Version, s: TaskState) -> &'static str {
@@ -444,32 +444,52 @@ pub(crate) fn message_result(v: Version, message: &Message, context: Option<&Con
     }
 }
 
-/// A ListTasks result.
+/// A ListTasks result. The page stops early — its `nextPageToken` then names the last task
+/// it holds — once its tasks would pass `max_bytes` (`server.max_list_page_bytes`); it
+/// always holds at least one task, so paging always advances.
 pub(crate) fn list_result(
     page: &ListPage,
-    next_token: String,
     page_size: usize,
     history_length: Option<usize>,
     artifacts: bool,
-) -> Value {
-    let tasks: Vec<Value> = page
-        .tasks
-        .iter()
-        .map(|t| {
-            json!(TaskOut {
-                v: Version::V10,
-                task: t,
-                history_length,
-                artifacts,
-            })
-        })
-        .collect();
-    json!({
-        "tasks": tasks,
-        "nextPageToken": next_token,
-        "pageSize": page_size,
-        "totalSize": page.total,
-    })
+    max_bytes: usize,
+) -> ListOut {
+    let mut tasks = Vec::with_capacity(page.tasks.len());
+    let mut bytes = 0usize;
+    let mut next = page.next.clone();
+    for (i, t) in page.tasks.iter().enumerate() {
+        let view = TaskOut {
+            v: Version::V10,
+            task: t,
+            history_length,
+            artifacts,
+        };
+        let Ok(raw) = serde_json::value::to_raw_value(&view) else {
+            continue;
+        };
+        bytes = bytes.saturating_add(raw.get().len());
+        if i > 0 && bytes > max_bytes {
+            next = page.tasks.get(i - 1).map(|t| PageToken::of(t));
+            break;
+        }
+        tasks.push(raw);
+    }
+    ListOut {
+        tasks,
+        next_page_token: next.as_ref().map(super::token::encode).unwrap_or_default(),
+        page_size,
+        total_size: page.total,
+    }
+}
+
+/// The body of a ListTasks result.
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+pub(crate) struct ListOut {
+    tasks: Vec<Box<RawValue>>,
+    next_page_token: String,
+    page_size: usize,
+    total_size: usize,
 }
 
 /// The authentication of a stored configuration, as it was set.

@@ -153,8 +153,8 @@ impl Serialize for HistoryOut<'_> {
 }
 
 /// The `data:` of one stream event: a response whose result is
-/// `{id, contextId, status, final}` (+ `artifacts` on the final completed event, +
-/// `artifact` on an artifact event).
+/// `{id, contextId, status, final}` (+ `artifact` on an artifact event; never
+/// `artifacts`, DECISIONS.md §3).
 pub(crate) fn sse_data(id: &RawValue, item: &StreamItem, _first: bool) -> Vec<u8> {
     success(id, &EventOut(item))
 }
@@ -169,9 +169,8 @@ impl Serialize for EventOut<'_> {
         map.serialize_entry("contextId", task.context_id.as_str())?;
         map.serialize_entry("status", &StatusOut(&event.status))?;
         map.serialize_entry("final", &event.is_final())?;
-        if event.artifact.is_none() && event.status.state == TaskState::Completed {
-            map.serialize_entry("artifacts", &ArtifactsOut(&event.status, &task.artifacts))?;
-        }
+        // Never `artifacts` (DECISIONS.md §3): Evo AI's stream client shows every text an
+        // event holds, and the reply is in `status.message` already.
         if let Some(update) = &event.artifact {
             map.serialize_entry(
                 "artifact",
