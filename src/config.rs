@@ -145,6 +145,12 @@ pub struct StoreConfig {
     /// Writes handed to the store and not yet durable, at most; beyond it new tasks are
     /// refused (429) until the disk catches up.
     pub max_pending_writes: u64,
+    /// Start even though some records of the file cannot be read: they are copied to a
+    /// file beside the store (`<path>.damaged-<time>.jsonl`) and removed from it. Not a
+    /// configuration key: the command line's `--set-aside-damaged` sets it for one start
+    /// (an operator's decision, never a standing default).
+    #[serde(skip)]
+    pub set_aside_damaged: bool,
 }
 
 /// Which store backend.
@@ -678,6 +684,7 @@ impl Default for StoreConfig {
             cache_mib: Self::DEFAULT_CACHE_MIB,
             quick_repair: false,
             max_pending_writes: Self::DEFAULT_MAX_PENDING_WRITES,
+            set_aside_damaged: false,
         }
     }
 }

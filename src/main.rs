@@ -29,6 +29,11 @@ struct Cli {
     /// Override `server.listen`, e.g. 127.0.0.1:0 (port 0 picks a free port).
     #[arg(long, value_name = "ADDR")]
     listen: Option<String>,
+    /// Start even though some records of the store file cannot be read: copy them to
+    /// `<store>.damaged-<time>.jsonl` beside it, remove them from the store, and serve the
+    /// rest (without this, such a file refuses the start with exit status 2).
+    #[arg(long)]
+    set_aside_damaged: bool,
 }
 
 fn main() -> ExitCode {
@@ -84,6 +89,7 @@ async fn serve() -> ExitCode {
         if let Some(listen) = cli.listen {
             c.server.listen = listen;
         }
+        c.store.set_aside_damaged = cli.set_aside_damaged;
         c.validated().map_err(|mut e| {
             e.file = cli.config.as_ref().map(|p| p.display().to_string());
             e
@@ -142,7 +148,17 @@ async fn serve() -> ExitCode {
     shutdown_signal().await;
     tracing::info!("signal received; shutting down");
     handle.stop();
-    handle.stopped().await;
+    let unwritten = handle.stopped().await;
+    if unwritten > 0 {
+        tracing::error!(
+            writes = unwritten,
+            "stopped with writes that never became durable (the store kept failing until the shutdown grace ran out); clients were never told about them"
+        );
+        eprintln!(
+            "a2ad: {unwritten} write(s) never became durable: the store kept failing until the shutdown grace ran out"
+        );
+        return ExitCode::from(1);
+    }
     ExitCode::SUCCESS
 }
 

@@ -1001,8 +1001,10 @@ impl Runtime {
     /// Stops taking work, cancels running tasks with reason `shutdown` (so their streams
     /// end with a final `canceled` event), waits up to `grace` for them to end and for
     /// pending webhooks to go out (what is left is logged with its delivery id and
-    /// dropped), then stops the actors.
-    pub async fn shutdown(&self, grace: Duration) {
+    /// dropped), then stops the actors and closes the store (within what is left of the
+    /// grace, at least one second). Returns the writes that never became durable: 0 unless
+    /// the store was failing (a full disk, a lost database) when the grace ran out.
+    pub async fn shutdown(&self, grace: Duration) -> u64 {
         self.shared.shutting_down.store(true, Relaxed);
         // A durable store keeps tasks that wait for input across the restart.
         let keep_waiting = self.shared.config.store.backend != StoreBackend::Memory
@@ -1033,8 +1035,13 @@ impl Runtime {
         self.supervisor.stop(None);
         self.shared.contexts.stop(None);
         let store = self.shared.store.clone();
-        // Commits what is queued (a bounded batch) on a blocking thread.
-        let _ = tokio::task::spawn_blocking(move || store.close()).await;
+        let within = deadline
+            .saturating_duration_since(tokio::time::Instant::now())
+            .max(Duration::from_secs(1));
+        // Commits what is queued on a blocking thread, within the grace.
+        let unwritten = tokio::task::spawn_blocking(move || store.close(within))
+            .await
+            .unwrap_or(0);
         if let Some(handle) = this_signals(self).take() {
             handle.abort();
         }
@@ -1042,6 +1049,7 @@ impl Runtime {
             // The other nodes take this node's queued tasks and pending deliveries now.
             cluster.leave().await;
         }
+        unwritten
     }
 
     /// True once [`Runtime::shutdown`] began.

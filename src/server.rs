@@ -59,7 +59,7 @@ pub struct ServerHandle {
     /// Sending `true` starts the shutdown; dropped with the handle, which also stops.
     stop: watch::Sender<bool>,
     /// Resolves when the accept loop and the drain are done.
-    done: tokio::task::JoinHandle<()>,
+    done: tokio::task::JoinHandle<u64>,
     runtime: Runtime,
 }
 
@@ -167,9 +167,11 @@ impl ServerHandle {
         let _ = self.stop.send(true);
     }
 
-    /// Waits until the server has stopped (after [`ServerHandle::stop`]).
-    pub async fn stopped(self) {
-        let _ = self.done.await;
+    /// Waits until the server has stopped (after [`ServerHandle::stop`]). Returns the
+    /// writes that never became durable: 0 unless the store kept failing (a full disk, a
+    /// lost database) until the shutdown grace ran out.
+    pub async fn stopped(self) -> u64 {
+        self.done.await.unwrap_or(0)
     }
 }
 
@@ -347,7 +349,9 @@ enum Phase {
     Abort,
 }
 
-async fn accept_loop(listener: TcpListener, app: Arc<App>, mut stop: watch::Receiver<bool>) {
+/// Accepts until told to stop, then shuts down; returns the writes that never became
+/// durable (see [`Runtime::shutdown`]).
+async fn accept_loop(listener: TcpListener, app: Arc<App>, mut stop: watch::Receiver<bool>) -> u64 {
     let config = app.runtime.config().clone();
     let s = &config.server;
     let max = connection_cap(s.max_connections);
@@ -419,7 +423,7 @@ async fn accept_loop(listener: TcpListener, app: Arc<App>, mut stop: watch::Rece
         "shutting down: canceling running tasks and draining connections"
     );
     let deadline = tokio::time::Instant::now() + grace;
-    app.runtime.shutdown(grace).await;
+    let unwritten = app.runtime.shutdown(grace).await;
     let _ = phase.send(Phase::Drain);
     let remaining = deadline.saturating_duration_since(tokio::time::Instant::now());
     let all = u32::try_from(max).unwrap_or(u32::MAX);
@@ -434,6 +438,7 @@ async fn accept_loop(listener: TcpListener, app: Arc<App>, mut stop: watch::Rece
         // Each connection closes as soon as it sees the phase; wait for them briefly.
         let _ = tokio::time::timeout(Duration::from_secs(1), slots.permits.acquire_many(all)).await;
     }
+    unwritten
 }
 
 /// Serves one connection until it ends, its watchdog closes it, or shutdown does.

@@ -29,6 +29,7 @@ use crate::push::{PushScope, StoredPushConfig};
 pub(crate) mod codec;
 #[cfg(test)]
 mod contract;
+mod damage;
 mod file;
 mod index;
 mod local;
@@ -124,8 +125,9 @@ pub trait Store: Send + Sync + 'static {
     /// Writes appended and not yet durable (cheap: admission reads it per task).
     fn backlog(&self) -> u64;
 
-    /// Makes everything appended so far durable and stops the committer (shutdown).
-    fn close(&self);
+    /// Makes everything appended so far durable and stops the committer (shutdown),
+    /// waiting at most `within`; returns the writes that never became durable.
+    fn close(&self, within: std::time::Duration) -> u64;
 }
 
 /// A continuation of [`Store::append`], run once its writes are durable.

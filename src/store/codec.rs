@@ -518,6 +518,17 @@ pub(crate) fn encode_event(event: &TaskEvent) -> Vec<u8> {
     serde_json::to_vec(&rec).unwrap_or_default()
 }
 
+/// Whether an event row reads back: its key is a task's key and a number, its value an
+/// event record (checked at open, so a damaged row refuses the start instead of vanishing
+/// from a later replay).
+pub(crate) fn event_row_is_valid(key: &[u8], value: &[u8]) -> bool {
+    let mut r = KeyReader(key);
+    read_task_key(&mut r).is_some()
+        && r.u64().is_some()
+        && r.done()
+        && serde_json::from_slice::<EventRec>(value).is_ok()
+}
+
 /// Decodes event `seq`; `history` lends messages the event shares with its task.
 pub(crate) fn decode_event(seq: u64, bytes: &[u8], history: &[Arc<Message>]) -> Option<TaskEvent> {
     let rec: EventRec = serde_json::from_slice(bytes).ok()?;

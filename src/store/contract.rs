@@ -281,7 +281,7 @@ fn memory_keeps_the_contract() {
     };
     let store = open(&config);
     contract(&store, false, false);
-    store.close();
+    store.close(std::time::Duration::from_secs(30));
     // Nothing across a reopen, by design.
     let store = open(&config);
     assert!(store.task_now(&key("alice", "t-1")).is_none());
@@ -296,7 +296,7 @@ fn the_redb_file_keeps_the_contract_and_everything_across_a_reopen() {
     };
     let store = open(&config);
     contract(&store, true, false);
-    store.close();
+    store.close(std::time::Duration::from_secs(30));
     drop(store);
 
     let store = open(&config);
@@ -331,7 +331,7 @@ fn the_redb_file_keeps_the_contract_and_everything_across_a_reopen() {
     assert_eq!(pending, vec![(2, "n2", true)]);
     let key = recovered.deliveries[0].key.clone();
     commit(&store, vec![Write::OutboxDone(key)]);
-    store.close();
+    store.close(std::time::Duration::from_secs(30));
     drop(store);
 
     let store = open(&config);
@@ -339,7 +339,7 @@ fn the_redb_file_keeps_the_contract_and_everything_across_a_reopen() {
         store.recovered().deliveries.is_empty(),
         "a done delivery is gone"
     );
-    store.close();
+    store.close(std::time::Duration::from_secs(30));
     let _ = std::fs::remove_dir_all(&dir);
 }
 

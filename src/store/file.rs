@@ -17,7 +17,7 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender, TryRecvError};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
 use redb::{
@@ -26,6 +26,7 @@ use redb::{
 };
 
 use super::codec::{self, Created, SCHEMA_VERSION};
+use super::damage::{self, Damaged};
 use super::index::Evicted;
 use super::local::Indexes;
 use super::{
@@ -55,10 +56,15 @@ enum Job {
     Forget(Vec<Evicted>),
 }
 
+/// The open file, shared by the committer (which replaces it when it must reopen the
+/// file) and readers (which hold the read side for the length of one read). `None` only
+/// while a reopen has not succeeded yet.
+type Handle = Arc<RwLock<Option<Database>>>;
+
 /// The journal: a handle to the committer thread and the file.
 pub(crate) struct Journal {
     tx: Mutex<Option<Sender<Job>>>,
-    db: Arc<Database>,
+    db: Handle,
     path: PathBuf,
     thread: Mutex<Option<std::thread::JoinHandle<()>>>,
     counters: Arc<Counters>,
@@ -71,6 +77,8 @@ struct Counters {
     commits: AtomicU64,
     committed: AtomicU64,
     failing: AtomicBool,
+    /// Set when shutdown gave up waiting: the committer stops retrying and exits.
+    abandon: AtomicBool,
 }
 
 fn open_error(path: &Path, message: impl Into<String>) -> Error {
@@ -88,6 +96,14 @@ impl Journal {
     /// [`Error::Store`] naming the file: locked by another process, unreadable, not an
     /// a2ad store, or of another schema. The file is left as it was.
     pub(crate) fn open(config: &Config, indexes: Arc<Indexes>) -> Result<(Self, Recovered)> {
+        // redb trusts the pages of a file that opened cleanly: on a damaged one it may
+        // panic anywhere from its first read. That refuses the start like any other
+        // damage, with one line naming the file.
+        damage::catch_quietly(|| Self::open_checked(config, indexes))
+            .unwrap_or_else(|panic| Err(damaged(Path::new(&config.store.path), &panic)))
+    }
+
+    fn open_checked(config: &Config, indexes: Arc<Indexes>) -> Result<(Self, Recovered)> {
         let store = &config.store;
         let path = PathBuf::from(&store.path);
         if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty())
@@ -101,15 +117,27 @@ impl Journal {
             })?;
             restrict(dir, 0o700);
         }
-        let fresh = !path.exists()
-            || std::fs::metadata(&path)
-                .map(|m| m.len() == 0)
-                .unwrap_or(false);
+        let fresh = !path.exists();
+        if !fresh && std::fs::metadata(&path).is_ok_and(|m| m.len() == 0) {
+            // An a2ad store is never empty (redb writes its header when it creates the
+            // file): this is an operator's `> a2ad.redb` or a truncation, not a new store.
+            return Err(open_error(
+                &path,
+                "is empty (0 bytes), so it is not a store a2ad wrote: if it held tasks, restore it from a backup; to start with a new, empty store, delete the file",
+            ));
+        }
+        let started = Instant::now();
+        let mut loaded = None;
         if !fresh {
-            // Look before writing: a file that is not ours is left exactly as it was.
+            // Look before writing: a file that is not ours, or a damaged one, is left
+            // exactly as it was. A clean file is loaded through this read-only handle.
             match redb::Builder::new().open_read_only(&path) {
                 Ok(read) => {
-                    check_existing(&read, &path)?;
+                    if check_existing(&read, &path)? == SCHEMA_VERSION {
+                        let l = guarded_load(&path, || load(&read, &indexes, config))?;
+                        refuse_damage(&path, &l.damaged, store.set_aside_damaged)?;
+                        loaded = Some(l);
+                    }
                 }
                 // Not closed cleanly (a crash): only a writer may repair it; checked below.
                 Err(DatabaseError::RepairAborted) => {}
@@ -124,10 +152,21 @@ impl Journal {
             restrict(&path, 0o600);
         }
         check_schema(&db, &path)?;
-        let db = Arc::new(db);
-        let started = Instant::now();
-        let recovered = load(&db, &indexes, config)
-            .map_err(|e| open_error(&path, format!("could not be read: {e}")))?;
+        let loaded = match loaded {
+            Some(l) => l,
+            None => {
+                let l = guarded_load(&path, || load(&db, &indexes, config))?;
+                refuse_damage(&path, &l.damaged, store.set_aside_damaged)?;
+                l
+            }
+        };
+        if !loaded.damaged.is_empty() {
+            damage::set_aside(&db, &path, &loaded.damaged)?;
+        }
+        loaded
+            .tidy(&db)
+            .map_err(|e| open_error(&path, format!("could not be tidied: {e}")))?;
+        let recovered = loaded.recovered;
         tracing::info!(
             path = %path.display(),
             tasks = indexes.tasks.len(),
@@ -138,8 +177,11 @@ impl Journal {
         );
         let (tx, rx) = std::sync::mpsc::channel();
         let counters = Arc::new(Counters::default());
+        let db: Handle = Arc::new(RwLock::new(Some(db)));
         let committer = Committer {
             db: db.clone(),
+            path: path.clone(),
+            cache_bytes: store.cache_mib.saturating_mul(1 << 20),
             indexes: indexes.clone(),
             rx,
             counters: counters.clone(),
@@ -193,8 +235,12 @@ impl Journal {
         let Some(task) = self.indexes.tasks.get(key) else {
             return Ok(Vec::new());
         };
-        read_events(&self.db, key, codec::created(&task), after, &task.history)
-            .map_err(super::failed)
+        let db = self.db.read().unwrap_or_else(|e| e.into_inner());
+        let Some(db) = db.as_ref() else {
+            return Err(super::failed("the store file is being reopened"));
+        };
+        let read = db.begin_read().map_err(super::failed)?;
+        read_events(&read, key, codec::created(&task), after, &task.history).map_err(super::failed)
     }
 
     /// Commits are failing (and being retried).
@@ -219,18 +265,30 @@ impl Journal {
         }
     }
 
-    /// Commits what is queued and stops the committer.
-    pub(crate) fn close(&self) {
+    /// Commits what is queued and stops the committer, waiting at most `within` (a disk
+    /// that stays full must not hold a shutdown forever). Returns the writes that never
+    /// became durable (0 when all did).
+    pub(crate) fn close(&self, within: Duration) -> u64 {
         drop(self.tx.lock().unwrap_or_else(|e| e.into_inner()).take());
+        let deadline = Instant::now() + within;
         if let Some(thread) = self.thread.lock().unwrap_or_else(|e| e.into_inner()).take() {
-            let _ = thread.join();
+            while !thread.is_finished() && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            if thread.is_finished() {
+                let _ = thread.join();
+            } else {
+                // Still retrying a commit the file refuses: tell it to stop, and go.
+                self.counters.abandon.store(true, Relaxed);
+            }
         }
+        self.counters.pending.load(Relaxed)
     }
 }
 
 impl Drop for Journal {
     fn drop(&mut self) {
-        self.close();
+        self.close(Duration::from_secs(10));
     }
 }
 
@@ -429,13 +487,12 @@ fn migrate_v1(db: &Database, path: &Path) -> Result<()> {
 }
 
 fn read_events(
-    db: &Database,
+    read: &redb::ReadTransaction,
     key: &TaskKey,
     created: Created,
     after: u64,
     history: &[Arc<Message>],
 ) -> std::result::Result<Vec<TaskEvent>, redb::Error> {
-    let read = db.begin_read()?;
     let events = read.open_table(EVENTS)?;
     let from = codec::event_key(key, created, after.saturating_add(1));
     let end = codec::prefix_end(&codec::task_key(key, created));
@@ -447,25 +504,110 @@ fn read_events(
             .split_last_chunk::<8>()
             .map(|(_, n)| u64::from_be_bytes(*n))
             .unwrap_or(0);
-        if let Some(e) = codec::decode_event(seq, v.value(), history) {
-            out.push(e);
+        match codec::decode_event(seq, v.value(), history) {
+            Some(e) => out.push(e),
+            // Checked at open; a row damaged since is logged, not replayed as something else.
+            None => tracing::error!(task = %key.task, seq, "a stored event could not be decoded"),
         }
     }
     Ok(out)
 }
 
-/// Loads the file: push configurations and finished tasks into the indexes (expired ones
-/// are dropped), unfinished tasks, conversations and the outbox into [`Recovered`].
+/// What [`load`] read: the work a restart resumes, and what the file should lose.
+struct Loaded {
+    recovered: Recovered,
+    /// Tasks past their retention (or over the caps): deleted once the file is writable.
+    expired: Vec<Evicted>,
+    /// Outbox entries whose task, configuration or event is gone.
+    stale: Vec<(super::OutboxKey, Created)>,
+    /// Rows that cannot be read.
+    damaged: Vec<Damaged>,
+}
+
+impl Loaded {
+    /// Deletes the expired tasks and stale outbox entries.
+    fn tidy(&self, db: &Database) -> std::result::Result<(), redb::Error> {
+        if self.expired.is_empty() && self.stale.is_empty() {
+            return Ok(());
+        }
+        let w = db.begin_write()?;
+        for (key, created) in &self.expired {
+            delete_task(&w, key, *created)?;
+        }
+        {
+            let mut outbox = w.open_table(OUTBOX)?;
+            for (key, created) in &self.stale {
+                outbox.remove(codec::outbox_key(key, *created).as_slice())?;
+            }
+        }
+        w.commit()?;
+        Ok(())
+    }
+}
+
+/// The refusal of a file part of which cannot be read.
+fn damaged(path: &Path, why: &dyn std::fmt::Display) -> Error {
+    open_error(
+        path,
+        format!(
+            "is damaged: part of it cannot be read ({why}); restore it from a backup, or move it aside to start with an empty store"
+        ),
+    )
+}
+
+/// Runs `load`, saying what a storage error means.
+fn guarded_load(
+    path: &Path,
+    load: impl FnOnce() -> std::result::Result<Loaded, redb::Error>,
+) -> Result<Loaded> {
+    match load() {
+        Ok(loaded) => Ok(loaded),
+        Err(redb::Error::Corrupted(why)) => Err(damaged(path, &why)),
+        Err(e) => Err(open_error(path, format!("could not be read: {e}"))),
+    }
+}
+
+/// Damaged records refuse the start unless the operator said to set them aside.
+fn refuse_damage(path: &Path, damaged: &[Damaged], set_aside: bool) -> Result<()> {
+    if damaged.is_empty() || set_aside {
+        return Ok(());
+    }
+    Err(open_error(
+        path,
+        format!(
+            "has {} damaged record(s) ({}) that cannot be read; restore the file from a backup, or start once with --set-aside-damaged to copy them to a file beside the store and serve the rest",
+            damaged.len(),
+            damage::summary(damaged)
+        ),
+    ))
+}
+
+/// Reads the file: push configurations and finished tasks into the indexes, unfinished
+/// tasks, conversations and the outbox into [`Recovered`]; every row is checked, and
+/// those that cannot be read are listed, never skipped silently. Writes nothing.
 fn load(
-    db: &Database,
+    db: &impl ReadableDatabase,
     indexes: &Indexes,
     config: &Config,
-) -> std::result::Result<Recovered, redb::Error> {
+) -> std::result::Result<Loaded, redb::Error> {
     let read = db.begin_read()?;
+    let mut damaged = Vec::new();
+    let mut bad = |table: &str, k: &[u8], v: &[u8]| {
+        damaged.push(Damaged::new(table, k, v));
+    };
     for entry in read.open_table(PUSH)?.iter()? {
-        let (_, v) = entry?;
-        if let Some(c) = codec::decode_push(v.value()) {
-            let _ = indexes.push.set(c, usize::MAX);
+        let (k, v) = entry?;
+        match codec::decode_push(v.value()) {
+            Some(c) => {
+                let _ = indexes.push.set(c, usize::MAX);
+            }
+            None => bad(PUSH.name(), k.value(), v.value()),
+        }
+    }
+    for entry in read.open_table(EVENTS)?.iter()? {
+        let (k, v) = entry?;
+        if !codec::event_row_is_valid(k.value(), v.value()) {
+            bad(EVENTS.name(), k.value(), v.value());
         }
     }
     let retention = Duration::from_secs_f64(config.server.task_retention_seconds);
@@ -475,11 +617,10 @@ fn load(
     let mut live: Vec<RecoveredTask> = Vec::new();
     for entry in read.open_table(TASKS)?.iter()? {
         let (k, v) = entry?;
-        let Some((created, key)) = codec::parse_task_key(k.value()) else {
-            continue;
-        };
-        let Some((task, turn)) = codec::decode_task(&key, v.value()) else {
-            tracing::error!(task = %key.task, "a task record could not be decoded; skipped");
+        let decoded = codec::parse_task_key(k.value())
+            .and_then(|(created, key)| Some((created, codec::decode_task(&key, v.value())?, key)));
+        let Some((created, (task, turn), key)) = decoded else {
+            bad(TASKS.name(), k.value(), v.value());
             continue;
         };
         let task = Arc::new(task);
@@ -491,7 +632,7 @@ fn load(
                 finished.push((key, task));
             }
         } else {
-            let events = read_events(db, &key, created, 0, &task.history)?
+            let events = read_events(&read, &key, created, 0, &task.history)?
                 .into_iter()
                 .map(Arc::new)
                 .collect();
@@ -527,6 +668,7 @@ fn load(
             codec::parse_turn_key(k.value()),
             codec::decode_turn(v.value()),
         ) else {
+            bad(TURNS.name(), k.value(), v.value());
             continue;
         };
         contexts
@@ -543,12 +685,14 @@ fn load(
 
     let mut deliveries = Vec::new();
     let mut stale = Vec::new();
+    let events = read.open_table(EVENTS)?;
     for entry in read.open_table(OUTBOX)?.iter()? {
         let (k, v) = entry?;
         let (Some((created, key)), Some((attempt, due))) = (
             codec::parse_outbox_key(k.value()),
             codec::decode_outbox(v.value()),
         ) else {
+            bad(OUTBOX.name(), k.value(), v.value());
             continue;
         };
         let task = indexes.tasks.get(&key.task);
@@ -558,8 +702,7 @@ fn load(
             .into_iter()
             .find(|c| c.id == key.config);
         let event = match &task {
-            Some(t) => read
-                .open_table(EVENTS)?
+            Some(t) => events
                 .get(codec::event_key(&key.task, created, key.seq).as_slice())?
                 .and_then(|e| codec::decode_event(key.seq, e.value(), &t.history)),
             None => None,
@@ -577,24 +720,15 @@ fn load(
             _ => stale.push((key, created)),
         }
     }
-    drop(read);
-    if !expired.is_empty() || !stale.is_empty() {
-        let w = db.begin_write()?;
-        for (key, created) in &expired {
-            delete_task(&w, key, *created)?;
-        }
-        {
-            let mut outbox = w.open_table(OUTBOX)?;
-            for (key, created) in &stale {
-                outbox.remove(codec::outbox_key(key, *created).as_slice())?;
-            }
-        }
-        w.commit()?;
-    }
-    Ok(Recovered {
-        tasks: live,
-        contexts: contexts.into_values().collect(),
-        deliveries,
+    Ok(Loaded {
+        recovered: Recovered {
+            tasks: live,
+            contexts: contexts.into_values().collect(),
+            deliveries,
+        },
+        expired,
+        stale,
+        damaged,
     })
 }
 
@@ -620,7 +754,9 @@ fn delete_task(
 }
 
 struct Committer {
-    db: Arc<Database>,
+    db: Handle,
+    path: PathBuf,
+    cache_bytes: usize,
     indexes: Arc<Indexes>,
     rx: Receiver<Job>,
     counters: Arc<Counters>,
@@ -642,6 +778,9 @@ struct Batch {
 impl Committer {
     fn run(mut self) {
         loop {
+            if self.counters.abandon.load(Relaxed) {
+                return;
+            }
             let first = if self.forget.is_empty() {
                 match self.rx.recv() {
                     Ok(job) => job,
@@ -680,37 +819,57 @@ impl Committer {
                     }
                 }
             }
-            if !batch.appends.is_empty() {
-                self.commit(batch);
+            if !batch.appends.is_empty() && !self.commit(batch) {
+                return;
             }
             if !self.forget.is_empty() {
                 self.forget_chunk();
             }
         }
         // Disconnected: everything queued has been committed above.
-        while !self.forget.is_empty() {
+        while !self.forget.is_empty() && !self.counters.abandon.load(Relaxed) {
             self.forget_chunk();
         }
     }
 
-    /// Writes one batch, retrying until the file takes it; then publishes it.
-    fn commit(&mut self, batch: Batch) {
+    /// Writes one batch, retrying until the file takes it; then publishes it. A failed
+    /// commit leaves redb's handle unusable (it latches the I/O error), so each retry
+    /// reopens the file first: once the disk has room again, the same writes go in.
+    /// Returns false when shutdown gave up on it (nothing of the batch was acknowledged).
+    fn commit(&mut self, batch: Batch) -> bool {
         let mut pause = Duration::from_millis(100);
+        let mut failure: Option<Failure> = None;
         let deliveries = loop {
             match self.write(&batch.writes) {
                 Ok(d) => break d,
                 Err(e) => {
-                    if !self.counters.failing.swap(true, Relaxed) {
-                        tracing::error!(error = %e, "store commit failed; retrying (nothing is acknowledged until it succeeds)");
+                    self.counters.failing.store(true, Relaxed);
+                    Failure::note(
+                        &mut failure,
+                        &e.to_string(),
+                        self.counters.pending.load(Relaxed),
+                    );
+                    if !self.pause(pause) {
+                        return false;
                     }
-                    std::thread::sleep(pause);
                     pause = (pause * 2).min(Duration::from_secs(5));
+                    if let Err(e) = self.reopen() {
+                        Failure::note(
+                            &mut failure,
+                            &format!("reopening the file: {e}"),
+                            self.counters.pending.load(Relaxed),
+                        );
+                    }
                 }
             }
         };
-        if self.counters.failing.swap(false, Relaxed) {
-            tracing::warn!("store commits succeed again");
+        if let Some(f) = failure {
+            tracing::warn!(
+                failing_for_s = f.since.elapsed().as_secs(),
+                "store commits succeed again"
+            );
         }
+        self.counters.failing.store(false, Relaxed);
         self.counters.commits.fetch_add(1, Relaxed);
         self.counters
             .committed
@@ -735,12 +894,43 @@ impl Committer {
                 then(Committed { deliveries: mine });
             }
         }
+        true
+    }
+
+    /// Sleeps `d`, waking early (false) when shutdown gives up on the committer.
+    fn pause(&self, d: Duration) -> bool {
+        let until = Instant::now() + d;
+        while Instant::now() < until {
+            if self.counters.abandon.load(Relaxed) {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(20).min(until - Instant::now()));
+        }
+        !self.counters.abandon.load(Relaxed)
+    }
+
+    /// Closes the file and opens it again (redb repairs what the failed commit left).
+    fn reopen(&self) -> std::result::Result<(), DatabaseError> {
+        let mut slot = self.db.write().unwrap_or_else(|e| e.into_inner());
+        // One handle per file: the failed one goes first.
+        drop(slot.take());
+        let db = redb::Builder::new()
+            .set_cache_size(self.cache_bytes)
+            .create(&self.path)?;
+        *slot = Some(db);
+        Ok(())
     }
 
     /// One transaction with every write of the batch. Returns the planned deliveries, each
     /// with the index of the write that planned it.
     fn write(&self, writes: &[Write]) -> std::result::Result<Vec<(usize, Delivery)>, redb::Error> {
-        let mut w = self.db.begin_write()?;
+        let db = self.db.read().unwrap_or_else(|e| e.into_inner());
+        let Some(db) = db.as_ref() else {
+            return Err(redb::Error::Io(std::io::Error::other(
+                "the store file is not open",
+            )));
+        };
+        let mut w = db.begin_write()?;
         w.set_durability(Durability::Immediate).map_err(|e| {
             redb::Error::from(redb::StorageError::Io(std::io::Error::other(e.to_string())))
         })?;
@@ -853,7 +1043,13 @@ impl Committer {
         let n = self.forget.len().min(FORGET_CHUNK);
         let chunk: Vec<Evicted> = self.forget.drain(..n).collect();
         let result = (|| -> std::result::Result<(), redb::Error> {
-            let mut w = self.db.begin_write()?;
+            let db = self.db.read().unwrap_or_else(|e| e.into_inner());
+            let Some(db) = db.as_ref() else {
+                return Err(redb::Error::Io(std::io::Error::other(
+                    "the store file is not open",
+                )));
+            };
+            let mut w = db.begin_write()?;
             w.set_quick_repair(self.quick_repair);
             for (key, created) in &chunk {
                 delete_task(&w, key, *created)?;
@@ -864,6 +1060,47 @@ impl Committer {
         if let Err(e) = result {
             tracing::error!(error = %e, tasks = chunk.len(), "store: deleting expired tasks failed; retried later");
             self.forget.extend(chunk);
+        }
+    }
+}
+
+/// A streak of failed commits, for the log: an error is logged when it first appears, when
+/// it changes, and every [`Failure::EVERY`] while it lasts.
+struct Failure {
+    since: Instant,
+    logged: Instant,
+    last: String,
+}
+
+impl Failure {
+    const EVERY: Duration = Duration::from_secs(30);
+
+    fn note(streak: &mut Option<Self>, error: &str, waiting: u64) {
+        let now = Instant::now();
+        match streak {
+            None => {
+                tracing::error!(
+                    error,
+                    waiting_writes = waiting,
+                    "store commit failed; retrying (nothing is acknowledged until it succeeds)"
+                );
+                *streak = Some(Self {
+                    since: now,
+                    logged: now,
+                    last: error.to_string(),
+                });
+            }
+            Some(f) if f.last != error || now.duration_since(f.logged) >= Self::EVERY => {
+                tracing::error!(
+                    error,
+                    waiting_writes = waiting,
+                    failing_for_s = f.since.elapsed().as_secs(),
+                    "store commits still failing; retrying"
+                );
+                f.logged = now;
+                error.clone_into(&mut f.last);
+            }
+            Some(_) => {}
         }
     }
 }
@@ -996,7 +1233,7 @@ mod tests {
                 "round {round}"
             );
             assert_eq!(journal.events(&key, 1).expect("events").len(), 1);
-            journal.close();
+            journal.close(Duration::from_secs(30));
             drop(journal);
             let db = Database::open(&path).expect("reopen");
             let read = db.begin_read().expect("read");

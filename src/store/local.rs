@@ -236,9 +236,7 @@ impl Store for LocalStore {
         self.journal.as_ref().map_or(0, Journal::backlog)
     }
 
-    fn close(&self) {
-        if let Some(journal) = &self.journal {
-            journal.close();
-        }
+    fn close(&self, within: std::time::Duration) -> u64 {
+        self.journal.as_ref().map_or(0, |j| j.close(within))
     }
 }

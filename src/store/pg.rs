@@ -2048,7 +2048,7 @@ impl Store for PgStore {
         self.inner.backlog.load(Relaxed)
     }
 
-    fn close(&self) {
+    fn close(&self, within: Duration) -> u64 {
         let (tx, rx) = std::sync::mpsc::channel();
         let sent = self
             .inner
@@ -2057,7 +2057,7 @@ impl Store for PgStore {
             .filter(|lane| lane.send(Msg::Close(tx.clone())).is_ok())
             .count();
         drop(tx);
-        let until = Instant::now() + COMMIT_TIMEOUT * 2;
+        let until = Instant::now() + within.min(COMMIT_TIMEOUT * 2);
         for _ in 0..sent {
             if rx
                 .recv_timeout(until.saturating_duration_since(Instant::now()))
@@ -2066,6 +2066,7 @@ impl Store for PgStore {
                 break;
             }
         }
+        self.inner.backlog.load(Relaxed)
     }
 }
 

@@ -48,12 +48,23 @@ impl Binary {
     /// Starts `a2ad --config <file with config_text> --listen 127.0.0.1:0`, with extra
     /// environment variables, optionally under a wrapper command (e.g. `prlimit ...`).
     pub fn start(config_text: &str, envs: &[(&str, &str)], wrapper: &[&str]) -> Self {
+        Self::start_with(config_text, envs, wrapper, &[])
+    }
+
+    /// [`Binary::start`] with extra command-line arguments after the usual ones.
+    pub fn start_with(
+        config_text: &str,
+        envs: &[(&str, &str)],
+        wrapper: &[&str],
+        extra: &[&str],
+    ) -> Self {
         let dir = TempDir::new();
         let path = dir.path.join("a2ad.toml");
         std::fs::write(&path, config_text).expect("write config");
         let path = path.display().to_string();
         let mut args: Vec<&str> = wrapper.to_vec();
         args.extend([BIN, "--config", &path, "--listen", "127.0.0.1:0"]);
+        args.extend(extra);
         let mut cmd = Command::new(args[0]);
         // Its own folder: the default store file (./a2ad-data/a2ad.redb) goes there.
         cmd.current_dir(&dir.path)
@@ -125,16 +136,22 @@ impl Binary {
     }
 
     /// SIGTERM, then waits (up to 30 s) for the exit; returns the exit code and stderr.
-    pub fn stop(mut self) -> (i32, String) {
+    pub fn stop(self) -> (i32, String) {
+        self.stop_within(Duration::from_secs(30))
+    }
+
+    /// SIGTERM, then waits up to `limit` for the exit (panics past it); returns the exit
+    /// code and stderr.
+    pub fn stop_within(mut self, limit: Duration) -> (i32, String) {
         let _ = Command::new("kill")
             .args(["-TERM", &self.child.id().to_string()])
             .status();
-        let end = Instant::now() + Duration::from_secs(30);
+        let end = Instant::now() + limit;
         let code = loop {
             if let Some(status) = self.child.try_wait().expect("wait") {
                 break status.code().unwrap_or(-1);
             }
-            assert!(Instant::now() < end, "a2ad did not exit within 30s");
+            assert!(Instant::now() < end, "a2ad did not exit within {limit:?}");
             std::thread::sleep(Duration::from_millis(20));
         };
         if let Some(reader) = self.reader.take() {
