@@ -148,13 +148,15 @@ pub(crate) async fn handle(
         }
     } else if path == "/healthz" {
         match *req.method() {
-            Method::GET | Method::HEAD if app.runtime.store_failing() => json(
-                StatusCode::SERVICE_UNAVAILABLE,
-                br#"{"status":"store failing"}"#.to_vec(),
-            ),
+            // A node cut off from PostgreSQL fails its commits too: that it stopped serving
+            // (fenced) is what a balancer should read.
             Method::GET | Method::HEAD if !app.runtime.serving() => json(
                 StatusCode::SERVICE_UNAVAILABLE,
                 br#"{"status":"not serving"}"#.to_vec(),
+            ),
+            Method::GET | Method::HEAD if app.runtime.store_failing() => json(
+                StatusCode::SERVICE_UNAVAILABLE,
+                br#"{"status":"store failing"}"#.to_vec(),
             ),
             Method::GET | Method::HEAD => json(StatusCode::OK, br#"{"status":"ok"}"#.to_vec()),
             Method::OPTIONS => preflight(),

@@ -916,18 +916,18 @@ async fn a_node_cut_off_from_postgresql_fences_itself_and_its_task_moves() {
         let url = format!("{}/healthz", c.base(i));
         let http = c.http.clone();
         async move {
-            http.get(url)
-                .send()
-                .await
-                .map(|r| r.status().as_u16())
-                .unwrap_or(0)
+            match http.get(url).send().await {
+                Ok(r) => (r.status().as_u16(), r.text().await.unwrap_or_default()),
+                Err(_) => (0, String::new()),
+            }
         }
     };
-    assert_eq!(health(0).await, 200);
+    assert_eq!(health(0).await.0, 200);
     relay.close();
-    // Within half a lease (plus a heartbeat and slack) node 0 stops serving...
+    // Within half a lease (plus a heartbeat and slack) node 0 stops serving, and says so
+    // (its commits fail too, but "not serving" is what a balancer reads)...
     poll_until(Duration::from_millis(TTL_MS + 5000), || async {
-        (health(0).await == 503).then_some(())
+        (health(0).await == (503, r#"{"status":"not serving"}"#.to_string())).then_some(())
     })
     .await;
     // ...and within a lease, node 1 takes the task over: it ends "node lost".
@@ -940,7 +940,7 @@ async fn a_node_cut_off_from_postgresql_fences_itself_and_its_task_moves() {
     // Back in touch: node 0 serves again and agrees.
     relay.reopen();
     poll_until(Duration::from_secs(30), || async {
-        (health(0).await == 200).then_some(())
+        (health(0).await.0 == 200).then_some(())
     })
     .await;
     let v = c.call(0, "long", "tasks/get", json!({"id": id})).await;

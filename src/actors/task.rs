@@ -363,6 +363,12 @@ impl Actor for TaskActor {
                 if state.published == 0 {
                     // Nobody may hear of the task before its first event is durable.
                     state.deferred.push((1, Deferred::Get(reply)));
+                } else if state.shared.cluster.is_some() {
+                    // On a shared store, followers read committed events straight from the
+                    // database, possibly before this actor hears that they are durable: a
+                    // read waits for what is in flight, so it never shows an older state
+                    // than a follower on this node already did.
+                    state.defer(Deferred::Get(reply));
                 } else {
                     let _ = reply.send((*state.durable).clone());
                 }
@@ -449,7 +455,10 @@ fn placeholder(key: &TaskKey, context: &ContextId, status: &TaskStatus) -> TaskS
 /// Runs the agent for one run of a task, outside the actor: waits for a slot, runs the
 /// backend, casts the outcome back. Ends early when the run is canceled (the actor cancels
 /// the token) or its deadline passes; dropping the agent's future aborts its I/O, and
-/// dropping the permit hands the slot to the next queued task.
+/// dropping the permit hands the slot to the next queued task. `hand_over` (a cluster's
+/// shared state): a slot that frees up once the node is shutting down does not start
+/// the task — it is still queued, and another node takes it.
+#[allow(clippy::too_many_arguments)]
 async fn drive(
     task: ActorRef<TaskMsg>,
     agent: Arc<AgentEntry>,
@@ -458,11 +467,16 @@ async fn drive(
     cancel: CancellationToken,
     deadline: tokio::time::Instant,
     generation: u64,
+    hand_over: Option<Arc<Shared>>,
 ) {
     let work = async {
         let Some(_permit) = admission.ready().await else {
             return;
         };
+        if hand_over.is_some_and(|s| s.shutting_down.load(std::sync::atomic::Ordering::Relaxed)) {
+            // The shutdown's own message stops the actor with the task still queued.
+            return;
+        }
         let updates = Updates::new(task.clone());
         let run = agent.backend.run_task(request, updates.clone());
         let mut run = std::pin::pin!(AssertUnwindSafe(run).catch_unwind());
@@ -567,6 +581,7 @@ impl TaskActorState {
             self.cancel.clone(),
             deadline,
             self.generation,
+            self.shared.cluster.is_some().then(|| self.shared.clone()),
         ));
         // The driver's first poll runs here, in this turn of the actor: an agent that
         // answers at once has its `Ran` in the mailbox before this turn ends, with no task

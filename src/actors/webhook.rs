@@ -210,7 +210,14 @@ impl WebhookState {
         m.pending.fetch_add(1, Relaxed);
         let lane = (delivery.key.task.clone(), delivery.key.config.clone());
         let entry = self.lanes.entry(lane.clone()).or_default();
-        entry.queue.push_back(delivery);
+        // In event order, whatever order they arrive in (a delivery claimed from a dead
+        // node may arrive after one planned here for a later event).
+        let at = entry
+            .queue
+            .iter()
+            .rposition(|d| d.key.seq <= delivery.key.seq)
+            .map_or(0, |i| i + 1);
+        entry.queue.insert(at, delivery);
         if entry.busy.is_none() {
             self.start_next(myself, lane);
         }

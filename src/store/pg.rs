@@ -1823,6 +1823,18 @@ async fn lease_loop(inner: Arc<Inner>) {
             }
         }
         let others = connected_since.elapsed() >= ttl;
+        // Deliveries first: a dead node's pending deliveries (a retry waiting for its time)
+        // must be in their lanes before its tasks are taken up here and their next events
+        // (e.g. `failed`, "node lost") plan deliveries of their own behind them.
+        match store.claim(others).await {
+            Ok(d) if !d.is_empty() => {
+                if inner.signals.send(Signal::Deliver(d)).await.is_err() {
+                    return;
+                }
+            }
+            Ok(_) => {}
+            Err(e) => tracing::warn!(error = %e, "claiming deliveries failed"),
+        }
         match store.reap(others).await {
             Ok(tasks) => {
                 for t in tasks {
@@ -1832,15 +1844,6 @@ async fn lease_loop(inner: Arc<Inner>) {
                 }
             }
             Err(e) => tracing::warn!(error = %e, "reaper failed"),
-        }
-        match store.claim(others).await {
-            Ok(d) if !d.is_empty() => {
-                if inner.signals.send(Signal::Deliver(d)).await.is_err() {
-                    return;
-                }
-            }
-            Ok(_) => {}
-            Err(e) => tracing::warn!(error = %e, "claiming deliveries failed"),
         }
         if last_evict.elapsed() >= Duration::from_secs(5).max(tick) {
             last_evict = Instant::now();
