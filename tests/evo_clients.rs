@@ -145,7 +145,7 @@ async fn only_a_completed_task_carries_artifacts_and_no_stream_event_does() {
     assert_eq!(last.1["result"]["status"]["state"], "completed");
     assert_eq!(
         texts(&last.1["result"]["status"]["message"]),
-        ["echo: streamed"]
+        ["echo: streamed", "turn 1"]
     );
     let all = last.1.to_string();
     assert_eq!(all.matches("echo: streamed").count(), 1, "{all}");
