@@ -12,13 +12,9 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 use support::receiver::{Answer, Receiver};
-use support::{ALICE, TestServer, config, new_id, poll_until, send_params};
+use support::{ALICE, TestServer, config, metric, new_id, poll_until, send_params};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
-
-fn addr(s: &TestServer) -> String {
-    s.base.trim_start_matches("http://").to_string()
-}
 
 /// Reads until the server closes the connection (or `limit` passes); returns what arrived
 /// and whether it closed.
@@ -35,23 +31,6 @@ async fn read_to_close(stream: &mut TcpStream, limit: Duration) -> (Vec<u8>, boo
     }
 }
 
-async fn scrape(s: &TestServer) -> String {
-    s.client
-        .get(format!("{}/metrics", s.base))
-        .send()
-        .await
-        .expect("metrics")
-        .text()
-        .await
-        .expect("text")
-}
-
-fn metric(text: &str, series: &str) -> f64 {
-    text.lines()
-        .find_map(|l| l.strip_prefix(series)?.trim().parse().ok())
-        .unwrap_or(0.0)
-}
-
 fn rpc(method: &str, params: Value) -> String {
     json!({"jsonrpc": "2.0", "id": 1, "method": method, "params": params}).to_string()
 }
@@ -63,8 +42,8 @@ async fn silent_and_one_byte_connections_are_closed_by_their_timeouts() {
     c.server.idle_timeout_seconds = 1.0;
     let s = TestServer::start(c).await;
     let started = Instant::now();
-    let mut silent = TcpStream::connect(addr(&s)).await.expect("connect");
-    let mut one_byte = TcpStream::connect(addr(&s)).await.expect("connect");
+    let mut silent = TcpStream::connect(s.addr()).await.expect("connect");
+    let mut one_byte = TcpStream::connect(s.addr()).await.expect("connect");
     // "P" could be the start of the HTTP/2 preface: the version sniffing waits for more.
     one_byte.write_all(b"P").await.expect("write");
     let (_, closed) = read_to_close(&mut silent, Duration::from_secs(20)).await;
@@ -72,7 +51,7 @@ async fn silent_and_one_byte_connections_are_closed_by_their_timeouts() {
     assert!(started.elapsed() >= Duration::from_millis(400));
     let (_, closed) = read_to_close(&mut one_byte, Duration::from_secs(20)).await;
     assert!(closed, "a connection that sent one byte is closed");
-    let m = scrape(&s).await;
+    let m = s.scrape().await;
     assert!(
         metric(
             &m,
@@ -87,7 +66,7 @@ async fn an_idle_keep_alive_connection_is_closed_after_its_last_request() {
     let mut c = config(&["echo"]);
     c.server.idle_timeout_seconds = 1.0;
     let s = TestServer::start(c).await;
-    let mut conn = TcpStream::connect(addr(&s)).await.expect("connect");
+    let mut conn = TcpStream::connect(s.addr()).await.expect("connect");
     let body = rpc("agent/authenticatedExtendedCard", json!({}));
     let req = format!(
         "POST /api/v1/a2a/echo HTTP/1.1\r\nHost: x\r\nx-api-key: {ALICE}\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
@@ -121,14 +100,14 @@ async fn a_client_that_stops_reading_its_responses_is_disconnected() {
     let socket = tokio::net::TcpSocket::new_v4().expect("socket");
     socket.set_recv_buffer_size(4096).expect("rcvbuf");
     let mut conn = socket
-        .connect(addr(&s).parse().expect("addr"))
+        .connect(s.addr().parse().expect("addr"))
         .await
         .expect("connect");
     conn.write_all(one.repeat(100).as_bytes())
         .await
         .expect("write");
     poll_until(Duration::from_secs(30), || async {
-        let m = scrape(&s).await;
+        let m = s.scrape().await;
         (metric(
             &m,
             "a2ad_connections_closed_total{reason=\"write_stalled\"}",
@@ -150,7 +129,7 @@ async fn silent_connections_cannot_starve_other_clients() {
     let s = TestServer::start(c).await;
     let mut silent = Vec::new();
     for _ in 0..60 {
-        silent.push(TcpStream::connect(addr(&s)).await.expect("connect"));
+        silent.push(TcpStream::connect(s.addr()).await.expect("connect"));
     }
     // Every slot is taken by a connection that sends nothing; with the slots short, idle
     // connections give theirs back within about a second instead of a minute.
@@ -182,7 +161,7 @@ async fn slowloris_headers_and_bodies_are_cut_off() {
     let s = TestServer::start(c).await;
 
     // Headers dripped one byte at a time never complete.
-    let mut conn = TcpStream::connect(addr(&s)).await.expect("connect");
+    let mut conn = TcpStream::connect(s.addr()).await.expect("connect");
     conn.write_all(b"POST /api/v1/a2a/echo HTTP/1.1\r\nHost: x\r\n")
         .await
         .expect("write");
@@ -203,7 +182,7 @@ async fn slowloris_headers_and_bodies_are_cut_off() {
     );
 
     // A body dripped slower than its time-out: 408 with a JSON-RPC envelope.
-    let mut conn = TcpStream::connect(addr(&s)).await.expect("connect");
+    let mut conn = TcpStream::connect(s.addr()).await.expect("connect");
     conn.write_all(
         format!(
             "POST /api/v1/a2a/echo HTTP/1.1\r\nHost: x\r\nx-api-key: {ALICE}\r\ncontent-type: application/json\r\ncontent-length: 1000\r\n\r\n{{"
@@ -251,7 +230,7 @@ async fn too_many_parts_are_refused_before_they_cost_memory() {
     assert_eq!(s.ok(ok)["status"]["state"], "completed");
     if !support::on_postgres() {
         // The shared store keeps finished tasks in PostgreSQL, not in this process.
-        let m = scrape(&s).await;
+        let m = s.scrape().await;
         assert!(metric(&m, "a2ad_finished_tasks_retained_bytes") > 0.0);
     }
 }
@@ -285,7 +264,7 @@ async fn a_batch_over_the_cap_is_refused_and_one_at_the_cap_is_served() {
 #[tokio::test]
 async fn an_oversized_header_block_is_refused_by_hyper_and_the_server_keeps_serving() {
     let s = TestServer::start(config(&["echo"])).await;
-    let mut conn = TcpStream::connect(addr(&s)).await.expect("connect");
+    let mut conn = TcpStream::connect(s.addr()).await.expect("connect");
     let req = format!(
         "POST /api/v1/a2a/echo HTTP/1.1\r\nHost: x\r\nx-big: {}\r\n\r\n",
         "a".repeat(100_000)
@@ -469,14 +448,14 @@ async fn events_of_a_deactivated_configuration_are_counted_as_skipped() {
     })
     .await;
     assert_eq!(metrics.skipped.load(Relaxed), 3);
-    let m = scrape(&s).await;
+    let m = s.scrape().await;
     assert_eq!(metric(&m, "a2ad_webhook_skipped_total"), 3.0);
 }
 
 #[tokio::test]
 async fn an_h2c_upgrade_request_is_answered_over_http1() {
     let s = TestServer::start(config(&["echo"])).await;
-    let mut conn = TcpStream::connect(addr(&s)).await.expect("connect");
+    let mut conn = TcpStream::connect(s.addr()).await.expect("connect");
     let body = rpc("agent/authenticatedExtendedCard", json!({}));
     let req = format!(
         "POST /api/v1/a2a/echo HTTP/1.1\r\nHost: x\r\nConnection: Upgrade, HTTP2-Settings\r\nUpgrade: h2c\r\nHTTP2-Settings: AAMAAABkAARAAAAAAAIAAAAA\r\nx-api-key: {ALICE}\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",

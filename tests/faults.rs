@@ -13,38 +13,17 @@ use std::time::Duration;
 use futures_util::future::join_all;
 use serde_json::{Value, json};
 use support::receiver::{Answer, Hit, Receiver, Script};
-use support::{ALICE, SseReader, TestServer, agent, config, poll_until, send_params};
+use support::{ALICE, SseReader, TestServer, agent, config, metric, poll_until, send_params};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-
-async fn scrape(s: &TestServer) -> String {
-    s.client
-        .get(format!("{}/metrics", s.base))
-        .send()
-        .await
-        .expect("metrics")
-        .text()
-        .await
-        .expect("text")
-}
-
-fn metric(text: &str, series: &str) -> f64 {
-    text.lines()
-        .find_map(|l| l.strip_prefix(series)?.trim().parse().ok())
-        .unwrap_or(-1.0)
-}
 
 /// Waits until the server holds no task actor and no open stream.
 async fn nothing_left_behind(s: &TestServer) {
     poll_until(Duration::from_secs(60), || async {
-        let m = scrape(s).await;
+        let m = s.scrape().await;
         (metric(&m, "a2ad_task_actors ") == 0.0 && metric(&m, "a2ad_streams_open ") == 0.0)
             .then_some(())
     })
     .await;
-}
-
-fn addr(s: &TestServer) -> String {
-    s.base.trim_start_matches("http://").to_string()
 }
 
 #[tokio::test]
@@ -220,7 +199,7 @@ async fn a_storm_of_2000_streams_that_disconnect_leaves_nothing_behind() {
     drop(client);
     nothing_left_behind(&s).await;
     // The tasks went on without their clients.
-    let m = scrape(&s).await;
+    let m = s.scrape().await;
     assert_eq!(
         metric(
             &m,
@@ -248,7 +227,7 @@ async fn a_stream_nobody_reads_is_dropped_and_counted_and_the_task_goes_on() {
     let socket = tokio::net::TcpSocket::new_v4().expect("socket");
     socket.set_recv_buffer_size(4096).expect("rcvbuf");
     let mut conn = socket
-        .connect(addr(&s).parse().expect("addr"))
+        .connect(s.addr().parse().expect("addr"))
         .await
         .expect("connect");
     conn.write_all(req.as_bytes()).await.expect("write");
@@ -256,7 +235,7 @@ async fn a_stream_nobody_reads_is_dropped_and_counted_and_the_task_goes_on() {
     let _ = conn.read(&mut head).await.expect("the stream starts");
     // ... and is never read again.
     poll_until(Duration::from_secs(60), || async {
-        let m = scrape(&s).await;
+        let m = s.scrape().await;
         (metric(&m, "a2ad_stream_subscribers_dropped_total ") >= 1.0).then_some(())
     })
     .await;
@@ -273,7 +252,7 @@ async fn a_stream_nobody_reads_is_dropped_and_counted_and_the_task_goes_on() {
 
 /// An HTTP/2 (prior knowledge) connection with the `h2` crate, for frame-level abuse.
 async fn h2_connect(s: &TestServer) -> h2::client::SendRequest<bytes::Bytes> {
-    let tcp = tokio::net::TcpStream::connect(addr(s))
+    let tcp = tokio::net::TcpStream::connect(s.addr())
         .await
         .expect("connect");
     let (client, conn) = h2::client::handshake(tcp).await.expect("h2 handshake");
@@ -389,7 +368,7 @@ async fn http2_a_client_that_grants_no_flow_control_credit_holds_up_only_itself(
     let mut c = config(&["echo"]);
     c.agents.push(busy);
     let s = TestServer::start(c).await;
-    let tcp = tokio::net::TcpStream::connect(addr(&s))
+    let tcp = tokio::net::TcpStream::connect(s.addr())
         .await
         .expect("connect");
     let (client, conn) = h2::client::Builder::new()

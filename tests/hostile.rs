@@ -7,29 +7,18 @@ mod support;
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
-use support::{TestServer, config};
+use support::{TestServer, config, metric};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-fn addr(s: &TestServer) -> String {
-    s.base.trim_start_matches("http://").to_string()
-}
-
-async fn scrape(s: &TestServer) -> String {
-    s.client
-        .get(format!("{}/metrics", s.base))
+async fn assert_healthy(s: &TestServer) {
+    let health = s
+        .client
+        .get(format!("{}/healthz", s.base))
         .send()
         .await
-        .expect("metrics")
-        .text()
-        .await
-        .expect("text")
-}
-
-fn metric(text: &str, series: &str) -> f64 {
-    text.lines()
-        .find_map(|l| l.strip_prefix(series)?.trim().parse().ok())
-        .unwrap_or(0.0)
+        .expect("healthz");
+    assert_eq!(health.status(), 200);
 }
 
 /// Reads until the server closes the connection (or `limit` passes); whether it closed.
@@ -57,7 +46,7 @@ async fn every_prefix_of_the_http2_preface_is_closed_by_the_header_timeout() {
     let s = TestServer::start(c).await;
     let mut conns = Vec::new();
     for n in 1..PREFACE.len() {
-        let mut conn = TcpStream::connect(addr(&s)).await.expect("connect");
+        let mut conn = TcpStream::connect(s.addr()).await.expect("connect");
         conn.write_all(&PREFACE[..n]).await.expect("write");
         conns.push((n, conn));
     }
@@ -69,7 +58,7 @@ async fn every_prefix_of_the_http2_preface_is_closed_by_the_header_timeout() {
         );
     }
     assert!(started.elapsed() < Duration::from_secs(30));
-    let m = scrape(&s).await;
+    let m = s.scrape().await;
     assert_eq!(
         metric(
             &m,
@@ -78,7 +67,7 @@ async fn every_prefix_of_the_http2_preface_is_closed_by_the_header_timeout() {
         (PREFACE.len() - 1) as f64
     );
     // A whole preface is HTTP/2, and the server still answers HTTP/1 and HTTP/2 clients.
-    let tcp = TcpStream::connect(addr(&s)).await.expect("connect");
+    let tcp = TcpStream::connect(s.addr()).await.expect("connect");
     let (mut h2, conn) = h2::client::handshake(tcp).await.expect("h2 handshake");
     tokio::spawn(conn);
     let req = http::Request::get(format!("{}/healthz", s.base))
@@ -86,13 +75,7 @@ async fn every_prefix_of_the_http2_preface_is_closed_by_the_header_timeout() {
         .expect("request");
     let (resp, _) = h2.send_request(req, true).expect("send");
     assert_eq!(resp.await.expect("response").status(), 200);
-    let health = s
-        .client
-        .get(format!("{}/healthz", s.base))
-        .send()
-        .await
-        .expect("healthz");
-    assert_eq!(health.status(), 200);
+    assert_healthy(&s).await;
 }
 
 /// Defect 2: a ListTasks page is bounded in bytes (it stops early, and paging still walks
@@ -232,12 +215,6 @@ async fn hostile_upstreams_fail_their_task_at_once() {
             started.elapsed()
         );
         // The server is fine.
-        let health = s
-            .client
-            .get(format!("{}/healthz", s.base))
-            .send()
-            .await
-            .expect("healthz");
-        assert_eq!(health.status(), 200);
+        assert_healthy(&s).await;
     }
 }

@@ -201,6 +201,23 @@ impl TestServer {
         format!("{}/api/v1/a2a/{agent}", self.base)
     }
 
+    /// `HOST:PORT`, for raw TCP clients.
+    pub fn addr(&self) -> String {
+        self.base.trim_start_matches("http://").to_string()
+    }
+
+    /// The text of `/metrics`.
+    pub async fn scrape(&self) -> String {
+        self.client
+            .get(format!("{}/metrics", self.base))
+            .send()
+            .await
+            .expect("metrics")
+            .text()
+            .await
+            .expect("text")
+    }
+
     /// POSTs a raw body with a key; returns status, headers and the parsed JSON body.
     pub async fn post_raw(
         &self,
@@ -435,4 +452,12 @@ fn parse_frame(frame: &[u8]) -> SseItem {
         id,
         data: data.expect("an event has a data line"),
     }
+}
+
+/// The value of one series (`name{labels}` and a space, or `name `) in a `/metrics` text; 0
+/// when absent.
+pub fn metric(text: &str, series: &str) -> f64 {
+    text.lines()
+        .find_map(|l| l.strip_prefix(series)?.trim().parse().ok())
+        .unwrap_or(0.0)
 }
