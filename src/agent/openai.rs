@@ -319,9 +319,14 @@ impl SseLines {
     fn push(&mut self, bytes: &[u8]) -> Result<Vec<String>, AgentError> {
         self.buf.extend_from_slice(bytes);
         let mut out = Vec::new();
-        let mut start = 0;
-        while let Some(pos) = memchr(&self.buf[self.scanned..]).map(|p| p + self.scanned) {
-            let line = String::from_utf8_lossy(&self.buf[start..pos]);
+        // Where the current line starts, and where its end is still to be looked for.
+        let (mut start, mut from) = (0, self.scanned);
+        while let Some(end) = self.buf[from..]
+            .iter()
+            .position(|&b| b == b'\n')
+            .map(|p| p + from)
+        {
+            let line = String::from_utf8_lossy(&self.buf[start..end]);
             let line = line.trim_end_matches('\r');
             if let Some(data) = line.strip_prefix("data:") {
                 let data = data.trim_start().to_string();
@@ -330,8 +335,8 @@ impl SseLines {
                 }
                 out.push(data);
             }
-            start = pos + 1;
-            self.scanned = start;
+            start = end + 1;
+            from = start;
         }
         self.buf.drain(..start);
         self.scanned = self.buf.len();
@@ -342,10 +347,6 @@ impl SseLines {
         }
         Ok(out)
     }
-}
-
-fn memchr(haystack: &[u8]) -> Option<usize> {
-    haystack.iter().position(|&b| b == b'\n')
 }
 
 #[cfg(test)]
