@@ -10,6 +10,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use ractor::ActorRef;
 use tokio_util::sync::CancellationToken;
@@ -115,10 +116,69 @@ impl AgentError {
     }
 }
 
+/// A task's updates that are not durable yet: [`Updates::ready`] waits while more than
+/// this many wait for the store.
+pub const UPDATES_IN_FLIGHT: usize = 64;
+
+/// A task's updates that may wait for the store at most: the next one is refused
+/// (`false`) and the task fails ("the agent's updates outpace the store").
+pub const MAX_UPDATES_IN_FLIGHT: usize = 8192;
+
+/// The flow of one task's updates: how many were sent and are not durable yet (the task
+/// actor releases them as the store makes their events durable, or at once when it drops
+/// them), and a wake-up for [`Updates::ready`].
+#[derive(Default)]
+pub(crate) struct Flow {
+    waiting: AtomicUsize,
+    room: tokio::sync::Notify,
+    /// The task actor stopped: nothing waits for room any more.
+    closed: AtomicBool,
+    /// An update was refused: the task is told once.
+    overrun: AtomicBool,
+}
+
+impl Flow {
+    /// Counts one more update, unless `MAX_UPDATES_IN_FLIGHT` wait already. `Err(first)`:
+    /// refused, `first` for the first refusal.
+    fn admit(&self) -> std::result::Result<(), bool> {
+        let before = self.waiting.fetch_add(1, Ordering::AcqRel);
+        if before >= MAX_UPDATES_IN_FLIGHT {
+            self.waiting.fetch_sub(1, Ordering::AcqRel);
+            return Err(!self.overrun.swap(true, Ordering::AcqRel));
+        }
+        Ok(())
+    }
+
+    /// `n` updates are durable (or dropped).
+    pub(crate) fn release(&self, n: usize) {
+        if n == 0 {
+            return;
+        }
+        let before = self.waiting.fetch_sub(n, Ordering::AcqRel);
+        if before > UPDATES_IN_FLIGHT && before.saturating_sub(n) <= UPDATES_IN_FLIGHT {
+            self.room.notify_waiters();
+        }
+    }
+
+    /// The task actor stopped.
+    pub(crate) fn close(&self) {
+        self.closed.store(true, Ordering::Release);
+        self.room.notify_waiters();
+    }
+}
+
 /// Sends intermediate updates (`working` with a message, `final: false`) to the task.
+///
+/// Each update becomes one of the task's events, and is held in memory until the store
+/// makes it durable. A backend that streams should await [`Updates::ready`] between
+/// updates (the built-in ones do): it waits while more than [`UPDATES_IN_FLIGHT`] of the
+/// task's updates wait for the store, so a stalled disk or database holds the backend up
+/// instead of growing memory. An update past [`MAX_UPDATES_IN_FLIGHT`] waiting is refused
+/// (`false`) and fails the task.
 #[derive(Clone)]
 pub struct Updates {
     task: Option<ActorRef<TaskMsg>>,
+    flow: Option<Arc<Flow>>,
     /// Whether the task was told that its agent started (`working`): by the first update,
     /// or by the driver once the agent did not answer at its first poll. A lock, not an
     /// atomic flag: `Started` is sent while it is held, so an update from another thread
@@ -127,9 +187,10 @@ pub struct Updates {
 }
 
 impl Updates {
-    pub(crate) fn new(task: ActorRef<TaskMsg>) -> Self {
+    pub(crate) fn new(task: ActorRef<TaskMsg>, flow: Arc<Flow>) -> Self {
         Self {
             task: Some(task),
+            flow: Some(flow),
             started: Arc::default(),
         }
     }
@@ -138,7 +199,27 @@ impl Updates {
     pub fn detached() -> Self {
         Self {
             task: None,
+            flow: None,
             started: Arc::default(),
+        }
+    }
+
+    /// Waits until the task has room for more updates: at most [`UPDATES_IN_FLIGHT`] of
+    /// them wait for the store (at once when the store keeps up, or the task ended).
+    pub async fn ready(&self) {
+        let Some(flow) = &self.flow else {
+            return;
+        };
+        loop {
+            let room = flow.room.notified();
+            let mut room = std::pin::pin!(room);
+            room.as_mut().enable();
+            if flow.waiting.load(Ordering::Acquire) <= UPDATES_IN_FLIGHT
+                || flow.closed.load(Ordering::Acquire)
+            {
+                return;
+            }
+            room.await;
         }
     }
 
@@ -179,17 +260,29 @@ impl Updates {
             append,
             last_chunk,
         };
-        self.start();
-        self.task
-            .as_ref()
-            .is_some_and(|t| t.cast(TaskMsg::Artifact(update)).is_ok())
+        self.cast(TaskMsg::Artifact(update))
     }
 
     fn send(&self, message: Message, keep: bool) -> bool {
+        self.cast(TaskMsg::Progress { message, keep })
+    }
+
+    fn cast(&self, msg: TaskMsg) -> bool {
         self.start();
-        self.task
-            .as_ref()
-            .is_some_and(|t| t.cast(TaskMsg::Progress { message, keep }).is_ok())
+        let (Some(task), Some(flow)) = (&self.task, &self.flow) else {
+            return false;
+        };
+        if let Err(first) = flow.admit() {
+            if first {
+                let _ = task.cast(TaskMsg::Overrun);
+            }
+            return false;
+        }
+        if task.cast(msg).is_err() {
+            flow.release(1);
+            return false;
+        }
+        true
     }
 }
 

@@ -31,9 +31,14 @@ pub trait Cluster: Send + Sync + 'static {
     /// and tells the old runner to let go. `None` when the task is finished (or gone).
     fn adopt(&self, key: &TaskKey) -> BoxFuture<'_, Result<Option<RecoveredTask>>>;
 
-    /// A task's record and its events after `after`, read together (a follower's read).
-    /// `None` when the task is gone.
-    fn read_after(&self, key: &TaskKey, after: u64) -> BoxFuture<'_, Result<Option<Followed>>>;
+    /// A task's record and at most `limit` of its events after `after`, read together (a
+    /// follower's read). `None` when the task is gone.
+    fn read_after(
+        &self,
+        key: &TaskKey,
+        after: u64,
+        limit: usize,
+    ) -> BoxFuture<'_, Result<Option<Followed>>>;
 
     /// A wake-up for a follower of `key`: notified when another node appended to it (a
     /// hint; the follower re-reads the events after its cursor).

@@ -187,6 +187,10 @@ pub struct ClusterConfig {
     /// Connections to PostgreSQL for reads and cross-node operations.
     #[serde(default = "ClusterConfig::default_pool_size")]
     pub pool_size: usize,
+    /// Followers of tasks another node runs (streams and waiting sends) this node holds at
+    /// most; past it new ones are refused as busy.
+    #[serde(default = "ClusterConfig::default_max_followers")]
+    pub max_followers: usize,
     /// What a working task of a dead node becomes.
     #[serde(default)]
     pub on_node_loss: NodeLoss,
@@ -219,6 +223,8 @@ impl ClusterConfig {
     pub const DEFAULT_HEARTBEAT_MS: u64 = 1_000;
     /// Default pool.
     pub const DEFAULT_POOL_SIZE: usize = 16;
+    /// Default `max_followers`.
+    pub const DEFAULT_MAX_FOLLOWERS: usize = 10_000;
 
     fn default_schema() -> String {
         "a2ad".into()
@@ -232,6 +238,9 @@ impl ClusterConfig {
     fn default_pool_size() -> usize {
         Self::DEFAULT_POOL_SIZE
     }
+    fn default_max_followers() -> usize {
+        Self::DEFAULT_MAX_FOLLOWERS
+    }
 
     /// A cluster on this PostgreSQL URL with every other setting at its default.
     pub fn postgres(url: impl Into<String>) -> Self {
@@ -243,6 +252,7 @@ impl ClusterConfig {
             lease_ttl_ms: Self::DEFAULT_LEASE_TTL_MS,
             heartbeat_ms: Self::DEFAULT_HEARTBEAT_MS,
             pool_size: Self::DEFAULT_POOL_SIZE,
+            max_followers: Self::DEFAULT_MAX_FOLLOWERS,
             on_node_loss: NodeLoss::Fail,
         }
     }

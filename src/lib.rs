@@ -52,8 +52,8 @@ mod webhook;
 pub use actors::AgentEntry;
 pub use actors::webhook::WebhookMetrics;
 pub use agent::{
-    Agent, AgentError, AgentFuture, AgentRequest, EchoAgent, OpenAiAgent, Outcome, OutcomeFuture,
-    Updates,
+    Agent, AgentError, AgentFuture, AgentRequest, EchoAgent, MAX_UPDATES_IN_FLIGHT, OpenAiAgent,
+    Outcome, OutcomeFuture, UPDATES_IN_FLIGHT, Updates,
 };
 pub use config::{ClusterConfig, Config, ConfigError, NodeLoss, StoreBackend, StoreConfig};
 pub use error::{Error, Result};

@@ -457,12 +457,12 @@ impl Runtime {
                 None => Ok(Sent::Task((*r).clone())),
                 Some(wait) => {
                     let (tx, rx) = oneshot::channel();
-                    remote::spawn(
+                    remote::try_spawn(
                         self.shared.clone(),
                         key.clone(),
                         r.seq,
                         remote::Sink::Final(tx),
-                    );
+                    )?;
                     self.await_final(&key, rx, wait).await.map(Sent::Task)
                 }
             },
@@ -581,7 +581,7 @@ impl Runtime {
                 }
             }
             submit::Submitted::Existing(key, submit::Existing::Remote(r)) => {
-                self.remote_stream(&key, &r, Replay::All)
+                self.remote_stream(&key, &r, Replay::All)?
             }
         };
         Ok(Streamed::Task(stream))
@@ -745,14 +745,22 @@ impl Runtime {
                 Ok(Resubscribed::Finished(r))
             }
             Some(submit::Existing::Remote(r)) => {
-                Ok(Resubscribed::Live(self.remote_stream(&key, &r, replay)))
+                Ok(Resubscribed::Live(self.remote_stream(&key, &r, replay)?))
             }
         }
     }
 
     /// A stream of a task another node runs, read from the shared store: the events
     /// `replay` asks for, then each new one, to the end of the run.
-    fn remote_stream(&self, key: &TaskKey, r: &Arc<TaskSnapshot>, replay: Replay) -> TaskStream {
+    ///
+    /// # Errors
+    /// [`Error::Busy`] when this node holds `cluster.max_followers` followers.
+    fn remote_stream(
+        &self,
+        key: &TaskKey,
+        r: &Arc<TaskSnapshot>,
+        replay: Replay,
+    ) -> Result<TaskStream> {
         let (tx, rx) = mpsc::channel(self.shared.config.server.stream_buffer);
         let mut pending = VecDeque::new();
         let cursor = match replay {
@@ -766,19 +774,19 @@ impl Runtime {
                 r.seq
             }
         };
-        remote::spawn(
+        remote::try_spawn(
             self.shared.clone(),
             key.clone(),
             cursor,
             remote::Sink::Stream(tx),
-        );
-        self.task_stream(
+        )?;
+        Ok(self.task_stream(
             key.task.clone(),
             r.context_id.clone(),
             pending,
             Some(rx),
             None,
-        )
+        ))
     }
 
     /// A one-event stream carrying a finished task's final state.

@@ -121,6 +121,12 @@ delay_ms = 3000
 progress_steps = 6
 
 [[agents]]
+id = "many"
+[agents.echo]
+delay_ms = 2000
+progress_steps = 700
+
+[[agents]]
 id = "long"
 [agents.echo]
 delay_ms = 60000
@@ -422,6 +428,93 @@ async fn a_follower_on_another_node_resumes_after_last_event_id_without_gap_or_d
 }
 
 #[tokio::test]
+async fn a_follower_reads_a_long_backlog_page_by_page_without_gap_or_duplicate() {
+    let Some(url) = pg_url() else { return };
+    let _turn = TURN.lock().await;
+    let c = Cluster::start(url, 2, "").await;
+    let mut a = c
+        .stream(0, "many", "message/stream", message("many"), None)
+        .await;
+    // Well past one page of a follower's read behind.
+    let first = take(&mut a, 400).await;
+    let id = task_id(&first);
+    let mut b = c
+        .stream(1, "many", "tasks/resubscribe", json!({"id": id}), Some(1))
+        .await;
+    let followed = rest(&mut b).await;
+    let mut on_a = first;
+    on_a.extend(rest(&mut a).await);
+    consecutive(&on_a, 1, true);
+    consecutive(&followed, 2, true);
+    assert_eq!(
+        followed.len() + 1,
+        on_a.len(),
+        "every event after the first"
+    );
+    assert_eq!(state(&followed[followed.len() - 1].1), "completed");
+    c.finish().await;
+}
+
+#[tokio::test]
+async fn a_node_holds_at_most_max_followers_and_frees_one_when_its_stream_goes() {
+    let Some(url) = pg_url() else { return };
+    let _turn = TURN.lock().await;
+    let c = Cluster::start(url, 2, "max_followers = 1").await;
+    let mut a = c
+        .stream(0, "long", "message/stream", message("follow me"), None)
+        .await;
+    let first = take(&mut a, 2).await;
+    let id = task_id(&first);
+    let resubscribe = || async {
+        let body = json!({"jsonrpc": "2.0", "id": "s", "method": "tasks/resubscribe",
+                          "params": {"id": id}});
+        let resp = c
+            .http
+            .post(format!("{}/api/v1/a2a/long", c.base(1)))
+            .header("x-api-key", KEY)
+            .header("content-type", "application/json")
+            .header("accept", "text/event-stream")
+            .body(body.to_string())
+            .send()
+            .await
+            .expect("request");
+        let sse = resp
+            .headers()
+            .get("content-type")
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|v| v.starts_with("text/event-stream"));
+        (sse, resp)
+    };
+
+    // The one follower node 1 may hold.
+    let (sse, held) = resubscribe().await;
+    assert!(sse, "the first follower is admitted");
+    let mut held = SseReader::new(held);
+    take(&mut held, 1).await;
+    // A second one is refused at once, as busy.
+    let (sse, refused) = resubscribe().await;
+    assert!(!sse, "a second follower is refused");
+    let text = refused.text().await.expect("body");
+    assert!(text.contains("Server busy"), "{text}");
+    // The follower goes with its stream: then there is room again.
+    drop(held);
+    let mut again = poll_until(Duration::from_secs(20), || async {
+        let (sse, resp) = resubscribe().await;
+        sse.then(|| SseReader::new(resp))
+    })
+    .await;
+    take(&mut again, 1).await;
+    let v = c.call(0, "long", "tasks/cancel", json!({"id": id})).await;
+    assert_eq!(result(&v)["status"]["state"], "canceled", "{v}");
+    let end = rest(&mut again).await;
+    assert_eq!(
+        end.last().map(|(_, e)| state(e)).as_deref(),
+        Some("canceled")
+    );
+    c.finish().await;
+}
+
+#[tokio::test]
 async fn a_cancel_on_another_node_stops_the_runner_and_every_stream_ends_with_it() {
     let Some(url) = pg_url() else { return };
     let _turn = TURN.lock().await;
@@ -658,6 +751,159 @@ async fn webhooks_survive_a_kill_9_with_the_same_delivery_ids_in_order() {
     }
     assert_eq!(order, expected, "first receipts in event order");
     c.finish().await;
+}
+
+/// Defect 10 of the second outside review: a dead node's pending retries must go out
+/// before the survivor's own later deliveries of the same task.
+#[tokio::test]
+async fn webhook_order_holds_across_a_takeover_when_every_first_try_fails() {
+    let Some(url) = pg_url() else { return };
+    let _turn = TURN.lock().await;
+    // The first try of each delivery fails; its retry (1.5 s later) succeeds. So when the
+    // runner dies, its deliveries are waiting to be retried.
+    let rx = Receiver::watching(std::sync::Arc::new(first_try_fails)).await;
+    let mut c = Cluster::start(url, 3, "").await;
+    let v = c
+        .call(
+            0,
+            "slow",
+            "tasks/pushNotificationConfig/set",
+            json!({"config": {"url": rx.url, "secret": SECRET,
+                              "retryPolicy": {"maxRetries": 5, "initialDelay": 1.5}}}),
+        )
+        .await;
+    result(&v);
+    let mut a = c
+        .stream(0, "slow", "message/stream", message("hooked"), None)
+        .await;
+    let first = take(&mut a, 3).await;
+    let id = task_id(&first);
+    // A lane has one delivery in flight: `submitted` fails, is retried 1.5 s later and
+    // succeeds, then `working` fails. Its retry is pending on node 0 when node 0 dies.
+    let hits = rx.wait_for(3).await;
+    assert_eq!(hits[2].header("x-webhook-event"), "task.working");
+    c.kill9(0);
+    drop(a);
+
+    poll_until(Duration::from_secs(40), || async {
+        let v = c.call(1, "slow", "tasks/get", json!({"id": id})).await;
+        let s = state(&json!({"result": v["result"]}));
+        (s == "failed" || s == "completed").then_some(())
+    })
+    .await;
+    let events = {
+        let mut s = c
+            .stream(1, "slow", "tasks/resubscribe", json!({"id": id}), Some(0))
+            .await;
+        rest(&mut s).await
+    };
+    let mut expected: Vec<String> = Vec::new();
+    for (_, e) in &events {
+        let name = format!("task.{}", state(e));
+        if expected.last() != Some(&name) {
+            expected.push(name);
+        }
+    }
+    // Every delivery succeeds in the end (its second try).
+    let hits = poll_until(Duration::from_secs(60), || async {
+        let hits = rx.hits();
+        let mut tries: HashMap<String, usize> = HashMap::new();
+        for h in &hits {
+            *tries
+                .entry(h.header("x-webhook-delivery").to_string())
+                .or_default() += 1;
+        }
+        (tries.len() == expected.len() && tries.values().all(|&n| n >= 2)).then_some(hits)
+    })
+    .await;
+    let (first_tries, successes) = tries_in_order(&hits);
+    assert_eq!(first_tries, expected, "first tries in event order");
+    assert_eq!(successes, expected, "successful tries in event order");
+    c.finish().await;
+}
+
+/// A cancel on another node takes the task over while the runner still holds a delivery
+/// of it waiting to be retried: the cancel's own delivery goes out after that one.
+#[tokio::test]
+async fn webhook_order_holds_when_a_cancel_elsewhere_takes_a_task_with_a_retry_pending() {
+    let Some(url) = pg_url() else { return };
+    let _turn = TURN.lock().await;
+    let rx = Receiver::watching(std::sync::Arc::new(first_try_fails)).await;
+    let c = Cluster::start(url, 2, "").await;
+    let v = c
+        .call(
+            0,
+            "long",
+            "tasks/pushNotificationConfig/set",
+            json!({"config": {"url": rx.url, "secret": SECRET,
+                              "retryPolicy": {"maxRetries": 5, "initialDelay": 2.5}}}),
+        )
+        .await;
+    result(&v);
+    let mut a = c
+        .stream(0, "long", "message/stream", message("hooked"), None)
+        .await;
+    let id = task_id(&take(&mut a, 2).await);
+    // submitted: fails, then succeeds 2.5 s later; working: fails. Its retry waits on node 0.
+    let hits = rx.wait_for(3).await;
+    assert_eq!(hits[2].header("x-webhook-event"), "task.working");
+    let v = c.call(1, "long", "tasks/cancel", json!({"id": id})).await;
+    assert_eq!(result(&v)["status"]["state"], "canceled", "{v}");
+    let expected = ["task.submitted", "task.working", "task.canceled"];
+    let hits = poll_until(Duration::from_secs(60), || async {
+        let hits = rx.hits();
+        (hits.len() >= 2 * expected.len()).then_some(hits)
+    })
+    .await;
+    let (first_tries, successes) = tries_in_order(&hits);
+    assert_eq!(first_tries, expected, "first tries in event order");
+    assert_eq!(successes, expected, "successful tries in event order");
+    c.finish().await;
+}
+
+/// A receiver's script: the first try of each delivery fails (500), later ones succeed.
+fn first_try_fails(hits: &[support::receiver::Hit]) -> Answer {
+    let last = hits.last().expect("this request");
+    let id = last.header("x-webhook-delivery");
+    let tries = hits
+        .iter()
+        .filter(|h| h.header("x-webhook-delivery") == id)
+        .count();
+    Answer::status(if tries == 1 { 500 } else { 200 })
+}
+
+/// The events of the first tries and of the second (successful) tries, in arrival order.
+/// Checks every hit's signature, and that the lane had one delivery in flight: a
+/// delivery's first try came only after the previous delivery succeeded.
+fn tries_in_order(hits: &[support::receiver::Hit]) -> (Vec<String>, Vec<String>) {
+    let mut tries: HashMap<String, usize> = HashMap::new();
+    let mut first_tries = Vec::new();
+    let mut successes = Vec::new();
+    let mut open: Option<String> = None;
+    for h in hits {
+        verify(h);
+        let n = tries
+            .entry(h.header("x-webhook-delivery").to_string())
+            .or_default();
+        *n += 1;
+        let event = h.header("x-webhook-event").to_string();
+        match *n {
+            1 => {
+                assert!(
+                    open.is_none(),
+                    "{event} was sent while {open:?} still waited for its retry"
+                );
+                open = Some(event.clone());
+                first_tries.push(event);
+            }
+            2 => {
+                open = None;
+                successes.push(event);
+            }
+            _ => {}
+        }
+    }
+    (first_tries, successes)
 }
 
 #[tokio::test]

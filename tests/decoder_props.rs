@@ -105,4 +105,19 @@ proptest! {
         let body = serde_json::json!({"jsonrpc": "2.0", "id": 1, "method": "message/send", "params": v});
         fuzzing::decode(body.to_string().as_bytes());
     }
+
+    #[test]
+    fn arbitrary_store_rows_decode_or_are_refused_and_round_trip(
+        which in 0u8..8,
+        v in arb_json(),
+        bytes in prop::collection::vec(any::<u8>(), 0..128),
+    ) {
+        // JSON documents reach the record decoders' field checks; raw bytes the key parsers.
+        let mut doc = vec![which];
+        doc.extend_from_slice(v.to_string().as_bytes());
+        fuzzing::store_record(&doc);
+        let mut raw = vec![which];
+        raw.extend_from_slice(&bytes);
+        fuzzing::store_record(&raw);
+    }
 }

@@ -217,3 +217,78 @@ async fn after_shutdown_new_work_is_refused() {
         refused.err()
     );
 }
+
+/// Sends as many streamed updates as its message says ("paced 10000" awaits
+/// `Updates::ready` between them; "burst 10000" does not).
+struct Chatty;
+
+impl Agent for Chatty {
+    fn kind(&self) -> &str {
+        "chatty"
+    }
+
+    fn run(&self, request: AgentRequest, updates: Updates) -> AgentFuture {
+        Box::pin(async move {
+            let text = request.message.joined_text();
+            let (how, n) = text.split_once(' ').unwrap_or(("burst", "0"));
+            let n: usize = n.parse().unwrap_or(0);
+            let mut accepted = 0usize;
+            for k in 0..n {
+                if how == "paced" {
+                    updates.ready().await;
+                }
+                if updates.partial(Message::agent_text([format!("{k} ")])) {
+                    accepted += 1;
+                }
+            }
+            Ok(Message::agent_text([format!("{accepted} accepted")]))
+        })
+    }
+}
+
+#[tokio::test]
+async fn an_agent_waits_for_a_store_that_falls_behind_and_one_that_floods_it_fails() {
+    let c = Config {
+        agents: vec![AgentConfig::new("chatty")],
+        store: support::test_store(),
+        cluster: support::test_cluster(),
+        ..Config::default()
+    };
+    let c = c.validated().expect("valid");
+    let backends: HashMap<AgentId, Arc<dyn Agent>> =
+        HashMap::from([(AgentId::new("chatty"), Arc::new(Chatty) as Arc<dyn Agent>)]);
+    let rt = Runtime::start_with(Arc::new(c), backends)
+        .await
+        .expect("start");
+    let me = Principal::new("me");
+    let chatty = AgentId::new("chatty");
+    let wait = Some(Duration::from_secs(120));
+    let n = a2ad::MAX_UPDATES_IN_FLIGHT + 2000;
+
+    // Paced by `ready`: every update becomes an event, whatever the store's speed.
+    let paced = rt
+        .send(&me, &chatty, request(&format!("paced {n}"), None), wait)
+        .await
+        .expect("send");
+    assert_eq!(paced.status.state, TaskState::Completed);
+    let reply = paced.status.message.expect("reply").joined_text();
+    assert_eq!(reply, format!("{n} accepted"));
+    // submitted, working, the updates, completed
+    assert_eq!(paced.seq, n as u64 + 3);
+
+    // A burst that never waits: sent in one go, before the task can take any of it, so the
+    // update past the bound is refused and the task fails with a clear error.
+    let burst = rt
+        .send(&me, &chatty, request(&format!("burst {n}"), None), wait)
+        .await
+        .expect("send");
+    assert_eq!(burst.status.state, TaskState::Failed);
+    let error = burst.status.error.expect("an error");
+    assert!(
+        error.message.contains("outpace the store"),
+        "{}",
+        error.message
+    );
+    assert_eq!(burst.seq, a2ad::MAX_UPDATES_IN_FLIGHT as u64 + 3);
+    rt.shutdown(Duration::from_secs(5)).await;
+}

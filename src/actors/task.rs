@@ -23,7 +23,7 @@ use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
 use super::{AgentEntry, ContextKey, Shared, context::ContextMsg};
-use crate::agent::{AgentError, AgentRequest, Outcome, Updates};
+use crate::agent::{AgentError, AgentRequest, Flow, MAX_UPDATES_IN_FLIGHT, Outcome, Updates};
 use crate::error::Error;
 use crate::limits::Admission;
 use crate::model::{
@@ -105,6 +105,9 @@ pub(crate) enum TaskMsg {
         /// Another node will run queued tasks.
         keep_queued: bool,
     },
+    /// The agent sent more updates than may wait for the store
+    /// ([`MAX_UPDATES_IN_FLIGHT`]): the task fails.
+    Overrun,
     /// Another node took the task (a cancel or a continuing message arrived there, or this
     /// node lost its lease): stop the agent without writing anything; followers here
     /// follow the task from the shared store.
@@ -200,6 +203,10 @@ pub(crate) struct TaskActorState {
     start: Option<Admission>,
     /// Restored from the store while it was running: fails at `Start`, with this error.
     orphaned: Option<&'static str>,
+    /// The agent's updates not durable yet (shared with its [`Updates`]).
+    flow: Arc<Flow>,
+    /// The numbers of the events those updates became, oldest first.
+    flow_events: VecDeque<u64>,
 }
 
 // === impl TaskActor ===
@@ -242,6 +249,8 @@ impl Actor for TaskActor {
             generation: 0,
             start: args.admission,
             orphaned: None,
+            flow: Arc::default(),
+            flow_events: VecDeque::new(),
         };
         state.follow(args.follow);
         let submitted = || std::sync::atomic::Ordering::Relaxed;
@@ -318,10 +327,21 @@ impl Actor for TaskActor {
                 }
                 let mut status = TaskStatus::new(TaskState::Working);
                 status.message = Some(message);
-                state.transition(&myself, status);
+                state.update(&myself, |state, myself| state.transition(myself, status));
             }
             TaskMsg::Artifact(update) if state.status.state == TaskState::Working => {
-                state.artifact(&myself, update);
+                state.update(&myself, |state, myself| state.artifact(myself, update));
+            }
+            TaskMsg::Overrun if state.status.state == TaskState::Working => {
+                tracing::warn!(task = %state.key.task, "the agent's updates outpace the store; the task fails");
+                let mut s = TaskStatus::new(TaskState::Failed);
+                s.error = Some(Arc::new(TaskError {
+                    code: AGENT_ERROR_CODE,
+                    message: format!(
+                        "the agent's updates outpace the store ({MAX_UPDATES_IN_FLIGHT} not yet durable)"
+                    ),
+                }));
+                state.transition(&myself, s);
             }
             TaskMsg::Finished(result) if state.status.state == TaskState::Working => {
                 state.agent_finished(&myself, result);
@@ -413,10 +433,8 @@ impl Actor for TaskActor {
                 }
             }
             // Late messages for a task that already moved on: nothing to do.
-            TaskMsg::Progress { .. }
-            | TaskMsg::Artifact(_)
-            | TaskMsg::Finished(_)
-            | TaskMsg::TimedOut(_) => {}
+            TaskMsg::Progress { .. } | TaskMsg::Artifact(_) => state.flow.release(1),
+            TaskMsg::Finished(_) | TaskMsg::TimedOut(_) | TaskMsg::Overrun => {}
         }
         Ok(())
     }
@@ -427,6 +445,7 @@ impl Actor for TaskActor {
         state: &mut TaskActorState,
     ) -> Result<(), ActorProcessingErr> {
         state.cancel.cancel();
+        state.flow.close();
         Ok(())
     }
 }
@@ -468,6 +487,7 @@ async fn drive(
     deadline: tokio::time::Instant,
     generation: u64,
     hand_over: Option<Arc<Shared>>,
+    flow: Arc<Flow>,
 ) {
     let work = async {
         let Some(_permit) = admission.ready().await else {
@@ -477,7 +497,7 @@ async fn drive(
             // The shutdown's own message stops the actor with the task still queued.
             return;
         }
-        let updates = Updates::new(task.clone());
+        let updates = Updates::new(task.clone(), flow);
         let run = agent.backend.run_task(request, updates.clone());
         let mut run = std::pin::pin!(AssertUnwindSafe(run).catch_unwind());
         // The first poll decides: an agent that answers at once costs the task one
@@ -582,6 +602,7 @@ impl TaskActorState {
             deadline,
             self.generation,
             self.shared.cluster.is_some().then(|| self.shared.clone()),
+            self.flow.clone(),
         ));
         // The driver's first poll runs here, in this turn of the actor: an agent that
         // answers at once has its `Ran` in the mailbox before this turn ends, with no task
@@ -730,6 +751,12 @@ impl TaskActorState {
     /// the end of a run, the task's end; then the webhook deliveries the store planned and
     /// the replies that waited for these events.
     fn publish(&mut self, myself: &ActorRef<TaskMsg>, seq: u64, committed: Committed) {
+        let mut released = 0;
+        while self.flow_events.front().is_some_and(|&n| n <= seq) {
+            self.flow_events.pop_front();
+            released += 1;
+        }
+        self.flow.release(released);
         while self.unpublished.front().is_some_and(|item| item.seq <= seq) {
             let Some(item) = self.unpublished.pop_front() else {
                 break;
@@ -814,6 +841,24 @@ impl TaskActorState {
                 }
                 Err(mpsc::error::TrySendError::Closed(_)) => false,
             });
+    }
+
+    /// Applies one of the agent's updates, counted in its flow until the event it becomes
+    /// is durable (released at once if it becomes none).
+    fn update(
+        &mut self,
+        myself: &ActorRef<TaskMsg>,
+        apply: impl FnOnce(&mut Self, &ActorRef<TaskMsg>),
+    ) {
+        let seq = self.events.len() as u64 + 1;
+        // Noted before it is applied: a store durable on append publishes it at once.
+        self.flow_events.push_back(seq);
+        apply(self, myself);
+        if self.events.len() as u64 + 1 == seq {
+            // It changed nothing: no event.
+            self.flow_events.pop_back();
+            self.flow.release(1);
+        }
     }
 
     fn artifact(&mut self, myself: &ActorRef<TaskMsg>, update: ArtifactUpdate) {

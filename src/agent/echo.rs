@@ -58,6 +58,7 @@ impl Agent for EchoAgent {
                 if !pause.is_zero() {
                     tokio::time::sleep(pause).await;
                 }
+                updates.ready().await;
                 updates.progress(Message::agent_text([format!("progress {k}/{steps}")]));
             }
             if !pause.is_zero() {

@@ -166,7 +166,13 @@ impl OpenAiAgent {
         let mut text = String::new();
         let mut chars = 0usize;
         let mut finished = false;
-        while let Some(chunk) = next_chunk(&mut resp).await? {
+        loop {
+            // A store that falls behind holds the upstream up (its socket stops being read)
+            // rather than letting its chunks pile up.
+            updates.ready().await;
+            let Some(chunk) = next_chunk(&mut resp).await? else {
+                break;
+            };
             for data in parser.push(&chunk)? {
                 if data == "[DONE]" {
                     finished = true;

@@ -237,7 +237,8 @@ fn cluster(c: &ClusterConfig) -> Result<(), ConfigError> {
             ),
         ));
     }
-    int("cluster.pool_size", c.pool_size, 2, 1024)
+    int("cluster.pool_size", c.pool_size, 2, 1024)?;
+    int("cluster.max_followers", c.max_followers, 1, 1_000_000)
 }
 
 fn agent_config(a: &mut AgentConfig, i: usize) -> Result<(), ConfigError> {

@@ -2,7 +2,9 @@
 //! events after its cursor from the shared store, sends them in order, and waits for a
 //! wake-up (another node appended: a hint) or the safety poll. The cursor only moves
 //! forward by one, so a follower can neither skip nor repeat an event; a lost hint costs
-//! at most one poll interval.
+//! at most one poll interval. A read takes at most [`PAGE`] events (a full page is
+//! followed by the next read at once), and a node holds at most `cluster.max_followers`
+//! followers: past it, new streams and waits on tasks of other nodes are refused as busy.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
@@ -12,11 +14,15 @@ use tokio::sync::{mpsc, oneshot};
 
 use crate::actors::Shared;
 use crate::cluster::Watch;
+use crate::error::{Error, Result};
 use crate::model::{TaskKey, TaskSnapshot};
 use crate::runtime::StreamItem;
 
 /// The safety poll of a follower: how long it waits for a hint before reading anyway.
 pub(crate) const POLL: Duration = Duration::from_millis(1000);
+
+/// Events a follower reads at most at once.
+pub(crate) const PAGE: usize = 256;
 
 /// Where a follower's events go.
 pub(crate) enum Sink {
@@ -35,9 +41,36 @@ impl Sink {
     }
 }
 
-/// Spawns a follower of `key` from after event `cursor`.
+/// Spawns a follower of `key` from after event `cursor`, if this node holds fewer than
+/// `cluster.max_followers`.
+///
+/// # Errors
+/// [`Error::Busy`] when it holds that many.
+pub(crate) fn try_spawn(shared: Arc<Shared>, key: TaskKey, cursor: u64, sink: Sink) -> Result<()> {
+    let max = shared
+        .config
+        .cluster
+        .as_ref()
+        .map_or(usize::MAX, |c| c.max_followers);
+    let held = shared.metrics.remote_followers.fetch_add(1, Relaxed);
+    if usize::try_from(held).is_ok_and(|held| held >= max) {
+        shared.metrics.remote_followers.fetch_sub(1, Relaxed);
+        return Err(Error::Busy);
+    }
+    run(shared, key, cursor, sink);
+    Ok(())
+}
+
+/// Spawns a follower of `key` from after event `cursor`, whatever the count: for the
+/// subscribers a task actor hands over when another node takes its task (they were
+/// admitted already).
 pub(crate) fn spawn(shared: Arc<Shared>, key: TaskKey, cursor: u64, sink: Sink) {
     shared.metrics.remote_followers.fetch_add(1, Relaxed);
+    run(shared, key, cursor, sink);
+}
+
+/// Runs a follower already counted in `remote_followers`.
+fn run(shared: Arc<Shared>, key: TaskKey, cursor: u64, sink: Sink) {
     tokio::spawn(async move {
         follow(&shared, &key, cursor, sink).await;
         shared.metrics.remote_followers.fetch_sub(1, Relaxed);
@@ -55,14 +88,17 @@ async fn follow(shared: &Arc<Shared>, key: &TaskKey, mut cursor: u64, mut sink: 
         tokio::pin!(notified);
         notified.as_mut().enable();
         let read = match &shared.cluster {
-            Some(cluster) => cluster.read_after(key, cursor).await,
+            Some(cluster) => cluster.read_after(key, cursor, PAGE).await,
             None => return,
         };
+        let mut more = false;
         match read {
             Ok(Some((task, events))) => {
+                more = events.len() >= PAGE;
                 for event in events {
                     if event.seq != cursor + 1 {
                         // Not the next one (a concurrent eviction?): read again.
+                        more = false;
                         break;
                     }
                     cursor = event.seq;
@@ -102,6 +138,10 @@ async fn follow(shared: &Arc<Shared>, key: &TaskKey, mut cursor: u64, mut sink: 
         }
         if sink.closed() {
             return;
+        }
+        if more {
+            // A full page: the next one is read at once.
+            continue;
         }
         tokio::select! {
             () = &mut notified => {}

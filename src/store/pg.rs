@@ -565,22 +565,26 @@ impl Inner {
     }
 
     /// A task's record and its events after `after`, read in one snapshot.
+    /// A task's record and its events after `after` (at most `limit` of them, `None`: all).
     async fn record_and_events(
         &self,
         key: &TaskKey,
         after: u64,
+        limit: Option<usize>,
     ) -> Result<Option<(TaskSnapshot, TurnId, Vec<TaskEvent>)>> {
         let client = self.client().await?;
         let s = &self.schema;
         let sql = format!(
             "SELECT t.principal, t.agent, t.task, t.record,
-               ARRAY(SELECT seq FROM {s}.events e WHERE e.task = t.id AND e.seq > $2 ORDER BY seq),
-               ARRAY(SELECT body FROM {s}.events e WHERE e.task = t.id AND e.seq > $2 ORDER BY seq)
+               ARRAY(SELECT seq FROM {s}.events e WHERE e.task = t.id AND e.seq > $2 ORDER BY seq LIMIT $3),
+               ARRAY(SELECT body FROM {s}.events e WHERE e.task = t.id AND e.seq > $2 ORDER BY seq LIMIT $3)
              FROM {s}.tasks t WHERE t.id = $1"
         );
         let stmt = bounded(client.prepare_cached(&sql)).await?;
         let after = i64::try_from(after).unwrap_or(i64::MAX);
-        let Some(row) = bounded(client.query_opt(&stmt, &[&row_id(key), &after])).await? else {
+        let limit = limit.map(|n| i64::try_from(n).unwrap_or(i64::MAX));
+        let Some(row) = bounded(client.query_opt(&stmt, &[&row_id(key), &after, &limit])).await?
+        else {
             return Ok(None);
         };
         let Some((k, task, turn)) = Self::decode_row(&row) else {
@@ -718,7 +722,7 @@ impl Inner {
     /// A task this node just took (under `fence`): read back with its events to be run
     /// here, its appends carrying the new fence from now on.
     async fn taken(&self, key: &TaskKey, fence: i64, why: Orphan) -> Result<Option<RecoveredTask>> {
-        let Some((task, turn, events)) = self.record_and_events(key, 0).await? else {
+        let Some((task, turn, events)) = self.record_and_events(key, 0, None).await? else {
             return Ok(None);
         };
         self.owned.insert(
@@ -834,8 +838,10 @@ impl Inner {
         let s = &self.schema;
         let me = self.incarnation();
         let ttl = self.cfg.lease_ttl_ms as f64;
-        // Whole lanes (task, configuration) whose claimant holds no fresh lease: the rows
-        // of one lane go to one node, in order.
+        // Whole lanes (task, configuration) whose claimant holds no fresh lease, and the
+        // unclaimed rows of lanes no other live node holds (deliveries planned behind a
+        // lane another node held: see `held_elsewhere`): the rows of one lane go to one
+        // node, in order.
         let rows = bounded(client.query(
             &format!(
                 "WITH live AS (SELECT incarnation FROM {s}.nodes
@@ -843,6 +849,9 @@ impl Inner {
                       lanes AS (SELECT DISTINCT o.task, o.config FROM {s}.outbox o
                                WHERE (o.claimed_by IS NULL OR o.claimed_by NOT IN (SELECT incarnation FROM live))
                                  AND ($3 OR o.claimed_by IS NULL OR o.claimed_node = $4)
+                                 AND NOT EXISTS (SELECT 1 FROM {s}.outbox h
+                                     WHERE h.task = o.task AND h.config = o.config AND h.claimed_by <> $1
+                                       AND h.claimed_by IN (SELECT incarnation FROM live))
                                LIMIT {REAP_LIMIT})
                  UPDATE {s}.outbox o SET claimed_by = $1, claimed_node = $4 FROM lanes l
                  WHERE o.task = l.task AND o.config = l.config
@@ -873,7 +882,7 @@ impl Inner {
             items.sort_by_key(|i| i.0);
             let key = self.key_of(id).await?;
             let found = match &key {
-                Some(key) => self.record_and_events(key, 0).await?,
+                Some(key) => self.record_and_events(key, 0, None).await?,
                 None => None,
             };
             let (Some(key), Some((task, _, events))) = (key, found) else {
@@ -1285,9 +1294,14 @@ async fn prepare(
                  e AS (INSERT INTO {s}.events (task, seq, body) SELECT id, $5::bigint, $9 FROM t
                        ON CONFLICT DO NOTHING),
                  o AS (INSERT INTO {s}.outbox (delivery, task, seq, config, attempt, due_us, claimed_by, claimed_node)
-                       SELECT x.d, $1, $5::bigint, x.c, 1, NULL, $10, $13 FROM t, unnest($11::uuid[], $12::text[]) AS x(d, c)
-                       ON CONFLICT DO NOTHING)
-                 SELECT count(*) FROM t"
+                       SELECT x.d, $1, $5::bigint, x.c, 1, NULL,
+                              CASE WHEN {held} THEN NULL ELSE $10::uuid END,
+                              CASE WHEN {held} THEN NULL ELSE $13::text END
+                       FROM t, unnest($11::uuid[], $12::text[]) AS x(d, c)
+                       ON CONFLICT DO NOTHING
+                       RETURNING delivery, claimed_by)
+                 SELECT (SELECT count(*) FROM t), ARRAY(SELECT delivery FROM o WHERE claimed_by IS NULL)",
+                held = held_elsewhere(s, "$1", "$10")
             ))
             .await?,
         notify: client
@@ -1305,9 +1319,14 @@ async fn prepare(
                  e AS (INSERT INTO {s}.events (task, seq, body) SELECT id, $2::bigint, $4 FROM t
                        ON CONFLICT DO NOTHING),
                  o AS (INSERT INTO {s}.outbox (delivery, task, seq, config, attempt, due_us, claimed_by, claimed_node)
-                       SELECT x.d, $1, $2::bigint, x.c, 1, NULL, $5, $8 FROM t, unnest($6::uuid[], $7::text[]) AS x(d, c)
-                       ON CONFLICT DO NOTHING)
-                 SELECT count(*) FROM t"
+                       SELECT x.d, $1, $2::bigint, x.c, 1, NULL,
+                              CASE WHEN {held} THEN NULL ELSE $5::uuid END,
+                              CASE WHEN {held} THEN NULL ELSE $8::text END
+                       FROM t, unnest($6::uuid[], $7::text[]) AS x(d, c)
+                       ON CONFLICT DO NOTHING
+                       RETURNING delivery, claimed_by)
+                 SELECT (SELECT count(*) FROM t), ARRAY(SELECT delivery FROM o WHERE claimed_by IS NULL)",
+                held = held_elsewhere(s, "$1", "$5")
             ))
             .await?,
     })
@@ -1498,10 +1517,11 @@ async fn commit(
             let mut committed = Committed::default();
             let mut fenced = Vec::new();
             for (index, deliveries, key) in mine {
-                if results[index] {
-                    committed.deliveries.extend(deliveries);
-                } else {
-                    fenced.push(key);
+                match &results[index] {
+                    Some(waiting) => committed
+                        .deliveries
+                        .extend(deliveries.into_iter().filter(|d| !waiting.contains(&d.id))),
+                    None => fenced.push(key),
                 }
             }
             if fenced.is_empty() {
@@ -1511,6 +1531,24 @@ async fn commit(
             }
         })
         .collect())
+}
+
+/// The SQL condition under which a new delivery of task `task` to configuration `x.c`
+/// waits for another node: its lane (task, configuration) still has a delivery that is not
+/// this incarnation's (`me`) — one a node that took the lane over holds, one of a dead
+/// node nobody claimed yet, or one already waiting so. Such a delivery is inserted
+/// unclaimed, and whoever holds (or claims) the lane takes it at its next heartbeat, so a
+/// lane's deliveries go out from one node, in order, across a takeover.
+fn held_elsewhere(s: &str, task: &str, me: &str) -> String {
+    format!(
+        "EXISTS (SELECT 1 FROM {s}.outbox p WHERE p.task = {task} AND p.config = x.c
+                   AND p.claimed_by IS DISTINCT FROM {me}::uuid)"
+    )
+}
+
+/// The outcome of an append that planned deliveries: `None` when it was fenced.
+fn executed(row: &tokio_postgres::Row) -> Executed {
+    (row.get::<_, i64>(0) == 1).then(|| row.get::<_, Vec<Uuid>>(1))
 }
 
 /// One statement of a batch.
@@ -1530,14 +1568,19 @@ enum Planned {
     Other(Write),
 }
 
-/// Runs one statement; `false` when a task append was fenced.
+/// What one statement did: `None` when a task append was fenced, else the deliveries it
+/// planned that wait behind earlier ones of their lane held by another node (see
+/// [`held_elsewhere`]): this node does not send them.
+type Executed = Option<Vec<Uuid>>;
+
+/// Runs one statement.
 async fn execute(
     tx: &tokio_postgres::Client,
     prepared: &Prepared,
     p: &Planned,
     me: Uuid,
     node: &str,
-) -> std::result::Result<bool, tokio_postgres::Error> {
+) -> std::result::Result<Executed, tokio_postgres::Error> {
     match p {
         Planned::Task {
             id,
@@ -1550,7 +1593,7 @@ async fn execute(
             last,
         } => {
             let Some(fence) = fence else {
-                return Ok(false);
+                return Ok(None);
             };
             let ids: Vec<Uuid> = deliveries.iter().map(|d| d.0).collect();
             let cfgs: Vec<&str> = deliveries.iter().map(|d| d.1.as_str()).collect();
@@ -1563,7 +1606,7 @@ async fn execute(
                         &[id, &seq, fence, &body, &me, &ids, &cfgs, &node],
                     )
                     .await?;
-                return Ok(row.get::<_, i64>(0) == 1);
+                return Ok(executed(&row));
             }
             let state = task.status.state;
             let terminal = state.is_terminal();
@@ -1612,7 +1655,11 @@ async fn execute(
                 )
                 .await?
             };
-            Ok(row.get::<_, i64>(0) == 1)
+            Ok(if event.seq == 1 {
+                (row.get::<_, i64>(0) == 1).then(Vec::new)
+            } else {
+                executed(&row)
+            })
         }
         Planned::Other(w) => {
             match w {
@@ -1713,7 +1760,7 @@ async fn execute(
                 }
                 Write::Task { .. } => {}
             }
-            Ok(true)
+            Ok(Some(Vec::new()))
         }
     }
 }
@@ -1878,7 +1925,7 @@ impl Store for PgStore {
         let key = key.clone();
         self.run(async move {
             Ok(inner
-                .record_and_events(&key, after)
+                .record_and_events(&key, after, None)
                 .await?
                 .map(|(_, _, e)| e)
                 .unwrap_or_default())
@@ -2090,12 +2137,17 @@ impl Cluster for PgStore {
         self.run(async move { inner.adopt(&key, Orphan::Held).await })
     }
 
-    fn read_after(&self, key: &TaskKey, after: u64) -> BoxFuture<'_, Result<Option<Followed>>> {
+    fn read_after(
+        &self,
+        key: &TaskKey,
+        after: u64,
+        limit: usize,
+    ) -> BoxFuture<'_, Result<Option<Followed>>> {
         let inner = self.inner.clone();
         let key = key.clone();
         self.run(async move {
             Ok(inner
-                .record_and_events(&key, after)
+                .record_and_events(&key, after, Some(limit))
                 .await?
                 .map(|(t, _, e)| (Arc::new(t), e)))
         })

@@ -69,6 +69,9 @@ impl Answer {
 
 pub type Script = Arc<dyn Fn(usize) -> Answer + Send + Sync>;
 
+/// A script that sees every request so far, this one last.
+pub type Watcher = Arc<dyn Fn(&[Hit]) -> Answer + Send + Sync>;
+
 pub struct Receiver {
     pub url: String,
     pub port: u16,
@@ -83,6 +86,12 @@ impl Receiver {
     }
 
     pub async fn start(script: Script) -> Self {
+        Self::watching(Arc::new(move |hits: &[Hit]| script(hits.len() - 1))).await
+    }
+
+    /// A receiver whose answers depend on what it received (e.g. the first try of each
+    /// delivery fails).
+    pub async fn watching(script: Watcher) -> Self {
         let listener = TcpListener::bind("127.0.0.1:0")
             .await
             .expect("bind receiver");
@@ -107,16 +116,15 @@ impl Receiver {
                                 .await
                                 .map(|b| b.to_bytes())
                                 .unwrap_or_default();
-                            let n = {
+                            let answer = {
                                 let mut hits = hits.lock().expect("lock");
                                 hits.push(Hit {
                                     headers: parts.headers,
                                     body,
                                     at: Instant::now(),
                                 });
-                                hits.len() - 1
+                                script(&hits)
                             };
-                            let answer = script(n);
                             if !answer.delay.is_zero() {
                                 tokio::time::sleep(answer.delay).await;
                             }
