@@ -455,6 +455,55 @@ async fn a_follower_reads_a_long_backlog_page_by_page_without_gap_or_duplicate()
     c.finish().await;
 }
 
+/// Defect 11 of the second outside review: on the node that took a task over, a read
+/// must never show an older state than a follower on that node was already sent. Ten
+/// tasks are taken over at once (their runner is killed); as each follower on the survivor
+/// receives the final `failed`, a read there is made at once.
+#[tokio::test]
+async fn a_read_on_the_node_that_took_a_task_over_is_never_behind_its_followers() {
+    let Some(url) = pg_url() else { return };
+    let _turn = TURN.lock().await;
+    let mut c = Cluster::start(url, 2, "").await;
+    let mut followers = Vec::new();
+    let mut runners = Vec::new();
+    for i in 0..10 {
+        let mut a = c
+            .stream(0, "long", "message/stream", message(&format!("t{i}")), None)
+            .await;
+        let first = take(&mut a, 2).await;
+        let id = task_id(&first);
+        let b = c
+            .stream(1, "long", "tasks/resubscribe", json!({"id": id}), Some(2))
+            .await;
+        runners.push(a);
+        followers.push((id, b));
+    }
+    c.kill9(0);
+    drop(runners);
+    let nodes = &c;
+    let checks = followers.into_iter().map(|(id, mut b)| async move {
+        let mut last = None;
+        while let Some((_, e)) = b.next_event().await {
+            if state(&e) == "failed" {
+                let v = nodes.call(1, "long", "tasks/get", json!({"id": id})).await;
+                assert_eq!(
+                    state(&json!({"result": result(&v)})),
+                    "failed",
+                    "a follower on node 1 saw {id} fail; a read there then said {v}"
+                );
+            }
+            last = Some(state(&e));
+        }
+        assert_eq!(
+            last.as_deref(),
+            Some("failed"),
+            "{id} ends failed (node lost)"
+        );
+    });
+    futures_util::future::join_all(checks).await;
+    c.finish().await;
+}
+
 #[tokio::test]
 async fn a_node_holds_at_most_max_followers_and_frees_one_when_its_stream_goes() {
     let Some(url) = pg_url() else { return };
