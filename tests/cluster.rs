@@ -1095,31 +1095,52 @@ async fn a_graceful_shutdown_hands_queued_tasks_to_the_other_nodes() {
     let Some(url) = pg_url() else { return };
     let _turn = TURN.lock().await;
     let mut c = Cluster::start(url, 2, "").await;
-    // One slot: the first task runs on node 0, the second waits in its queue.
+    // One slot: the first task runs on node 0, the others wait in its queue. Several
+    // queued tasks: each slot the shutdown frees (by cancelling the one that works) is a
+    // chance for a queued task to start there instead of being handed over (defect 12).
     let mut running = c
         .stream(0, "single", "message/stream", message("first"), None)
         .await;
     let r = take(&mut running, 2).await;
     assert_eq!(state(&r[1].1), "working");
-    let mut queued = c
-        .stream(0, "single", "message/stream", message("second"), None)
-        .await;
-    let q = take(&mut queued, 1).await;
-    assert_eq!(state(&q[0].1), "submitted");
-    let id = task_id(&q);
+    let mut queued = Vec::new();
+    for i in 0..4 {
+        let mut q = c
+            .stream(
+                0,
+                "single",
+                "message/stream",
+                message(&format!("queued {i}")),
+                None,
+            )
+            .await;
+        let first = take(&mut q, 1).await;
+        assert_eq!(state(&first[0].1), "submitted");
+        queued.push((i, task_id(&first), q));
+    }
 
     let (code, _) = c.nodes[0].take().expect("node 0").stop();
     assert_eq!(code, 0);
-    // The queued task runs on node 1 and completes there.
-    let done = poll_until(Duration::from_secs(30), || async {
-        let v = c.call(1, "single", "tasks/get", json!({"id": id})).await;
-        (v["result"]["status"]["state"] == "completed").then_some(v)
-    })
-    .await;
-    assert_eq!(
-        support::texts(&done["result"]["status"]["message"]),
-        ["echo: second", "turn 1"]
-    );
+    // The queued tasks run on node 1 (one at a time) and complete there.
+    for (i, id, _) in &queued {
+        let done = poll_until(Duration::from_secs(60), || async {
+            let v = c.call(1, "single", "tasks/get", json!({"id": id})).await;
+            let s = v["result"]["status"]["state"]
+                .as_str()
+                .unwrap_or("")
+                .to_string();
+            assert!(
+                s != "canceled" && s != "failed",
+                "queued task {i} ended {s} instead of being handed over: {v}"
+            );
+            (s == "completed").then_some(v)
+        })
+        .await;
+        assert_eq!(
+            support::texts(&done["result"]["status"]["message"]),
+            [format!("echo: queued {i}"), "turn 1".to_string()]
+        );
+    }
     c.finish().await;
 }
 
