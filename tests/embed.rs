@@ -292,3 +292,114 @@ async fn an_agent_waits_for_a_store_that_falls_behind_and_one_that_floods_it_fai
     assert_eq!(burst.seq, a2ad::MAX_UPDATES_IN_FLIGHT as u64 + 3);
     rt.shutdown(Duration::from_secs(5)).await;
 }
+
+static GO: tokio::sync::Notify = tokio::sync::Notify::const_new();
+
+/// Says "one", waits for `GO`, says "two", then runs until canceled.
+struct TwoSteps;
+
+impl Agent for TwoSteps {
+    fn kind(&self) -> &str {
+        "two-steps"
+    }
+
+    fn run(&self, request: AgentRequest, updates: Updates) -> AgentFuture {
+        Box::pin(async move {
+            updates.progress(Message::agent_text(["one"]));
+            GO.notified().await;
+            updates.progress(Message::agent_text(["two"]));
+            request.cancel.cancelled().await;
+            Ok(Message::agent_text(["done"]))
+        })
+    }
+}
+
+/// Defect 11 of the second outside review, provoked deterministically: on a shared store
+/// a follower reads committed events straight from the database, so a read of a live task
+/// must wait for the events in flight — or it can show an older state than a follower on
+/// the node was already sent. The task's row is locked so that its next event stays in
+/// flight while the read is asked.
+#[tokio::test]
+async fn on_a_shared_store_a_read_waits_for_the_events_in_flight() {
+    let Some(cluster) = support::test_cluster() else {
+        eprintln!("SKIPPED: needs the shared store (A2AD_TEST_STORE=postgres)");
+        return;
+    };
+    let (url, schema) = (cluster.url.clone(), cluster.schema.clone());
+    let c = Config {
+        agents: vec![AgentConfig::new("steps")],
+        cluster: Some(cluster),
+        ..Config::default()
+    };
+    let backends: HashMap<AgentId, Arc<dyn Agent>> =
+        HashMap::from([(AgentId::new("steps"), Arc::new(TwoSteps) as Arc<dyn Agent>)]);
+    let rt = Arc::new(
+        Runtime::start_with(Arc::new(c.validated().expect("valid")), backends)
+            .await
+            .expect("start"),
+    );
+    let me = Principal::new("me");
+    let steps = AgentId::new("steps");
+    let task = rt
+        .send(&me, &steps, request("go", None), None)
+        .await
+        .expect("send");
+    let id = task.id.clone();
+    let said = |t: &a2ad::TaskSnapshot| {
+        t.status
+            .message
+            .as_ref()
+            .map(|m| m.joined_text())
+            .unwrap_or_default()
+    };
+    support::poll_until(Duration::from_secs(20), || async {
+        let t = rt.get(&me, &steps, &id).await.expect("get");
+        (said(&t) == "one").then_some(())
+    })
+    .await;
+
+    // Lock the task's row: the committer's next write of it waits.
+    let (mut pg, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+        .await
+        .expect("connect");
+    tokio::spawn(conn);
+    let lock = pg.transaction().await.expect("begin");
+    lock.execute(
+        &format!("SELECT 1 FROM {schema}.tasks WHERE task = $1 FOR UPDATE"),
+        &[&id.as_str()],
+    )
+    .await
+    .expect("lock");
+    GO.notify_one();
+    // "two" is in flight once the committer waits for the lock.
+    let (watch, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+        .await
+        .expect("connect");
+    tokio::spawn(conn);
+    support::poll_until(Duration::from_secs(20), || async {
+        let row = watch
+            .query_one("SELECT count(*) FROM pg_locks WHERE NOT granted", &[])
+            .await
+            .expect("pg_locks");
+        (row.get::<_, i64>(0) > 0).then_some(())
+    })
+    .await;
+    let read = {
+        let (rt, me, steps, id) = (rt.clone(), me.clone(), steps.clone(), id.clone());
+        tokio::spawn(async move { rt.get(&me, &steps, &id).await })
+    };
+    // Give the read every chance to answer early (it must not): up to 2 s.
+    let end = tokio::time::Instant::now() + Duration::from_secs(2);
+    while !read.is_finished() && tokio::time::Instant::now() < end {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    lock.rollback().await.expect("unlock");
+    let t = read.await.expect("joined").expect("get");
+    assert_eq!(
+        said(&t),
+        "two",
+        "the read showed the state before the event in flight"
+    );
+    rt.cancel(&me, &steps, &id, None).await.expect("cancel");
+    rt.shutdown(Duration::from_secs(5)).await;
+}
