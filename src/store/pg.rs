@@ -840,7 +840,7 @@ impl Inner {
         let ttl = self.cfg.lease_ttl_ms as f64;
         // Whole lanes (task, configuration) whose claimant holds no fresh lease, and the
         // unclaimed rows of lanes no other live node holds (deliveries planned behind a
-        // lane another node held: see `held_elsewhere`): the rows of one lane go to one
+        // lane another node held: see `plan_deliveries`): the rows of one lane go to one
         // node, in order.
         let rows = bounded(client.query(
             &format!(
@@ -1293,15 +1293,8 @@ async fn prepare(
                   RETURNING id),
                  e AS (INSERT INTO {s}.events (task, seq, body) SELECT id, $5::bigint, $9 FROM t
                        ON CONFLICT DO NOTHING),
-                 o AS (INSERT INTO {s}.outbox (delivery, task, seq, config, attempt, due_us, claimed_by, claimed_node)
-                       SELECT x.d, $1, $5::bigint, x.c, 1, NULL,
-                              CASE WHEN {held} THEN NULL ELSE $10::uuid END,
-                              CASE WHEN {held} THEN NULL ELSE $13::text END
-                       FROM t, unnest($11::uuid[], $12::text[]) AS x(d, c)
-                       ON CONFLICT DO NOTHING
-                       RETURNING delivery, claimed_by)
-                 SELECT (SELECT count(*) FROM t), ARRAY(SELECT delivery FROM o WHERE claimed_by IS NULL)",
-                held = held_elsewhere(s, "$1", "$10")
+                 {planned}",
+                planned = plan_deliveries(s, "$5", ["$11", "$12"], ["$10", "$13"])
             ))
             .await?,
         notify: client
@@ -1318,15 +1311,8 @@ async fn prepare(
                   RETURNING id),
                  e AS (INSERT INTO {s}.events (task, seq, body) SELECT id, $2::bigint, $4 FROM t
                        ON CONFLICT DO NOTHING),
-                 o AS (INSERT INTO {s}.outbox (delivery, task, seq, config, attempt, due_us, claimed_by, claimed_node)
-                       SELECT x.d, $1, $2::bigint, x.c, 1, NULL,
-                              CASE WHEN {held} THEN NULL ELSE $5::uuid END,
-                              CASE WHEN {held} THEN NULL ELSE $8::text END
-                       FROM t, unnest($6::uuid[], $7::text[]) AS x(d, c)
-                       ON CONFLICT DO NOTHING
-                       RETURNING delivery, claimed_by)
-                 SELECT (SELECT count(*) FROM t), ARRAY(SELECT delivery FROM o WHERE claimed_by IS NULL)",
-                held = held_elsewhere(s, "$1", "$5")
+                 {planned}",
+                planned = plan_deliveries(s, "$2", ["$6", "$7"], ["$5", "$8"])
             ))
             .await?,
     })
@@ -1533,16 +1519,28 @@ async fn commit(
         .collect())
 }
 
-/// The SQL condition under which a new delivery of task `task` to configuration `x.c`
-/// waits for another node: its lane (task, configuration) still has a delivery that is not
-/// this incarnation's (`me`) — one a node that took the lane over holds, one of a dead
-/// node nobody claimed yet, or one already waiting so. Such a delivery is inserted
-/// unclaimed, and whoever holds (or claims) the lane takes it at its next heartbeat, so a
-/// lane's deliveries go out from one node, in order, across a takeover.
-fn held_elsewhere(s: &str, task: &str, me: &str) -> String {
-    format!(
-        "EXISTS (SELECT 1 FROM {s}.outbox p WHERE p.task = {task} AND p.config = x.c
+/// The end of an append statement (after its `t` and `e` parts) that plans the event's
+/// deliveries: outbox rows for the task `$1`, event `seq`, deliveries and configurations
+/// `[ids, configs]`, claimed by this incarnation and node `[me, node]` — unless the lane
+/// (task, configuration) still holds a delivery that is not this incarnation's: one a node
+/// that took the lane over holds, one of a dead node nobody claimed yet, or one already
+/// waiting so. Such a delivery is inserted unclaimed, and whoever holds (or claims) the
+/// lane takes it at its next heartbeat, so a lane's deliveries go out from one node, in
+/// order, across a takeover. Answers the append's count and the deliveries left unclaimed.
+fn plan_deliveries(s: &str, seq: &str, [ids, configs]: [&str; 2], [me, node]: [&str; 2]) -> String {
+    let held = format!(
+        "EXISTS (SELECT 1 FROM {s}.outbox p WHERE p.task = $1 AND p.config = x.c
                    AND p.claimed_by IS DISTINCT FROM {me}::uuid)"
+    );
+    format!(
+        "o AS (INSERT INTO {s}.outbox (delivery, task, seq, config, attempt, due_us, claimed_by, claimed_node)
+               SELECT x.d, $1, {seq}::bigint, x.c, 1, NULL,
+                      CASE WHEN {held} THEN NULL ELSE {me}::uuid END,
+                      CASE WHEN {held} THEN NULL ELSE {node}::text END
+               FROM t, unnest({ids}::uuid[], {configs}::text[]) AS x(d, c)
+               ON CONFLICT DO NOTHING
+               RETURNING delivery, claimed_by)
+         SELECT (SELECT count(*) FROM t), ARRAY(SELECT delivery FROM o WHERE claimed_by IS NULL)"
     )
 }
 
@@ -1570,7 +1568,7 @@ enum Planned {
 
 /// What one statement did: `None` when a task append was fenced, else the deliveries it
 /// planned that wait behind earlier ones of their lane held by another node (see
-/// [`held_elsewhere`]): this node does not send them.
+/// [`plan_deliveries`]): this node does not send them.
 type Executed = Option<Vec<Uuid>>;
 
 /// Runs one statement.
