@@ -12,10 +12,8 @@ use std::sync::Arc;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
-use ractor::ActorRef;
 use tokio_util::sync::CancellationToken;
 
-use crate::actors::task::TaskMsg;
 use crate::config::AgentConfig;
 use crate::model::{Artifact, ArtifactUpdate, ContextId, Message, TaskId};
 
@@ -167,6 +165,29 @@ impl Flow {
     }
 }
 
+/// One of an agent's updates, as its task receives it.
+pub(crate) enum Update {
+    /// The agent started (`submitted` → `working`).
+    Started,
+    /// A message: kept in the history (`keep`) or only streamed.
+    Progress {
+        /// The update.
+        message: Message,
+        /// Kept in `history` (a progress message) or transient (a streamed chunk).
+        keep: bool,
+    },
+    /// An artifact, or a chunk of one.
+    Artifact(ArtifactUpdate),
+    /// More updates than may wait for the store were sent ([`MAX_UPDATES_IN_FLIGHT`]).
+    Overrun,
+}
+
+/// Where a task's updates go (the task's actor); `false` when it is gone. Kept behind this
+/// trait so that backends, and this module, never meet the actor system.
+pub(crate) trait UpdateSink: Send + Sync {
+    fn send(&self, update: Update) -> bool;
+}
+
 /// Sends intermediate updates (`working` with a message, `final: false`) to the task.
 ///
 /// Each update becomes one of the task's events, and is held in memory until the store
@@ -177,7 +198,7 @@ impl Flow {
 /// (`false`) and fails the task.
 #[derive(Clone)]
 pub struct Updates {
-    task: Option<ActorRef<TaskMsg>>,
+    task: Option<Arc<dyn UpdateSink>>,
     flow: Option<Arc<Flow>>,
     /// Whether the task was told that its agent started (`working`): by the first update,
     /// or by the driver once the agent did not answer at its first poll. A lock, not an
@@ -187,7 +208,7 @@ pub struct Updates {
 }
 
 impl Updates {
-    pub(crate) fn new(task: ActorRef<TaskMsg>, flow: Arc<Flow>) -> Self {
+    pub(crate) fn new(task: Arc<dyn UpdateSink>, flow: Arc<Flow>) -> Self {
         Self {
             task: Some(task),
             flow: Some(flow),
@@ -227,7 +248,7 @@ impl Updates {
     pub(crate) fn start(&self) {
         let mut started = self.started.lock().unwrap_or_else(|e| e.into_inner());
         if !*started && let Some(t) = &self.task {
-            let _ = t.cast(TaskMsg::Started);
+            t.send(Update::Started);
         }
         *started = true;
     }
@@ -260,25 +281,25 @@ impl Updates {
             append,
             last_chunk,
         };
-        self.cast(TaskMsg::Artifact(update))
+        self.cast(Update::Artifact(update))
     }
 
     fn send(&self, message: Message, keep: bool) -> bool {
-        self.cast(TaskMsg::Progress { message, keep })
+        self.cast(Update::Progress { message, keep })
     }
 
-    fn cast(&self, msg: TaskMsg) -> bool {
+    fn cast(&self, update: Update) -> bool {
         self.start();
         let (Some(task), Some(flow)) = (&self.task, &self.flow) else {
             return false;
         };
         if let Err(first) = flow.admit() {
             if first {
-                let _ = task.cast(TaskMsg::Overrun);
+                task.send(Update::Overrun);
             }
             return false;
         }
-        if task.cast(msg).is_err() {
+        if !task.send(update) {
             flow.release(1);
             return false;
         }

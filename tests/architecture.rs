@@ -100,3 +100,25 @@ fn the_core_modules_are_where_the_rules_expect_them() {
     assert_eq!(layer("rpc/seed/params"), "dialect:seed");
     assert_eq!(layer("rpc/a2a/v10"), "dialect:a2a");
 }
+
+/// Backends never meet the actor system: the agent modules import neither the actors, the
+/// runtime, nor ractor (a task's updates reach its actor through a sink the actors
+/// implement).
+#[test]
+fn the_agent_modules_import_no_actor_and_no_runtime() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut files = vec![src.join("agent.rs")];
+    rust_files(&src.join("agent"), &mut files);
+    let mut violations = Vec::new();
+    for file in &files {
+        let text = std::fs::read_to_string(file).expect("read");
+        for (n, line) in code_lines(&text) {
+            for forbidden in ["crate::actors", "crate::runtime", "ractor"] {
+                if line.contains(forbidden) {
+                    violations.push(format!("{}:{n}: {forbidden}", file.display()));
+                }
+            }
+        }
+    }
+    assert!(violations.is_empty(), "{violations:#?}");
+}

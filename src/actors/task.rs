@@ -23,7 +23,9 @@ use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
 use super::{AgentEntry, ContextKey, Shared, context::ContextMsg};
-use crate::agent::{AgentError, AgentRequest, Flow, MAX_UPDATES_IN_FLIGHT, Outcome, Updates};
+use crate::agent::{
+    AgentError, AgentRequest, Flow, MAX_UPDATES_IN_FLIGHT, Outcome, Update, UpdateSink, Updates,
+};
 use crate::error::Error;
 use crate::limits::Admission;
 use crate::model::{
@@ -497,7 +499,7 @@ async fn drive(
             // The shutdown's own message stops the actor with the task still queued.
             return;
         }
-        let updates = Updates::new(task.clone(), flow);
+        let updates = Updates::new(Arc::new(task.clone()), flow);
         let run = agent.backend.run_task(request, updates.clone());
         let mut run = std::pin::pin!(AssertUnwindSafe(run).catch_unwind());
         // The first poll decides: an agent that answers at once costs the task one
@@ -525,6 +527,19 @@ async fn drive(
             let _ = task.cast(TaskMsg::TimedOut(generation));
         }
         () = work => {}
+    }
+}
+
+/// An agent's updates reach its task as messages.
+impl UpdateSink for ActorRef<TaskMsg> {
+    fn send(&self, update: Update) -> bool {
+        self.cast(match update {
+            Update::Started => TaskMsg::Started,
+            Update::Progress { message, keep } => TaskMsg::Progress { message, keep },
+            Update::Artifact(a) => TaskMsg::Artifact(a),
+            Update::Overrun => TaskMsg::Overrun,
+        })
+        .is_ok()
     }
 }
 
