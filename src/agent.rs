@@ -115,8 +115,13 @@ impl AgentError {
 }
 
 /// A task's updates that are not durable yet: [`Updates::ready`] waits while more than
-/// this many wait for the store.
-pub const UPDATES_IN_FLIGHT: usize = 64;
+/// this many wait for the store: twice what a store transaction takes by default
+/// (`store.max_batch`), so that one batch can form while the previous one commits and
+/// pacing a backend never starves the committer, even on a store with a long commit.
+pub const UPDATES_IN_FLIGHT: usize = 2048;
+
+/// A backend held up by [`Updates::ready`] goes on once this many wait (or fewer).
+const RESUME_AT: usize = UPDATES_IN_FLIGHT / 2;
 
 /// A task's updates that may wait for the store at most: the next one is refused
 /// (`false`) and the task fails ("the agent's updates outpace the store").
@@ -153,7 +158,7 @@ impl Flow {
             return;
         }
         let before = self.waiting.fetch_sub(n, Ordering::AcqRel);
-        if before > UPDATES_IN_FLIGHT && before.saturating_sub(n) <= UPDATES_IN_FLIGHT {
+        if before > RESUME_AT && before.saturating_sub(n) <= RESUME_AT {
             self.room.notify_waiters();
         }
     }
@@ -231,11 +236,16 @@ impl Updates {
         let Some(flow) = &self.flow else {
             return;
         };
+        if flow.waiting.load(Ordering::Acquire) <= UPDATES_IN_FLIGHT {
+            return;
+        }
+        // Held up: resumed once half have become durable, so the backend then sends a
+        // batch's worth at a time instead of one update per wake-up.
         loop {
             let room = flow.room.notified();
             let mut room = std::pin::pin!(room);
             room.as_mut().enable();
-            if flow.waiting.load(Ordering::Acquire) <= UPDATES_IN_FLIGHT
+            if flow.waiting.load(Ordering::Acquire) <= RESUME_AT
                 || flow.closed.load(Ordering::Acquire)
             {
                 return;

@@ -1205,10 +1205,12 @@ async fn committer(inner: Arc<Inner>, mut rx: mpsc::UnboundedReceiver<Msg>, max_
 /// One prepared statement per kind of write, for a connection.
 struct Prepared {
     create: tokio_postgres::Statement,
-    next: tokio_postgres::Statement,
+    /// An event: without deliveries (`[0]`, most events: a statement PostgreSQL plans
+    /// quickly) and with them (`[1]`, see [`plan_deliveries`]).
+    next: [tokio_postgres::Statement; 2],
     /// An event followed by a later one of the same task in the same batch: its record
-    /// is superseded before the commit, so only the numbering moves.
-    light: tokio_postgres::Statement,
+    /// is superseded before the commit, so only the numbering moves. Indexed as `next`.
+    light: [tokio_postgres::Statement; 2],
     /// The other writes' statements, prepared up front so that a batch goes out in one
     /// flight (a statement prepared on the way would reach the server after COMMIT).
     other: Vec<tokio_postgres::Statement>,
@@ -1284,19 +1286,24 @@ async fn prepare(
                  SELECT count(*) FROM t"
             ))
             .await?,
-        next: client
-            .prepare(&format!(
-                "WITH t AS (UPDATE {s}.tasks SET context = $2, state = $3, terminal = $4::boolean,
-                    seq = $5::bigint, status_us = $6::bigint,
-                    finished_at = CASE WHEN $4::boolean THEN now() END, record = $7
-                  WHERE id = $1 AND fence = $8::bigint AND (seq = $5::bigint - 1 OR seq = $5::bigint)
-                  RETURNING id),
-                 e AS (INSERT INTO {s}.events (task, seq, body) SELECT id, $5::bigint, $9 FROM t
-                       ON CONFLICT DO NOTHING),
-                 {planned}",
-                planned = plan_deliveries(s, "$5", ["$11", "$12"], ["$10", "$13"])
-            ))
-            .await?,
+        next: {
+            let sql = |planned: String| {
+                format!(
+                    "WITH t AS (UPDATE {s}.tasks SET context = $2, state = $3, terminal = $4::boolean,
+                        seq = $5::bigint, status_us = $6::bigint,
+                        finished_at = CASE WHEN $4::boolean THEN now() END, record = $7
+                      WHERE id = $1 AND fence = $8::bigint AND (seq = $5::bigint - 1 OR seq = $5::bigint)
+                      RETURNING id),
+                     e AS (INSERT INTO {s}.events (task, seq, body) SELECT id, $5::bigint, $9 FROM t
+                           ON CONFLICT DO NOTHING){planned}"
+                )
+            };
+            let plain = sql(plan_deliveries(s, "$5", None));
+            let planned = sql(plan_deliveries(s, "$5", Some((["$11", "$12"], ["$10", "$13"]))));
+            let (plain, planned) =
+                futures_util::try_join!(client.prepare(&plain), client.prepare(&planned))?;
+            [plain, planned]
+        },
         notify: client
             .prepare("SELECT pg_notify($1::text, p) FROM unnest($2::text[]) AS p")
             .await?,
@@ -1304,17 +1311,22 @@ async fn prepare(
             let texts: Vec<String> = OTHER_SQL.iter().map(|q| q.replace("{s}", s)).collect();
             try_join_all(texts.iter().map(|q| client.prepare(q))).await?
         },
-        light: client
-            .prepare(&format!(
-                "WITH t AS (UPDATE {s}.tasks SET seq = $2::bigint
-                  WHERE id = $1 AND fence = $3::bigint AND (seq = $2::bigint - 1 OR seq = $2::bigint)
-                  RETURNING id),
-                 e AS (INSERT INTO {s}.events (task, seq, body) SELECT id, $2::bigint, $4 FROM t
-                       ON CONFLICT DO NOTHING),
-                 {planned}",
-                planned = plan_deliveries(s, "$2", ["$6", "$7"], ["$5", "$8"])
-            ))
-            .await?,
+        light: {
+            let sql = |planned: String| {
+                format!(
+                    "WITH t AS (UPDATE {s}.tasks SET seq = $2::bigint
+                      WHERE id = $1 AND fence = $3::bigint AND (seq = $2::bigint - 1 OR seq = $2::bigint)
+                      RETURNING id),
+                     e AS (INSERT INTO {s}.events (task, seq, body) SELECT id, $2::bigint, $4 FROM t
+                           ON CONFLICT DO NOTHING){planned}"
+                )
+            };
+            let plain = sql(plan_deliveries(s, "$2", None));
+            let planned = sql(plan_deliveries(s, "$2", Some((["$6", "$7"], ["$5", "$8"]))));
+            let (plain, planned) =
+                futures_util::try_join!(client.prepare(&plain), client.prepare(&planned))?;
+            [plain, planned]
+        },
     })
 }
 
@@ -1519,21 +1531,26 @@ async fn commit(
         .collect())
 }
 
-/// The end of an append statement (after its `t` and `e` parts) that plans the event's
-/// deliveries: outbox rows for the task `$1`, event `seq`, deliveries and configurations
-/// `[ids, configs]`, claimed by this incarnation and node `[me, node]` — unless the lane
+/// The end of an append statement (after its `t` and `e` parts): with `deliveries`, it
+/// plans the event's deliveries — outbox rows for the task `$1`, event `seq`, deliveries
+/// and configurations `[ids, configs]`, claimed by this incarnation and node `[me, node]`
+/// — unless the lane
 /// (task, configuration) still holds a delivery that is not this incarnation's: one a node
 /// that took the lane over holds, one of a dead node nobody claimed yet, or one already
 /// waiting so. Such a delivery is inserted unclaimed, and whoever holds (or claims) the
 /// lane takes it at its next heartbeat, so a lane's deliveries go out from one node, in
 /// order, across a takeover. Answers the append's count and the deliveries left unclaimed.
-fn plan_deliveries(s: &str, seq: &str, [ids, configs]: [&str; 2], [me, node]: [&str; 2]) -> String {
+fn plan_deliveries(s: &str, seq: &str, deliveries: Option<([&str; 2], [&str; 2])>) -> String {
+    let Some(([ids, configs], [me, node])) = deliveries else {
+        return "\n SELECT (SELECT count(*) FROM t), ARRAY[]::uuid[]".into();
+    };
     let held = format!(
         "EXISTS (SELECT 1 FROM {s}.outbox p WHERE p.task = $1 AND p.config = x.c
                    AND p.claimed_by IS DISTINCT FROM {me}::uuid)"
     );
     format!(
-        "o AS (INSERT INTO {s}.outbox (delivery, task, seq, config, attempt, due_us, claimed_by, claimed_node)
+        ",
+         o AS (INSERT INTO {s}.outbox (delivery, task, seq, config, attempt, due_us, claimed_by, claimed_node)
                SELECT x.d, $1, {seq}::bigint, x.c, 1, NULL,
                       CASE WHEN {held} THEN NULL ELSE {me}::uuid END,
                       CASE WHEN {held} THEN NULL ELSE {node}::text END
@@ -1598,12 +1615,16 @@ async fn execute(
             let seq = i64::try_from(event.seq).unwrap_or(i64::MAX);
             if !*last && event.seq > 1 {
                 let body = codec::encode_event(event);
-                let row = tx
-                    .query_one(
-                        &prepared.light,
+                let row = if ids.is_empty() {
+                    tx.query_one(&prepared.light[0], &[id, &seq, fence, &body])
+                        .await?
+                } else {
+                    tx.query_one(
+                        &prepared.light[1],
                         &[id, &seq, fence, &body, &me, &ids, &cfgs, &node],
                     )
-                    .await?;
+                    .await?
+                };
                 return Ok(executed(&row));
             }
             let state = task.status.state;
@@ -1633,25 +1654,18 @@ async fn execute(
                 )
                 .await?
             } else {
-                tx.query_one(
-                    &prepared.next,
-                    &[
-                        id,
-                        &task.context_id.as_str(),
-                        &state.as_str(),
-                        &terminal,
-                        &seq,
-                        &status_us,
-                        &record,
-                        fence,
-                        &body,
-                        &me,
-                        &ids,
-                        &cfgs,
-                        &node,
-                    ],
-                )
-                .await?
+                let context = task.context_id.as_str();
+                let state = state.as_str();
+                let first: [&(dyn tokio_postgres::types::ToSql + Sync); 9] = [
+                    id, &context, &state, &terminal, &seq, &status_us, &record, fence, &body,
+                ];
+                if ids.is_empty() {
+                    tx.query_one(&prepared.next[0], &first).await?
+                } else {
+                    let mut all = first.to_vec();
+                    all.extend_from_slice(&[&me, &ids, &cfgs, &node]);
+                    tx.query_one(&prepared.next[1], &all).await?
+                }
             };
             Ok(if event.seq == 1 {
                 (row.get::<_, i64>(0) == 1).then(Vec::new)
