@@ -230,8 +230,9 @@ impl Updates {
         }
     }
 
-    /// Waits until the task has room for more updates: at most [`UPDATES_IN_FLIGHT`] of
-    /// them wait for the store (at once when the store keeps up, or the task ended).
+    /// Waits until the task has room for more updates: returns at once while at most
+    /// [`UPDATES_IN_FLIGHT`] of them wait for the store (or the task ended); past that,
+    /// once half of them have become durable.
     pub async fn ready(&self) {
         let Some(flow) = &self.flow else {
             return;
