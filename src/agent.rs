@@ -187,10 +187,13 @@ pub(crate) enum Update {
     Overrun,
 }
 
-/// Where a task's updates go (the task's actor); `false` when it is gone. Kept behind this
+/// Where a task's updates go (the task's actor), with their [`Flow`]. Kept behind this
 /// trait so that backends, and this module, never meet the actor system.
 pub(crate) trait UpdateSink: Send + Sync {
+    /// Hands `update` to the task; `false` when it is gone.
     fn send(&self, update: Update) -> bool;
+    /// The task's updates not durable yet.
+    fn flow(&self) -> &Flow;
 }
 
 /// Sends intermediate updates (`working` with a message, `final: false`) to the task.
@@ -204,7 +207,6 @@ pub(crate) trait UpdateSink: Send + Sync {
 #[derive(Clone)]
 pub struct Updates {
     task: Option<Arc<dyn UpdateSink>>,
-    flow: Option<Arc<Flow>>,
     /// Whether the task was told that its agent started (`working`): by the first update,
     /// or by the driver once the agent did not answer at its first poll. A lock, not an
     /// atomic flag: `Started` is sent while it is held, so an update from another thread
@@ -213,10 +215,9 @@ pub struct Updates {
 }
 
 impl Updates {
-    pub(crate) fn new(task: Arc<dyn UpdateSink>, flow: Arc<Flow>) -> Self {
+    pub(crate) fn new(task: Arc<dyn UpdateSink>) -> Self {
         Self {
             task: Some(task),
-            flow: Some(flow),
             started: Arc::default(),
         }
     }
@@ -225,7 +226,6 @@ impl Updates {
     pub fn detached() -> Self {
         Self {
             task: None,
-            flow: None,
             started: Arc::default(),
         }
     }
@@ -234,7 +234,7 @@ impl Updates {
     /// [`UPDATES_IN_FLIGHT`] of them wait for the store (or the task ended); past that,
     /// once half of them have become durable.
     pub async fn ready(&self) {
-        let Some(flow) = &self.flow else {
+        let Some(flow) = self.task.as_deref().map(UpdateSink::flow) else {
             return;
         };
         if flow.waiting.load(Ordering::Acquire) <= UPDATES_IN_FLIGHT {
@@ -301,9 +301,10 @@ impl Updates {
 
     fn cast(&self, update: Update) -> bool {
         self.start();
-        let (Some(task), Some(flow)) = (&self.task, &self.flow) else {
+        let Some(task) = &self.task else {
             return false;
         };
+        let flow = task.flow();
         if let Err(first) = flow.admit() {
             if first {
                 task.send(Update::Overrun);

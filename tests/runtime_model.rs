@@ -52,6 +52,12 @@ impl Agent for Interviewer {
                     "your name?",
                 ]))));
             }
+            if request.cancel.is_cancelled() {
+                // A continued run gets a token of its own, not the ended run's.
+                return Err(AgentError::new(
+                    "the continued run's token is already cancelled",
+                ));
+            }
             let asked = request.task_history.len();
             Ok(Outcome::Completed(Some(Message::agent_text([format!(
                 "hello {text} (after {asked} earlier messages)"

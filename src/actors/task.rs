@@ -205,8 +205,9 @@ pub(crate) struct TaskActorState {
     start: Option<Admission>,
     /// Restored from the store while it was running: fails at `Start`, with this error.
     orphaned: Option<&'static str>,
-    /// The agent's updates not durable yet (shared with its [`Updates`]).
-    flow: Arc<Flow>,
+    /// Where the agent's updates come from, and how many are not durable yet (shared
+    /// with its [`Updates`]).
+    link: Arc<TaskLink>,
     /// The numbers of the events those updates became, oldest first.
     flow_events: VecDeque<u64>,
 }
@@ -251,7 +252,10 @@ impl Actor for TaskActor {
             generation: 0,
             start: args.admission,
             orphaned: None,
-            flow: Arc::default(),
+            link: Arc::new(TaskLink {
+                actor: myself.clone(),
+                flow: Flow::default(),
+            }),
             flow_events: VecDeque::new(),
         };
         state.follow(args.follow);
@@ -309,7 +313,7 @@ impl Actor for TaskActor {
                 } else if let Some(admission) = state.start.take() {
                     let history = state.history[1..].to_vec();
                     let request = state.request(state.message.clone(), history);
-                    state.run(&myself, admission, request);
+                    state.run(admission, request);
                 } else if state.status.state == TaskState::Submitted {
                     // Restored, and its agent's queue had no room.
                     let mut s = TaskStatus::new(TaskState::Failed);
@@ -379,7 +383,7 @@ impl Actor for TaskActor {
                 follow,
                 reply,
             } => {
-                let _ = reply.send(state.resume(&myself, message, follow));
+                let _ = reply.send(state.resume(message, follow));
             }
             TaskMsg::Get(reply) => {
                 if state.published == 0 {
@@ -435,7 +439,7 @@ impl Actor for TaskActor {
                 }
             }
             // Late messages for a task that already moved on: nothing to do.
-            TaskMsg::Progress { .. } | TaskMsg::Artifact(_) => state.flow.release(1),
+            TaskMsg::Progress { .. } | TaskMsg::Artifact(_) => state.link.flow.release(1),
             TaskMsg::Finished(_) | TaskMsg::TimedOut(_) | TaskMsg::Overrun => {}
         }
         Ok(())
@@ -447,7 +451,7 @@ impl Actor for TaskActor {
         state: &mut TaskActorState,
     ) -> Result<(), ActorProcessingErr> {
         state.cancel.cancel();
-        state.flow.close();
+        state.link.flow.close();
         Ok(())
     }
 }
@@ -479,18 +483,18 @@ fn placeholder(key: &TaskKey, context: &ContextId, status: &TaskStatus) -> TaskS
 /// dropping the permit hands the slot to the next queued task. `hand_over` (a cluster's
 /// shared state): a slot that frees up once the node is shutting down does not start
 /// the task — it is still queued, and another node takes it.
-#[allow(clippy::too_many_arguments)]
 async fn drive(
-    task: ActorRef<TaskMsg>,
+    link: Arc<TaskLink>,
     agent: Arc<AgentEntry>,
     admission: Admission,
     request: AgentRequest,
-    cancel: CancellationToken,
     deadline: tokio::time::Instant,
     generation: u64,
     hand_over: Option<Arc<Shared>>,
-    flow: Arc<Flow>,
 ) {
+    let task = &link.actor;
+    // The run's token: the actor cancels it to stop the run.
+    let cancel = request.cancel.clone();
     let work = async {
         let Some(_permit) = admission.ready().await else {
             return;
@@ -499,7 +503,7 @@ async fn drive(
             // The shutdown's own message stops the actor with the task still queued.
             return;
         }
-        let updates = Updates::new(Arc::new(task.clone()), flow);
+        let updates = Updates::new(link.clone());
         let run = agent.backend.run_task(request, updates.clone());
         let mut run = std::pin::pin!(AssertUnwindSafe(run).catch_unwind());
         // The first poll decides: an agent that answers at once costs the task one
@@ -530,16 +534,28 @@ async fn drive(
     }
 }
 
+/// What an agent's [`Updates`] hold: its task's actor, and the flow of the updates it
+/// sent there. One per task.
+pub(crate) struct TaskLink {
+    actor: ActorRef<TaskMsg>,
+    flow: Flow,
+}
+
 /// An agent's updates reach its task as messages.
-impl UpdateSink for ActorRef<TaskMsg> {
+impl UpdateSink for TaskLink {
+    fn flow(&self) -> &Flow {
+        &self.flow
+    }
+
     fn send(&self, update: Update) -> bool {
-        self.cast(match update {
-            Update::Started => TaskMsg::Started,
-            Update::Progress { message, keep } => TaskMsg::Progress { message, keep },
-            Update::Artifact(a) => TaskMsg::Artifact(a),
-            Update::Overrun => TaskMsg::Overrun,
-        })
-        .is_ok()
+        self.actor
+            .cast(match update {
+                Update::Started => TaskMsg::Started,
+                Update::Progress { message, keep } => TaskMsg::Progress { message, keep },
+                Update::Artifact(a) => TaskMsg::Artifact(a),
+                Update::Overrun => TaskMsg::Overrun,
+            })
+            .is_ok()
     }
 }
 
@@ -599,7 +615,7 @@ impl TaskActorState {
     /// Starts a run of the agent: its driver, under a fresh generation and deadline. The
     /// deadline (`task_timeout_seconds`) counts from the submission for the first run and
     /// from the continuing message for later ones.
-    fn run(&mut self, myself: &ActorRef<TaskMsg>, admission: Admission, request: AgentRequest) {
+    fn run(&mut self, admission: Admission, request: AgentRequest) {
         self.generation += 1;
         let timeout = Duration::from_secs_f64(self.agent.config.limits.task_timeout_seconds);
         let from = if self.generation == 1 {
@@ -609,15 +625,13 @@ impl TaskActorState {
         };
         let deadline = tokio::time::Instant::from_std(from) + timeout;
         let mut driver = Box::pin(drive(
-            myself.clone(),
+            self.link.clone(),
             self.agent.clone(),
             admission,
             request,
-            self.cancel.clone(),
             deadline,
             self.generation,
             self.shared.cluster.is_some().then(|| self.shared.clone()),
-            self.flow.clone(),
         ));
         // The driver's first poll runs here, in this turn of the actor: an agent that
         // answers at once has its `Ran` in the mailbox before this turn ends, with no task
@@ -668,7 +682,6 @@ impl TaskActorState {
     /// published: a task nobody can have been told is waiting is still in progress.
     fn resume(
         &mut self,
-        myself: &ActorRef<TaskMsg>,
         message: Arc<Message>,
         follow: Follow,
     ) -> Result<Arc<TaskSnapshot>, Error> {
@@ -688,10 +701,11 @@ impl TaskActorState {
         self.history.push(message.clone());
         let found = self.durable.clone();
         self.follow(follow);
-        let request = self.request(message, before);
-        // The run ended with the interruption; its token went with it.
+        // The run ended with the interruption; its token went with it. The new run gets
+        // a fresh one (before the request that hands it to the agent is built).
         self.cancel = CancellationToken::new();
-        self.run(myself, admission, request);
+        let request = self.request(message, before);
+        self.run(admission, request);
         Ok(found)
     }
 
@@ -771,7 +785,7 @@ impl TaskActorState {
             self.flow_events.pop_front();
             released += 1;
         }
-        self.flow.release(released);
+        self.link.flow.release(released);
         while self.unpublished.front().is_some_and(|item| item.seq <= seq) {
             let Some(item) = self.unpublished.pop_front() else {
                 break;
@@ -872,7 +886,7 @@ impl TaskActorState {
         if self.events.len() as u64 + 1 == seq {
             // It changed nothing: no event.
             self.flow_events.pop_back();
-            self.flow.release(1);
+            self.link.flow.release(1);
         }
     }
 

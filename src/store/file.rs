@@ -924,13 +924,7 @@ impl Committer {
     /// One transaction with every write of the batch. Returns the planned deliveries, each
     /// with the index of the write that planned it.
     fn write(&self, writes: &[Write]) -> std::result::Result<Vec<(usize, Delivery)>, redb::Error> {
-        let db = self.db.read().unwrap_or_else(|e| e.into_inner());
-        let Some(db) = db.as_ref() else {
-            return Err(redb::Error::Io(std::io::Error::other(
-                "the store file is not open",
-            )));
-        };
-        let mut w = db.begin_write()?;
+        let mut w = begin_write(&self.db)?;
         w.set_durability(Durability::Immediate).map_err(|e| {
             redb::Error::from(redb::StorageError::Io(std::io::Error::other(e.to_string())))
         })?;
@@ -1043,13 +1037,7 @@ impl Committer {
         let n = self.forget.len().min(FORGET_CHUNK);
         let chunk: Vec<Evicted> = self.forget.drain(..n).collect();
         let result = (|| -> std::result::Result<(), redb::Error> {
-            let db = self.db.read().unwrap_or_else(|e| e.into_inner());
-            let Some(db) = db.as_ref() else {
-                return Err(redb::Error::Io(std::io::Error::other(
-                    "the store file is not open",
-                )));
-            };
-            let mut w = db.begin_write()?;
+            let mut w = begin_write(&self.db)?;
             w.set_quick_repair(self.quick_repair);
             for (key, created) in &chunk {
                 delete_task(&w, key, *created)?;
@@ -1062,6 +1050,18 @@ impl Committer {
             self.forget.extend(chunk);
         }
     }
+}
+
+/// A write transaction on the open file (the committer's: only it reopens the file, so
+/// the handle may be let go of while the transaction runs).
+fn begin_write(db: &Handle) -> std::result::Result<WriteTransaction, redb::Error> {
+    let db = db.read().unwrap_or_else(|e| e.into_inner());
+    let Some(db) = db.as_ref() else {
+        return Err(redb::Error::Io(std::io::Error::other(
+            "the store file is not open",
+        )));
+    };
+    Ok(db.begin_write()?)
 }
 
 /// A streak of failed commits, for the log: an error is logged when it first appears, when

@@ -564,8 +564,8 @@ impl Inner {
             .map(|(_, t, _)| Arc::new(t)))
     }
 
-    /// A task's record and its events after `after`, read in one snapshot.
-    /// A task's record and its events after `after` (at most `limit` of them, `None`: all).
+    /// A task's record and its events after `after` (at most `limit` of them, `None`: all),
+    /// read in one snapshot.
     async fn record_and_events(
         &self,
         key: &TaskKey,
@@ -1286,24 +1286,22 @@ async fn prepare(
                  SELECT count(*) FROM t"
             ))
             .await?,
-        next: {
-            let sql = |planned: String| {
-                format!(
-                    "WITH t AS (UPDATE {s}.tasks SET context = $2, state = $3, terminal = $4::boolean,
-                        seq = $5::bigint, status_us = $6::bigint,
-                        finished_at = CASE WHEN $4::boolean THEN now() END, record = $7
-                      WHERE id = $1 AND fence = $8::bigint AND (seq = $5::bigint - 1 OR seq = $5::bigint)
-                      RETURNING id),
-                     e AS (INSERT INTO {s}.events (task, seq, body) SELECT id, $5::bigint, $9 FROM t
-                           ON CONFLICT DO NOTHING){planned}"
-                )
-            };
-            let plain = sql(plan_deliveries(s, "$5", None));
-            let planned = sql(plan_deliveries(s, "$5", Some((["$11", "$12"], ["$10", "$13"]))));
-            let (plain, planned) =
-                futures_util::try_join!(client.prepare(&plain), client.prepare(&planned))?;
-            [plain, planned]
-        },
+        next: append_pair(
+            client,
+            &format!(
+                "WITH t AS (UPDATE {s}.tasks SET context = $2, state = $3, terminal = $4::boolean,
+                    seq = $5::bigint, status_us = $6::bigint,
+                    finished_at = CASE WHEN $4::boolean THEN now() END, record = $7
+                  WHERE id = $1 AND fence = $8::bigint AND (seq = $5::bigint - 1 OR seq = $5::bigint)
+                  RETURNING id),
+                 e AS (INSERT INTO {s}.events (task, seq, body) SELECT id, $5::bigint, $9 FROM t
+                       ON CONFLICT DO NOTHING)"
+            ),
+            s,
+            "$5",
+            (["$11", "$12"], ["$10", "$13"]),
+        )
+        .await?,
         notify: client
             .prepare("SELECT pg_notify($1::text, p) FROM unnest($2::text[]) AS p")
             .await?,
@@ -1311,22 +1309,20 @@ async fn prepare(
             let texts: Vec<String> = OTHER_SQL.iter().map(|q| q.replace("{s}", s)).collect();
             try_join_all(texts.iter().map(|q| client.prepare(q))).await?
         },
-        light: {
-            let sql = |planned: String| {
-                format!(
-                    "WITH t AS (UPDATE {s}.tasks SET seq = $2::bigint
-                      WHERE id = $1 AND fence = $3::bigint AND (seq = $2::bigint - 1 OR seq = $2::bigint)
-                      RETURNING id),
-                     e AS (INSERT INTO {s}.events (task, seq, body) SELECT id, $2::bigint, $4 FROM t
-                           ON CONFLICT DO NOTHING){planned}"
-                )
-            };
-            let plain = sql(plan_deliveries(s, "$2", None));
-            let planned = sql(plan_deliveries(s, "$2", Some((["$6", "$7"], ["$5", "$8"]))));
-            let (plain, planned) =
-                futures_util::try_join!(client.prepare(&plain), client.prepare(&planned))?;
-            [plain, planned]
-        },
+        light: append_pair(
+            client,
+            &format!(
+                "WITH t AS (UPDATE {s}.tasks SET seq = $2::bigint
+                  WHERE id = $1 AND fence = $3::bigint AND (seq = $2::bigint - 1 OR seq = $2::bigint)
+                  RETURNING id),
+                 e AS (INSERT INTO {s}.events (task, seq, body) SELECT id, $2::bigint, $4 FROM t
+                       ON CONFLICT DO NOTHING)"
+            ),
+            s,
+            "$2",
+            (["$6", "$7"], ["$5", "$8"]),
+        )
+        .await?,
     })
 }
 
@@ -1531,15 +1527,32 @@ async fn commit(
         .collect())
 }
 
+/// An append statement (`head`: its `t` and `e` parts) prepared twice: `[0]` for an event
+/// without deliveries (most events: a statement PostgreSQL plans quickly), `[1]` for one
+/// that plans them (see [`plan_deliveries`]; `params` name its parameters there).
+async fn append_pair(
+    client: &tokio_postgres::Client,
+    head: &str,
+    s: &str,
+    seq: &str,
+    params: ([&str; 2], [&str; 2]),
+) -> std::result::Result<[tokio_postgres::Statement; 2], tokio_postgres::Error> {
+    let plain = format!("{head}{}", plan_deliveries(s, seq, None));
+    let planned = format!("{head}{}", plan_deliveries(s, seq, Some(params)));
+    let (plain, planned) =
+        futures_util::try_join!(client.prepare(&plain), client.prepare(&planned))?;
+    Ok([plain, planned])
+}
+
 /// The end of an append statement (after its `t` and `e` parts): with `deliveries`, it
 /// plans the event's deliveries — outbox rows for the task `$1`, event `seq`, deliveries
 /// and configurations `[ids, configs]`, claimed by this incarnation and node `[me, node]`
-/// — unless the lane
-/// (task, configuration) still holds a delivery that is not this incarnation's: one a node
-/// that took the lane over holds, one of a dead node nobody claimed yet, or one already
-/// waiting so. Such a delivery is inserted unclaimed, and whoever holds (or claims) the
-/// lane takes it at its next heartbeat, so a lane's deliveries go out from one node, in
-/// order, across a takeover. Answers the append's count and the deliveries left unclaimed.
+/// — unless the lane (task, configuration) still holds a delivery that is not this
+/// incarnation's: one a node that took the lane over holds, one of a dead node nobody
+/// claimed yet, or one already waiting so. Such a delivery is inserted unclaimed, and
+/// whoever holds (or claims) the lane takes it at its next heartbeat, so a lane's
+/// deliveries go out from one node, in order, across a takeover. Answers the append's
+/// count and the deliveries left unclaimed.
 fn plan_deliveries(s: &str, seq: &str, deliveries: Option<([&str; 2], [&str; 2])>) -> String {
     let Some(([ids, configs], [me, node])) = deliveries else {
         return "\n SELECT (SELECT count(*) FROM t), ARRAY[]::uuid[]".into();
@@ -1561,7 +1574,7 @@ fn plan_deliveries(s: &str, seq: &str, deliveries: Option<([&str; 2], [&str; 2])
     )
 }
 
-/// The outcome of an append that planned deliveries: `None` when it was fenced.
+/// The outcome of an append: `None` when it was fenced.
 fn executed(row: &tokio_postgres::Row) -> Executed {
     (row.get::<_, i64>(0) == 1).then(|| row.get::<_, Vec<Uuid>>(1))
 }
