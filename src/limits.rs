@@ -113,6 +113,8 @@ struct SchedulerState {
     running: usize,
     queue: VecDeque<(u64, oneshot::Sender<Permit>)>,
     next_ticket: u64,
+    /// Set by [`Scheduler::close`]: no slot is granted any more.
+    closed: bool,
 }
 
 /// The right to run one task. Dropping it hands the slot to the next waiter.
@@ -144,6 +146,7 @@ impl Scheduler {
                 running: 0,
                 queue: VecDeque::new(),
                 next_ticket: 0,
+                closed: false,
             }),
             limit,
             max_queued,
@@ -153,9 +156,12 @@ impl Scheduler {
     /// Admits a task: a slot, a place in the queue, or a refusal.
     ///
     /// # Errors
-    /// [`Error::TooManyTasks`] when the queue is full.
+    /// [`Error::TooManyTasks`] when the queue is full, [`Error::ShuttingDown`] once closed.
     pub fn admit(self: &Arc<Self>) -> Result<Admission, Error> {
         let mut s = lock(&self.inner);
+        if s.closed {
+            return Err(Error::ShuttingDown);
+        }
         if s.running < self.limit && s.queue.is_empty() {
             s.running += 1;
             return Ok(Admission::Run(Permit {
@@ -180,6 +186,22 @@ impl Scheduler {
     pub fn depth(&self) -> (usize, usize) {
         let s = lock(&self.inner);
         (s.running, s.queue.len())
+    }
+
+    /// Grants no slot from now on: the tasks that wait are told at once ([`Admission::ready`]
+    /// gives `None`), a slot that frees up goes to no one, and new tasks are refused. A
+    /// shutting-down runtime closes every agent's scheduler before it tells its tasks, so
+    /// that no queued task starts in a slot the shutdown frees (in a cluster, queued tasks
+    /// are handed over instead).
+    pub fn close(&self) {
+        let waiting = {
+            let mut s = lock(&self.inner);
+            s.closed = true;
+            std::mem::take(&mut s.queue)
+        };
+        // Dropping the senders wakes their waiters (outside the lock: a waiter's ticket
+        // takes it when dropped).
+        drop(waiting);
     }
 
     fn release(self: &Arc<Self>) {
@@ -285,6 +307,21 @@ mod tests {
         drop(first);
         let p = next.ready().await.expect("runs");
         drop(p);
+        assert_eq!(s.depth(), (0, 0));
+    }
+
+    #[tokio::test]
+    async fn a_closed_scheduler_hands_a_freed_slot_to_no_waiter() {
+        // Defect 12 of the second attack: a slot freed by a shutdown started a queued
+        // task instead of leaving it queued for another node.
+        let s = Scheduler::new(1, 2);
+        let running = s.admit().expect("slot");
+        let waiting = s.admit().expect("queued");
+        s.close();
+        assert!(matches!(s.admit(), Err(Error::ShuttingDown)));
+        assert_eq!(s.depth(), (1, 0));
+        drop(running);
+        assert!(waiting.ready().await.is_none(), "the waiter got the slot");
         assert_eq!(s.depth(), (0, 0));
     }
 }

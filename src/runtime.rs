@@ -1019,6 +1019,11 @@ impl Runtime {
             || self.shared.cluster.is_some();
         // In a cluster, queued tasks are handed to the other nodes.
         let keep_queued = self.shared.cluster.is_some();
+        // First no slot goes to a queued task any more: a slot the shutdown frees (by
+        // ending a task that works) must not start one while the tasks are being told.
+        for agent in self.agents.values() {
+            agent.scheduler.close();
+        }
         let actors: Vec<_> = self
             .shared
             .live

@@ -480,9 +480,8 @@ fn placeholder(key: &TaskKey, context: &ContextId, status: &TaskStatus) -> TaskS
 /// Runs the agent for one run of a task, outside the actor: waits for a slot, runs the
 /// backend, casts the outcome back. Ends early when the run is canceled (the actor cancels
 /// the token) or its deadline passes; dropping the agent's future aborts its I/O, and
-/// dropping the permit hands the slot to the next queued task. `hand_over` (a cluster's
-/// shared state): a slot that frees up once the node is shutting down does not start
-/// the task — it is still queued, and another node takes it.
+/// dropping the permit hands the slot to the next queued task (none once the runtime is
+/// shutting down: the task stays queued, and in a cluster another node takes it).
 async fn drive(
     link: Arc<TaskLink>,
     agent: Arc<AgentEntry>,
@@ -490,19 +489,15 @@ async fn drive(
     request: AgentRequest,
     deadline: tokio::time::Instant,
     generation: u64,
-    hand_over: Option<Arc<Shared>>,
 ) {
     let task = &link.actor;
     // The run's token: the actor cancels it to stop the run.
     let cancel = request.cancel.clone();
     let work = async {
         let Some(_permit) = admission.ready().await else {
+            // The scheduler closed: the shutdown's own message ends the task.
             return;
         };
-        if hand_over.is_some_and(|s| s.shutting_down.load(std::sync::atomic::Ordering::Relaxed)) {
-            // The shutdown's own message stops the actor with the task still queued.
-            return;
-        }
         let updates = Updates::new(link.clone());
         let run = agent.backend.run_task(request, updates.clone());
         let mut run = std::pin::pin!(AssertUnwindSafe(run).catch_unwind());
@@ -631,7 +626,6 @@ impl TaskActorState {
             request,
             deadline,
             self.generation,
-            self.shared.cluster.is_some().then(|| self.shared.clone()),
         ));
         // The driver's first poll runs here, in this turn of the actor: an agent that
         // answers at once has its `Ran` in the mailbox before this turn ends, with no task
