@@ -2,7 +2,7 @@
 //! URLs, the shape chosen by `A2A-Version`, caching (ETag, 304), hidden and unknown agents,
 //! base URLs from `public_url` or `Host`, preflight, trailing slashes and unserved paths.
 
-mod support;
+use crate::support;
 
 use serde_json::Value;
 use support::{ALICE, TestServer, agent, config};

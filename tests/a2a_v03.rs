@@ -2,7 +2,7 @@
 //! (`kind` discriminators, `final` flags), the version rule (absent, empty or 0.3), error
 //! data as objects, push configurations with whole-task deliveries — over real HTTP.
 
-mod support;
+use crate::support;
 
 use std::time::Duration;
 

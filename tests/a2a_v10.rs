@@ -2,7 +2,7 @@
 //! version check, the official error shapes, ownership across dialects, push configurations
 //! and their deliveries, interrupted tasks and direct replies — over real HTTP.
 
-mod support;
+use crate::support;
 
 use std::time::Duration;
 

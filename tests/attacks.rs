@@ -4,7 +4,7 @@
 //! batches and header blocks, conflicting credentials, misleading reasons, unbounded
 //! webhook headers, IPv6 transition forms, secrets in URLs, and uncounted skipped events.
 
-mod support;
+use crate::support;
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;

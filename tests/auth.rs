@@ -1,6 +1,6 @@
 //! Authentication, authorization and ownership (DECISIONS §2, §9).
 
-mod support;
+use crate::support;
 
 use serde_json::{Value, json};
 use support::*;

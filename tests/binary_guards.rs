@@ -1,7 +1,7 @@
 //! The real binary under hostile conditions: configurations it must refuse (exit 2), logs
 //! at `trace` that must hold no secret, and a low open-file limit it must live within.
 
-mod support;
+use crate::support;
 
 use std::process::{Command, Stdio};
 use std::sync::Arc;

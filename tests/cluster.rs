@@ -8,7 +8,7 @@
 //! (CI sets it), which turns the skip into a failure. Each test owns its schema (dropped at
 //! the end) and its nodes; the tests take turns (three processes each on two cores).
 
-mod support;
+use crate::support;
 
 use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};

@@ -3,7 +3,7 @@
 //! varied moments, restart on the same file — then everything any client or receiver was
 //! told must still hold (docs/ARCHITECTURE.md, "The durability invariant").
 
-mod support;
+use crate::support;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex};

@@ -1,6 +1,6 @@
 //! The embedding API without HTTP: a custom backend, send, stream, cancel, get, card.
 
-mod support;
+use crate::support;
 
 use std::collections::HashMap;
 use std::sync::Arc;

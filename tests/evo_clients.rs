@@ -4,7 +4,7 @@
 //! (webhooks as `pushNotificationConfig: {webhookUrl, webhookAuthenticationInfo}`, inline
 //! in `message/send` / `message/stream` and through `tasks/pushNotificationConfig/set`).
 
-mod support;
+use crate::support;
 
 use std::collections::HashMap;
 use std::sync::Arc;

@@ -3,7 +3,7 @@
 //! streams nobody reads; HTTP/2 clients that open many streams, reset them rapidly, send
 //! huge header lists or stop granting flow-control credit.
 
-mod support;
+use crate::support;
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;

@@ -2,7 +2,7 @@
 //! 2"), each over real sockets against a real server: unfinished HTTP/2 prefaces, batches
 //! that would build gigantic responses, and hostile model upstreams.
 
-mod support;
+use crate::support;
 
 use std::time::{Duration, Instant};
 

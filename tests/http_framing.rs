@@ -1,6 +1,6 @@
 //! HTTP and JSON-RPC framing (DECISIONS §1, §9): every error code, status and header.
 
-mod support;
+use crate::support;
 
 use serde_json::{Value, json};
 use support::*;

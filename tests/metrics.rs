@@ -1,6 +1,6 @@
 //! GET /metrics: Prometheus text with requests, latency, tasks, streams, queues, webhooks.
 
-mod support;
+use crate::support;
 
 use std::time::Duration;
 

@@ -1,6 +1,6 @@
 //! The `openai` backend through a2ad over HTTP, against a fake OpenAI-compatible upstream.
 
-mod support;
+use crate::support;
 
 use std::sync::atomic::Ordering;
 use std::time::Duration;

@@ -2,7 +2,7 @@
 //! HTTP): interrupted states and continuing a task, artifacts and artifact events,
 //! rejected tasks, direct replies, several push configurations per task, and ListTasks.
 
-mod support;
+use crate::support;
 
 use std::collections::HashMap;
 use std::sync::Arc;

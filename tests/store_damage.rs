@@ -3,7 +3,7 @@
 //! word), an empty file, and a full disk — a real ENOSPC on a private tmpfs — that the
 //! server recovers from once space is back, and that cannot hold a shutdown past its grace.
 
-mod support;
+use crate::support;
 
 use std::io::{BufRead, BufReader, Write as _};
 use std::path::{Path, PathBuf};

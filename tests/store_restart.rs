@@ -3,7 +3,7 @@
 //! webhook retry that resumes with its delivery id, a graceful shutdown, and the memory
 //! backend that keeps nothing.
 
-mod support;
+use crate::support;
 
 use std::process::Command;
 use std::time::{Duration, Instant};

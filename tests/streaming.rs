@@ -1,7 +1,7 @@
 //! SSE streams over real HTTP (DECISIONS §5, §9): framing, numbering, resubscribe with
 //! history and Last-Event-ID, pings, limits, disconnects and shutdown.
 
-mod support;
+use crate::support;
 
 use std::time::Duration;
 

@@ -1,7 +1,7 @@
 //! Tasks over real HTTP: send, get, cancel, time-out, failure, idempotent ids,
 //! multi-turn contexts, file parts, validation and limits (DECISIONS §3, §4, §6, §8).
 
-mod support;
+use crate::support;
 
 use std::time::Duration;
 

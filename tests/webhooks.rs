@@ -1,6 +1,6 @@
 //! Webhook deliveries to a real local receiver (spec §5.2, §5.3, §6.2; DECISIONS §7, §9).
 
-mod support;
+use crate::support;
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
