@@ -13,17 +13,18 @@ use foldhash::fast::RandomState;
 use ractor::ActorRef;
 
 pub(crate) mod context;
+pub(crate) mod remote;
 pub(crate) mod supervisor;
 pub(crate) mod task;
 pub(crate) mod webhook;
 
 use crate::agent::Agent;
-use crate::cluster::Cluster;
 use crate::config::{AgentConfig, Config};
 use crate::limits::Scheduler;
 use crate::metrics::{AgentMetrics, Metrics};
 use crate::model::{ContextId, Principal, TaskKey};
 use crate::store::Store;
+use crate::store::cluster::Cluster;
 use context::ContextMsg;
 use task::TaskMsg;
 use webhook::WebhookPool;

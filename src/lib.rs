@@ -32,7 +32,6 @@
 mod actors;
 pub mod agent;
 mod auth;
-pub mod cluster;
 pub mod config;
 pub mod error;
 #[doc(hidden)]
@@ -46,6 +45,7 @@ mod rpc;
 mod runtime;
 mod server;
 mod store;
+mod stream;
 mod validate;
 mod webhook;
 

@@ -12,23 +12,21 @@ use ractor::rpc::CallResult;
 use ractor::{Actor, ActorRef};
 use tokio::sync::{mpsc, oneshot};
 
-pub(crate) mod remote;
 mod request;
-mod stream;
 mod submit;
 
+pub use crate::stream::{Replay, Resubscribed, StreamItem, TaskStream};
 pub use request::{
     AgentCard, NewPushConfig, SendRequest, Sent, Streamed, SubmitOptions, TaskIdUse,
 };
-pub use stream::{Replay, Resubscribed, StreamItem, TaskStream};
 
 use crate::actors::context::{ContextActor, ContextArgs, ContextMsg};
+use crate::actors::remote;
 use crate::actors::supervisor::{SupervisorMsg, TaskSupervisor};
 use crate::actors::task::{Follow, Subscriber, TaskActor, TaskArgs, TaskMsg};
 use crate::actors::webhook::{WebhookMetrics, WebhookPool};
 use crate::actors::{AgentEntry, ContextKey, LiveTask, Shared};
 use crate::agent::{self, Agent};
-use crate::cluster::{Cluster, ClusterStats, Signal};
 use crate::config::{Config, StoreBackend};
 use crate::error::{Error, Result};
 use crate::limits::Scheduler;
@@ -37,6 +35,7 @@ use crate::model::{
     AgentId, ContextId, Message, Principal, TaskEvent, TaskId, TaskKey, TaskSnapshot,
 };
 use crate::push::{PushScope, StoredPushConfig};
+use crate::store::cluster::{Cluster, ClusterStats, Signal};
 use crate::store::pg::PgStore;
 use crate::store::{
     Durable, ListPage, ListQuery, LocalStore, Orphan, RecoveredTask, Store, StoreStats, Write,
@@ -317,7 +316,7 @@ impl Runtime {
     }
 
     /// Cluster counters (`None` for a node alone).
-    pub fn cluster_stats(&self) -> Option<(String, ClusterStats)> {
+    pub(crate) fn cluster_stats(&self) -> Option<(String, ClusterStats)> {
         self.shared
             .cluster
             .as_ref()
@@ -908,7 +907,15 @@ impl Runtime {
         rx: Option<mpsc::Receiver<StreamItem>>,
         task: Option<(ActorRef<TaskMsg>, u64)>,
     ) -> TaskStream {
-        TaskStream::new(&self.shared, task_id, context_id, pending, rx, task)
+        self.shared.metrics.open_streams.fetch_add(1, Relaxed);
+        let shared = self.shared.clone();
+        let on_drop = Box::new(move || {
+            shared.metrics.open_streams.fetch_sub(1, Relaxed);
+            if let Some((actor, id)) = task {
+                let _ = actor.cast(TaskMsg::Unsubscribe(id));
+            }
+        });
+        TaskStream::new(task_id, context_id, pending, rx, on_drop)
     }
 
     // --- push configurations ---

@@ -26,6 +26,7 @@ use crate::model::{
 };
 use crate::push::{PushScope, StoredPushConfig};
 
+pub(crate) mod cluster;
 pub(crate) mod codec;
 #[cfg(test)]
 mod contract;

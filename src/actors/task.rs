@@ -22,6 +22,7 @@ use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
+use super::remote;
 use super::{AgentEntry, ContextKey, Shared, context::ContextMsg};
 use crate::agent::{
     AgentError, AgentRequest, Flow, MAX_UPDATES_IN_FLIGHT, Outcome, Update, UpdateSink, Updates,
@@ -32,8 +33,8 @@ use crate::model::{
     AGENT_ERROR_CODE, Artifact, ArtifactUpdate, ContextId, Message, TaskError, TaskEvent, TaskKey,
     TaskSnapshot, TaskState, TaskStatus,
 };
-use crate::runtime::{Replay, StreamItem, remote};
 use crate::store::{Committed, Durable, Orphan, TurnId, Write};
+use crate::stream::{Replay, StreamItem};
 
 /// The error of a task that was running when the server stopped without finishing it.
 pub(crate) const RESTART_ERROR: &str = "interrupted by a server restart";

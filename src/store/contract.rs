@@ -381,8 +381,8 @@ pub(crate) fn test_pg_url() -> Option<String> {
 #[test]
 fn postgres_keeps_the_contract_and_a_second_node_takes_over_what_the_first_left() {
     use super::pg::PgStore;
-    use crate::cluster::{Cluster as _, Signal};
     use crate::config::ClusterConfig;
+    use crate::store::cluster::{Cluster as _, Signal};
 
     let Some(url) = test_pg_url() else {
         return;

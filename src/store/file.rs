@@ -28,7 +28,7 @@ use redb::{
 use super::codec::{self, Created, SCHEMA_VERSION};
 use super::damage::{self, Damaged};
 use super::index::Evicted;
-use super::local::Indexes;
+use super::index::Indexes;
 use super::{
     Committed, Delivery, Recovered, RecoveredContext, RecoveredTask, StoreStats, Then, Write,
     delivery_id,

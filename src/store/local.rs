@@ -9,81 +9,12 @@ use std::time::{Duration, Instant};
 use futures_util::future::{BoxFuture, FutureExt as _, ready};
 
 use super::file::Journal;
-use super::index::{Evicted, PushIndex, TaskIndex};
-use super::{
-    Committed, Delivery, Durable, ListPage, ListQuery, OutboxKey, Recovered, Store, StoreStats,
-    Then, Write, delivery_id,
-};
+use super::index::{Indexes, PushIndex, TaskIndex};
+use super::{Committed, Durable, ListPage, ListQuery, Recovered, Store, StoreStats, Then, Write};
 use crate::config::{Config, StoreBackend};
 use crate::error::Result;
 use crate::model::{AgentId, Principal, TaskEvent, TaskKey, TaskSnapshot};
 use crate::push::{PushScope, StoredPushConfig};
-
-/// What the embedded stores serve reads from, shared with the file's committer.
-pub(crate) struct Indexes {
-    pub(crate) tasks: TaskIndex,
-    pub(crate) push: PushIndex,
-}
-
-impl Indexes {
-    /// The deliveries of a task event: one per configuration of the task that selects it
-    /// and is active. Costs one load when no configuration exists at all.
-    pub(crate) fn plan(
-        &self,
-        key: &TaskKey,
-        task: &Arc<TaskSnapshot>,
-        event: &Arc<TaskEvent>,
-        changed: bool,
-    ) -> Vec<Delivery> {
-        if self.push.is_empty() {
-            return Vec::new();
-        }
-        self.push
-            .for_task(key)
-            .into_iter()
-            .filter(|c| c.config.events.selects(event, changed))
-            .map(|config| {
-                let outbox = OutboxKey {
-                    task: key.clone(),
-                    seq: event.seq,
-                    config: config.id.clone(),
-                };
-                Delivery {
-                    id: delivery_id(&outbox),
-                    key: outbox,
-                    config,
-                    event: event.clone(),
-                    task: task.clone(),
-                    attempt: 1,
-                    due: None,
-                }
-            })
-            .collect()
-    }
-
-    /// Applies writes that change the indexes at once (push removals).
-    fn apply_now(&self, writes: &[Write]) {
-        for w in writes {
-            match w {
-                Write::PushRemove(scope) => self.push.remove(scope),
-                Write::PushRemoveNamed { task, id } => {
-                    self.push.remove_named(task, id);
-                }
-                _ => {}
-            }
-        }
-    }
-
-    /// Puts a durable task record; returns the tasks evicted to make room (their push
-    /// configurations go with them).
-    pub(crate) fn put_task(&self, key: &TaskKey, task: Arc<TaskSnapshot>) -> Vec<Evicted> {
-        let evicted = self.tasks.put(key, task);
-        for (gone, _) in &evicted {
-            self.push.remove_task(gone);
-        }
-        evicted
-    }
-}
 
 /// The embedded store: memory alone, or memory in front of a redb file.
 pub(crate) struct LocalStore {

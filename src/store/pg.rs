@@ -31,12 +31,12 @@ use tokio::sync::mpsc;
 use tokio_postgres::{AsyncMessage, NoTls, Row};
 use uuid::Uuid;
 
+use super::cluster::{Cluster, ClusterStats, Followed, Signal, Watch, Watchers};
 use super::codec;
 use super::{
     Committed, Delivery, Durable, ListPage, ListQuery, Orphan, OutboxKey, PageToken, Recovered,
     RecoveredTask, Store, StoreStats, Then, TurnId, Write, delivery_id,
 };
-use crate::cluster::{Cluster, ClusterStats, Followed, Signal, Watch, Watchers};
 use crate::config::{ClusterConfig, Config, NodeLoss};
 use crate::error::{Error, Result};
 use crate::model::{AgentId, Principal, TaskEvent, TaskId, TaskKey, TaskSnapshot};

@@ -18,7 +18,7 @@ use crate::model::{TaskEvent, TaskKey, TaskSnapshot};
 use crate::store::{Delivery, RecoveredTask};
 
 /// Cluster coordination, implemented by a shared store.
-pub trait Cluster: Send + Sync + 'static {
+pub(crate) trait Cluster: Send + Sync + 'static {
     /// This node's name.
     fn node_id(&self) -> &str;
 
@@ -66,10 +66,10 @@ pub trait Cluster: Send + Sync + 'static {
 }
 
 /// A task as it stands and its events after a cursor.
-pub type Followed = (Arc<TaskSnapshot>, Vec<TaskEvent>);
+pub(crate) type Followed = (Arc<TaskSnapshot>, Vec<TaskEvent>);
 
 /// What the cluster asks of the runtime.
-pub enum Signal {
+pub(crate) enum Signal {
     /// Another node took this task (a cancel or a continuing message arrived there, or
     /// this node's lease lapsed): stop its agent here; its followers follow from the store.
     Fenced(TaskKey),
@@ -84,7 +84,7 @@ pub enum Signal {
 
 /// Cluster counters.
 #[derive(Clone, Copy, Debug, Default)]
-pub struct ClusterStats {
+pub(crate) struct ClusterStats {
     /// Milliseconds since this node last renewed its lease.
     pub lease_age_ms: u64,
     /// Nodes with a fresh lease, this one included.
@@ -153,7 +153,7 @@ impl Watchers {
 }
 
 /// A follower's wake-up; dropping it unregisters.
-pub struct Watch {
+pub(crate) struct Watch {
     watchers: Option<Arc<Watchers>>,
     id: uuid::Uuid,
     notify: Arc<Notify>,
@@ -161,7 +161,7 @@ pub struct Watch {
 
 impl Watch {
     /// A wake-up that is never notified (a node alone: nothing appends elsewhere).
-    pub fn none() -> Self {
+    pub(crate) fn none() -> Self {
         Self {
             watchers: None,
             id: uuid::Uuid::nil(),
@@ -170,7 +170,7 @@ impl Watch {
     }
 
     /// The notifier (enable a `notified()` before reading, then await it).
-    pub fn notify(&self) -> &Notify {
+    pub(crate) fn notify(&self) -> &Notify {
         &self.notify
     }
 }

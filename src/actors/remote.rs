@@ -13,10 +13,10 @@ use std::time::Duration;
 use tokio::sync::{mpsc, oneshot};
 
 use crate::actors::Shared;
-use crate::cluster::Watch;
 use crate::error::{Error, Result};
 use crate::model::{TaskKey, TaskSnapshot};
-use crate::runtime::StreamItem;
+use crate::store::cluster::Watch;
+use crate::stream::StreamItem;
 
 /// The safety poll of a follower: how long it waits for a hint before reading anyway.
 pub(crate) const POLL: Duration = Duration::from_millis(1000);

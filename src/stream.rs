@@ -4,14 +4,10 @@
 use std::collections::VecDeque;
 use std::ops::Deref;
 use std::sync::Arc;
-use std::sync::atomic::Ordering::Relaxed;
 use std::task::{Context, Poll};
 
-use ractor::ActorRef;
 use tokio::sync::mpsc;
 
-use crate::actors::Shared;
-use crate::actors::task::TaskMsg;
 use crate::model::{ContextId, TaskEvent, TaskId, TaskSnapshot};
 
 /// Which earlier events a new stream replays before live ones.
@@ -52,17 +48,17 @@ pub struct TaskStream {
     pub context_id: ContextId,
     pending: VecDeque<StreamItem>,
     rx: Option<mpsc::Receiver<StreamItem>>,
-    /// Unsubscribes and updates the open-streams gauge when the stream is dropped.
+    /// Runs when the stream is dropped (the runtime's: unsubscribe, count the stream gone).
     _guard: StreamGuard,
     done: bool,
     /// The replayed (pending) events never end the stream: it follows the next run.
     next_run: bool,
 }
 
-struct StreamGuard {
-    shared: Arc<Shared>,
-    task: Option<(ActorRef<TaskMsg>, u64)>,
-}
+/// What a stream's owner does when the stream goes.
+pub(crate) type OnDrop = Box<dyn FnOnce() + Send + Sync>;
+
+struct StreamGuard(Option<OnDrop>);
 
 /// What `resubscribe` found.
 pub enum Resubscribed {
@@ -76,23 +72,18 @@ pub enum Resubscribed {
 
 impl TaskStream {
     pub(crate) fn new(
-        shared: &Arc<Shared>,
         task_id: TaskId,
         context_id: ContextId,
         pending: VecDeque<StreamItem>,
         rx: Option<mpsc::Receiver<StreamItem>>,
-        task: Option<(ActorRef<TaskMsg>, u64)>,
+        on_drop: OnDrop,
     ) -> Self {
-        shared.metrics.open_streams.fetch_add(1, Relaxed);
         Self {
             task_id,
             context_id,
             pending,
             rx,
-            _guard: StreamGuard {
-                shared: shared.clone(),
-                task,
-            },
+            _guard: StreamGuard(Some(on_drop)),
             done: false,
             next_run: false,
         }
@@ -136,9 +127,8 @@ impl TaskStream {
 
 impl Drop for StreamGuard {
     fn drop(&mut self) {
-        self.shared.metrics.open_streams.fetch_sub(1, Relaxed);
-        if let Some((actor, id)) = self.task.take() {
-            let _ = actor.cast(TaskMsg::Unsubscribe(id));
+        if let Some(on_drop) = self.0.take() {
+            on_drop();
         }
     }
 }
