@@ -63,7 +63,7 @@ pub trait Agent: Send + Sync + 'static {
 
     /// A reply given at once, instead of a task, for this message — or `None` (the
     /// default): a task is created and [`Agent::run_task`] runs it. Only dialects that
-    /// allow a bare message as a result ask (DIALECTS.md §5).
+    /// allow a bare message as a result ask (docs/PROTOCOL.md §10.5).
     fn direct_reply(&self, _message: &Message) -> Option<Message> {
         None
     }

@@ -311,7 +311,7 @@ pub struct AgentConfig {
     pub tck: TckConfig,
 }
 
-/// `[agents.tck]`: the conformance backend (DIALECTS.md; docs/CONFIG.md).
+/// `[agents.tck]`: the conformance backend (docs/PROTOCOL.md §10; docs/CONFIG.md).
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct TckConfig {

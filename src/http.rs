@@ -3,7 +3,7 @@
 //!
 //! Order on the endpoints: OPTIONS (no key) → credentials (401) → agent (404) → key may use
 //! agent (403) → HTTP method (405) → content type (415) → body cap (413) → the A2A version
-//! (official paths, -32009) → JSON-RPC. The path picks the dialect (DIALECTS.md §1).
+//! (official paths, -32009) → JSON-RPC. The path picks the dialect (docs/PROTOCOL.md §10.1).
 
 use std::convert::Infallible;
 use std::pin::Pin;
@@ -527,7 +527,7 @@ fn sse_response(body: Body) -> Response<Body> {
     r
 }
 
-/// -32009 when the request names a version this URL does not serve (DIALECTS.md §1): on
+/// -32009 when the request names a version this URL does not serve (docs/PROTOCOL.md §10.1): on
 /// the 1.0 path an absent or empty value means 0.3 and is refused too.
 fn version_refusal(
     served: Version,

@@ -13,13 +13,15 @@
 //!       → http::one: span, rate limit (429), metrics → Dialect::dispatch
 //!            (rpc/<dialect>: params → neutral model → Runtime → render)
 //! Runtime: new task → Scheduler::admit → ContextActor → spawn TaskActor (live index)
-//!        | continue → TaskActor::Continue | existing → TaskActor call or TaskStore record
-//! TaskActor ── every event ─→ TaskStore · subscribers (try_send) · waiters · TaskObserver
+//!        | continue → TaskActor::Continue | existing → TaskActor call or the Store's record
+//! TaskActor ── every event ─→ Store::append (with its planned webhook deliveries);
+//!              once durable → subscribers (try_send) · waiters · WebhookPool
 //! driver task ── cast(Started | Progress | Artifact | Finished | Ran | TimedOut) ─→ TaskActor
 //! ```
 //!
-//! The core (model, runtime, actors, store, webhook delivery) speaks no wire dialect; each
-//! dialect is a folder under `rpc/`. See docs/ARCHITECTURE.md.
+//! The core (model, runtime, actors, streams, store, webhook delivery) speaks no wire
+//! dialect, and its imports run one way (runtime → actors → the rest); each dialect is a
+//! folder under `rpc/`. See docs/ARCHITECTURE.md.
 //!
 //! ## Embedding
 //! [`Server`] runs the whole HTTP server; [`Runtime`] is the actor system alone (submit a

@@ -84,7 +84,7 @@ pub struct TaskKey {
 }
 
 /// The state of a task. The built-in backends produce the first five; the others are for
-/// backends that need them (the official dialects show them; DIALECTS.md §4).
+/// backends that need them (the official dialects show them; docs/PROTOCOL.md §10.4).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum TaskState {
     /// Received and queued.
@@ -240,7 +240,7 @@ pub enum Part {
     /// A file carried inline (boxed: text parts, the common case, stay small).
     File(Box<FileContent>),
     /// Structured data (a JSON value, kept as its text). Agents may produce it; clients'
-    /// messages may not carry it (DIALECTS.md §4).
+    /// messages may not carry it (docs/PROTOCOL.md §10.4).
     Data(RawJson),
     /// A file by reference. Agents may produce it; clients' messages may not carry it.
     Url(Box<FileUrl>),

@@ -26,7 +26,7 @@ use crate::auth::Caller;
 use crate::model::{AgentId, TaskId};
 use crate::runtime::{Runtime, StreamItem, TaskStream};
 
-/// The wire dialects, each on its own URL (DIALECTS.md §1).
+/// The wire dialects, each on its own URL (docs/PROTOCOL.md §10.1).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub(crate) enum Dialect {
     /// `POST /api/v1/a2a/{agent_id}`: the seed dialect.
@@ -169,7 +169,7 @@ impl Dialect {
     }
 
     /// Whether a request without an `id` (or with `"id": null`) is answered, with
-    /// `"id": null` (the official dialects: DIALECTS.md §3), rather than refused.
+    /// `"id": null` (the official dialects: docs/PROTOCOL.md §10.3), rather than refused.
     pub(crate) fn answers_null_ids(self) -> bool {
         matches!(self, Self::A2a(_))
     }

@@ -630,7 +630,7 @@ impl Runtime {
         }
     }
 
-    /// One page of this principal's tasks on this agent (DIALECTS.md §6).
+    /// One page of this principal's tasks on this agent (docs/PROTOCOL.md §10.6).
     ///
     /// # Errors
     /// [`Error::Internal`] when the store cannot be read.

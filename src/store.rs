@@ -59,7 +59,7 @@ pub trait Store: Send + Sync + 'static {
     /// no events of finished tasks (memory).
     fn events(&self, key: &TaskKey, after: u64) -> BoxFuture<'_, Result<Vec<TaskEvent>>>;
 
-    /// One page of an owner's tasks (DIALECTS.md §6).
+    /// One page of an owner's tasks (docs/PROTOCOL.md §10.6).
     fn list(&self, query: &ListQuery) -> BoxFuture<'_, Result<ListPage>>;
 
     /// Push configurations: the scoped one of exactly this scope.

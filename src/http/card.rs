@@ -1,4 +1,4 @@
-//! The public agent card over HTTP (DIALECTS.md §2): `GET` (or `HEAD`) of
+//! The public agent card over HTTP (docs/PROTOCOL.md §10.2): `GET` (or `HEAD`) of
 //! `/.well-known/agent-card.json` (the default agent) and of
 //! `/api/v1/a2a/{agent}/.well-known/agent-card.json`, no key. The shape follows the
 //! requested `A2A-Version` (else `server.card_default_version`); responses are cacheable

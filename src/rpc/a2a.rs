@@ -1,4 +1,4 @@
-//! The official A2A dialects (DIALECTS.md): 0.3 on `POST /api/v1/a2a/{agent}/jsonrpc/v0.3`
+//! The official A2A dialects (docs/PROTOCOL.md §10): 0.3 on `POST /api/v1/a2a/{agent}/jsonrpc/v0.3`
 //! and 1.0 on `…/jsonrpc/v1`, over the same runtime as the seed. One folder for both: they
 //! share the method semantics and error codes and differ in names and shapes, which
 //! [`Version`] picks wherever they do.

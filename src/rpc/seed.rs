@@ -1,4 +1,4 @@
-//! The seed dialect (`000_…txt` + DECISIONS.md) on `POST /api/v1/a2a/{agent_id}`: its
+//! The seed dialect (docs/PROTOCOL.md §1–§9) on `POST /api/v1/a2a/{agent_id}`: its
 //! method table, params in, results and stream frames out, error codes, webhook payloads.
 
 mod dispatch;

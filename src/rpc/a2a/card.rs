@@ -1,4 +1,4 @@
-//! The public agent card (DIALECTS.md §2): the 1.0 `AgentCard`, and the 0.3 card as the
+//! The public agent card (docs/PROTOCOL.md §10.2): the 1.0 `AgentCard`, and the 0.3 card as the
 //! 1.0 card plus the 0.3 fields (the hybrid both 1.3 SDK resolvers read).
 
 use serde_json::{Value, json};

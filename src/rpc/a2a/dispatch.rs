@@ -1,4 +1,4 @@
-//! The official method tables (DIALECTS.md §3, §5–§7): method name → params → runtime →
+//! The official method tables (docs/PROTOCOL.md §10.3, §10.5–§10.7): method name → params → runtime →
 //! result, for 0.3 and 1.0 alike; [`Version`] picks names and shapes.
 //!
 //! Auth, agent lookup, body framing and the version check happened before (in `http`).

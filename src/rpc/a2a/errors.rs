@@ -1,4 +1,4 @@
-//! The official error table (DIALECTS.md §8): codes shared by 0.3 and 1.0; 0.3 `data` is
+//! The official error table (docs/PROTOCOL.md §10.8): codes shared by 0.3 and 1.0; 0.3 `data` is
 //! an object (as the seed's), 1.0 `data` an array of `google.rpc.ErrorInfo` (plus a
 //! `BadRequest` with field violations for -32602).
 

@@ -1,4 +1,4 @@
-//! Official params in (DIALECTS.md §3–§7): 0.3 (JSON schema) and 1.0 (ProtoJSON) shapes
+//! Official params in (docs/PROTOCOL.md §10.3–§10.7): 0.3 (JSON schema) and 1.0 (ProtoJSON) shapes
 //! into the neutral model. ProtoJSON parsers accept a field's camelCase JSON name and its
 //! proto name (snake_case) alike, and so does this; unknown fields are ignored.
 

@@ -1,4 +1,4 @@
-//! Official results out (DIALECTS.md §4): tasks, messages, parts, statuses, artifacts and
+//! Official results out (docs/PROTOCOL.md §10.4): tasks, messages, parts, statuses, artifacts and
 //! stream events in the 0.3 (JSON schema) and 1.0 (ProtoJSON) shapes. 1.0 omits unset
 //! optional fields and never a required one.
 

@@ -1,6 +1,6 @@
 //! The ListTasks page token: opaque to clients, base64url of `<micros>:<task id>` of the
 //! last task of a page — a position in the list's order, so it stays valid while tasks
-//! change (DIALECTS.md §6).
+//! change (docs/PROTOCOL.md §10.6).
 
 use base64::Engine as _;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;

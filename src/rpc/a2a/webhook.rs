@@ -1,4 +1,4 @@
-//! Official webhook payloads (DIALECTS.md §7): 1.0 sends the event's `StreamResponse`
+//! Official webhook payloads (docs/PROTOCOL.md §10.7): 1.0 sends the event's `StreamResponse`
 //! (`application/a2a+json`, S10 §4.3.3), 0.3 the whole task after the event
 //! (`application/json`, S03 §9.5).
 

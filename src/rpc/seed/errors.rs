@@ -1,4 +1,4 @@
-//! The seed dialect's error codes (spec §7, DECISIONS §1) and its mapping of the library's
+//! The seed dialect's error codes (docs/PROTOCOL.md §1) and its mapping of the library's
 //! errors and of the HTTP-level refusals onto them.
 
 use hyper::StatusCode;
@@ -130,7 +130,7 @@ pub(crate) fn rpc_error(e: &Error) -> RpcError {
     }
 }
 
-/// The seed body of a request refused before JSON-RPC (DECISIONS §1).
+/// The seed body of a request refused before JSON-RPC (docs/PROTOCOL.md §1).
 pub(crate) fn refusal(r: &Refusal) -> RpcError {
     match r {
         Refusal::Unauthorized(reason) => RpcError::new(UNAUTHORIZED, "Unauthorized")

@@ -154,7 +154,7 @@ impl Serialize for HistoryOut<'_> {
 
 /// The `data:` of one stream event: a response whose result is
 /// `{id, contextId, status, final}` (+ `artifact` on an artifact event; never
-/// `artifacts`, DECISIONS.md §3).
+/// `artifacts`, docs/PROTOCOL.md §5).
 pub(crate) fn sse_data(id: &RawValue, item: &StreamItem, _first: bool) -> Vec<u8> {
     success(id, &EventOut(item))
 }
@@ -169,7 +169,7 @@ impl Serialize for EventOut<'_> {
         map.serialize_entry("contextId", task.context_id.as_str())?;
         map.serialize_entry("status", &StatusOut(&event.status))?;
         map.serialize_entry("final", &event.is_final())?;
-        // Never `artifacts` (DECISIONS.md §3): Evo AI's stream client shows every text an
+        // Never `artifacts` (docs/PROTOCOL.md §5): Evo AI's stream client shows every text an
         // event holds, and the reply is in `status.message` already.
         if let Some(update) = &event.artifact {
             map.serialize_entry(

@@ -1,4 +1,4 @@
-//! Seed webhook payloads (DECISIONS §7): `{event, timestamp, agentId, taskId, data,
+//! Seed webhook payloads (docs/PROTOCOL.md §7): `{event, timestamp, agentId, taskId, data,
 //! delivery}` with `data` per event.
 
 use serde_json::{Value, json};
