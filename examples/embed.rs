@@ -57,12 +57,20 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let backends: HashMap<AgentId, Arc<dyn Agent>> =
         HashMap::from([(AgentId::new("shout"), Arc::new(Shout) as Arc<dyn Agent>)]);
 
-    // 1. The whole server.
-    let server = Server::bind_with(config.clone(), backends.clone()).await?;
-    let handle = server.serve()?;
-    println!("serving on http://{}", handle.local_addr());
-    handle.stop();
-    handle.stopped().await;
+    // 1. The whole server, on a listener we bound, until we say stop.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let server = Server::builder(config.clone())
+        .agent("shout", Shout)
+        .listener(listener)
+        .build()
+        .await?;
+    println!("serving on http://{}", server.local_addr()?);
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let serving = tokio::spawn(server.run(async move {
+        let _ = stopped.await;
+    }));
+    let _ = stop.send(()); // a signal, a test's end, a parent's shutdown…
+    serving.await??;
 
     // 2. The actor system alone.
     let runtime = Runtime::start_with(Arc::new(config), backends).await?;

@@ -24,7 +24,9 @@
 //! folder under `rpc/`. See docs/ARCHITECTURE.md.
 //!
 //! ## Embedding
-//! [`Server`] runs the whole HTTP server; [`Runtime`] is the actor system alone (submit a
+//! [`Server`] runs the whole HTTP server — on the address of its configuration
+//! ([`Server::bind`]), or on a listener you bound, until a future of yours resolves
+//! ([`Server::builder`], [`Server::run`]); [`Runtime`] is the actor system alone (submit a
 //! message, follow a task, cancel, read a card) with no HTTP. See `examples/embed.rs`.
 //! Backends plug in through the [`Agent`] trait.
 
@@ -71,7 +73,7 @@ pub use runtime::{
     AgentCard, NewPushConfig, Replay, Resubscribed, Runtime, SendRequest, Sent, StreamItem,
     Streamed, SubmitOptions, TaskIdUse, TaskStream,
 };
-pub use server::{Server, ServerHandle};
+pub use server::{Builder, Server, ServerHandle};
 pub use store::{
     Committed, Delivery, Durable, ListPage, ListQuery, Orphan, OutboxKey, PageToken, Recovered,
     RecoveredContext, RecoveredTask, Store, StoreStats, Then, TurnId, Write,

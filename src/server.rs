@@ -82,6 +82,60 @@ impl Server {
     ) -> Result<Self> {
         let addr = config.listen_addr()?;
         let listener = listen(addr, config.server.listen_backlog)?;
+        Self::start(listener, config, backends).await
+    }
+
+    /// A server to build: its agents' backends and, if the caller binds it, its listener.
+    ///
+    /// ```
+    /// # async fn run() -> a2ad::Result<()> {
+    /// use a2ad::{Agent, AgentFuture, AgentRequest, Message, Updates};
+    ///
+    /// struct Shout;
+    /// impl Agent for Shout {
+    ///     fn kind(&self) -> &str {
+    ///         "shout"
+    ///     }
+    ///     fn run(&self, request: AgentRequest, _updates: Updates) -> AgentFuture {
+    ///         let text = request.message.joined_text().to_uppercase();
+    ///         Box::pin(async move { Ok(Message::agent_text([text])) })
+    ///     }
+    /// }
+    ///
+    /// let mut config = a2ad::Config::default();
+    /// config.store = a2ad::StoreConfig::memory();
+    /// config.agents = vec![a2ad::config::AgentConfig::new("shout")];
+    /// let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    /// let server = a2ad::Server::builder(config.validated()?)
+    ///     .agent("shout", Shout)
+    ///     .listener(listener)
+    ///     .build()
+    ///     .await?;
+    /// println!("listening on http://{}", server.local_addr()?);
+    /// let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    /// let serving = tokio::spawn(server.run(async move {
+    ///     let _ = stopped.await;
+    /// }));
+    /// let _ = stop.send(()); // when your program decides to stop
+    /// let unwritten = serving.await.expect("joined")?;
+    /// assert_eq!(unwritten, 0);
+    /// # Ok(())
+    /// # }
+    /// # tokio::runtime::Runtime::new().expect("runtime").block_on(run()).expect("serves");
+    /// ```
+    pub fn builder(config: Config) -> Builder {
+        Builder {
+            config,
+            backends: std::collections::HashMap::new(),
+            listener: None,
+        }
+    }
+
+    async fn start(
+        listener: TcpListener,
+        config: Config,
+        backends: std::collections::HashMap<crate::AgentId, Arc<dyn crate::Agent>>,
+    ) -> Result<Self> {
         let config = Arc::new(config);
         let (keys, dev_key) = KeyStore::from_config(&config);
         let per_minute: Vec<u64> = config
@@ -148,6 +202,59 @@ impl Server {
             done,
             runtime,
         })
+    }
+}
+
+impl Server {
+    /// Serves until `shutdown` resolves, then stops gracefully (as [`ServerHandle::stop`])
+    /// and returns what [`ServerHandle::stopped`] returns: the writes that never became
+    /// durable.
+    ///
+    /// # Errors
+    /// When the socket cannot report its address.
+    pub async fn run(self, shutdown: impl Future<Output = ()> + Send) -> Result<u64> {
+        let handle = self.serve()?;
+        shutdown.await;
+        handle.stop();
+        Ok(handle.stopped().await)
+    }
+}
+
+/// Builds a [`Server`]: see [`Server::builder`].
+pub struct Builder {
+    config: Config,
+    backends: std::collections::HashMap<crate::AgentId, Arc<dyn crate::Agent>>,
+    listener: Option<TcpListener>,
+}
+
+impl Builder {
+    /// Serves the agent `id` (one of the configuration's agents) with this backend instead
+    /// of the one its configuration names.
+    #[must_use]
+    pub fn agent(mut self, id: &str, backend: impl crate::Agent) -> Self {
+        self.backends
+            .insert(crate::AgentId::new(id), Arc::new(backend));
+        self
+    }
+
+    /// Serves on this listener (bound by the caller) instead of binding
+    /// `server.listen`; `server.listen_backlog` is then the caller's business too.
+    #[must_use]
+    pub fn listener(mut self, listener: TcpListener) -> Self {
+        self.listener = Some(listener);
+        self
+    }
+
+    /// Starts the actor system (and binds `server.listen` unless a listener was given).
+    ///
+    /// # Errors
+    /// [`crate::Error::Io`] when the address cannot be bound; a store or actor that
+    /// cannot start.
+    pub async fn build(self) -> Result<Server> {
+        match self.listener {
+            Some(listener) => Server::start(listener, self.config, self.backends).await,
+            None => Server::bind_with(self.config, self.backends).await,
+        }
     }
 }
 

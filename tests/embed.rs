@@ -403,3 +403,65 @@ async fn on_a_shared_store_a_read_waits_for_the_events_in_flight() {
     rt.cancel(&me, &steps, &id, None).await.expect("cancel");
     rt.shutdown(Duration::from_secs(5)).await;
 }
+
+/// The embedding API with HTTP: the embedder binds the listener, registers its backend
+/// and decides when the server stops (`Server::builder`, `Server::run`).
+#[tokio::test]
+async fn a_server_serves_on_the_embedders_listener_until_its_shutdown_future_resolves() {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let mut config = support::config(&["echo", "up"]);
+    // Ignored: the listener given is the one served.
+    config.server.listen = "127.0.0.1:1".into();
+    let server = a2ad::Server::builder(config.validated().expect("valid"))
+        .agent("up", Upper)
+        .listener(listener)
+        .build()
+        .await
+        .expect("server");
+    assert_eq!(server.local_addr().expect("addr"), addr);
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let serving = tokio::spawn(server.run(async move {
+        let _ = stopped.await;
+    }));
+
+    let http = reqwest::Client::new();
+    let body = serde_json::json!({"jsonrpc": "2.0", "id": 1, "method": "message/send",
+        "params": support::send_params("hello", serde_json::json!({}))});
+    let v: serde_json::Value = http
+        .post(format!("http://{addr}/api/v1/a2a/up"))
+        .header("x-api-key", support::ALICE)
+        .header("content-type", "application/json")
+        .body(body.to_string())
+        .send()
+        .await
+        .expect("send")
+        .bytes()
+        .await
+        .map(|b| serde_json::from_slice(&b).expect("json"))
+        .expect("body");
+    assert_eq!(
+        support::texts(&v["result"]["status"]["message"]),
+        ["HELLO", "history 0"],
+        "{v}"
+    );
+    assert!(!serving.is_finished(), "serves until told");
+
+    stop.send(()).expect("still serving");
+    let unwritten = tokio::time::timeout(Duration::from_secs(60), serving)
+        .await
+        .expect("stops within its grace")
+        .expect("joined")
+        .expect("ran");
+    assert_eq!(unwritten, 0);
+    let refused = support::poll_until(Duration::from_secs(30), || async {
+        tokio::net::TcpStream::connect(addr)
+            .await
+            .is_err()
+            .then_some(())
+    })
+    .await;
+    assert_eq!(refused, ());
+}
