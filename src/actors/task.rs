@@ -939,11 +939,7 @@ impl TaskActorState {
         self.generation += 1;
         let generation = self.generation;
         let timeout = Duration::from_secs_f64(self.agent.config.limits.task_timeout_seconds);
-        let me = myself.clone();
-        tokio::spawn(async move {
-            tokio::time::sleep(timeout).await;
-            let _ = me.cast(TaskMsg::TimedOut(generation));
-        });
+        myself.send_after(timeout, move || TaskMsg::TimedOut(generation));
     }
 
     fn finish(&mut self, myself: &ActorRef<TaskMsg>) {

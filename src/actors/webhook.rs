@@ -269,11 +269,7 @@ impl WebhookState {
         wait: Duration,
     ) {
         delivery.due = None;
-        let me = myself.clone();
-        tokio::spawn(async move {
-            tokio::time::sleep(wait).await;
-            let _ = me.cast(WebhookMsg::Retry(lane, delivery));
-        });
+        myself.send_after(wait, move || WebhookMsg::Retry(lane, delivery));
     }
 
     fn finish(&mut self, myself: &ActorRef<WebhookMsg>, key: LaneKey) {
