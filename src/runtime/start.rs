@@ -1,0 +1,256 @@
+//! Starting the actor system (the store, the actors, a cluster's signals) and taking up
+//! the tasks a restart or another node left.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::time::Duration;
+
+use dashmap::DashMap;
+use ractor::Actor;
+
+use super::{Runtime, spawn_failed, this_signals};
+use crate::actors::context::{ContextActor, ContextArgs, ContextMsg};
+use crate::actors::supervisor::TaskSupervisor;
+use crate::actors::task::{Follow, TaskActor, TaskArgs, TaskMsg};
+use crate::actors::webhook::WebhookPool;
+use crate::actors::{AgentEntry, ContextKey, LiveTask, Shared};
+use crate::agent::{self, Agent};
+use crate::config::Config;
+use crate::error::Result;
+use crate::limits::Scheduler;
+use crate::metrics::{AgentMetrics, Metrics};
+use crate::model::{AgentId, TaskKey};
+use crate::store::cluster::{Cluster, Signal};
+use crate::store::pg::PgStore;
+use crate::store::{LocalStore, Orphan, RecoveredTask, Store};
+use crate::webhook::PayloadRenderer;
+
+impl Runtime {
+    /// Starts the actor system for a validated configuration, with the backends the
+    /// configuration names.
+    ///
+    /// # Errors
+    /// [`Error::Internal`] if an actor cannot be spawned.
+    pub async fn start(config: Arc<Config>) -> Result<Self> {
+        Self::start_with(config, HashMap::new()).await
+    }
+
+    /// Like [`Runtime::start`], with some agents served by the given backends instead of
+    /// the configured ones (how an embedder plugs its own [`Agent`] in).
+    ///
+    /// # Errors
+    /// [`Error::Internal`] if an actor cannot be spawned.
+    pub async fn start_with(
+        config: Arc<Config>,
+        backends: HashMap<AgentId, Arc<dyn Agent>>,
+    ) -> Result<Self> {
+        Self::start_full(config, backends, HashMap::new()).await
+    }
+
+    /// Like [`Runtime::start_with`], with webhook payload renderers by format name (each
+    /// dialect registers its own; see [`PayloadRenderer`]).
+    ///
+    /// # Errors
+    /// [`Error::Internal`] if an actor cannot be spawned.
+    pub async fn start_full(
+        config: Arc<Config>,
+        mut backends: HashMap<AgentId, Arc<dyn Agent>>,
+        renderers: HashMap<String, Arc<dyn PayloadRenderer>>,
+    ) -> Result<Self> {
+        let server = &config.server;
+        let retention = Duration::from_secs_f64(server.task_retention_seconds);
+        let agents: Arc<HashMap<AgentId, Arc<AgentEntry>>> = Arc::new(
+            config
+                .agents
+                .iter()
+                .enumerate()
+                .map(|(index, c)| {
+                    let id = AgentId::new(c.id.as_str());
+                    let backend = backends
+                        .remove(&id)
+                        .unwrap_or_else(|| agent::from_config(c));
+                    let entry = AgentEntry {
+                        config: c.clone(),
+                        index,
+                        backend,
+                        scheduler: Scheduler::new(c.limits.concurrent_tasks, c.limits.max_queued()),
+                        metrics: AgentMetrics::default(),
+                    };
+                    (id, Arc::new(entry))
+                })
+                .collect(),
+        );
+        let (store, cluster): (Arc<dyn Store>, Option<Arc<dyn Cluster>>) = match &config.cluster {
+            None => (Arc::new(LocalStore::open(&config)?), None),
+            Some(c) => {
+                let rerun = agents
+                    .iter()
+                    .filter(|(_, a)| a.backend.resumable())
+                    .map(|(id, _)| id.as_str().to_string())
+                    .collect();
+                let pg = Arc::new(PgStore::open(&config, c, rerun).await?);
+                (pg.clone(), Some(pg))
+            }
+        };
+        let signals = cluster.as_ref().and_then(|c| c.signals());
+        let recovered = store.recovered();
+        let webhooks = Arc::new(
+            WebhookPool::start(&config.webhooks, store.clone(), agents.clone(), renderers).await?,
+        );
+        let (contexts, _) = Actor::spawn(
+            None,
+            ContextActor,
+            ContextArgs {
+                retention,
+                max_turns: server.max_context_turns,
+                max_contexts: server.max_contexts,
+                store: store.clone(),
+                restored: recovered.contexts,
+            },
+        )
+        .await
+        .map_err(spawn_failed)?;
+        let shared = Arc::new(Shared {
+            live: DashMap::default(),
+            store,
+            cluster,
+            metrics: Metrics::default(),
+            contexts,
+            webhooks: webhooks.clone(),
+            next_subscriber: AtomicU64::new(1),
+            shutting_down: AtomicBool::new(false),
+            call_timeout: Duration::from_secs_f64(server.actor_call_timeout_seconds),
+            config: config.clone(),
+        });
+        let (supervisor, _) = Actor::spawn(None, TaskSupervisor, shared.clone())
+            .await
+            .map_err(spawn_failed)?;
+        let runtime = Self {
+            shared,
+            agents,
+            supervisor,
+            webhooks,
+            signals: Arc::default(),
+        };
+        for task in recovered.tasks {
+            runtime.resume(task).await;
+        }
+        if let Some(mut rx) = signals {
+            let this = runtime.clone();
+            let handle = tokio::spawn(async move {
+                while let Some(signal) = rx.recv().await {
+                    this.on_signal(signal).await;
+                }
+            });
+            *this_signals(&runtime) = Some(handle);
+        }
+        if !recovered.deliveries.is_empty() {
+            runtime.webhooks.deliver(recovered.deliveries);
+        }
+        Ok(runtime)
+    }
+
+    /// Acts on what the cluster asks of this node.
+    async fn on_signal(&self, signal: Signal) {
+        match signal {
+            Signal::Fenced(key) => {
+                let live = self.shared.live.get(&key).map(|l| l.actor.clone());
+                if let Some(actor) = live {
+                    let _ = actor.cast(TaskMsg::Fenced);
+                }
+            }
+            Signal::Adopted(task) => {
+                self.resume(task).await;
+            }
+            Signal::Deliver(deliveries) => self.webhooks.deliver(deliveries),
+            Signal::SelfFenced => {
+                let actors: Vec<_> = self
+                    .shared
+                    .live
+                    .iter()
+                    .map(|e| e.value().actor.clone())
+                    .collect();
+                for actor in actors {
+                    let _ = actor.cast(TaskMsg::Fenced);
+                }
+            }
+        }
+    }
+
+    /// Takes up a task the store held unfinished (after a restart, or taken over from
+    /// another node): queued tasks are queued again, a task that was working fails (its
+    /// agent's work is lost with the process) or runs again (`on_node_loss = "resume"`),
+    /// an interrupted one waits for its continuing message again. A task taken to be
+    /// canceled or continued here ([`Orphan::Held`]) waits for that.
+    async fn resume(&self, r: RecoveredTask) -> Option<LiveTask> {
+        let Some(agent) = self.agents.get(&r.key.agent).cloned() else {
+            tracing::warn!(task = %r.key.task, agent = %r.key.agent, "a stored task's agent is no longer configured; left as it was");
+            return None;
+        };
+        let message = r.task.history.first().cloned()?;
+        let runs = match r.task.status.state {
+            crate::model::TaskState::Submitted => r.why != Orphan::Held,
+            crate::model::TaskState::Working => r.why == Orphan::NodeLost { rerun: true },
+            _ => false,
+        };
+        let admission = if runs {
+            agent.scheduler.admit().ok()
+        } else {
+            None
+        };
+        let context_id = r.task.context_id.clone();
+        let _ = self.shared.contexts.cast(ContextMsg::Resume {
+            key: ContextKey {
+                principal: r.key.principal.clone(),
+                context: context_id.clone(),
+            },
+            turn: r.turn,
+        });
+        let args = TaskArgs {
+            shared: self.shared.clone(),
+            agent,
+            key: r.key.clone(),
+            context_id: context_id.clone(),
+            message: message.clone(),
+            metadata: r.task.metadata.clone(),
+            history: Vec::new(),
+            turn: r.turn,
+            admission,
+            follow: Follow::Nobody,
+            restored: Some((r.task.clone(), r.events)),
+            why: r.why,
+        };
+        match Actor::spawn_linked(None, TaskActor, args, self.supervisor.get_cell()).await {
+            Ok((actor, _)) => {
+                self.shared.metrics.live_tasks.fetch_add(1, Relaxed);
+                let live = LiveTask {
+                    actor: actor.clone(),
+                    message_id: message.message_id.as_str().into(),
+                    context_id,
+                };
+                self.shared.live.insert(r.key, live.clone());
+                if r.why != Orphan::Held {
+                    let _ = actor.cast(TaskMsg::Start);
+                }
+                Some(live)
+            }
+            Err(e) => {
+                tracing::error!(error = %e, task = %r.key.task, "a stored task could not be resumed");
+                None
+            }
+        }
+    }
+
+    /// Takes a task that runs on another node to this one (to cancel or continue it
+    /// here). `None` when it finished meanwhile.
+    pub(super) async fn take(&self, key: &TaskKey) -> Result<Option<LiveTask>> {
+        let Some(cluster) = &self.shared.cluster else {
+            return Ok(None);
+        };
+        match cluster.adopt(key).await? {
+            Some(task) => Ok(self.resume(task).await),
+            None => Ok(None),
+        }
+    }
+}
