@@ -6,6 +6,7 @@
 pub(crate) mod card;
 mod dispatch;
 pub(crate) mod errors;
+mod ops;
 pub(crate) mod params;
 pub(crate) mod render;
 pub(crate) mod token;
@@ -22,34 +23,31 @@ pub(crate) enum Version {
     V10,
 }
 
-/// The 1.0 methods (S10 §9.4), in the specification's order.
-pub(crate) const METHODS_10: [&str; 11] = [
-    "SendMessage",
-    "SendStreamingMessage",
-    "GetTask",
-    "ListTasks",
-    "CancelTask",
-    "SubscribeToTask",
-    "CreateTaskPushNotificationConfig",
-    "GetTaskPushNotificationConfig",
-    "ListTaskPushNotificationConfigs",
-    "DeleteTaskPushNotificationConfig",
-    "GetExtendedAgentCard",
-];
+/// The 1.0 methods (S10 §9.4), in the specification's order: the names of [`ops::TABLE`].
+pub(crate) const METHODS_10: [&str; 11] = {
+    let mut out = [""; 11];
+    let mut i = 0;
+    while i < ops::TABLE.len() {
+        out[i] = ops::TABLE[i].1;
+        i += 1;
+    }
+    out
+};
 
-/// The 0.3 methods (J03), in the specification's order.
-pub(crate) const METHODS_03: [&str; 10] = [
-    "message/send",
-    "message/stream",
-    "tasks/get",
-    "tasks/cancel",
-    "tasks/resubscribe",
-    "tasks/pushNotificationConfig/set",
-    "tasks/pushNotificationConfig/get",
-    "tasks/pushNotificationConfig/list",
-    "tasks/pushNotificationConfig/delete",
-    "agent/getAuthenticatedExtendedCard",
-];
+/// The 0.3 methods (J03), in the specification's order: the 0.3 names of [`ops::TABLE`]
+/// (a count that does not match fails the build).
+pub(crate) const METHODS_03: [&str; 10] = {
+    let mut out = [""; 10];
+    let (mut i, mut j) = (0, 0);
+    while i < ops::TABLE.len() {
+        if let Some(m) = ops::TABLE[i].2 {
+            out[j] = m;
+            j += 1;
+        }
+        i += 1;
+    }
+    out
+};
 
 impl Version {
     /// Both, 1.0 first.

@@ -1,25 +1,24 @@
-//! The official method tables (docs/PROTOCOL.md §10.3, §10.5–§10.7): method name → params → runtime →
-//! result, for 0.3 and 1.0 alike; [`Version`] picks names and shapes.
+//! The JSON-RPC binding of the official operations (docs/PROTOCOL.md §10.3, §10.5–§10.7), 0.3
+//! and 1.0 alike: the method names the operation ([`ops::TABLE`]), its params decode into an
+//! [`OpRequest`], [`ops::execute`] runs it, and its [`OpResponse`] encodes in the version's
+//! shapes ([`Version`] picks names and shapes).
 //!
 //! Auth, agent lookup, body framing and the version check happened before (in `http`).
 
-use std::time::Duration;
-
 use base64::Engine as _;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+use serde_json::value::RawValue;
 use serde_json::{Value, json};
 
+use super::ops::{self, Op, OpRequest, OpResponse};
 use super::params::{self, field};
 use super::render::{self, SendResultOut, TaskOut};
-use super::{Version, card, errors, token, webhook};
+use super::{Version, card, errors, token};
 use crate::error::Error;
 use crate::model::{ContextId, TaskId};
-use crate::push::{PushConfig, StoredPushConfig};
 use crate::rpc::json::{self, Obj};
 use crate::rpc::{Call, CallContext, Reply, RpcError};
-use crate::runtime::{
-    NewPushConfig, Resubscribed, Runtime, Sent, Streamed, SubmitOptions, TaskIdUse, task_key,
-};
+use crate::runtime::Runtime;
 use crate::store::ListQuery;
 
 /// Runs one call.
@@ -43,214 +42,178 @@ fn frames(v: Version) -> crate::rpc::FrameFn {
     }
 }
 
+/// Params → [`OpRequest`] → [`ops::execute`] → result, for the operation the method names.
 async fn run(runtime: &Runtime, cx: &CallContext, call: &Call, v: Version) -> Result<Reply, Error> {
-    use Version::{V03, V10};
-    let id = &call.id;
-    let principal = &cx.caller.principal;
-    let agent = &cx.agent;
-    let limits = &agent.config.limits;
     let p = json::params(call.params.as_deref())?;
-    match (v, call.method.as_str()) {
-        (V10, "SendMessage") | (V03, "message/send") => {
-            let p = params::send_params(v, &p, limits)?;
-            let (request, options) = submission(runtime, cx, v, p.push, p.request)?;
-            let context = request.context_id.clone();
-            let wait = p
-                .blocking
-                .then(|| Duration::from_secs_f64(limits.sync_wait_seconds));
-            match runtime
-                .send_with(principal, &cx.agent_id, request, wait, options)
-                .await?
-            {
-                Sent::Task(task) => {
-                    cx.task(&task.id);
-                    Ok(Reply::ok(
-                        id,
-                        &SendResultOut(TaskOut {
-                            v,
-                            task: &task,
-                            history_length: p.history_length,
-                            artifacts: true,
-                        }),
-                    ))
-                }
-                Sent::Message(m) => {
-                    let context = context.unwrap_or_else(ContextId::generate);
-                    Ok(Reply::ok(
-                        id,
-                        &render::message_result(v, &m, Some(&context)),
-                    ))
-                }
+    let Some(op) = Op::named(v, &call.method) else {
+        return Ok(Reply::error(
+            Some(&call.id),
+            &errors::dress(v, RpcError::method_not_found(&call.method)),
+        ));
+    };
+    op.admit(cx)?;
+    let request = decode(op, v, cx, &p)?;
+    let response = ops::execute(runtime, cx, v, request).await?;
+    encode(op, v, runtime, cx, &call.id, &p, response)
+}
+
+/// A version's params of an operation.
+fn decode(op: Op, v: Version, cx: &CallContext, p: &Obj<'_>) -> Result<OpRequest, Error> {
+    use Version::{V03, V10};
+    Ok(match op {
+        Op::SendMessage | Op::SendStreamingMessage => OpRequest::Send {
+            params: params::send_params(v, p, &cx.agent.config.limits)?,
+            stream: op == Op::SendStreamingMessage,
+        },
+        Op::GetTask => {
+            params::no_tenant(p)?;
+            let task = task_param(cx, p, "id")?;
+            OpRequest::GetTask {
+                task,
+                history_length: params::history_length(p, "historyLength")?,
             }
         }
-        (V10, "SendStreamingMessage") | (V03, "message/stream") => {
-            if !agent.config.streaming {
-                return Err(not_streaming(None));
-            }
-            let p = params::send_params(v, &p, limits)?;
-            let (request, options) = submission(runtime, cx, v, p.push, p.request)?;
-            let context = request.context_id.clone();
-            match runtime
-                .stream_with(principal, &cx.agent_id, request, options)
-                .await?
-            {
-                Streamed::Task(stream) => {
-                    cx.task(&stream.task_id);
-                    Ok(Reply::stream(id, stream, frames(v)))
-                }
-                Streamed::Message(m) => {
-                    let context = context.unwrap_or_else(ContextId::generate);
-                    let result = render::message_result(v, &m, Some(&context));
-                    Ok(Reply::events(id, &result))
-                }
-            }
-        }
-        (V10, "GetTask") | (V03, "tasks/get") => {
-            params::no_tenant(&p)?;
-            let task = task_param(cx, &p, "id")?;
-            let history_length = params::history_length(&p, "historyLength")?;
-            let t = runtime.get(principal, &cx.agent_id, &task).await?;
-            Ok(Reply::ok(
-                id,
-                &TaskOut {
-                    v,
-                    task: &t,
-                    history_length,
-                    artifacts: true,
-                },
-            ))
-        }
-        (V10, "ListTasks") => list_tasks(runtime, cx, id, &p).await,
-        (V10, "CancelTask") | (V03, "tasks/cancel") => {
-            params::no_tenant(&p)?;
-            let task = task_param(cx, &p, "id")?;
-            let reason = match params::metadata(&p)? {
+        Op::ListTasks => list_tasks(cx, p)?,
+        Op::CancelTask => {
+            params::no_tenant(p)?;
+            let task = task_param(cx, p, "id")?;
+            let reason = match params::metadata(p)? {
                 Some(m) => {
                     let m = Obj::parse(&m, "metadata")?;
                     params::opt_str(&m, "reason", "metadata.reason")?
                 }
                 None => None,
             };
-            let t = runtime
-                .cancel(principal, &cx.agent_id, &task, reason)
-                .await?;
-            Ok(Reply::ok(id, &TaskOut::full(v, &t)))
+            OpRequest::CancelTask { task, reason }
         }
-        (V10, "SubscribeToTask") | (V03, "tasks/resubscribe") => {
-            params::no_tenant(&p)?;
-            let task = task_param(cx, &p, "id")?;
-            if !agent.config.streaming {
-                return Err(not_streaming(Some(task)));
-            }
-            match runtime.follow(principal, &cx.agent_id, &task).await? {
-                Resubscribed::Live(stream) => Ok(Reply::stream(id, stream, frames(v))),
-                Resubscribed::Finished(t) => Err(Error::SubscriptionFailed {
-                    task: Some(task),
-                    reason: format!(
-                        "the task is {}; a terminal task has no more events",
-                        t.status.state.as_str()
-                    ),
-                }),
+        Op::SubscribeToTask => {
+            params::no_tenant(p)?;
+            OpRequest::SubscribeToTask {
+                task: task_param(cx, p, "id")?,
             }
         }
-        (V10, "CreateTaskPushNotificationConfig") | (V03, "tasks/pushNotificationConfig/set") => {
-            push_enabled(cx)?;
-            let (task, config, config_id) = match v {
-                V10 => {
-                    let task = task_param(cx, &p, "taskId")?;
-                    let (config, config_id) =
-                        params::push_config_10(&p, "params").map_err(|e| unprefix(e, "params."))?;
-                    (task, config, config_id)
-                }
+        Op::CreatePushConfig => {
+            let task = task_param(cx, p, "taskId")?;
+            let (config, config_id) = match v {
+                V10 => params::push_config_10(p, "params").map_err(|e| unprefix(e, "params."))?,
                 V03 => {
-                    let task = task_param(cx, &p, "taskId")?;
-                    let Some(raw) = field(&p, "pushNotificationConfig") else {
+                    let Some(raw) = field(p, "pushNotificationConfig") else {
                         return Err(Error::invalid("pushNotificationConfig", "is required"));
                     };
                     let o = Obj::parse(raw, "pushNotificationConfig")?;
-                    let (config, config_id) = params::push_config_03(&o, "pushNotificationConfig")?;
-                    (task, config, config_id)
+                    params::push_config_03(&o, "pushNotificationConfig")?
                 }
             };
-            check_target(runtime, &config, v)?;
-            let key = task_key(principal, &cx.agent_id, &task);
-            let stored = StoredPushConfig::named(&key, config_id, config, webhook::format(v));
-            runtime.set_push(stored.clone()).await?;
-            Ok(Reply::ok(id, &render::push_config(v, &stored)))
-        }
-        (V10, "GetTaskPushNotificationConfig") | (V03, "tasks/pushNotificationConfig/get") => {
-            push_enabled(cx)?;
-            let (task, config_id) = match v {
-                V10 => (
-                    task_param(cx, &p, "taskId")?,
-                    Some(params::id(&p, "id", "id")?),
-                ),
-                V03 => (
-                    task_param(cx, &p, "id")?,
-                    params::opt_id(&p, "pushNotificationConfigId", "pushNotificationConfigId")?,
-                ),
-            };
-            let configs = runtime
-                .task_push_configs(principal, &cx.agent_id, &task)
-                .await?;
-            let found = match &config_id {
-                Some(wanted) => configs.iter().find(|c| &c.id == wanted),
-                None => configs.first(),
-            };
-            match found {
-                Some(c) => Ok(Reply::ok(id, &render::push_config(v, c))),
-                None => Err(Error::TaskNotFound { task }),
+            OpRequest::CreatePushConfig {
+                task,
+                config,
+                config_id,
             }
         }
-        (V10, "ListTaskPushNotificationConfigs") | (V03, "tasks/pushNotificationConfig/list") => {
-            push_enabled(cx)?;
-            let task = match v {
-                V10 => task_param(cx, &p, "taskId")?,
-                V03 => task_param(cx, &p, "id")?,
+        Op::GetPushConfig => match v {
+            V10 => OpRequest::GetPushConfig {
+                task: task_param(cx, p, "taskId")?,
+                config_id: Some(params::id(p, "id", "id")?),
+            },
+            V03 => OpRequest::GetPushConfig {
+                task: task_param(cx, p, "id")?,
+                config_id: params::opt_id(
+                    p,
+                    "pushNotificationConfigId",
+                    "pushNotificationConfigId",
+                )?,
+            },
+        },
+        Op::ListPushConfigs => OpRequest::ListPushConfigs {
+            task: match v {
+                V10 => task_param(cx, p, "taskId")?,
+                V03 => task_param(cx, p, "id")?,
+            },
+        },
+        Op::DeletePushConfig => match v {
+            V10 => OpRequest::DeletePushConfig {
+                task: task_param(cx, p, "taskId")?,
+                config_id: params::id(p, "id", "id")?,
+            },
+            V03 => OpRequest::DeletePushConfig {
+                task: task_param(cx, p, "id")?,
+                config_id: params::id(p, "pushNotificationConfigId", "pushNotificationConfigId")?,
+            },
+        },
+        Op::GetExtendedCard => {
+            params::no_tenant(p)?;
+            OpRequest::GetExtendedCard
+        }
+    })
+}
+
+/// An operation's result in a version's shapes. Fails only on a 1.0 push configuration
+/// page the params ask for and the list cannot give (a token this server did not issue).
+fn encode(
+    op: Op,
+    v: Version,
+    runtime: &Runtime,
+    cx: &CallContext,
+    id: &RawValue,
+    p: &Obj<'_>,
+    response: OpResponse,
+) -> Result<Reply, Error> {
+    Ok(match response {
+        OpResponse::Task {
+            task,
+            history_length,
+            artifacts,
+        } => {
+            let out = TaskOut {
+                v,
+                task: &task,
+                history_length,
+                artifacts,
             };
-            let configs = runtime
-                .task_push_configs(principal, &cx.agent_id, &task)
-                .await?;
+            if op == Op::SendMessage {
+                Reply::ok(id, &SendResultOut(out))
+            } else {
+                Reply::ok(id, &out)
+            }
+        }
+        OpResponse::Message { message, context } => Reply::ok(
+            id,
+            &render::message_result(v, &message, Some(&context)),
+        ),
+        OpResponse::Stream(stream) => Reply::stream(id, stream, frames(v)),
+        OpResponse::MessageStream { message, context } => Reply::events(
+            id,
+            &render::message_result(v, &message, Some(&context)),
+        ),
+        OpResponse::Tasks {
+            page,
+            page_size,
+            history_length,
+            artifacts,
+        } => {
+            let max_bytes = runtime.config().server.max_list_page_bytes;
+            Reply::ok(
+                id,
+                &render::list_result(&page, page_size, history_length, artifacts, max_bytes),
+            )
+        }
+        OpResponse::PushConfig(c) => Reply::ok(id, &render::push_config(v, &c)),
+        OpResponse::PushConfigs(configs) => {
             let rendered: Vec<Value> = configs.iter().map(|c| render::push_config(v, c)).collect();
             match v {
-                V03 => Ok(Reply::ok(id, &rendered)),
-                V10 => {
-                    let (page, next) = config_page(&p, rendered)?;
-                    Ok(Reply::ok(
-                        id,
-                        &json!({"configs": page, "nextPageToken": next}),
-                    ))
+                Version::V03 => Reply::ok(id, &rendered),
+                Version::V10 => {
+                    let (page, next) = config_page(p, rendered)?;
+                    Reply::ok(id, &json!({"configs": page, "nextPageToken": next}))
                 }
             }
         }
-        (V10, "DeleteTaskPushNotificationConfig")
-        | (V03, "tasks/pushNotificationConfig/delete") => {
-            push_enabled(cx)?;
-            let (task, config_id) = match v {
-                V10 => (task_param(cx, &p, "taskId")?, params::id(&p, "id", "id")?),
-                V03 => (
-                    task_param(cx, &p, "id")?,
-                    params::id(&p, "pushNotificationConfigId", "pushNotificationConfigId")?,
-                ),
-            };
-            runtime
-                .delete_push(principal, &cx.agent_id, &task, &config_id)
-                .await?;
-            match v {
-                V10 => Ok(Reply::ok(id, &json!({}))),
-                V03 => Ok(Reply::ok(id, &Value::Null)),
-            }
-        }
-        (V10, "GetExtendedAgentCard") | (V03, "agent/getAuthenticatedExtendedCard") => {
-            params::no_tenant(&p)?;
-            let c = runtime.card(&cx.agent_id).ok_or(Error::AgentNotFound)?;
-            Ok(Reply::ok(id, &card::card(v, &c, &cx.base_url)))
-        }
-        (_, other) => Ok(Reply::error(
-            Some(id),
-            &errors::dress(v, RpcError::method_not_found(other)),
-        )),
-    }
+        OpResponse::Deleted => match v {
+            Version::V10 => Reply::ok(id, &json!({})),
+            Version::V03 => Reply::ok(id, &Value::Null),
+        },
+        OpResponse::Card(c) => Reply::ok(id, &card::card(v, &c, &cx.base_url)),
+    })
 }
 
 /// The required task id param (`id` or `taskId`), named in the request's span.
@@ -258,59 +221,6 @@ fn task_param(cx: &CallContext, p: &Obj<'_>, name: &str) -> Result<TaskId, Error
     let task = TaskId::new(params::id(p, name, name)?);
     cx.task(&task);
     Ok(task)
-}
-
-/// The request and options of a send: official task ids continue a task and never create
-/// one; an agent may answer with a bare message; an inline push configuration (checked
-/// here, before any task exists) is stored for the new task.
-fn submission(
-    runtime: &Runtime,
-    cx: &CallContext,
-    v: Version,
-    push: Option<(PushConfig, Option<String>)>,
-    request: crate::runtime::SendRequest,
-) -> Result<(crate::runtime::SendRequest, SubmitOptions), Error> {
-    let push = match push {
-        None => None,
-        Some((config, config_id)) => {
-            push_enabled(cx)?;
-            check_target(runtime, &config, v)?;
-            Some(NewPushConfig {
-                config,
-                format: webhook::format(v).into(),
-                named: Some(config_id),
-            })
-        }
-    };
-    let options = SubmitOptions {
-        push,
-        task_id: TaskIdUse::Continue,
-        allow_message: true,
-    };
-    Ok((request, options))
-}
-
-fn push_enabled(cx: &CallContext) -> Result<(), Error> {
-    if cx.agent.config.webhooks {
-        Ok(())
-    } else {
-        Err(Error::PushNotSupported)
-    }
-}
-
-/// The target of a push configuration against the server's address policy.
-fn check_target(runtime: &Runtime, config: &PushConfig, v: Version) -> Result<(), Error> {
-    let allow_private = runtime.config().webhooks.allow_private_networks;
-    crate::push::check_url(&config.url, allow_private).map_err(|e| match e {
-        Error::InvalidParams { reason, .. } => {
-            let at = match v {
-                Version::V10 => "url",
-                Version::V03 => "pushNotificationConfig.url",
-            };
-            Error::invalid(at, reason)
-        }
-        other => other,
-    })
 }
 
 /// A field path without the prefix a nested parser gave it.
@@ -324,24 +234,13 @@ fn unprefix(e: Error, prefix: &str) -> Error {
     }
 }
 
-fn not_streaming(task: Option<TaskId>) -> Error {
-    Error::SubscriptionFailed {
-        task,
-        reason: "this agent does not support streaming".into(),
-    }
-}
-
 /// The widest ListTasks page.
 const MAX_PAGE_SIZE: i64 = 100;
 /// The ListTasks page size when none is asked.
 const DEFAULT_PAGE_SIZE: i64 = 50;
 
-async fn list_tasks(
-    runtime: &Runtime,
-    cx: &CallContext,
-    id: &serde_json::value::RawValue,
-    p: &Obj<'_>,
-) -> Result<Reply, Error> {
+/// ListTasks params (1.0 only).
+fn list_tasks(cx: &CallContext, p: &Obj<'_>) -> Result<OpRequest, Error> {
     params::no_tenant(p)?;
     let context = params::opt_id(p, "contextId", "contextId")?.map(ContextId::new);
     // TASK_STATE_UNSPECIFIED (0), ProtoJSON's default, filters nothing.
@@ -382,8 +281,8 @@ async fn list_tasks(
         ),
     };
     let artifacts = params::opt_bool(p, "includeArtifacts", "includeArtifacts")?.unwrap_or(false);
-    let page = runtime
-        .list(&ListQuery {
+    Ok(OpRequest::ListTasks {
+        query: ListQuery {
             principal: cx.caller.principal.clone(),
             agent: cx.agent_id.clone(),
             context,
@@ -391,13 +290,10 @@ async fn list_tasks(
             status_after,
             page_size,
             after,
-        })
-        .await?;
-    let max_bytes = runtime.config().server.max_list_page_bytes;
-    Ok(Reply::ok(
-        id,
-        &render::list_result(&page, page_size, history_length, artifacts, max_bytes),
-    ))
+        },
+        history_length,
+        artifacts,
+    })
 }
 
 /// One page of a task's push configurations (1.0): `pageSize` (absent: all), `pageToken`
