@@ -9,17 +9,17 @@ pub(crate) mod webhook;
 
 pub(crate) use dispatch::dispatch;
 
-/// The eight methods of the spec, in its order (the card's `supportedMethods`).
-pub(crate) const METHODS: [&str; 8] = [
-    "message/send",
-    "message/stream",
-    "tasks/get",
-    "tasks/cancel",
-    "tasks/resubscribe",
-    "tasks/pushNotificationConfig/set",
-    "tasks/pushNotificationConfig/get",
-    "agent/authenticatedExtendedCard",
-];
+/// The eight methods of the spec, in its order (the card's `supportedMethods`): the first
+/// eight names of the method table (the ninth is an alias).
+pub(crate) const METHODS: [&str; 8] = {
+    let mut out = [""; 8];
+    let mut i = 0;
+    while i < out.len() {
+        out[i] = dispatch::TABLE[i].0;
+        i += 1;
+    }
+    out
+};
 
 /// The metrics label of a method (aliases folded in).
 pub(crate) fn method_label(method: &str) -> Option<&'static str> {

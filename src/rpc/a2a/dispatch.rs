@@ -176,15 +176,13 @@ fn encode(
                 Reply::ok(id, &out)
             }
         }
-        OpResponse::Message { message, context } => Reply::ok(
-            id,
-            &render::message_result(v, &message, Some(&context)),
-        ),
+        OpResponse::Message { message, context } => {
+            Reply::ok(id, &render::message_result(v, &message, Some(&context)))
+        }
         OpResponse::Stream(stream) => Reply::stream(id, stream, frames(v)),
-        OpResponse::MessageStream { message, context } => Reply::events(
-            id,
-            &render::message_result(v, &message, Some(&context)),
-        ),
+        OpResponse::MessageStream { message, context } => {
+            Reply::events(id, &render::message_result(v, &message, Some(&context)))
+        }
         OpResponse::Tasks {
             page,
             page_size,

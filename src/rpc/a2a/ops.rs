@@ -107,7 +107,10 @@ impl Op {
 /// One operation's request, as every binding decodes it.
 pub(crate) enum OpRequest {
     /// SendMessage (`stream: false`) and SendStreamingMessage.
-    Send { params: SendParams, stream: bool },
+    Send {
+        params: SendParams,
+        stream: bool,
+    },
     GetTask {
         task: TaskId,
         history_length: Option<usize>,
@@ -157,11 +160,17 @@ pub(crate) enum OpResponse {
         artifacts: bool,
     },
     /// A bare agent message answered a send (no task was made).
-    Message { message: Message, context: ContextId },
+    Message {
+        message: Message,
+        context: ContextId,
+    },
     /// A task's events.
     Stream(TaskStream),
     /// A bare agent message answered a streaming send: a stream of that one message.
-    MessageStream { message: Message, context: ContextId },
+    MessageStream {
+        message: Message,
+        context: ContextId,
+    },
     /// A page of the caller's tasks.
     Tasks {
         page: ListPage,
