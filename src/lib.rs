@@ -74,8 +74,5 @@ pub use runtime::{
     Streamed, SubmitOptions, TaskIdUse, TaskStream,
 };
 pub use server::{Builder, Server, ServerHandle};
-pub use store::{
-    Committed, Delivery, Durable, ListPage, ListQuery, Orphan, OutboxKey, PageToken, Recovered,
-    RecoveredContext, RecoveredTask, Store, StoreStats, Then, TurnId, Write,
-};
+pub use store::{ListPage, ListQuery, PageToken, StoreStats};
 pub use webhook::{Payload, PayloadInput, PayloadRenderer, signature};

@@ -40,7 +40,7 @@ pub(crate) use local::LocalStore;
 
 /// Where everything a2ad keeps is kept. See the module documentation for the durability
 /// invariant every implementation keeps.
-pub trait Store: Send + Sync + 'static {
+pub(crate) trait Store: Send + Sync + 'static {
     /// Hands `writes` to the store, after every earlier append. They become durable
     /// together and in order. When they already are (memory), the answer is
     /// [`Durable::Now`] and `then` is dropped unused; otherwise [`Durable::Later`], and
@@ -132,10 +132,10 @@ pub trait Store: Send + Sync + 'static {
 }
 
 /// A continuation of [`Store::append`], run once its writes are durable.
-pub type Then = Box<dyn FnOnce(Committed) + Send>;
+pub(crate) type Then = Box<dyn FnOnce(Committed) + Send>;
 
 /// What [`Store::append`] says.
-pub enum Durable {
+pub(crate) enum Durable {
     /// The writes are durable already; here is what they planned.
     Now(Committed),
     /// They will be; the continuation runs then.
@@ -145,14 +145,14 @@ pub enum Durable {
 /// What a batch of writes planned, once durable: the webhook deliveries of its task
 /// events (its outbox entries).
 #[derive(Default)]
-pub struct Committed {
+pub(crate) struct Committed {
     /// One per (event, push configuration that selects it), in event order.
     pub deliveries: Vec<Delivery>,
 }
 
 /// One change to what a2ad keeps.
 #[derive(Clone, Debug)]
-pub enum Write {
+pub(crate) enum Write {
     /// A task event, and the task as it left it. Webhook deliveries for the event are
     /// planned (and kept in the outbox) in the same batch. A task's `created_at` is the
     /// same in all its writes (the embedded store files the task's rows under it).
@@ -220,7 +220,7 @@ pub enum Write {
 /// (µs since the epoch) — the embedded store files a conversation's turns under that time,
 /// so the turns of new conversations are appended at the end of their table.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct TurnId {
+pub(crate) struct TurnId {
     /// The turn's number, from 1 (0: none).
     pub number: u32,
     /// When the conversation began, in µs since the epoch.
@@ -229,7 +229,7 @@ pub struct TurnId {
 
 /// Where a delivery sits in the outbox: a task's event for one configuration.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub struct OutboxKey {
+pub(crate) struct OutboxKey {
     /// The task.
     pub task: TaskKey,
     /// The event.
@@ -240,7 +240,7 @@ pub struct OutboxKey {
 
 /// One webhook delivery: an event for one configuration, with its stable id.
 #[derive(Clone, Debug)]
-pub struct Delivery {
+pub(crate) struct Delivery {
     /// `X-Webhook-Delivery`: the same on every attempt, and after a restart.
     pub id: uuid::Uuid,
     /// Its place in the outbox.
@@ -259,7 +259,7 @@ pub struct Delivery {
 
 /// What a store held when it opened.
 #[derive(Default)]
-pub struct Recovered {
+pub(crate) struct Recovered {
     /// Tasks that had not ended, with their events, oldest first.
     pub tasks: Vec<RecoveredTask>,
     /// Conversations: their recorded turns, oldest first.
@@ -269,7 +269,7 @@ pub struct Recovered {
 }
 
 /// A task that had not ended when the store was last closed (or the process died).
-pub struct RecoveredTask {
+pub(crate) struct RecoveredTask {
     /// Where it lives.
     pub key: TaskKey,
     /// Its last durable record.
@@ -284,7 +284,7 @@ pub struct RecoveredTask {
 
 /// Why a task is taken up again, which decides what it becomes if it was working.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Orphan {
+pub(crate) enum Orphan {
     /// This node restarted: `failed`, "interrupted by a server restart".
     Restart,
     /// The node that ran it died: `failed`, "node lost" — or, when `rerun`, its agent
@@ -298,7 +298,7 @@ pub enum Orphan {
 }
 
 /// A conversation as the store kept it.
-pub struct RecoveredContext {
+pub(crate) struct RecoveredContext {
     /// The owner.
     pub principal: Principal,
     /// The conversation.
