@@ -1,0 +1,536 @@
+//! The committer: one task with its own connection, one transaction per batch, one
+//! statement per task event checked against the task's fence.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::sync::atomic::Ordering::Relaxed;
+use std::time::{Duration, Instant};
+
+use futures_util::future::try_join_all;
+use tokio::sync::mpsc;
+use uuid::Uuid;
+
+use super::statements::{Executed, Other, Planned, Prepared, executed, prepare};
+use super::{
+    COMMIT_TIMEOUT, CONNECT_TIMEOUT, Inner, Msg, NOTIFY_MAX, Owned, RECENT, connect, owner_id,
+    row_id,
+};
+use crate::model::TaskKey;
+use crate::push::{Namespace, StoredPushConfig};
+use crate::store::cluster::Signal;
+use crate::store::codec;
+use crate::store::{Committed, Delivery, OutboxKey, Then, Write, delivery_id};
+
+/// What one job's writes came to.
+pub(super) enum Outcome {
+    Done(Committed),
+    /// A task of the job is no longer this node's (its fence moved on).
+    Fenced(Vec<TaskKey>),
+}
+
+pub(super) async fn committer(
+    inner: Arc<Inner>,
+    mut rx: mpsc::UnboundedReceiver<Msg>,
+    max_batch: usize,
+) {
+    let mut client: Option<(tokio_postgres::Client, Prepared)> = None;
+    let mut closing: Option<std::sync::mpsc::Sender<()>> = None;
+    while closing.is_none() {
+        let Some(first) = rx.recv().await else {
+            break;
+        };
+        // The writes, and apart from them (they are not `Sync`) the continuations.
+        let mut batch: Vec<Vec<Write>> = Vec::new();
+        let mut thens: Vec<Option<Then>> = Vec::new();
+        let mut writes = 0;
+        match first {
+            Msg::Job(j) => {
+                writes += j.writes.len();
+                batch.push(j.writes);
+                thens.push(j.then);
+            }
+            Msg::Close(tx) => closing = Some(tx),
+        }
+        while writes < max_batch && closing.is_none() {
+            match rx.try_recv() {
+                Ok(Msg::Job(j)) => {
+                    writes += j.writes.len();
+                    batch.push(j.writes);
+                    thens.push(j.then);
+                }
+                Ok(Msg::Close(tx)) => closing = Some(tx),
+                Err(_) => break,
+            }
+        }
+        if batch.is_empty() {
+            continue;
+        }
+        let mut delay = Duration::from_millis(50);
+        let outcomes = loop {
+            if client.as_ref().is_none_or(|(c, _)| c.is_closed()) {
+                client = match connect(&inner.pg, None).await {
+                    Ok(c) => {
+                        match tokio::time::timeout(CONNECT_TIMEOUT, prepare(&c, &inner.schema))
+                            .await
+                        {
+                            Ok(Ok(p)) => Some((c, p)),
+                            _ => None,
+                        }
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, "the postgres committer cannot connect");
+                        None
+                    }
+                };
+            }
+            if let Some((c, p)) = client.as_mut() {
+                let started = Instant::now();
+                match tokio::time::timeout(COMMIT_TIMEOUT, commit(&inner, c, p, &batch)).await {
+                    Ok(Ok(outcomes)) => {
+                        let us = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX);
+                        inner.append_sum.fetch_add(us, Relaxed);
+                        inner.append_max.fetch_max(us, Relaxed);
+                        let mut recent = inner
+                            .append_recent
+                            .lock()
+                            .unwrap_or_else(|e| e.into_inner());
+                        if recent.len() == RECENT {
+                            recent.pop_front();
+                        }
+                        recent.push_back(u32::try_from(us).unwrap_or(u32::MAX));
+                        break outcomes;
+                    }
+                    Ok(Err(e)) => {
+                        tracing::error!(error = %e, "postgres commit failed; retrying")
+                    }
+                    Err(_) => tracing::error!("postgres commit timed out; retrying"),
+                }
+                client = None;
+            }
+            inner.failing.store(true, Relaxed);
+            if inner.stop.is_cancelled() && closing.is_some() {
+                // Shutting down with the engine gone: what was not durable is not told.
+                break Vec::new();
+            }
+            tokio::time::sleep(delay).await;
+            delay = (delay * 2).min(Duration::from_secs(2));
+        };
+        inner.failing.store(false, Relaxed);
+        inner.commits.fetch_add(1, Relaxed);
+        inner.committed_writes.fetch_add(writes as u64, Relaxed);
+        inner.backlog.fetch_sub(writes as u64, Relaxed);
+        for (then, outcome) in thens.into_iter().zip(outcomes) {
+            match outcome {
+                Outcome::Done(committed) => {
+                    if let Some(then) = then {
+                        then(committed);
+                    }
+                }
+                Outcome::Fenced(keys) => {
+                    for key in keys {
+                        inner.owned.remove(&row_id(&key));
+                        inner.fenced.fetch_add(1, Relaxed);
+                        if inner.signals.try_send(Signal::Fenced(key)).is_err() {
+                            tracing::warn!(
+                                "cluster signal queue full: a fenced task is stopped at its next append"
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+    if let Some(tx) = closing {
+        let _ = tx.send(());
+    }
+}
+
+/// Commits one batch in one transaction; one outcome per job.
+pub(super) async fn commit(
+    inner: &Inner,
+    client: &mut tokio_postgres::Client,
+    prepared: &Prepared,
+    batch: &[Vec<Write>],
+) -> std::result::Result<Vec<Outcome>, tokio_postgres::Error> {
+    let s = &inner.schema;
+    let me = inner.incarnation();
+
+    // The push configurations of the batch's owners, then the batch's own changes to them
+    // in order: what each event's deliveries are planned from.
+    let owners: Vec<Uuid> = batch
+        .iter()
+        .flatten()
+        .filter_map(|w| match w {
+            Write::Task { key, .. } => Some(owner_id(&key.principal, &key.agent)),
+            _ => None,
+        })
+        .collect::<HashSet<_>>()
+        .into_iter()
+        .collect();
+    // The transaction is pipelined by hand: BEGIN and the configurations' read in one
+    // flight, then every statement, the NOTIFYs and COMMIT in a second. A statement that
+    // fails aborts the transaction (its COMMIT then rolls back) and fails the batch,
+    // which is retried on a new connection.
+    let tx: &tokio_postgres::Client = client;
+    let config_sql = format!("SELECT body FROM {s}.push WHERE owner = ANY($1) ORDER BY created_us");
+    let (_, rows) = futures_util::try_join!(tx.batch_execute("BEGIN"), async {
+        if owners.is_empty() {
+            Ok(Vec::new())
+        } else {
+            tx.query(&config_sql, &[&owners]).await
+        }
+    })?;
+    let mut configs: Vec<Arc<StoredPushConfig>> = rows
+        .iter()
+        .filter_map(|r| codec::decode_push(r.get::<_, &[u8]>(0)))
+        .map(|c| inner.config(c))
+        .collect();
+
+    // Plan every statement first (in order), then send them all at once (pipelined).
+    let mut planned: Vec<Planned> = Vec::new();
+    let mut plans: Vec<Vec<(usize, Vec<Delivery>, TaskKey)>> = Vec::with_capacity(batch.len());
+    let mut touched: Vec<Uuid> = Vec::new();
+    for job in batch {
+        let mut mine = Vec::new();
+        for w in job {
+            match w {
+                Write::Task {
+                    key,
+                    task,
+                    event,
+                    changed,
+                    turn,
+                } => {
+                    let deliveries: Vec<Delivery> = configs
+                        .iter()
+                        .filter(|c| {
+                            c.scope.principal == key.principal
+                                && c.scope.agent == key.agent
+                                && c.scope.task.as_ref().is_none_or(|t| *t == key.task)
+                                && c.config.events.selects(event, *changed)
+                        })
+                        .map(|config| {
+                            let outbox = OutboxKey {
+                                task: key.clone(),
+                                seq: event.seq,
+                                config: config.id.clone(),
+                            };
+                            Delivery {
+                                id: delivery_id(&outbox),
+                                key: outbox,
+                                config: config.clone(),
+                                event: event.clone(),
+                                task: task.clone(),
+                                attempt: 1,
+                                due: None,
+                            }
+                        })
+                        .collect();
+                    let id = row_id(key);
+                    touched.push(id);
+                    let fence = match inner.owned.get(&id) {
+                        Some(o) => Some(o.fence),
+                        None if event.seq == 1 => {
+                            inner.owned.insert(
+                                id,
+                                Owned {
+                                    key: key.clone(),
+                                    fence: 1,
+                                },
+                            );
+                            Some(1)
+                        }
+                        None => None,
+                    };
+                    mine.push((planned.len(), deliveries.clone(), key.clone()));
+                    planned.push(Planned::Task {
+                        id,
+                        key: key.clone(),
+                        task: task.clone(),
+                        event: event.clone(),
+                        turn: *turn,
+                        fence,
+                        deliveries: deliveries
+                            .iter()
+                            .map(|d| (d.id, d.key.config.clone()))
+                            .collect(),
+                        last: true,
+                    });
+                }
+                Write::PushSet(c) => {
+                    match c.namespace {
+                        Namespace::Scoped => configs
+                            .retain(|o| !(o.namespace == Namespace::Scoped && o.scope == c.scope)),
+                        Namespace::Named => configs.retain(|o| {
+                            !(o.namespace == Namespace::Named && o.scope == c.scope && o.id == c.id)
+                        }),
+                    }
+                    configs.push(c.clone());
+                    inner.configs.insert(c.id.clone(), c.clone());
+                    planned.push(Planned::Other(w.clone()));
+                }
+                Write::PushRemove(scope) => {
+                    configs.retain(|o| !(o.namespace == Namespace::Scoped && o.scope == *scope));
+                    planned.push(Planned::Other(w.clone()));
+                }
+                Write::PushRemoveNamed { task, id } => {
+                    configs.retain(|o| {
+                        !(o.namespace == Namespace::Named
+                            && o.id == *id
+                            && o.scope.principal == task.principal
+                            && o.scope.agent == task.agent
+                            && o.scope.task.as_ref() == Some(&task.task))
+                    });
+                    planned.push(Planned::Other(w.clone()));
+                }
+                _ => planned.push(Planned::Other(w.clone())),
+            }
+        }
+        plans.push(mine);
+    }
+
+    // Only a task's last event of the batch writes its record.
+    let mut seen = HashSet::new();
+    for p in planned.iter_mut().rev() {
+        if let Planned::Task { id, last, .. } = p {
+            *last = seen.insert(*id);
+        }
+    }
+    let statements = try_join_all(
+        planned
+            .iter()
+            .map(|p| execute(tx, prepared, p, me, &inner.node)),
+    );
+
+    touched.sort_unstable();
+    touched.dedup();
+    let mut payload = String::new();
+    let mut notifies = Vec::new();
+    for id in &touched {
+        if payload.len() + 33 > NOTIFY_MAX {
+            notifies.push(std::mem::take(&mut payload));
+        }
+        if !payload.is_empty() {
+            payload.push(',');
+        }
+        payload.push_str(&id.simple().to_string());
+    }
+    if !payload.is_empty() {
+        notifies.push(payload);
+    }
+    let channel = format!("{s}_ev");
+    let notify_params: [&(dyn tokio_postgres::types::ToSql + Sync); 2] = [&channel, &notifies];
+    let notified = tx.execute(&prepared.notify, &notify_params);
+    let (results, _, ()) =
+        futures_util::try_join!(statements, notified, tx.batch_execute("COMMIT"))?;
+
+    Ok(plans
+        .into_iter()
+        .map(|mine| {
+            let mut committed = Committed::default();
+            let mut fenced = Vec::new();
+            for (index, deliveries, key) in mine {
+                match &results[index] {
+                    Some(waiting) => committed
+                        .deliveries
+                        .extend(deliveries.into_iter().filter(|d| !waiting.contains(&d.id))),
+                    None => fenced.push(key),
+                }
+            }
+            if fenced.is_empty() {
+                Outcome::Done(committed)
+            } else {
+                Outcome::Fenced(fenced)
+            }
+        })
+        .collect())
+}
+
+/// Runs one statement.
+pub(super) async fn execute(
+    tx: &tokio_postgres::Client,
+    prepared: &Prepared,
+    p: &Planned,
+    me: Uuid,
+    node: &str,
+) -> std::result::Result<Executed, tokio_postgres::Error> {
+    match p {
+        Planned::Task {
+            id,
+            key,
+            task,
+            event,
+            turn,
+            fence,
+            deliveries,
+            last,
+        } => {
+            let Some(fence) = fence else {
+                return Ok(None);
+            };
+            let ids: Vec<Uuid> = deliveries.iter().map(|d| d.0).collect();
+            let cfgs: Vec<&str> = deliveries.iter().map(|d| d.1.as_str()).collect();
+            let seq = i64::try_from(event.seq).unwrap_or(i64::MAX);
+            if !*last && event.seq > 1 {
+                let body = codec::encode_event(event);
+                let row = if ids.is_empty() {
+                    tx.query_one(&prepared.light[0], &[id, &seq, fence, &body])
+                        .await?
+                } else {
+                    tx.query_one(
+                        &prepared.light[1],
+                        &[id, &seq, fence, &body, &me, &ids, &cfgs, &node],
+                    )
+                    .await?
+                };
+                return Ok(executed(&row));
+            }
+            let state = task.status.state;
+            let terminal = state.is_terminal();
+            let record = codec::encode_task(task, *turn);
+            let body = codec::encode_event(event);
+            let status_us = task.status.timestamp.timestamp_micros();
+            let row = if event.seq == 1 {
+                tx.query_one(
+                    &prepared.create,
+                    &[
+                        id,
+                        &key.principal.as_str(),
+                        &key.agent.as_str(),
+                        &key.task.as_str(),
+                        &task.context_id.as_str(),
+                        &state.as_str(),
+                        &terminal,
+                        &me,
+                        &node,
+                        &status_us,
+                        &record,
+                        &body,
+                        &ids,
+                        &cfgs,
+                    ],
+                )
+                .await?
+            } else {
+                let context = task.context_id.as_str();
+                let state = state.as_str();
+                let first: [&(dyn tokio_postgres::types::ToSql + Sync); 9] = [
+                    id, &context, &state, &terminal, &seq, &status_us, &record, fence, &body,
+                ];
+                if ids.is_empty() {
+                    tx.query_one(&prepared.next[0], &first).await?
+                } else {
+                    let mut all = first.to_vec();
+                    all.extend_from_slice(&[&me, &ids, &cfgs, &node]);
+                    tx.query_one(&prepared.next[1], &all).await?
+                }
+            };
+            Ok(if event.seq == 1 {
+                (row.get::<_, i64>(0) == 1).then(Vec::new)
+            } else {
+                executed(&row)
+            })
+        }
+        Planned::Other(w) => {
+            match w {
+                Write::Turn {
+                    principal,
+                    context,
+                    turn,
+                    user,
+                    reply,
+                } => {
+                    let body = codec::encode_turn(user, reply.as_deref());
+                    let number = i32::try_from(turn.number).unwrap_or(i32::MAX);
+                    tx.execute(
+                        prepared.other(Other::TurnPut),
+                        &[
+                            &principal.as_str(),
+                            &context.as_str(),
+                            &turn.since,
+                            &number,
+                            &body,
+                        ],
+                    )
+                    .await?;
+                }
+                Write::ForgetContext {
+                    principal,
+                    context,
+                    since,
+                } => {
+                    tx.execute(
+                        prepared.other(Other::TurnsForget),
+                        &[&principal.as_str(), &context.as_str(), since],
+                    )
+                    .await?;
+                }
+                Write::PushSet(c) | Write::PushStats(c) => {
+                    let owner = owner_id(&c.scope.principal, &c.scope.agent);
+                    let task = c.scope.task.as_ref().map(|t| t.as_str().to_string());
+                    let named = c.namespace == Namespace::Named;
+                    let body = codec::encode_push(c);
+                    if matches!(w, Write::PushStats(_)) {
+                        tx.execute(
+                            prepared.other(Other::PushStats),
+                            &[&owner, &task, &named, &c.id, &body],
+                        )
+                        .await?;
+                    } else if named {
+                        tx.execute(
+                            prepared.other(Other::PushNamed),
+                            &[
+                                &owner,
+                                &task,
+                                &c.id,
+                                &c.created_at.timestamp_micros(),
+                                &body,
+                            ],
+                        )
+                        .await?;
+                    } else {
+                        tx.execute(
+                            prepared.other(Other::PushScoped),
+                            &[
+                                &owner,
+                                &task,
+                                &c.id,
+                                &c.created_at.timestamp_micros(),
+                                &body,
+                            ],
+                        )
+                        .await?;
+                    }
+                }
+                Write::PushRemove(scope) => {
+                    let owner = owner_id(&scope.principal, &scope.agent);
+                    let task = scope.task.as_ref().map(|t| t.as_str().to_string());
+                    tx.execute(prepared.other(Other::PushRemove), &[&owner, &task])
+                        .await?;
+                }
+                Write::PushRemoveNamed { task, id } => {
+                    let owner = owner_id(&task.principal, &task.agent);
+                    tx.execute(
+                        prepared.other(Other::PushRemoveNamed),
+                        &[&owner, &task.task.as_str(), id],
+                    )
+                    .await?;
+                }
+                Write::OutboxDone(key) => {
+                    tx.execute(prepared.other(Other::OutboxDone), &[&delivery_id(key)])
+                        .await?;
+                }
+                Write::OutboxRetry { key, attempt, due } => {
+                    let attempt = i32::try_from(*attempt).unwrap_or(i32::MAX);
+                    tx.execute(
+                        prepared.other(Other::OutboxRetry),
+                        &[&delivery_id(key), &attempt, &due.timestamp_micros()],
+                    )
+                    .await?;
+                }
+                Write::Task { .. } => {}
+            }
+            Ok(Some(Vec::new()))
+        }
+    }
+}
