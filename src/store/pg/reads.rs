@@ -148,7 +148,6 @@ impl Inner {
         let client = self.client().await?;
         let stmt = bounded(client.prepare_cached(&sql)).await?;
         let rows = match params {
-            PushParams::Owner(o) => bounded(client.query(&stmt, &[&o])).await?,
             PushParams::OwnerTask(o, t) => bounded(client.query(&stmt, &[&o, &t])).await?,
             PushParams::OwnerId(o, id) => bounded(client.query(&stmt, &[&o, &id])).await?,
         };
@@ -161,7 +160,6 @@ impl Inner {
 }
 
 pub(super) enum PushParams {
-    Owner(Uuid),
     OwnerTask(Uuid, Option<String>),
     OwnerId(Uuid, String),
 }

@@ -2,7 +2,7 @@
 //! the reaper of dead nodes' tasks, delivery claims, the heartbeat, eviction; and the
 //! [`Cluster`] verbs this store offers the runtime.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::Duration;
@@ -11,11 +11,12 @@ use futures_util::future::{BoxFuture, FutureExt as _};
 use tokio::sync::mpsc;
 use uuid::Uuid;
 
-use super::reads::PushParams;
-use super::{EVICT_CHUNK, Inner, Job, Owned, PgStore, REAP_LIMIT, bounded, owner_id, row_id};
+use super::{EVICT_CHUNK, Inner, Job, Owned, PgStore, REAP_LIMIT, bounded, db, owner_id, row_id};
 use crate::error::Result;
-use crate::model::{TaskId, TaskKey};
+use crate::model::{TaskEvent, TaskId, TaskKey};
+use crate::push::StoredPushConfig;
 use crate::store::cluster::{Cluster, ClusterStats, Followed, Signal, Watch};
+use crate::store::codec;
 use crate::store::{Delivery, Orphan, OutboxKey, RecoveredTask, Write, delivery_id};
 
 impl Inner {
@@ -217,26 +218,74 @@ impl Inner {
                 r.get(4),
             ));
         }
+        // The claimed rows' tasks, each with only its claimed events, in one query; then
+        // the push configurations of their owners, in one more (not three per task).
+        let (ids, seqs): (Vec<Uuid>, Vec<i64>) = rows
+            .iter()
+            .map(|r| (r.get::<_, Uuid>(0), r.get::<_, i64>(1)))
+            .unzip();
+        let client = self.client().await?;
+        let found = bounded(client.query(
+            &format!(
+                "SELECT t.principal, t.agent, t.task, t.record, t.id,
+                   ARRAY(SELECT e.seq FROM {s}.events e
+                         JOIN unnest($1::uuid[], $2::bigint[]) AS w(task, seq)
+                           ON e.task = w.task AND e.seq = w.seq
+                         WHERE e.task = t.id ORDER BY e.seq),
+                   ARRAY(SELECT e.body FROM {s}.events e
+                         JOIN unnest($1::uuid[], $2::bigint[]) AS w(task, seq)
+                           ON e.task = w.task AND e.seq = w.seq
+                         WHERE e.task = t.id ORDER BY e.seq)
+                 FROM {s}.tasks t WHERE t.id = ANY($1)"
+            ),
+            &[&ids, &seqs],
+        ))
+        .await?;
+        let mut tasks = HashMap::new();
+        for row in &found {
+            let Some((key, task, _)) = Self::decode_row(row) else {
+                return Err(db("a task record does not decode"));
+            };
+            let seqs: Vec<i64> = row.get(5);
+            let bodies: Vec<Vec<u8>> = row.get(6);
+            let events: Vec<TaskEvent> = seqs
+                .into_iter()
+                .zip(bodies)
+                .filter_map(|(seq, body)| {
+                    codec::decode_event(u64::try_from(seq).ok()?, &body, &task.history)
+                })
+                .collect();
+            tasks.insert(row.get::<_, Uuid>(4), (key, Arc::new(task), events));
+        }
+        let owners: Vec<Uuid> = tasks
+            .values()
+            .map(|(key, _, _)| owner_id(&key.principal, &key.agent))
+            .collect::<HashSet<_>>()
+            .into_iter()
+            .collect();
+        let mut configs: HashMap<Uuid, Vec<Arc<StoredPushConfig>>> = HashMap::new();
+        for row in bounded(client.query(
+            &format!("SELECT owner, body FROM {s}.push WHERE owner = ANY($1)"),
+            &[&owners],
+        ))
+        .await?
+        {
+            if let Some(c) = codec::decode_push(row.get::<_, &[u8]>(1)) {
+                configs.entry(row.get(0)).or_default().push(self.config(c));
+            }
+        }
+        drop(client);
         let mut out = Vec::new();
         let mut gone = Vec::new();
         for (id, mut items) in by_task {
             items.sort_by_key(|i| i.0);
-            let key = self.key_of(id).await?;
-            let found = match &key {
-                Some(key) => self.record_and_events(key, 0, None).await?,
-                None => None,
-            };
-            let (Some(key), Some((task, _, events))) = (key, found) else {
+            let Some((key, task, events)) = tasks.get(&id) else {
                 gone.push(id);
                 continue;
             };
-            let task = Arc::new(task);
-            let configs = self
-                .push_query(
-                    format!("SELECT body FROM {s}.push WHERE owner = $1"),
-                    PushParams::Owner(owner_id(&key.principal, &key.agent)),
-                )
-                .await?;
+            let configs = configs
+                .get(&owner_id(&key.principal, &key.agent))
+                .map_or(&[][..], Vec::as_slice);
             for (seq, config_id, attempt, due) in items {
                 let config = configs.iter().find(|c| {
                     c.id == config_id && c.scope.task.as_ref().is_none_or(|t| *t == key.task)
@@ -277,23 +326,6 @@ impl Inner {
         }
         self.claimed.fetch_add(out.len() as u64, Relaxed);
         Ok(out)
-    }
-
-    pub(super) async fn key_of(&self, id: Uuid) -> Result<Option<TaskKey>> {
-        let client = self.client().await?;
-        let row = bounded(client.query_opt(
-            &format!(
-                "SELECT principal, agent, task FROM {}.tasks WHERE id = $1",
-                self.schema
-            ),
-            &[&id],
-        ))
-        .await?;
-        Ok(row.map(|r| TaskKey {
-            principal: r.get::<_, &str>(0).into(),
-            agent: r.get::<_, &str>(1).into(),
-            task: TaskId::new(r.get::<_, &str>(2)),
-        }))
     }
 
     /// Renews the lease; registers a new incarnation when the row is no longer ours.
