@@ -377,6 +377,43 @@ pub struct ListPage {
     pub total: usize,
 }
 
+/// The deliveries of a task's event: one per push configuration that covers the task (its
+/// owner's: agent-wide, or the task's own) and selects the event. Every store plans with
+/// this, from the configurations it holds.
+pub(crate) fn deliveries_for<'a>(
+    key: &TaskKey,
+    task: &Arc<TaskSnapshot>,
+    event: &Arc<TaskEvent>,
+    changed: bool,
+    configs: impl IntoIterator<Item = &'a Arc<StoredPushConfig>>,
+) -> Vec<Delivery> {
+    configs
+        .into_iter()
+        .filter(|c| {
+            c.scope.principal == key.principal
+                && c.scope.agent == key.agent
+                && c.scope.task.as_ref().is_none_or(|t| *t == key.task)
+                && c.config.events.selects(event, changed)
+        })
+        .map(|config| {
+            let outbox = OutboxKey {
+                task: key.clone(),
+                seq: event.seq,
+                config: config.id.clone(),
+            };
+            Delivery {
+                id: delivery_id(&outbox),
+                key: outbox,
+                config: config.clone(),
+                event: event.clone(),
+                task: task.clone(),
+                attempt: 1,
+                due: None,
+            }
+        })
+        .collect()
+}
+
 /// A stable delivery id for an outbox entry: the same whenever it is planned or recovered.
 pub(crate) fn delivery_id(key: &OutboxKey) -> uuid::Uuid {
     const NAMESPACE: uuid::Uuid = uuid::Uuid::from_u128(0x5b1e_2a2d_9c1e_4e0b_8a6f_a2ad_0000_0003);

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use dashmap::DashMap;
 use foldhash::fast::RandomState;
 
-use super::{Delivery, ListPage, ListQuery, OutboxKey, PageToken, Write, delivery_id};
+use super::{Delivery, ListPage, ListQuery, PageToken, Write, deliveries_for};
 use crate::error::Error;
 use crate::model::{AgentId, Principal, TaskEvent, TaskId, TaskKey, TaskSnapshot};
 use crate::push::{Namespace, PushScope, StoredPushConfig};
@@ -38,27 +38,7 @@ impl Indexes {
         if self.push.is_empty() {
             return Vec::new();
         }
-        self.push
-            .for_task(key)
-            .into_iter()
-            .filter(|c| c.config.events.selects(event, changed))
-            .map(|config| {
-                let outbox = OutboxKey {
-                    task: key.clone(),
-                    seq: event.seq,
-                    config: config.id.clone(),
-                };
-                Delivery {
-                    id: delivery_id(&outbox),
-                    key: outbox,
-                    config,
-                    event: event.clone(),
-                    task: task.clone(),
-                    attempt: 1,
-                    due: None,
-                }
-            })
-            .collect()
+        deliveries_for(key, task, event, changed, &self.push.for_task(key))
     }
 
     /// Applies writes that change the indexes at once (push removals).

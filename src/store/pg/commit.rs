@@ -19,7 +19,7 @@ use crate::model::TaskKey;
 use crate::push::{Namespace, StoredPushConfig};
 use crate::store::cluster::Signal;
 use crate::store::codec;
-use crate::store::{Committed, Delivery, OutboxKey, Then, Write, delivery_id};
+use crate::store::{Committed, Delivery, Then, Write, deliveries_for, delivery_id};
 
 /// What one job's writes came to.
 pub(super) enum Outcome {
@@ -201,31 +201,8 @@ pub(super) async fn commit(
                     changed,
                     turn,
                 } => {
-                    let deliveries: Vec<Delivery> = configs
-                        .iter()
-                        .filter(|c| {
-                            c.scope.principal == key.principal
-                                && c.scope.agent == key.agent
-                                && c.scope.task.as_ref().is_none_or(|t| *t == key.task)
-                                && c.config.events.selects(event, *changed)
-                        })
-                        .map(|config| {
-                            let outbox = OutboxKey {
-                                task: key.clone(),
-                                seq: event.seq,
-                                config: config.id.clone(),
-                            };
-                            Delivery {
-                                id: delivery_id(&outbox),
-                                key: outbox,
-                                config: config.clone(),
-                                event: event.clone(),
-                                task: task.clone(),
-                                attempt: 1,
-                                due: None,
-                            }
-                        })
-                        .collect();
+                    let deliveries =
+                        deliveries_for(key, task, event, *changed, configs.iter());
                     let id = row_id(key);
                     touched.push(id);
                     let fence = match inner.owned.get(&id) {

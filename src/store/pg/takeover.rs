@@ -228,15 +228,16 @@ impl Inner {
         let found = bounded(client.query(
             &format!(
                 "SELECT t.principal, t.agent, t.task, t.record, t.id,
-                   ARRAY(SELECT e.seq FROM {s}.events e
-                         JOIN unnest($1::uuid[], $2::bigint[]) AS w(task, seq)
-                           ON e.task = w.task AND e.seq = w.seq
-                         WHERE e.task = t.id ORDER BY e.seq),
-                   ARRAY(SELECT e.body FROM {s}.events e
-                         JOIN unnest($1::uuid[], $2::bigint[]) AS w(task, seq)
-                           ON e.task = w.task AND e.seq = w.seq
-                         WHERE e.task = t.id ORDER BY e.seq)
-                 FROM {s}.tasks t WHERE t.id = ANY($1)"
+                   COALESCE(ev.seqs, '{{}}'), COALESCE(ev.bodies, '{{}}')
+                 FROM {s}.tasks t
+                 LEFT JOIN LATERAL (
+                   SELECT array_agg(e.seq ORDER BY e.seq) AS seqs,
+                          array_agg(e.body ORDER BY e.seq) AS bodies
+                   FROM {s}.events e
+                   JOIN unnest($1::uuid[], $2::bigint[]) AS w(task, seq)
+                     ON e.task = w.task AND e.seq = w.seq
+                   WHERE e.task = t.id) ev ON true
+                 WHERE t.id = ANY($1)"
             ),
             &[&ids, &seqs],
         ))
