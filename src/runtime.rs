@@ -386,6 +386,22 @@ impl Runtime {
     }
 }
 
+impl Runtime {
+    /// Casts a message to every live task (collected first: no shard of the live index is
+    /// held while casting).
+    fn tell_live(&self, message: impl Fn() -> TaskMsg) {
+        let actors: Vec<_> = self
+            .shared
+            .live
+            .iter()
+            .map(|e| e.value().actor.clone())
+            .collect();
+        for actor in actors {
+            let _ = actor.cast(message());
+        }
+    }
+}
+
 pub(crate) fn task_key(principal: &Principal, agent: &AgentId, task: &TaskId) -> TaskKey {
     TaskKey {
         principal: principal.clone(),

@@ -27,18 +27,10 @@ impl Runtime {
         for agent in self.agents.values() {
             agent.scheduler.close();
         }
-        let actors: Vec<_> = self
-            .shared
-            .live
-            .iter()
-            .map(|e| e.value().actor.clone())
-            .collect();
-        for actor in actors {
-            let _ = actor.cast(TaskMsg::Shutdown {
-                keep_waiting,
-                keep_queued,
-            });
-        }
+        self.tell_live(|| TaskMsg::Shutdown {
+            keep_waiting,
+            keep_queued,
+        });
         let deadline = tokio::time::Instant::now() + grace;
         while self.shared.metrics.live_tasks.load(Relaxed) > 0
             && tokio::time::Instant::now() < deadline

@@ -165,15 +165,7 @@ impl Runtime {
             }
             Signal::Deliver(deliveries) => self.webhooks.deliver(deliveries),
             Signal::SelfFenced => {
-                let actors: Vec<_> = self
-                    .shared
-                    .live
-                    .iter()
-                    .map(|e| e.value().actor.clone())
-                    .collect();
-                for actor in actors {
-                    let _ = actor.cast(TaskMsg::Fenced);
-                }
+                self.tell_live(|| TaskMsg::Fenced);
             }
         }
     }
