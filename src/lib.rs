@@ -75,4 +75,4 @@ pub use runtime::{
 };
 pub use server::{Builder, Server, ServerHandle};
 pub use store::{ListPage, ListQuery, PageToken, StoreStats};
-pub use webhook::{Payload, PayloadInput, PayloadRenderer, signature};
+pub use webhook::signature;

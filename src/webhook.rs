@@ -99,7 +99,7 @@ pub(crate) fn verdict(outcome: &Outcome) -> Verdict {
 
 /// Everything a delivery's payload may be made of.
 #[derive(Clone, Copy, Debug)]
-pub struct PayloadInput<'a> {
+pub(crate) struct PayloadInput<'a> {
     /// The agent.
     pub agent_id: &'a AgentId,
     /// The event delivered.
@@ -116,7 +116,7 @@ pub struct PayloadInput<'a> {
 
 /// One attempt's body and the headers that describe it.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Payload {
+pub(crate) struct Payload {
     /// `Content-Type`.
     pub content_type: &'static str,
     /// `X-Webhook-Event`.
@@ -128,7 +128,7 @@ pub struct Payload {
 /// Renders deliveries in one payload format. Each dialect registers its own under a name
 /// that push configurations carry (`StoredPushConfig::format`), so the delivering core
 /// never needs to know a dialect.
-pub trait PayloadRenderer: Send + Sync + 'static {
+pub(crate) trait PayloadRenderer: Send + Sync + 'static {
     /// The body of one attempt.
     fn render(&self, input: &PayloadInput<'_>) -> Payload;
 }

@@ -53,7 +53,7 @@ impl Runtime {
     ///
     /// # Errors
     /// [`Error::Internal`] if an actor cannot be spawned.
-    pub async fn start_full(
+    pub(crate) async fn start_full(
         config: Arc<Config>,
         mut backends: HashMap<AgentId, Arc<dyn Agent>>,
         renderers: HashMap<String, Arc<dyn PayloadRenderer>>,
