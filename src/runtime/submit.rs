@@ -8,16 +8,19 @@ use dashmap::mapref::entry::Entry;
 use ractor::rpc::CallResult;
 use ractor::{Actor, ActorRef};
 
-use super::{Runtime, SendRequest, SubmitOptions, TaskIdUse, spawn_failed, task_key};
+use super::{
+    NewPushConfig, Runtime, SendRequest, SubmitOptions, TaskIdUse, spawn_failed, task_key,
+};
 use crate::actors::context::ContextMsg;
 use crate::actors::task::{Follow, TaskActor, TaskArgs, TaskMsg};
-use crate::actors::{ContextKey, LiveTask};
+use crate::actors::{AgentEntry, ContextKey, LiveTask};
 use crate::error::{Error, Result};
+use crate::limits::Admission;
 use crate::model::{
     AgentId, ContextId, Message, Principal, TaskId, TaskKey, TaskSnapshot, TaskState,
 };
 use crate::push::{PushScope, StoredPushConfig};
-use crate::store::{TurnId, Write};
+use crate::store::{Store, TurnId, Write};
 
 /// What `submit` did.
 pub(crate) enum Submitted {
@@ -77,17 +80,125 @@ impl Runtime {
             return replay_or_conflict(existing, &request.message, &task)
                 .map(|e| Submitted::Existing(key, e));
         }
+        let admission = self.admit(agent)?;
+        let (context_id, turn, history) = self.open_context(principal, request.context_id).await?;
+
+        let message = Arc::new(request.message);
+        let args = TaskArgs {
+            shared: self.shared.clone(),
+            agent: agent.clone(),
+            key: key.clone(),
+            context_id: context_id.clone(),
+            message: message.clone(),
+            metadata: request.metadata.map(Arc::from),
+            history,
+            turn,
+            admission: Some(admission),
+            follow,
+            restored: None,
+            why: crate::store::Orphan::Restart,
+        };
+        let mut push = InlinePush::checked(
+            &self.shared.store,
+            &key,
+            options.push,
+            self.shared.config.webhooks.max_configs_per_task,
+        )
+        .await?;
+        let existing = if request.task_id.is_none() {
+            // A server-generated id cannot collide: spawn awaiting `pre_start` here (no
+            // wrapper task), then index the task, then start its driver.
+            push.store()?;
+            let (actor, _) = Actor::spawn_linked(None, TaskActor, args, self.supervisor.get_cell())
+                .await
+                .map_err(|e| {
+                    push.undo();
+                    spawn_failed(e)
+                })?;
+            self.shared.metrics.live_tasks.fetch_add(1, Relaxed);
+            self.shared.live.insert(
+                key.clone(),
+                LiveTask {
+                    actor: actor.clone(),
+                    message_id: message.message_id.as_str().into(),
+                    context_id: context_id.clone(),
+                },
+            );
+            Ok(actor)
+        } else {
+            // A client-chosen id: spawn under the index entry's guard (no await inside), so
+            // two requests with the same id cannot both create the task. The store is read
+            // under the guard too: a finished task writes its record before leaving the index.
+            match self.shared.live.entry(key.clone()) {
+                Entry::Occupied(o) => Err(Existing::Live(o.get().clone())),
+                Entry::Vacant(v) => match self.shared.store.task_now(&key) {
+                    Some(f) => Err(Existing::Finished(f)),
+                    None => {
+                        push.store()?;
+                        let (actor, _) = ractor::ActorRuntime::<TaskActor>::spawn_linked_instant(
+                            None,
+                            TaskActor,
+                            args,
+                            self.supervisor.get_cell(),
+                        )
+                        .map_err(|e| {
+                            push.undo();
+                            spawn_failed(e)
+                        })?;
+                        self.shared.metrics.live_tasks.fetch_add(1, Relaxed);
+                        v.insert(LiveTask {
+                            actor: actor.clone(),
+                            message_id: message.message_id.as_str().into(),
+                            context_id: context_id.clone(),
+                        });
+                        Ok(actor)
+                    }
+                },
+            }
+        };
+        if let Ok(actor) = &existing {
+            // Queued behind nothing the actor could do first: it starts the driver.
+            let _ = actor.cast(TaskMsg::Start);
+        }
+        match existing {
+            Ok(actor) => Ok(Submitted::Fresh {
+                key,
+                context_id,
+                actor,
+            }),
+            Err(existing) => {
+                let _ = self.shared.contexts.cast(ContextMsg::Abandon {
+                    key: ContextKey {
+                        principal: principal.clone(),
+                        context: context_id,
+                    },
+                });
+                replay_or_conflict(existing, &message, &task).map(|e| Submitted::Existing(key, e))
+            }
+        }
+    }
+
+    /// A slot for a new task: the server-wide cap (or a disk that has fallen behind)
+    /// answers like a full queue — the client should retry later — and then the agent's
+    /// own slots and queue.
+    fn admit(&self, agent: &AgentEntry) -> Result<Admission> {
         let live_now = self.shared.metrics.live_tasks.load(Relaxed);
         if live_now >= self.shared.config.server.max_live_tasks as i64
             || self.shared.store.backlog() >= self.shared.config.store.max_pending_writes
         {
-            // The server-wide cap (or a disk that has fallen behind) answers like a full
-            // queue: the client should retry later.
             return Err(Error::TooManyTasks);
         }
-        let admission = agent.scheduler.admit()?;
+        agent.scheduler.admit()
+    }
 
-        let (context_id, turn, history) = match request.context_id {
+    /// The conversation a new task joins: a new one, or the named one with its history
+    /// (a shared store may know turns other nodes recorded).
+    async fn open_context(
+        &self,
+        principal: &Principal,
+        context: Option<ContextId>,
+    ) -> Result<(ContextId, TurnId, Vec<Arc<Message>>)> {
+        Ok(match context {
             None => {
                 let context = ContextId::generate();
                 let ck = ContextKey {
@@ -122,133 +233,7 @@ impl Runtime {
                     Err(_) | Ok(CallResult::SenderError) => return Err(Error::Internal),
                 }
             }
-        };
-
-        let message = Arc::new(request.message);
-        let args = TaskArgs {
-            shared: self.shared.clone(),
-            agent: agent.clone(),
-            key: key.clone(),
-            context_id: context_id.clone(),
-            message: message.clone(),
-            metadata: request.metadata.map(Arc::from),
-            history,
-            turn,
-            admission: Some(admission),
-            follow,
-            restored: None,
-            why: crate::store::Orphan::Restart,
-        };
-        // An inline push configuration is in place before event 1 is recorded, so it
-        // hears the task's first event; it is undone if the task is not created after all.
-        let push_scope = PushScope {
-            principal: principal.clone(),
-            agent: agent_id.clone(),
-            task: Some(task.clone()),
-        };
-        let mut push = options.push.map(|new| match new.named {
-            None => StoredPushConfig::scoped(push_scope.clone(), new.config, &new.format),
-            Some(id) => StoredPushConfig::named(&key, id, new.config, &new.format),
-        });
-        let max_configs = self.shared.config.webhooks.max_configs_per_task;
-        if let Some(stored) = &push {
-            self.shared.store.push_check(stored, max_configs).await?;
-        }
-        let mut store_push = || -> Result<Option<String>> {
-            let Some(stored) = push.take() else {
-                return Ok(None);
-            };
-            let id = stored.id.clone();
-            self.shared.store.push_reserve(&stored, max_configs)?;
-            // Durable no later than the task's first event, which is appended after it.
-            let _ = self.shared.store.append(vec![Write::PushSet(stored)], None);
-            Ok(Some(id))
-        };
-        let undo_push = |stored: &Option<String>| {
-            if let Some(id) = stored {
-                let _ = self.shared.store.append(
-                    vec![
-                        Write::PushRemove(push_scope.clone()),
-                        Write::PushRemoveNamed {
-                            task: key.clone(),
-                            id: id.clone(),
-                        },
-                    ],
-                    None,
-                );
-            }
-        };
-        let existing = if request.task_id.is_none() {
-            // A server-generated id cannot collide: spawn awaiting `pre_start` here (no
-            // wrapper task), then index the task, then start its driver.
-            let stored = store_push()?;
-            let (actor, _) = Actor::spawn_linked(None, TaskActor, args, self.supervisor.get_cell())
-                .await
-                .map_err(|e| {
-                    undo_push(&stored);
-                    spawn_failed(e)
-                })?;
-            self.shared.metrics.live_tasks.fetch_add(1, Relaxed);
-            self.shared.live.insert(
-                key.clone(),
-                LiveTask {
-                    actor: actor.clone(),
-                    message_id: message.message_id.as_str().into(),
-                    context_id: context_id.clone(),
-                },
-            );
-            Ok(actor)
-        } else {
-            // A client-chosen id: spawn under the index entry's guard (no await inside), so
-            // two requests with the same id cannot both create the task. The store is read
-            // under the guard too: a finished task writes its record before leaving the index.
-            match self.shared.live.entry(key.clone()) {
-                Entry::Occupied(o) => Err(Existing::Live(o.get().clone())),
-                Entry::Vacant(v) => match self.shared.store.task_now(&key) {
-                    Some(f) => Err(Existing::Finished(f)),
-                    None => {
-                        let stored = store_push()?;
-                        let (actor, _) = ractor::ActorRuntime::<TaskActor>::spawn_linked_instant(
-                            None,
-                            TaskActor,
-                            args,
-                            self.supervisor.get_cell(),
-                        )
-                        .map_err(|e| {
-                            undo_push(&stored);
-                            spawn_failed(e)
-                        })?;
-                        self.shared.metrics.live_tasks.fetch_add(1, Relaxed);
-                        v.insert(LiveTask {
-                            actor: actor.clone(),
-                            message_id: message.message_id.as_str().into(),
-                            context_id: context_id.clone(),
-                        });
-                        Ok(actor)
-                    }
-                },
-            }
-        };
-        if let Ok(actor) = &existing {
-            // Queued behind nothing the actor could do first: it starts the driver.
-            let _ = actor.cast(TaskMsg::Start);
-        }
-        match existing {
-            Ok(actor) => Ok(Submitted::Fresh {
-                key,
-                context_id,
-                actor,
-            }),
-            Err(existing) => {
-                let _ = self.shared.contexts.cast(ContextMsg::Abandon {
-                    key: ContextKey {
-                        principal: principal.clone(),
-                        context: context_id,
-                    },
-                });
-                replay_or_conflict(existing, &message, &task).map(|e| Submitted::Existing(key, e))
-            }
-        }
+        })
     }
 
     /// Delivers a message to the interrupted task it names.
@@ -359,4 +344,75 @@ fn replay_or_conflict(existing: Existing, message: &Message, task: &TaskId) -> R
         Existing::Finished(f) => finished_error(&f),
         Existing::Live(_) | Existing::Remote(_) => Error::TaskInProgress { task: task.clone() },
     })
+}
+
+/// A new task's inline push configuration: checked before the task exists, stored just
+/// before its actor starts (so it hears event 1: it is durable no later than the task's
+/// first event, appended after it), undone if the task is not created after all.
+struct InlinePush<'a> {
+    store: &'a Arc<dyn Store>,
+    key: &'a TaskKey,
+    config: Option<Arc<StoredPushConfig>>,
+    max: usize,
+    /// The id of the configuration stored.
+    stored: Option<String>,
+}
+
+impl<'a> InlinePush<'a> {
+    async fn checked(
+        store: &'a Arc<dyn Store>,
+        key: &'a TaskKey,
+        new: Option<NewPushConfig>,
+        max: usize,
+    ) -> Result<Self> {
+        let config = new.map(|new| match new.named {
+            None => StoredPushConfig::scoped(scope_of(key), new.config, &new.format),
+            Some(id) => StoredPushConfig::named(key, id, new.config, &new.format),
+        });
+        if let Some(stored) = &config {
+            store.push_check(stored, max).await?;
+        }
+        Ok(Self {
+            store,
+            key,
+            config,
+            max,
+            stored: None,
+        })
+    }
+
+    fn store(&mut self) -> Result<()> {
+        let Some(config) = self.config.take() else {
+            return Ok(());
+        };
+        let id = config.id.clone();
+        self.store.push_reserve(&config, self.max)?;
+        let _ = self.store.append(vec![Write::PushSet(config)], None);
+        self.stored = Some(id);
+        Ok(())
+    }
+
+    fn undo(&self) {
+        if let Some(id) = &self.stored {
+            let _ = self.store.append(
+                vec![
+                    Write::PushRemove(scope_of(self.key)),
+                    Write::PushRemoveNamed {
+                        task: self.key.clone(),
+                        id: id.clone(),
+                    },
+                ],
+                None,
+            );
+        }
+    }
+}
+
+/// The scope of one task's own push configurations.
+fn scope_of(key: &TaskKey) -> PushScope {
+    PushScope {
+        principal: key.principal.clone(),
+        agent: key.agent.clone(),
+        task: Some(key.task.clone()),
+    }
 }

@@ -201,8 +201,7 @@ pub(super) async fn commit(
                     changed,
                     turn,
                 } => {
-                    let deliveries =
-                        deliveries_for(key, task, event, *changed, configs.iter());
+                    let deliveries = deliveries_for(key, task, event, *changed, configs.iter());
                     let id = row_id(key);
                     touched.push(id);
                     let fence = match inner.owned.get(&id) {
