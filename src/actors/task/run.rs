@@ -1,0 +1,266 @@
+//! A task's runs: the request its agent gets, the driver that runs the agent outside the
+//! actor (a slot, the deadline, the cancel token), the link its updates come back through,
+//! and what the run's end (or a takeover, or a restart) makes of the task.
+
+use std::panic::AssertUnwindSafe;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures_util::FutureExt as _;
+use ractor::ActorRef;
+use tokio_util::sync::CancellationToken;
+
+use super::{Follow, TaskActorState, TaskMsg};
+use crate::actors::AgentEntry;
+use crate::actors::remote;
+use crate::agent::{AgentError, AgentRequest, Flow, Outcome, Update, UpdateSink, Updates};
+use crate::error::Error;
+use crate::limits::Admission;
+use crate::model::{
+    AGENT_ERROR_CODE, Message, TaskError, TaskEvent, TaskSnapshot, TaskState, TaskStatus,
+};
+
+impl TaskActorState {
+    /// The agent's run ended: its outcome becomes the task's next state.
+    pub(super) fn agent_finished(
+        &mut self,
+        myself: &ActorRef<TaskMsg>,
+        result: Result<Outcome, AgentError>,
+    ) {
+        let status = match result {
+            Ok(outcome) => {
+                let (to, reply) = match outcome {
+                    Outcome::Completed(m) => (TaskState::Completed, m),
+                    Outcome::InputRequired(m) => (TaskState::InputRequired, m),
+                    Outcome::AuthRequired(m) => (TaskState::AuthRequired, m),
+                    Outcome::Rejected(m) => (TaskState::Rejected, m),
+                };
+                let mut s = TaskStatus::new(to);
+                if let Some(reply) = reply {
+                    let reply = Arc::new(reply);
+                    self.history.push(reply.clone());
+                    s.message = Some(reply);
+                }
+                s
+            }
+            Err(e) => {
+                let mut s = TaskStatus::new(TaskState::Failed);
+                s.error = Some(Arc::new(TaskError {
+                    code: AGENT_ERROR_CODE,
+                    message: e.message,
+                }));
+                s
+            }
+        };
+        self.transition(myself, status);
+    }
+
+    pub(super) fn request(
+        &self,
+        message: Arc<Message>,
+        task_history: Vec<Arc<Message>>,
+    ) -> AgentRequest {
+        AgentRequest {
+            task_id: self.key.task.clone(),
+            context_id: self.context_id.clone(),
+            message,
+            history: self.context_history.clone(),
+            task_history,
+            turn: self.turn.number,
+            cancel: self.cancel.clone(),
+        }
+    }
+
+    /// Starts a run of the agent: its driver, under a fresh generation and deadline. The
+    /// deadline (`task_timeout_seconds`) counts from the submission for the first run and
+    /// from the continuing message for later ones.
+    pub(super) fn run(&mut self, admission: Admission, request: AgentRequest) {
+        self.generation += 1;
+        let timeout = Duration::from_secs_f64(self.agent.config.limits.task_timeout_seconds);
+        let from = if self.generation == 1 {
+            self.started
+        } else {
+            Instant::now()
+        };
+        let deadline = tokio::time::Instant::from_std(from) + timeout;
+        let mut driver = Box::pin(drive(
+            self.link.clone(),
+            self.agent.clone(),
+            admission,
+            request,
+            deadline,
+            self.generation,
+        ));
+        // The driver's first poll runs here, in this turn of the actor: an agent that
+        // answers at once has its `Ran` in the mailbox before this turn ends, with no task
+        // spawned and no wake-up. One that does not is handed to tokio, whose first poll
+        // registers the real waker (this poll's waker does nothing: the driver is polled
+        // again at once, so nothing it waits for can be missed). A poll never waits on
+        // the outside world, so the mailbox is not held up by it.
+        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+        if driver.as_mut().poll(&mut cx).is_pending() {
+            tokio::spawn(driver);
+        }
+    }
+
+    /// Continues an interrupted task with a new message. The interruption must be
+    /// published: a task nobody can have been told is waiting is still in progress.
+    pub(super) fn resume(
+        &mut self,
+        message: Arc<Message>,
+        follow: Follow,
+    ) -> Result<Arc<TaskSnapshot>, Error> {
+        let state = self.durable.status.state;
+        if !state.is_interrupted() || self.status.state != state {
+            return Err(Error::TaskNotContinuable {
+                task: self.key.task.clone(),
+                state: if self.status.state.is_terminal() {
+                    self.status.state
+                } else {
+                    state
+                },
+            });
+        }
+        let admission = self.agent.scheduler.admit()?;
+        let before = self.history.clone();
+        self.history.push(message.clone());
+        let found = self.durable.clone();
+        self.follow(follow);
+        // The run ended with the interruption; its token went with it. The new run gets
+        // a fresh one (before the request that hands it to the agent is built).
+        self.cancel = CancellationToken::new();
+        let request = self.request(message, before);
+        self.run(admission, request);
+        Ok(found)
+    }
+
+    /// Takes up a task read back from the store: its record and its durable events.
+    pub(super) fn restore(&mut self, task: &Arc<TaskSnapshot>, events: Vec<Arc<TaskEvent>>) {
+        self.created_at = task.created_at;
+        self.status = task.status.clone();
+        self.history = task.history.clone();
+        self.artifacts = task.artifacts.clone();
+        self.published = events.last().map_or(task.seq, |e| e.seq);
+        self.events = events;
+        self.snapshot = task.clone();
+        self.durable = task.clone();
+    }
+
+    pub(super) fn follow(&mut self, follow: Follow) {
+        match follow {
+            Follow::Nobody => {}
+            Follow::Final(tx) => self.waiters.push(tx),
+            Follow::Stream(sub) => self.subscribers.push(sub),
+        }
+    }
+
+    /// The task is another node's now: stop the agent and hand this node's followers to
+    /// the shared store, from the last event they were sent.
+    pub(super) fn fenced(&mut self, myself: &ActorRef<TaskMsg>) {
+        tracing::info!(task = %self.key.task, "taken by another node; stopped here");
+        let me = myself.get_id();
+        self.shared
+            .live
+            .remove_if(&self.key, |_, live| live.actor.get_id() == me);
+        self.cancel.cancel();
+        self.start = None;
+        self.count_states(self.status.state, TaskState::Canceled);
+        let cursor = self.published;
+        for sub in self.subscribers.drain(..) {
+            remote::spawn(
+                self.shared.clone(),
+                self.key.clone(),
+                cursor,
+                remote::Sink::Stream(sub.tx),
+            );
+        }
+        for waiter in self.waiters.drain(..) {
+            remote::spawn(
+                self.shared.clone(),
+                self.key.clone(),
+                cursor,
+                remote::Sink::Final(waiter),
+            );
+        }
+        // Deferred replies are dropped: their callers read the task from the store.
+        self.deferred.clear();
+        myself.stop(None);
+    }
+}
+
+/// Runs the agent for one run of a task, outside the actor: waits for a slot, runs the
+/// backend, casts the outcome back. Ends early when the run is canceled (the actor cancels
+/// the token) or its deadline passes; dropping the agent's future aborts its I/O, and
+/// dropping the permit hands the slot to the next queued task (none once the runtime is
+/// shutting down: the task stays queued, and in a cluster another node takes it).
+pub(super) async fn drive(
+    link: Arc<TaskLink>,
+    agent: Arc<AgentEntry>,
+    admission: Admission,
+    request: AgentRequest,
+    deadline: tokio::time::Instant,
+    generation: u64,
+) {
+    let task = &link.actor;
+    // The run's token: the actor cancels it to stop the run.
+    let cancel = request.cancel.clone();
+    let work = async {
+        let Some(_permit) = admission.ready().await else {
+            // The scheduler closed: the shutdown's own message ends the task.
+            return;
+        };
+        let updates = Updates::new(link.clone());
+        let run = agent.backend.run_task(request, updates.clone());
+        let mut run = std::pin::pin!(AssertUnwindSafe(run).catch_unwind());
+        // The first poll decides: an agent that answers at once costs the task one
+        // message (`Ran`), one that does not is told `working` now (or was, by its first
+        // update) and `Finished` later.
+        let result = match futures_util::future::poll_immediate(run.as_mut()).await {
+            Some(result) => result,
+            None => {
+                updates.start();
+                run.await
+            }
+        };
+        let result =
+            result.unwrap_or_else(|_| Err(AgentError::new("the agent failed unexpectedly")));
+        let _ = task.cast(if updates.take_start() {
+            TaskMsg::Ran(result)
+        } else {
+            TaskMsg::Finished(result)
+        });
+    };
+    tokio::select! {
+        biased;
+        () = cancel.cancelled() => {}
+        () = tokio::time::sleep_until(deadline) => {
+            let _ = task.cast(TaskMsg::TimedOut(generation));
+        }
+        () = work => {}
+    }
+}
+
+/// What an agent's [`Updates`] hold: its task's actor, and the flow of the updates it
+/// sent there. One per task.
+pub(crate) struct TaskLink {
+    pub(super) actor: ActorRef<TaskMsg>,
+    pub(super) flow: Flow,
+}
+
+/// An agent's updates reach its task as messages.
+impl UpdateSink for TaskLink {
+    fn flow(&self) -> &Flow {
+        &self.flow
+    }
+
+    fn send(&self, update: Update) -> bool {
+        self.actor
+            .cast(match update {
+                Update::Started => TaskMsg::Started,
+                Update::Progress { message, keep } => TaskMsg::Progress { message, keep },
+                Update::Artifact(a) => TaskMsg::Artifact(a),
+                Update::Overrun => TaskMsg::Overrun,
+            })
+            .is_ok()
+    }
+}
