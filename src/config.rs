@@ -8,6 +8,7 @@
 use std::fmt;
 use std::net::SocketAddr;
 use std::path::Path;
+use std::time::Duration;
 
 use serde::Deserialize;
 
@@ -540,6 +541,83 @@ fn line_col(text: &str, offset: usize) -> (usize, usize) {
 }
 
 // === impl ServerConfig ===
+
+/// The settings given in seconds, as [`Duration`]s: each converted here, in one place.
+impl ServerConfig {
+    /// `body_read_timeout_seconds` as a [`Duration`].
+    pub fn body_read_timeout(&self) -> Duration {
+        seconds(self.body_read_timeout_seconds)
+    }
+
+    /// `ping_interval_seconds` as a [`Duration`].
+    pub fn ping_interval(&self) -> Duration {
+        seconds(self.ping_interval_seconds)
+    }
+
+    /// `header_read_timeout_seconds` as a [`Duration`].
+    pub fn header_read_timeout(&self) -> Duration {
+        seconds(self.header_read_timeout_seconds)
+    }
+
+    /// `http2_keep_alive_seconds` as a [`Duration`].
+    pub fn http2_keep_alive(&self) -> Duration {
+        seconds(self.http2_keep_alive_seconds)
+    }
+
+    /// `first_byte_timeout_seconds` as a [`Duration`].
+    pub fn first_byte_timeout(&self) -> Duration {
+        seconds(self.first_byte_timeout_seconds)
+    }
+
+    /// `idle_timeout_seconds` as a [`Duration`].
+    pub fn idle_timeout(&self) -> Duration {
+        seconds(self.idle_timeout_seconds)
+    }
+
+    /// `write_timeout_seconds` as a [`Duration`].
+    pub fn write_timeout(&self) -> Duration {
+        seconds(self.write_timeout_seconds)
+    }
+
+    /// `shutdown_grace_seconds` as a [`Duration`].
+    pub fn shutdown_grace(&self) -> Duration {
+        seconds(self.shutdown_grace_seconds)
+    }
+
+    /// `task_retention_seconds` as a [`Duration`].
+    pub fn task_retention(&self) -> Duration {
+        seconds(self.task_retention_seconds)
+    }
+
+    /// `actor_call_timeout_seconds` as a [`Duration`].
+    pub fn actor_call_timeout(&self) -> Duration {
+        seconds(self.actor_call_timeout_seconds)
+    }
+}
+
+/// The settings given in seconds, as [`Duration`]s.
+impl AgentLimits {
+    /// `task_timeout_seconds` as a [`Duration`].
+    pub fn task_timeout(&self) -> Duration {
+        seconds(self.task_timeout_seconds)
+    }
+
+    /// `sync_wait_seconds` as a [`Duration`].
+    pub fn sync_wait(&self) -> Duration {
+        seconds(self.sync_wait_seconds)
+    }
+}
+
+/// A number of seconds as a [`Duration`]: the validated range makes every value fit; a
+/// configuration built in code without validation gets 0 for a negative or NaN value and
+/// the longest `Duration` for one too large, never a panic.
+fn seconds(value: f64) -> Duration {
+    if value.is_nan() || value <= 0.0 {
+        Duration::ZERO
+    } else {
+        Duration::try_from_secs_f64(value).unwrap_or(Duration::MAX)
+    }
+}
 
 impl ServerConfig {
     /// Default kernel backlog.

@@ -154,8 +154,8 @@ impl Server {
             rate,
             requests: Default::default(),
             max_body: config.max_body_bytes(),
-            body_timeout: Duration::from_secs_f64(s.body_read_timeout_seconds),
-            ping_every: Duration::from_secs_f64(s.ping_interval_seconds),
+            body_timeout: s.body_read_timeout(),
+            ping_every: s.ping_interval(),
             local_addr,
             started: chrono::Utc::now(),
         });
@@ -335,7 +335,7 @@ pub(crate) struct Protocols {
 }
 
 fn http_builder(s: &ServerConfig) -> Protocols {
-    let header_read = Duration::from_secs_f64(s.header_read_timeout_seconds);
+    let header_read = s.header_read_timeout();
     let mut h1 = http1::Builder::new();
     h1.timer(TokioTimer::new())
         .header_read_timeout(header_read)
@@ -344,7 +344,7 @@ fn http_builder(s: &ServerConfig) -> Protocols {
         // (the read buffer's cap alone is not exact: a read may complete a larger head).
         .max_header_size(s.max_header_bytes)
         .max_buf_size(s.max_header_bytes.max(8192));
-    let keep_alive = Duration::from_secs_f64(s.http2_keep_alive_seconds);
+    let keep_alive = s.http2_keep_alive();
     let mut h2 = http2::Builder::new(TokioExecutor::new());
     h2.timer(TokioTimer::new())
         .max_concurrent_streams(s.http2_max_concurrent_streams)
@@ -469,9 +469,9 @@ async fn accept_loop(listener: TcpListener, app: Arc<App>, mut stop: watch::Rece
     });
     let builder = Arc::new(http_builder(s));
     let limits = Timeouts {
-        first_byte: Duration::from_secs_f64(s.first_byte_timeout_seconds),
-        idle: Duration::from_secs_f64(s.idle_timeout_seconds),
-        write: Duration::from_secs_f64(s.write_timeout_seconds),
+        first_byte: s.first_byte_timeout(),
+        idle: s.idle_timeout(),
+        write: s.write_timeout(),
     };
     let (phase, phase_rx) = watch::channel(Phase::Serve);
     let metrics = &app.runtime.metrics().connections;
@@ -524,7 +524,7 @@ async fn accept_loop(listener: TcpListener, app: Arc<App>, mut stop: watch::Rece
     }
     drop(listener);
 
-    let grace = Duration::from_secs_f64(s.shutdown_grace_seconds);
+    let grace = s.shutdown_grace();
     tracing::info!(
         ?grace,
         "shutting down: canceling running tasks and draining connections"

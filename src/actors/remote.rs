@@ -82,7 +82,7 @@ async fn follow(shared: &Arc<Shared>, key: &TaskKey, mut cursor: u64, mut sink: 
         .cluster
         .as_ref()
         .map_or_else(Watch::none, |c| c.watch(key));
-    let write_timeout = Duration::from_secs_f64(shared.config.server.write_timeout_seconds);
+    let write_timeout = shared.config.server.write_timeout();
     loop {
         let notified = watch.notify().notified();
         tokio::pin!(notified);

@@ -42,7 +42,7 @@ impl Actor for TaskSupervisor {
         myself: ActorRef<SupervisorMsg>,
         shared: Arc<Shared>,
     ) -> Result<SupervisorState, ActorProcessingErr> {
-        let retention = Duration::from_secs_f64(shared.config.server.task_retention_seconds);
+        let retention = shared.config.server.task_retention();
         let period = (retention / 4).clamp(Duration::from_millis(50), Duration::from_secs(10));
         let sweeper = myself.send_interval(period, || SupervisorMsg::Sweep);
         Ok(SupervisorState {

@@ -4,7 +4,6 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
-use std::time::Duration;
 
 use dashmap::DashMap;
 use ractor::Actor;
@@ -59,7 +58,7 @@ impl Runtime {
         renderers: HashMap<String, Arc<dyn PayloadRenderer>>,
     ) -> Result<Self> {
         let server = &config.server;
-        let retention = Duration::from_secs_f64(server.task_retention_seconds);
+        let retention = server.task_retention();
         let agents: Arc<HashMap<AgentId, Arc<AgentEntry>>> = Arc::new(
             config
                 .agents
@@ -120,7 +119,7 @@ impl Runtime {
             webhooks: webhooks.clone(),
             next_subscriber: AtomicU64::new(1),
             shutting_down: AtomicBool::new(false),
-            call_timeout: Duration::from_secs_f64(server.actor_call_timeout_seconds),
+            call_timeout: server.actor_call_timeout(),
             config: config.clone(),
         });
         let (supervisor, _) = Actor::spawn(None, TaskSupervisor, shared.clone())

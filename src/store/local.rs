@@ -4,7 +4,7 @@
 //! once its event is durable.
 
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use futures_util::future::{BoxFuture, FutureExt as _, ready};
 
@@ -34,7 +34,7 @@ impl LocalStore {
         let server = &config.server;
         let indexes = Arc::new(Indexes {
             tasks: TaskIndex::new(
-                Duration::from_secs_f64(server.task_retention_seconds),
+                server.task_retention(),
                 server.max_finished_tasks,
                 server.max_retained_bytes,
             ),

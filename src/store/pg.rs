@@ -312,7 +312,7 @@ impl PgStore {
             configs: DashMap::new(),
             signals,
             signals_rx: Mutex::new(Some(signals_rx)),
-            retention: Duration::from_secs_f64(config.server.task_retention_seconds),
+            retention: config.server.task_retention(),
             rerun_agents,
             backlog: AtomicU64::new(0),
             commits: AtomicU64::new(0),

@@ -3,7 +3,6 @@
 //! and the conversation.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use ractor::ActorRef;
 use tokio::sync::mpsc;
@@ -238,7 +237,7 @@ impl TaskActorState {
         self.cancel.cancel();
         self.generation += 1;
         let generation = self.generation;
-        let timeout = Duration::from_secs_f64(self.agent.config.limits.task_timeout_seconds);
+        let timeout = self.agent.config.limits.task_timeout();
         myself.send_after(timeout, move || TaskMsg::TimedOut(generation));
     }
 

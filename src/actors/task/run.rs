@@ -4,7 +4,7 @@
 
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use futures_util::FutureExt as _;
 use ractor::ActorRef;
@@ -76,7 +76,7 @@ impl TaskActorState {
     /// from the continuing message for later ones.
     pub(super) fn run(&mut self, admission: Admission, request: AgentRequest) {
         self.generation += 1;
-        let timeout = Duration::from_secs_f64(self.agent.config.limits.task_timeout_seconds);
+        let timeout = self.agent.config.limits.task_timeout();
         let from = if self.generation == 1 {
             self.started
         } else {

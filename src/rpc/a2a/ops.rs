@@ -4,8 +4,6 @@
 //! request and encodes the response. JSON-RPC 1.0 and 0.3 are that codec today
 //! (`dispatch.rs`); the HTTP+JSON and gRPC bindings of 1.0 plug in the same way.
 
-use std::time::Duration;
-
 use super::params::SendParams;
 use super::{Version, webhook};
 use crate::error::Error;
@@ -215,9 +213,7 @@ pub(crate) async fn execute(
                 };
             }
             let limits = &cx.agent.config.limits;
-            let wait = params
-                .blocking
-                .then(|| Duration::from_secs_f64(limits.sync_wait_seconds));
+            let wait = params.blocking.then(|| limits.sync_wait());
             match runtime
                 .send_with(principal, agent, params.request, wait, options)
                 .await?

@@ -4,8 +4,6 @@
 //! Auth, agent lookup and body framing happened before (in `http`); this sees one decoded
 //! call from an authenticated caller for an existing agent.
 
-use std::time::Duration;
-
 use serde_json::json;
 
 use super::params::{self, SendParams};
@@ -94,7 +92,7 @@ async fn send(runtime: &Runtime, cx: &CallContext, call: &Call) -> Result<Reply,
         push,
     } = p;
     let options = inline_push(runtime, agent, push)?;
-    let wait = blocking.then(|| Duration::from_secs_f64(limits.sync_wait_seconds));
+    let wait = blocking.then(|| limits.sync_wait());
     let task = match runtime
         .send_with(principal, &cx.agent_id, request, wait, options)
         .await?

@@ -4,7 +4,6 @@
 use std::collections::HashMap;
 use std::path::Path;
 use std::sync::Arc;
-use std::time::Duration;
 
 use redb::{Database, ReadableDatabase, ReadableTable, TableHandle, WriteTransaction};
 
@@ -141,7 +140,7 @@ pub(super) fn load(
             bad(EVENTS.name(), k.value(), v.value());
         }
     }
-    let retention = Duration::from_secs_f64(config.server.task_retention_seconds);
+    let retention = config.server.task_retention();
     let now = chrono::Utc::now();
     let mut finished: Vec<(TaskKey, Arc<TaskSnapshot>)> = Vec::new();
     let mut expired: Vec<Evicted> = Vec::new();
