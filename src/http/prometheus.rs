@@ -323,6 +323,12 @@ fn cluster(out: &mut String, runtime: &crate::Runtime) {
     );
     counter(
         out,
+        "a2ad_cluster_self_fences_total",
+        "Times this node self-fenced (each ends its incarnation: its tasks are taken up again).",
+        &[(l, c.self_fences as f64)],
+    );
+    counter(
+        out,
         "a2ad_cluster_takeovers_total",
         "Tasks this node took over from dead nodes.",
         &[(l, c.takeovers as f64)],

@@ -91,6 +91,8 @@ pub(crate) struct ClusterStats {
     pub live_nodes: u64,
     /// Tasks this node took over from dead nodes.
     pub takeovers: u64,
+    /// Times this node self-fenced (each time it joined again under a new incarnation).
+    pub self_fences: u64,
     /// Tasks taken from this node by others (fenced here).
     pub fenced: u64,
     /// Deliveries this node claimed from others.

@@ -73,6 +73,8 @@ const LANES: usize = 4;
 const RECENT: usize = 4096;
 /// Signals queued for the runtime at most (the lease loop waits when it is full).
 const SIGNALS: usize = 4096;
+/// Retired incarnations remembered (see `Inner::retired`).
+const RETIRED: usize = 64;
 
 /// What this node runs, by task: the fence its appends carry.
 struct Owned {
@@ -118,6 +120,11 @@ struct Inner {
     failing: AtomicBool,
     serving: AtomicBool,
     lease_ok: Mutex<Instant>,
+    /// Times this node self-fenced.
+    self_fences: AtomicU64,
+    /// Incarnations this process gave up when it self-fenced (the latest `RETIRED`): their
+    /// tasks are taken up as a lost node's, not as a restart's.
+    retired: Mutex<std::collections::VecDeque<Uuid>>,
     takeovers: AtomicU64,
     fenced: AtomicU64,
     claimed: AtomicU64,
@@ -320,6 +327,8 @@ impl PgStore {
             failing: AtomicBool::new(false),
             serving: AtomicBool::new(true),
             lease_ok: Mutex::new(Instant::now()),
+            self_fences: AtomicU64::new(0),
+            retired: Mutex::default(),
             takeovers: AtomicU64::new(0),
             fenced: AtomicU64::new(0),
             claimed: AtomicU64::new(0),

@@ -11,7 +11,9 @@ use futures_util::future::{BoxFuture, FutureExt as _};
 use tokio::sync::mpsc;
 use uuid::Uuid;
 
-use super::{EVICT_CHUNK, Inner, Job, Owned, PgStore, REAP_LIMIT, bounded, db, owner_id, row_id};
+use super::{
+    EVICT_CHUNK, Inner, Job, Owned, PgStore, REAP_LIMIT, RETIRED, bounded, db, owner_id, row_id,
+};
 use crate::error::Result;
 use crate::model::{TaskEvent, TaskId, TaskKey};
 use crate::push::StoredPushConfig;
@@ -92,7 +94,7 @@ impl Inner {
         // left, or restarted under a new incarnation). Each is then adopted on its own.
         let rows = bounded(client.query(
             &format!(
-                "SELECT principal, agent, task, runner_node FROM {s}.tasks
+                "SELECT principal, agent, task, runner_node, runner FROM {s}.tasks
                  WHERE NOT terminal AND runner IS DISTINCT FROM $1
                    AND (runner_node = $2 OR $3)
                    AND (runner IS NULL OR runner NOT IN (SELECT incarnation FROM {s}.nodes
@@ -111,7 +113,14 @@ impl Inner {
                 task: TaskId::new(row.get::<_, &str>(2)),
             };
             let old_node: Option<String> = row.get(3);
-            let why = if old_node.as_deref() == Some(self.node.as_str()) {
+            let runner: Option<Uuid> = row.get(4);
+            let retired = runner.is_some_and(|r| {
+                self.retired
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .contains(&r)
+            });
+            let why = if old_node.as_deref() == Some(self.node.as_str()) && !retired {
                 Orphan::Restart
             } else {
                 Orphan::NodeLost {
@@ -335,6 +344,22 @@ impl Inner {
         let s = &self.schema;
         let me = self.incarnation();
         let ttl = self.cfg.lease_ttl_ms as f64;
+        if !self.serving.load(Relaxed) {
+            // This incarnation self-fenced: it stopped its agents, so its tasks run nowhere.
+            // It is over even though its lease may still look fresh: join again under a new
+            // one, and the old one's tasks are taken up (here or elsewhere) as a lost
+            // node's.
+            {
+                let mut retired = self.retired.lock().unwrap_or_else(|e| e.into_inner());
+                if retired.len() == RETIRED {
+                    retired.pop_front();
+                }
+                retired.push_back(me);
+            }
+            return self
+                .rejoin(&client, "lease held again after a self-fence")
+                .await;
+        }
         let row = bounded(client.query_opt(
             &format!(
                 "UPDATE {s}.nodes SET heartbeat_at = now() WHERE node = $1 AND incarnation = $2
@@ -353,27 +378,34 @@ impl Inner {
                 // The row is gone or another process took this node id: this incarnation
                 // is over. Stop what runs here and join again under a new one.
                 self.self_fence().await;
-                let fresh = Uuid::new_v4();
-                bounded(client.execute(
-                    &format!(
-                        "INSERT INTO {s}.nodes (node, incarnation, heartbeat_at, started_at)
-                         VALUES ($1, $2, now(), now())
-                         ON CONFLICT (node) DO UPDATE SET incarnation = EXCLUDED.incarnation,
-                           heartbeat_at = now(), started_at = now()"
-                    ),
-                    &[&self.node, &fresh],
-                ))
-                .await?;
-                *self.incarnation.lock().unwrap_or_else(|e| e.into_inner()) = fresh;
-                tracing::warn!(node = %self.node, incarnation = %fresh, "lease lost; joined again");
-                Ok(())
+                self.rejoin(&client, "lease lost; joined again").await
             }
         }
+    }
+
+    /// Joins the cluster again under a fresh incarnation.
+    async fn rejoin(&self, client: &deadpool_postgres::Object, why: &str) -> Result<()> {
+        let s = &self.schema;
+        let fresh = Uuid::new_v4();
+        bounded(client.execute(
+            &format!(
+                "INSERT INTO {s}.nodes (node, incarnation, heartbeat_at, started_at)
+                 VALUES ($1, $2, now(), now())
+                 ON CONFLICT (node) DO UPDATE SET incarnation = EXCLUDED.incarnation,
+                   heartbeat_at = now(), started_at = now()"
+            ),
+            &[&self.node, &fresh],
+        ))
+        .await?;
+        *self.incarnation.lock().unwrap_or_else(|e| e.into_inner()) = fresh;
+        tracing::warn!(node = %self.node, incarnation = %fresh, "{why}");
+        Ok(())
     }
 
     /// Stops every agent here: its tasks are (or will be) taken over elsewhere.
     pub(super) async fn self_fence(&self) {
         if self.serving.swap(false, Relaxed) {
+            self.self_fences.fetch_add(1, Relaxed);
             tracing::error!(node = %self.node, "cannot hold the lease: self-fenced (agents stopped, /healthz failing)");
             self.owned.clear();
             let _ = self.signals.send(Signal::SelfFenced).await;
@@ -568,6 +600,7 @@ impl Cluster for PgStore {
             u64::from(recent[at.min(recent.len() - 1)])
         };
         ClusterStats {
+            self_fences: i.self_fences.load(Relaxed),
             append_micros_p50: pct(0.50),
             append_micros_p99: pct(0.99),
             lease_age_ms: u64::try_from(
