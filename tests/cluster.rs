@@ -1247,36 +1247,48 @@ impl Relay {
     }
 }
 
+impl Cluster {
+    /// `n` nodes on a fresh schema, node 0 reaching PostgreSQL through a relay the test can
+    /// cut, the others directly. Needs a multi-threaded test runtime: the relay must run
+    /// while a node starts (`Binary::start` blocks).
+    async fn relayed(url: String, n: usize) -> (Self, Relay) {
+        let pg: tokio_postgres::Config = url.parse().expect("url");
+        let target = match (pg.get_hosts().first(), pg.get_ports().first()) {
+            (Some(tokio_postgres::config::Host::Tcp(h)), Some(p)) => {
+                std::net::ToSocketAddrs::to_socket_addrs(&(h.as_str(), *p))
+                    .expect("resolve")
+                    .next()
+                    .expect("an address")
+            }
+            _ => "127.0.0.1:5432".parse().expect("addr"),
+        };
+        let relay = Relay::start(target).await;
+        let relayed = format!(
+            "postgres://{}@127.0.0.1:{}/{}",
+            pg.get_user().unwrap_or("postgres"),
+            relay.port,
+            pg.get_dbname().unwrap_or("postgres")
+        );
+        let mut c = Cluster::start(url, 0, "").await;
+        let direct = std::mem::replace(&mut c.url, relayed);
+        let first = c.spawn(0, "");
+        c.url = direct;
+        c.nodes = vec![Some(first)];
+        for i in 1..n {
+            let node = c.spawn(i, "");
+            c.nodes.push(Some(node));
+        }
+        (c, relay)
+    }
+}
+
 // Several threads: the relay must run while a node starts (`Binary::start` blocks).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_cut_off_from_postgresql_fences_itself_and_its_task_moves() {
     let Some(url) = pg_url() else { return };
     let _turn = TURN.lock().await;
-    let pg: tokio_postgres::Config = url.parse().expect("url");
-    let target = match (pg.get_hosts().first(), pg.get_ports().first()) {
-        (Some(tokio_postgres::config::Host::Tcp(h)), Some(p)) => {
-            std::net::ToSocketAddrs::to_socket_addrs(&(h.as_str(), *p))
-                .expect("resolve")
-                .next()
-                .expect("an address")
-        }
-        _ => "127.0.0.1:5432".parse().expect("addr"),
-    };
-    let relay = Relay::start(target).await;
     // Node 0 reaches PostgreSQL through the relay, node 1 directly.
-    let relayed = format!(
-        "postgres://{}@127.0.0.1:{}/{}",
-        pg.get_user().unwrap_or("postgres"),
-        relay.port,
-        pg.get_dbname().unwrap_or("postgres")
-    );
-    let mut c = Cluster::start(url, 0, "").await;
-    let direct = c.url.clone();
-    c.url = relayed;
-    let n0 = c.spawn(0, "");
-    c.url = direct;
-    let n1 = c.spawn(1, "");
-    c.nodes = vec![Some(n0), Some(n1)];
+    let (c, relay) = Cluster::relayed(url, 2).await;
 
     let mut a = c
         .stream(0, "long", "message/stream", message("cut me off"), None)
@@ -1329,29 +1341,7 @@ async fn a_node_cut_off_from_postgresql_fences_itself_and_its_task_moves() {
 async fn a_node_back_within_its_lease_after_a_self_fence_takes_its_tasks_up_again() {
     let Some(url) = pg_url() else { return };
     let _turn = TURN.lock().await;
-    let pg: tokio_postgres::Config = url.parse().expect("url");
-    let target = match (pg.get_hosts().first(), pg.get_ports().first()) {
-        (Some(tokio_postgres::config::Host::Tcp(h)), Some(p)) => {
-            std::net::ToSocketAddrs::to_socket_addrs(&(h.as_str(), *p))
-                .expect("resolve")
-                .next()
-                .expect("an address")
-        }
-        _ => "127.0.0.1:5432".parse().expect("addr"),
-    };
-    let relay = Relay::start(target).await;
-    let relayed = format!(
-        "postgres://{}@127.0.0.1:{}/{}",
-        pg.get_user().unwrap_or("postgres"),
-        relay.port,
-        pg.get_dbname().unwrap_or("postgres")
-    );
-    let mut c = Cluster::start(url, 0, "").await;
-    let direct = c.url.clone();
-    c.url = relayed;
-    let n0 = c.spawn(0, "");
-    c.url = direct;
-    c.nodes = vec![Some(n0)];
+    let (c, relay) = Cluster::relayed(url, 1).await;
 
     let mut a = c
         .stream(0, "long", "message/stream", message("hold on"), None)
