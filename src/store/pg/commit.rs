@@ -452,21 +452,14 @@ pub(super) async fn execute(
                             &[&owner, &task, &named, &c.id, &body],
                         )
                         .await?;
-                    } else if named {
-                        tx.execute(
-                            prepared.other(Other::PushNamed),
-                            &[
-                                &owner,
-                                &task,
-                                &c.id,
-                                &c.created_at.timestamp_micros(),
-                                &body,
-                            ],
-                        )
-                        .await?;
                     } else {
+                        let which = if named {
+                            Other::PushNamed
+                        } else {
+                            Other::PushScoped
+                        };
                         tx.execute(
-                            prepared.other(Other::PushScoped),
+                            prepared.other(which),
                             &[
                                 &owner,
                                 &task,

@@ -69,16 +69,21 @@ impl Inner {
         if k != *key {
             return Ok(None);
         }
-        let seqs: Vec<i64> = row.get(4);
-        let bodies: Vec<Vec<u8>> = row.get(5);
-        let events = seqs
-            .into_iter()
+        let events = Self::decode_events(&row, 4, &task);
+        Ok(Some((task, turn, events)))
+    }
+
+    /// The events of a row's two arrays at `at` and `at + 1` (numbers, bodies), decoded
+    /// against their task's history.
+    pub(super) fn decode_events(row: &Row, at: usize, task: &TaskSnapshot) -> Vec<TaskEvent> {
+        let seqs: Vec<i64> = row.get(at);
+        let bodies: Vec<Vec<u8>> = row.get(at + 1);
+        seqs.into_iter()
             .zip(bodies)
             .filter_map(|(seq, body)| {
                 codec::decode_event(u64::try_from(seq).ok()?, &body, &task.history)
             })
-            .collect();
-        Ok(Some((task, turn, events)))
+            .collect()
     }
 
     pub(super) async fn list(&self, q: ListQuery) -> Result<ListPage> {

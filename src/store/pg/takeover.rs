@@ -15,7 +15,7 @@ use super::{
     EVICT_CHUNK, Inner, Job, Owned, PgStore, REAP_LIMIT, RETIRED, bounded, db, owner_id, row_id,
 };
 use crate::error::Result;
-use crate::model::{TaskEvent, TaskId, TaskKey};
+use crate::model::{TaskId, TaskKey};
 use crate::push::StoredPushConfig;
 use crate::store::cluster::{Cluster, ClusterStats, Followed, Signal, Watch};
 use crate::store::codec;
@@ -256,15 +256,7 @@ impl Inner {
             let Some((key, task, _)) = Self::decode_row(row) else {
                 return Err(db("a task record does not decode"));
             };
-            let seqs: Vec<i64> = row.get(5);
-            let bodies: Vec<Vec<u8>> = row.get(6);
-            let events: Vec<TaskEvent> = seqs
-                .into_iter()
-                .zip(bodies)
-                .filter_map(|(seq, body)| {
-                    codec::decode_event(u64::try_from(seq).ok()?, &body, &task.history)
-                })
-                .collect();
+            let events = Self::decode_events(row, 5, &task);
             tasks.insert(row.get::<_, Uuid>(4), (key, Arc::new(task), events));
         }
         let owners: Vec<Uuid> = tasks
