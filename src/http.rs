@@ -1,33 +1,35 @@
-//! The hyper service: routes, the endpoint's checks in their documented order, and the
-//! response helpers (every response carries CORS; every JSON response its content type).
+//! The hyper service: routes and the endpoint's checks in their documented order (the
+//! response helpers are in `respond`, the body type in `body`).
 //!
 //! Order on the endpoints: OPTIONS (no key) → credentials (401) → agent (404) → key may use
 //! agent (403) → HTTP method (405) → content type (415) → body cap (413) → the A2A version
 //! (official paths, -32009) → JSON-RPC. The path picks the dialect (docs/PROTOCOL.md §10.1).
 
 use std::convert::Infallible;
-use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
 use futures_util::future::join_all;
-use http_body::Frame;
 use http_body_util::{BodyExt, Limited};
 use hyper::body::Incoming;
 use hyper::header::{self, HeaderValue};
 use hyper::{Method, Request, Response, StatusCode};
 use tracing::Instrument as _;
 
+mod body;
 mod card;
 mod metrics;
 pub(crate) mod prometheus;
+mod respond;
 pub(crate) mod sse;
 
+pub(crate) use body::Body;
 pub(crate) use metrics::{LATENCY_BUCKETS, RequestMetrics};
+pub(crate) use respond::{cors, error_response, json, method_not_allowed, preflight_official};
+use respond::{not_found_path, preflight, unauthorized};
 
-use crate::auth::{AuthError, KeyStore};
+use crate::auth::KeyStore;
 use crate::limits::RateLimiter;
 use crate::model::AgentId;
 use crate::rpc::a2a::Version;
@@ -35,7 +37,6 @@ use crate::rpc::a2a::errors as a2a_errors;
 use crate::rpc::error::{INVALID_REQUEST, METHOD_NOT_FOUND};
 use crate::rpc::{self, CallContext, Dialect, Refusal, Reply, RpcError};
 use crate::runtime::Runtime;
-use crate::server::conn::InFlight;
 use sse::SseBody;
 
 /// The path prefix of the per-agent endpoint.
@@ -61,78 +62,6 @@ pub(crate) struct App {
     pub(crate) local_addr: std::net::SocketAddr,
     /// When the server started (the cards' `Last-Modified`).
     pub(crate) started: chrono::DateTime<chrono::Utc>,
-}
-
-/// A response body: a whole buffer, or an SSE stream. It may carry the connection's
-/// in-flight guard, so the connection counts as busy until the body is written or dropped.
-pub(crate) struct Body {
-    inner: Inner,
-    _in_flight: Option<InFlight>,
-}
-
-enum Inner {
-    Full(Option<Bytes>),
-    Sse(Box<SseBody>),
-}
-
-impl Body {
-    /// A complete body.
-    pub(crate) fn full(bytes: impl Into<Bytes>) -> Self {
-        Self::from_inner(Inner::Full(Some(bytes.into())))
-    }
-
-    /// No body.
-    pub(crate) fn empty() -> Self {
-        Self::from_inner(Inner::Full(None))
-    }
-
-    /// A stream of task events.
-    pub(crate) fn sse(body: SseBody) -> Self {
-        Self::from_inner(Inner::Sse(Box::new(body)))
-    }
-
-    fn from_inner(inner: Inner) -> Self {
-        Self {
-            inner,
-            _in_flight: None,
-        }
-    }
-
-    /// Keeps `guard` until the body is done.
-    pub(crate) fn guarded(mut self, guard: InFlight) -> Self {
-        self._in_flight = Some(guard);
-        self
-    }
-}
-
-impl http_body::Body for Body {
-    type Data = Bytes;
-    type Error = Infallible;
-
-    fn poll_frame(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
-        match &mut self.get_mut().inner {
-            Inner::Full(bytes) => Poll::Ready(bytes.take().map(|b| Ok(Frame::data(b)))),
-            Inner::Sse(s) => s.poll_chunk(cx).map(|f| f.map(Ok)),
-        }
-    }
-
-    fn is_end_stream(&self) -> bool {
-        match &self.inner {
-            Inner::Full(b) => b.is_none(),
-            Inner::Sse(s) => s.is_done(),
-        }
-    }
-
-    fn size_hint(&self) -> http_body::SizeHint {
-        match &self.inner {
-            Inner::Full(Some(b)) => http_body::SizeHint::with_exact(b.len() as u64),
-            Inner::Full(None) => http_body::SizeHint::with_exact(0),
-            Inner::Sse(_) => http_body::SizeHint::default(),
-        }
-    }
 }
 
 /// Handles one request. Never fails: every problem is an HTTP response.
@@ -590,99 +519,4 @@ fn is_json(value: Option<&HeaderValue>, dialect: Dialect) -> bool {
     essence.eq_ignore_ascii_case("application/json")
         || (matches!(dialect, Dialect::A2a(_))
             && essence.eq_ignore_ascii_case("application/a2a+json"))
-}
-
-/// A JSON response with CORS.
-pub(crate) fn json(status: StatusCode, body: Vec<u8>) -> Response<Body> {
-    let mut r = Response::new(Body::full(body));
-    *r.status_mut() = status;
-    r.headers_mut().insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("application/json"),
-    );
-    cors(r.headers_mut());
-    r
-}
-
-pub(crate) fn error_response(e: &RpcError) -> Response<Body> {
-    let mut r = json(e.status, rpc::failure(None, e));
-    if let Some(secs) = e.retry_after {
-        r.headers_mut()
-            .insert(header::RETRY_AFTER, HeaderValue::from(secs));
-    }
-    r
-}
-
-fn unauthorized(dialect: Dialect, e: AuthError) -> Response<Body> {
-    let mut r = error_response(&dialect.refusal(&Refusal::Unauthorized(e.message())));
-    r.headers_mut().insert(
-        header::WWW_AUTHENTICATE,
-        HeaderValue::from_static(r#"Bearer realm="a2ad", ApiKey realm="a2ad" header="x-api-key""#),
-    );
-    r
-}
-
-pub(crate) fn method_not_allowed(allow: &'static str) -> Response<Body> {
-    let mut r = error_response(
-        &RpcError::invalid_request("HTTP method not allowed; use POST")
-            .with_status(StatusCode::METHOD_NOT_ALLOWED),
-    );
-    r.headers_mut()
-        .insert(header::ALLOW, HeaderValue::from_static(allow));
-    r
-}
-
-fn not_found_path() -> Response<Body> {
-    error_response(
-        &RpcError::new(METHOD_NOT_FOUND, "Not found")
-            .with_data(serde_json::json!({ "reason": "no such endpoint; POST JSON-RPC to /api/v1/a2a/{agent_id}" }))
-            .with_status(StatusCode::NOT_FOUND),
-    )
-}
-
-fn preflight() -> Response<Body> {
-    preflight_with(
-        "POST, OPTIONS",
-        "Content-Type, x-api-key, Authorization, Accept, Last-Event-ID",
-    )
-}
-
-/// The preflight of the official paths: the seed's headers plus the A2A ones.
-pub(crate) fn preflight_official(methods: &'static str) -> Response<Body> {
-    preflight_with(
-        methods,
-        "Content-Type, x-api-key, Authorization, Accept, Last-Event-ID, A2A-Version, \
-         A2A-Extensions, X-A2A-Extensions, If-None-Match",
-    )
-}
-
-fn preflight_with(methods: &'static str, headers: &'static str) -> Response<Body> {
-    let mut r = Response::new(Body::empty());
-    *r.status_mut() = StatusCode::NO_CONTENT;
-    let h = r.headers_mut();
-    cors(h);
-    h.insert(
-        header::ACCESS_CONTROL_ALLOW_METHODS,
-        HeaderValue::from_static(methods),
-    );
-    h.insert(
-        header::ACCESS_CONTROL_ALLOW_HEADERS,
-        HeaderValue::from_static(headers),
-    );
-    h.insert(
-        header::ACCESS_CONTROL_MAX_AGE,
-        HeaderValue::from_static("86400"),
-    );
-    r
-}
-
-pub(crate) fn cors(h: &mut hyper::HeaderMap) {
-    h.insert(
-        header::ACCESS_CONTROL_ALLOW_ORIGIN,
-        HeaderValue::from_static("*"),
-    );
-    h.insert(
-        header::ACCESS_CONTROL_EXPOSE_HEADERS,
-        HeaderValue::from_static("Retry-After, WWW-Authenticate"),
-    );
 }

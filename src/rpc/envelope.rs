@@ -1,0 +1,301 @@
+//! JSON-RPC 2.0 framing: decoding single and batch requests in one pass (recovering the
+//! `id` of a malformed request where it can be read) and encoding responses.
+
+use serde::Serialize;
+use serde::ser::{SerializeMap, Serializer};
+use serde_json::value::RawValue;
+
+use super::error::RpcError;
+use super::json;
+
+/// One decoded request.
+#[derive(Debug)]
+pub(crate) struct Call {
+    /// The request id, exactly as sent (a string or a number), echoed unchanged.
+    pub id: Box<RawValue>,
+    /// The method name.
+    pub method: String,
+    /// Raw params, if present.
+    pub params: Option<Box<RawValue>>,
+}
+
+/// A request that could not be decoded, with the id when it could be read.
+#[derive(Debug)]
+pub(crate) struct Rejected {
+    /// The id, when readable.
+    pub id: Option<Box<RawValue>>,
+    /// Why.
+    pub error: RpcError,
+}
+
+/// A decoded body.
+#[derive(Debug)]
+pub(crate) enum Body {
+    /// One request (or its rejection).
+    Single(Result<Call, Rejected>),
+    /// A batch, in order; never empty.
+    Batch(Vec<Result<Call, Rejected>>),
+}
+
+#[derive(serde::Deserialize)]
+struct Envelope<'a> {
+    #[serde(borrow)]
+    jsonrpc: Option<&'a RawValue>,
+    #[serde(borrow)]
+    id: Option<&'a RawValue>,
+    #[serde(borrow)]
+    method: Option<&'a RawValue>,
+    #[serde(borrow)]
+    params: Option<&'a RawValue>,
+}
+
+/// Decodes a request body in one pass over it, with the default batch cap.
+///
+/// # Errors
+/// As [`decode_with`].
+pub(crate) fn decode(body: &[u8]) -> Result<Body, RpcError> {
+    decode_with(body, crate::config::ServerConfig::DEFAULT_MAX_BATCH_SIZE)
+}
+
+/// Decodes a request body in one pass over it. A batch of more than `max_batch` requests
+/// is refused as soon as the parser reaches the one past the cap.
+///
+/// # Errors
+/// -32700 when the body is not JSON; -32600 for an empty or oversized batch or a
+/// non-object body.
+pub(crate) fn decode_with(body: &[u8], max_batch: usize) -> Result<Body, RpcError> {
+    decode_as(body, max_batch, false)
+}
+
+/// [`decode_with`], where `null_ids` says whether a request without an `id` (or with
+/// `"id": null`) is a call answered with `"id": null` instead of a refusal.
+///
+/// # Errors
+/// As [`decode_with`].
+pub(crate) fn decode_as(body: &[u8], max_batch: usize, null_ids: bool) -> Result<Body, RpcError> {
+    use serde_json::error::Category;
+    let parse_error = |e: serde_json::Error| {
+        RpcError::parse_error(format!(
+            "invalid JSON at line {}, column {}",
+            e.line(),
+            e.column()
+        ))
+    };
+    match body.iter().find(|b| !b.is_ascii_whitespace()) {
+        Some(b'{') => match serde_json::from_slice::<Envelope<'_>>(body) {
+            Ok(env) => Ok(Body::Single(decode_envelope(env, null_ids))),
+            Err(e)
+                if matches!(
+                    e.classify(),
+                    Category::Syntax | Category::Eof | Category::Io
+                ) =>
+            {
+                Err(parse_error(e))
+            }
+            // Valid JSON of the wrong shape (e.g. a duplicate member).
+            Err(_) => Ok(Body::Single(Err(Rejected {
+                id: None,
+                error: RpcError::invalid_request("malformed request object (duplicate member?)"),
+            }))),
+        },
+        Some(b'[') => {
+            let text = std::str::from_utf8(body).map_err(|e| {
+                RpcError::parse_error(format!(
+                    "the body is not UTF-8 (at byte {})",
+                    e.valid_up_to()
+                ))
+            })?;
+            let items = json::seq(text, max_batch).map_err(|e| match e {
+                json::SeqError::TooMany => RpcError::invalid_request(&format!(
+                    "a batch may hold at most {max_batch} requests"
+                )),
+                json::SeqError::Json(e) => parse_error(e),
+            })?;
+            if items.is_empty() {
+                return Err(RpcError::invalid_request("empty batch"));
+            }
+            Ok(Body::Batch(
+                items
+                    .into_iter()
+                    .map(|raw| decode_one(raw, null_ids))
+                    .collect(),
+            ))
+        }
+        _ => {
+            serde_json::from_slice::<serde::de::IgnoredAny>(body).map_err(parse_error)?;
+            Ok(Body::Single(Err(Rejected {
+                id: None,
+                error: RpcError::invalid_request("a request must be a JSON object"),
+            })))
+        }
+    }
+}
+
+fn decode_one(raw: &RawValue, null_ids: bool) -> Result<Call, Rejected> {
+    let reject = |id: Option<&RawValue>, reason: &str| Rejected {
+        id: id.map(RawValue::to_owned),
+        error: RpcError::invalid_request(reason),
+    };
+    if !raw.get().starts_with('{') {
+        return Err(reject(None, "a request must be a JSON object"));
+    }
+    let env: Envelope<'_> = serde_json::from_str(raw.get())
+        .map_err(|_| reject(None, "malformed request object (duplicate member?)"))?;
+    decode_envelope(env, null_ids)
+}
+
+fn decode_envelope(env: Envelope<'_>, null_ids: bool) -> Result<Call, Rejected> {
+    let reject = |id: Option<&RawValue>, reason: &str| Rejected {
+        id: id.map(RawValue::to_owned),
+        error: RpcError::invalid_request(reason),
+    };
+    let null = null_id();
+    let id = match env.id {
+        Some(id) if is_valid_id(id) => id,
+        None if null_ids => &*null,
+        Some(id) if null_ids && id.get() == "null" => &*null,
+        Some(_) if null_ids => {
+            return Err(reject(None, "`id` must be a string, a number or null"));
+        }
+        Some(_) => return Err(reject(None, "`id` must be a string or a number")),
+        None => return Err(reject(None, "`id` is required")),
+    };
+    match env.jsonrpc.map(|v| serde_json::from_str::<&str>(v.get())) {
+        Some(Ok("2.0")) => {}
+        _ => return Err(reject(Some(id), "`jsonrpc` must be \"2.0\"")),
+    }
+    let method = match env.method.map(|m| serde_json::from_str::<String>(m.get())) {
+        Some(Ok(m)) => m,
+        Some(Err(_)) => return Err(reject(Some(id), "`method` must be a string")),
+        None => return Err(reject(Some(id), "`method` is required")),
+    };
+    Ok(Call {
+        id: id.to_owned(),
+        method,
+        params: env.params.map(RawValue::to_owned),
+    })
+}
+
+fn is_valid_id(id: &RawValue) -> bool {
+    matches!(id.get().as_bytes().first(), Some(b'"' | b'-' | b'0'..=b'9'))
+}
+
+/// The `null` id of responses to unreadable requests.
+pub(crate) fn null_id() -> Box<RawValue> {
+    RawValue::from_string("null".to_string()).expect("null is valid JSON")
+}
+
+/// Encodes a success response.
+pub(crate) fn success<T: Serialize + ?Sized>(id: &RawValue, result: &T) -> Vec<u8> {
+    let mut out = Vec::with_capacity(256);
+    let mut ser = serde_json::Serializer::new(&mut out);
+    let encoded = (|| {
+        let mut map = ser.serialize_map(Some(3))?;
+        map.serialize_entry("jsonrpc", "2.0")?;
+        map.serialize_entry("id", id)?;
+        map.serialize_entry("result", result)?;
+        map.end()
+    })();
+    match encoded {
+        Ok(()) => out,
+        Err(e) => {
+            tracing::error!(error = %e, "response serialization failed");
+            failure(Some(id), &RpcError::internal())
+        }
+    }
+}
+
+/// Encodes an error response.
+pub(crate) fn failure(id: Option<&RawValue>, error: &RpcError) -> Vec<u8> {
+    let null = null_id();
+    let id = id.unwrap_or(&null);
+    let mut out = Vec::with_capacity(160);
+    let mut ser = serde_json::Serializer::new(&mut out);
+    let encoded = (|| {
+        let mut map = ser.serialize_map(Some(3))?;
+        map.serialize_entry("jsonrpc", "2.0")?;
+        map.serialize_entry("id", id)?;
+        map.serialize_entry("error", error)?;
+        map.end()
+    })();
+    if encoded.is_err() {
+        // Cannot happen for these types; never send a half-written body.
+        return br#"{"jsonrpc":"2.0","id":null,"error":{"code":-32603,"message":"Internal error"}}"#
+            .to_vec();
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::rpc::error;
+
+    fn single(body: &str) -> Result<Call, Rejected> {
+        match decode(body.as_bytes()).expect("decodes") {
+            Body::Single(r) => r,
+            Body::Batch(_) => panic!("not a batch"),
+        }
+    }
+
+    #[test]
+    fn a_valid_request_keeps_its_id_text_unchanged() {
+        let c =
+            single(r#"{"jsonrpc":"2.0","id":1.50,"method":"tasks/get","params":{"taskId":"x"}}"#)
+                .expect("valid");
+        assert_eq!(c.id.get(), "1.50");
+        assert_eq!(c.method, "tasks/get");
+        assert_eq!(c.params.expect("params").get(), r#"{"taskId":"x"}"#);
+    }
+
+    #[test]
+    fn invalid_json_is_a_parse_error() {
+        assert_eq!(decode(b"{nope").unwrap_err().code, error::PARSE_ERROR);
+        assert_eq!(decode(b"").unwrap_err().code, error::PARSE_ERROR);
+        assert_eq!(decode(b"\xff\xfe").unwrap_err().code, error::PARSE_ERROR);
+    }
+
+    #[test]
+    fn invalid_requests_echo_the_id_when_readable() {
+        let r = single(r#"{"jsonrpc":"1.0","id":"a","method":"m"}"#).unwrap_err();
+        assert_eq!(r.error.code, error::INVALID_REQUEST);
+        assert_eq!(r.id.expect("id").get(), r#""a""#);
+        let r = single(r#"{"jsonrpc":"2.0","id":7,"method":5}"#).unwrap_err();
+        assert_eq!(r.id.expect("id").get(), "7");
+        let r = single(r#"{"jsonrpc":"2.0","method":"m"}"#).unwrap_err();
+        assert!(r.id.is_none());
+        let r = single(r#"{"jsonrpc":"2.0","id":null,"method":"m"}"#).unwrap_err();
+        assert!(r.id.is_none());
+        let r = single(r#"{"jsonrpc":"2.0","id":{"a":1},"method":"m"}"#).unwrap_err();
+        assert!(r.id.is_none());
+        let r = single("42").unwrap_err();
+        assert_eq!(r.error.code, error::INVALID_REQUEST);
+    }
+
+    #[test]
+    fn batches_keep_order_and_an_empty_batch_is_invalid() {
+        match decode(br#"[{"jsonrpc":"2.0","id":1,"method":"a"}, 3]"#).expect("ok") {
+            Body::Batch(items) => {
+                assert_eq!(items.len(), 2);
+                assert!(items[0].is_ok() && items[1].is_err());
+            }
+            Body::Single(_) => panic!("batch expected"),
+        }
+        assert_eq!(decode(b" [ ] ").unwrap_err().code, error::INVALID_REQUEST);
+    }
+
+    #[test]
+    fn responses_are_full_envelopes() {
+        let id = RawValue::from_string("\"x\"".into()).expect("json");
+        let ok: serde_json::Value =
+            serde_json::from_slice(&success(&id, &serde_json::json!({"a": 1}))).expect("json");
+        assert_eq!(
+            ok,
+            serde_json::json!({"jsonrpc":"2.0","id":"x","result":{"a":1}})
+        );
+        let err: serde_json::Value =
+            serde_json::from_slice(&failure(None, &RpcError::method_not_found("m"))).expect("json");
+        assert_eq!(err["id"], serde_json::Value::Null);
+        assert_eq!(err["error"]["code"], -32601);
+    }
+}
