@@ -1,7 +1,6 @@
 //! Criterion micro-benchmarks: the CPU cost of the pieces of a request, without sockets.
 //! `cargo bench --bench micro`. See docs/PERFORMANCE.md.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -28,15 +27,13 @@ fn task_life(c: &mut Criterion) {
         .expect("runtime");
     let mut config = Config {
         agents: vec![AgentConfig::new("echo")],
-        store: a2ad::StoreConfig::memory(),
+        store: a2ad::config::StoreConfig::memory(),
         ..Config::default()
     };
     config.server.task_retention_seconds = 1.0;
     config.agents[0].limits.concurrent_tasks = 100_000;
     let config = Arc::new(config.validated().expect("valid"));
-    let runtime = rt
-        .block_on(Runtime::start_with(config, HashMap::new()))
-        .expect("start");
+    let runtime = rt.block_on(Runtime::start(config)).expect("start");
     let me = Principal::new("bench");
     let echo = AgentId::new("echo");
     c.bench_function(

@@ -6,14 +6,13 @@
 //!
 //! Run it with `cargo run --example embed`.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
 use a2ad::config::{AgentConfig, ApiKeyConfig, StoreConfig};
 use a2ad::{
-    Agent, AgentError, AgentFuture, AgentId, AgentRequest, Config, Message, Part, Principal, Role,
-    Runtime, SendRequest, Server, Updates,
+    Agent, AgentError, AgentFuture, AgentId, AgentRequest, Config, Message, Principal, Runtime,
+    SendRequest, Server, Updates,
 };
 
 /// A backend of our own: shouts the user's text back, with one progress update.
@@ -36,14 +35,6 @@ impl Agent for Shout {
     }
 }
 
-fn user_text(text: &str) -> Message {
-    Message {
-        role: Role::User,
-        parts: vec![Part::Text(text.into())],
-        message_id: uuid::Uuid::new_v4().to_string(),
-    }
-}
-
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut config = Config::default();
@@ -54,8 +45,6 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     config.api_keys = vec![ApiKeyConfig::new("me", "embedded-key-0001")];
     config.agents = vec![AgentConfig::new("echo"), AgentConfig::new("shout")];
     let config = config.validated()?;
-    let backends: HashMap<AgentId, Arc<dyn Agent>> =
-        HashMap::from([(AgentId::new("shout"), Arc::new(Shout) as Arc<dyn Agent>)]);
 
     // 1. The whole server, on a listener we bound, until we say stop.
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
@@ -73,15 +62,13 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     serving.await??;
 
     // 2. The actor system alone.
-    let runtime = Runtime::start_with(Arc::new(config), backends).await?;
+    let runtime = Runtime::builder(Arc::new(config))
+        .agent("shout", Shout)
+        .start()
+        .await?;
     let me = Principal::new("me");
     let shout = AgentId::new("shout");
-    let request = |text: &str| SendRequest {
-        message: user_text(text),
-        context_id: None,
-        task_id: None,
-        metadata: None,
-    };
+    let request = |text: &str| SendRequest::new(Message::user_text([text]));
 
     let task = runtime
         .send(&me, &shout, request("hello"), Some(Duration::from_secs(5)))

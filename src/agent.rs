@@ -45,7 +45,35 @@ pub enum Outcome {
     Rejected(Option<Message>),
 }
 
-/// An agent backend.
+/// An agent backend: plug it in with [`crate::ServerBuilder::agent`] or
+/// [`crate::runtime::RuntimeBuilder::agent`] under the id of one of the configuration's
+/// agents.
+///
+/// ```
+/// use a2ad::{Agent, AgentError, AgentFuture, AgentRequest, Message, Updates};
+///
+/// /// Counts the words of the user's message, reporting progress on the way.
+/// struct WordCount;
+///
+/// impl Agent for WordCount {
+///     fn kind(&self) -> &str {
+///         "counter"
+///     }
+///
+///     fn run(&self, request: AgentRequest, updates: Updates) -> AgentFuture {
+///         Box::pin(async move {
+///             updates.ready().await; // waits while the store is behind
+///             updates.progress(Message::agent_text(["counting"]));
+///             let text = request.message.joined_text();
+///             if text.is_empty() {
+///                 return Err(AgentError::new("nothing to count")); // fails the task
+///             }
+///             let words = text.split_whitespace().count();
+///             Ok(Message::agent_text([format!("{words} words")]))
+///         })
+///     }
+/// }
+/// ```
 pub trait Agent: Send + Sync + 'static {
     /// The kind reported as `agent.type` in the card (e.g. `echo`, `llm`).
     fn kind(&self) -> &str;
@@ -73,6 +101,30 @@ pub trait Agent: Send + Sync + 'static {
     /// "resume"`). Default: no — the task fails with "node lost".
     fn resumable(&self) -> bool {
         false
+    }
+}
+
+/// A shared backend is a backend: one `Arc<dyn Agent>` may serve several agents or
+/// runtimes.
+impl<A: Agent + ?Sized> Agent for Arc<A> {
+    fn kind(&self) -> &str {
+        (**self).kind()
+    }
+
+    fn run(&self, request: AgentRequest, updates: Updates) -> AgentFuture {
+        (**self).run(request, updates)
+    }
+
+    fn run_task(&self, request: AgentRequest, updates: Updates) -> OutcomeFuture {
+        (**self).run_task(request, updates)
+    }
+
+    fn direct_reply(&self, message: &Message) -> Option<Message> {
+        (**self).direct_reply(message)
+    }
+
+    fn resumable(&self) -> bool {
+        (**self).resumable()
     }
 }
 

@@ -21,7 +21,28 @@ pub use agents::{AgentConfig, AgentLimits, ApiKeyConfig, EchoConfig, OpenAiConfi
 pub use server::{ServerConfig, WebhooksConfig};
 pub use store::{ClusterConfig, ClusterEngine, NodeLoss, StoreBackend, StoreConfig};
 
-/// The whole configuration.
+/// The whole configuration: read with [`Config::load`] or [`Config::from_toml`], or built
+/// in code from [`Config::default`] and checked with [`Config::validated`].
+///
+/// ```
+/// let config = a2ad::Config::from_toml(r#"
+///     [server]
+///     listen = "127.0.0.1:0"
+///
+///     [store]
+///     backend = "memory"
+///
+///     [[api_keys]]
+///     name = "alice"
+///     key = "a-key-of-at-least-16-chars"
+///
+///     [[agents]]
+///     id = "echo"
+/// "#)?;
+/// assert_eq!(config.agents[0].id, "echo");
+/// assert!(a2ad::Config::from_toml("[server]\nlisten = 8080").is_err()); // not a string
+/// # Ok::<(), a2ad::config::ConfigError>(())
+/// ```
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Config {

@@ -27,8 +27,12 @@
 //! [`Server`] runs the whole HTTP server — on the address of its configuration
 //! ([`Server::bind`]), or on a listener you bound, until a future of yours resolves
 //! ([`Server::builder`], [`Server::run`]); [`Runtime`] is the actor system alone (submit a
-//! message, follow a task, cancel, read a card) with no HTTP. See `examples/embed.rs`.
-//! Backends plug in through the [`Agent`] trait.
+//! message, follow a task, cancel, read a card) with no HTTP ([`Runtime::builder`]).
+//! Backends plug in through the [`Agent`] trait. See `examples/embed.rs`.
+//!
+//! The crate root holds what most embedders name; the rest is one module away:
+//! [`runtime`] (the Runtime's builder, requests and answers), [`model`], [`config`],
+//! [`agent`], [`push`], [`metrics`].
 
 #![forbid(unsafe_code)]
 #![warn(missing_docs, unreachable_pub, rust_2018_idioms)]
@@ -42,37 +46,26 @@ pub mod error;
 pub mod fuzzing;
 mod http;
 mod limits;
-mod metrics;
+pub mod metrics;
 pub mod model;
-mod push;
+pub mod push;
 mod rpc;
-mod runtime;
+pub mod runtime;
 mod server;
 mod store;
 mod stream;
 mod validate;
 mod webhook;
 
-pub use actors::AgentEntry;
-pub use actors::webhook::WebhookMetrics;
-pub use agent::{
-    Agent, AgentError, AgentFuture, AgentRequest, EchoAgent, MAX_UPDATES_IN_FLIGHT, OpenAiAgent,
-    Outcome, OutcomeFuture, UPDATES_IN_FLIGHT, Updates,
-};
-pub use config::{ClusterConfig, Config, ConfigError, NodeLoss, StoreBackend, StoreConfig};
+// The front door: what most embedders name. The rest is one module away (`a2ad::runtime`
+// for the Runtime's requests and answers, `a2ad::model`, `a2ad::config`, `a2ad::agent`,
+// `a2ad::push`, `a2ad::metrics`).
+pub use agent::{Agent, AgentError, AgentFuture, AgentRequest, Outcome, OutcomeFuture, Updates};
+pub use config::Config;
 pub use error::{Error, Result};
-pub use metrics::{AgentMetrics, AgentMetricsSnapshot, Metrics};
 pub use model::{
-    AgentId, Artifact, ContextId, FileContent, FileUrl, Message, Part, Principal, Role, TaskEvent,
-    TaskId, TaskSnapshot, TaskState, TaskStatus,
+    AgentId, ContextId, Message, Part, Principal, Role, TaskId, TaskSnapshot, TaskState,
 };
-pub use push::{
-    Events, PushAuth, PushConfig, PushScope, RetryPolicy, StoredPushConfig, WebhookEvent,
-};
-pub use runtime::{
-    AgentCard, NewPushConfig, Replay, Resubscribed, Runtime, SendRequest, Sent, StreamItem,
-    Streamed, SubmitOptions, TaskIdUse, TaskStream,
-};
-pub use server::{Builder, Server, ServerHandle};
-pub use store::{ListPage, ListQuery, PageToken, StoreStats};
+pub use runtime::{Runtime, SendRequest, StreamItem, TaskStream};
+pub use server::{Server, ServerBuilder, ServerHandle};
 pub use webhook::signature;

@@ -166,3 +166,21 @@ mod tests {
         assert_eq!(s.average_response_time, 25.0);
     }
 }
+
+/// Webhook counters.
+#[derive(Debug, Default)]
+pub struct WebhookMetrics {
+    /// Deliveries a receiver accepted (2xx).
+    pub delivered: AtomicU64,
+    /// Retry attempts made.
+    pub retries: AtomicU64,
+    /// Deliveries that finally failed (retries exhausted, or a non-retryable answer).
+    pub failed: AtomicU64,
+    /// Deliveries dropped without an outcome (pool full, shutdown).
+    pub discarded: AtomicU64,
+    /// Events not sent because their configuration is inactive (deactivated after too many
+    /// failures), when their turn in the lane came.
+    pub skipped: AtomicU64,
+    /// Deliveries accepted and not finished yet.
+    pub pending: AtomicI64,
+}

@@ -191,6 +191,24 @@ pub struct Message {
 }
 
 impl Message {
+    /// A user message made of text parts, with a fresh message id.
+    ///
+    /// ```
+    /// let m = a2ad::Message::user_text(["hello", "world"]);
+    /// assert_eq!(m.role, a2ad::Role::User);
+    /// assert_eq!(m.joined_text(), "hello\nworld");
+    /// ```
+    pub fn user_text<I, S>(texts: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        Self {
+            role: Role::User,
+            ..Self::agent_text(texts)
+        }
+    }
+
     /// An agent message made of text parts, with a fresh message id.
     pub fn agent_text<I, S>(texts: I) -> Self
     where

@@ -193,7 +193,7 @@ pub struct StoredPushConfig {
     /// How it is addressed.
     pub namespace: Namespace,
     /// The payload format of its deliveries: the name of a registered
-    /// [`crate::webhook::PayloadRenderer`] (the dialect that created it).
+    /// payload renderer (the dialect that created it: e.g. `a2a/1.0`).
     pub format: Arc<str>,
     /// The configuration.
     pub config: PushConfig,

@@ -17,22 +17,25 @@ mod shutdown;
 mod start;
 mod submit;
 
+pub use crate::actors::AgentEntry;
+pub use crate::store::{ListPage, ListQuery, PageToken};
 pub use crate::stream::{Replay, Resubscribed, StreamItem, TaskStream};
 pub use request::{
     AgentCard, NewPushConfig, SendRequest, Sent, Streamed, SubmitOptions, TaskIdUse,
 };
+pub use start::RuntimeBuilder;
 
 use crate::actors::remote;
 use crate::actors::supervisor::SupervisorMsg;
 use crate::actors::task::{Follow, TaskMsg};
-use crate::actors::webhook::{WebhookMetrics, WebhookPool};
-use crate::actors::{AgentEntry, LiveTask, Shared};
+use crate::actors::webhook::WebhookPool;
+use crate::actors::{LiveTask, Shared};
 use crate::config::Config;
 use crate::error::{Error, Result};
-use crate::metrics::Metrics;
+use crate::metrics::{Metrics, WebhookMetrics};
 use crate::model::{AgentId, Message, Principal, TaskId, TaskKey, TaskSnapshot};
 use crate::store::cluster::ClusterStats;
-use crate::store::{Durable, ListPage, ListQuery, StoreStats, Write};
+use crate::store::{Durable, StoreStats, Write};
 
 /// The running actor system. Cheap to clone; every clone drives the same system.
 #[derive(Clone)]
@@ -55,12 +58,12 @@ fn this_signals(
 
 impl Runtime {
     /// This node may take traffic: in a cluster, it holds its lease (always true alone).
-    pub fn serving(&self) -> bool {
+    pub(crate) fn serving(&self) -> bool {
         self.shared.cluster.as_ref().is_none_or(|c| c.serving())
     }
 
     /// Part of a cluster.
-    pub fn is_clustered(&self) -> bool {
+    pub(crate) fn is_clustered(&self) -> bool {
         self.shared.cluster.is_some()
     }
 
@@ -109,23 +112,13 @@ impl Runtime {
     }
 
     /// The store's commits are failing: nothing new is acknowledged until they succeed.
-    pub fn store_failing(&self) -> bool {
+    pub(crate) fn store_failing(&self) -> bool {
         self.shared.store.failing()
     }
 
     /// Store counters (retained tasks, writes in flight, commits).
-    pub fn store_stats(&self) -> StoreStats {
+    pub(crate) fn store_stats(&self) -> StoreStats {
         self.shared.store.stats()
-    }
-
-    /// Finished tasks currently retained.
-    pub fn finished_tasks(&self) -> usize {
-        self.shared.store.stats().finished_tasks
-    }
-
-    /// About how many bytes the retained finished tasks hold.
-    pub fn finished_bytes(&self) -> u64 {
-        self.shared.store.stats().finished_bytes
     }
 
     /// Appends writes and waits (bounded by the actor call time-out) until they are

@@ -17,7 +17,7 @@ use crate::config::Config;
 use crate::error::Result;
 use crate::http::App;
 use crate::limits::RateLimiter;
-use crate::runtime::Runtime;
+use crate::runtime::{Runtime, RuntimeBuilder};
 
 pub(crate) mod conn;
 mod serve;
@@ -56,25 +56,13 @@ pub struct ServerHandle {
 }
 
 impl Server {
-    /// Starts the actor system and binds the listener of `config.server.listen`.
+    /// Starts the actor system and binds the listener of `config.server.listen`
+    /// (`Server::builder(config).build()`).
     ///
     /// # Errors
-    /// [`crate::Error::Io`] when the address cannot be bound.
+    /// As [`ServerBuilder::build`].
     pub async fn bind(config: Config) -> Result<Self> {
-        Self::bind_with(config, Default::default()).await
-    }
-
-    /// Like [`Server::bind`], with some agents served by the given backends.
-    ///
-    /// # Errors
-    /// [`crate::Error::Io`] when the address cannot be bound.
-    pub async fn bind_with(
-        config: Config,
-        backends: std::collections::HashMap<crate::AgentId, Arc<dyn crate::Agent>>,
-    ) -> Result<Self> {
-        let addr = config.listen_addr()?;
-        let listener = listen(addr, config.server.listen_backlog)?;
-        Self::start(listener, config, backends).await
+        Self::builder(config).build().await
     }
 
     /// A server to build: its agents' backends and, if the caller binds it, its listener.
@@ -95,7 +83,7 @@ impl Server {
     /// }
     ///
     /// let mut config = a2ad::Config::default();
-    /// config.store = a2ad::StoreConfig::memory();
+    /// config.store = a2ad::config::StoreConfig::memory();
     /// config.agents = vec![a2ad::config::AgentConfig::new("shout")];
     /// let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     /// let server = a2ad::Server::builder(config.validated()?)
@@ -115,20 +103,15 @@ impl Server {
     /// # }
     /// # tokio::runtime::Runtime::new().expect("runtime").block_on(run()).expect("serves");
     /// ```
-    pub fn builder(config: Config) -> Builder {
-        Builder {
-            config,
-            backends: std::collections::HashMap::new(),
+    pub fn builder(config: Config) -> ServerBuilder {
+        ServerBuilder {
+            runtime: Runtime::builder(Arc::new(config)),
             listener: None,
         }
     }
 
-    async fn start(
-        listener: TcpListener,
-        config: Config,
-        backends: std::collections::HashMap<crate::AgentId, Arc<dyn crate::Agent>>,
-    ) -> Result<Self> {
-        let config = Arc::new(config);
+    async fn start(listener: TcpListener, runtime: RuntimeBuilder) -> Result<Self> {
+        let config = runtime.config().clone();
         let (keys, dev_key) = KeyStore::from_config(&config);
         let per_minute: Vec<u64> = config
             .agents
@@ -136,8 +119,10 @@ impl Server {
             .map(|a| a.limits.requests_per_minute)
             .collect();
         let rate = RateLimiter::new(keys.principals(), &per_minute);
-        let runtime =
-            Runtime::start_full(config.clone(), backends, crate::rpc::payload_renderers()).await?;
+        let runtime = runtime
+            .renderers(crate::rpc::payload_renderers())
+            .start()
+            .await?;
         let s = &config.server;
         let local_addr = listener.local_addr()?;
         let app = Arc::new(App {
@@ -213,19 +198,17 @@ impl Server {
 }
 
 /// Builds a [`Server`]: see [`Server::builder`].
-pub struct Builder {
-    config: Config,
-    backends: std::collections::HashMap<crate::AgentId, Arc<dyn crate::Agent>>,
+pub struct ServerBuilder {
+    runtime: RuntimeBuilder,
     listener: Option<TcpListener>,
 }
 
-impl Builder {
+impl ServerBuilder {
     /// Serves the agent `id` (one of the configuration's agents) with this backend instead
     /// of the one its configuration names.
     #[must_use]
     pub fn agent(mut self, id: &str, backend: impl crate::Agent) -> Self {
-        self.backends
-            .insert(crate::AgentId::new(id), Arc::new(backend));
+        self.runtime = self.runtime.agent(id, backend);
         self
     }
 
@@ -243,10 +226,14 @@ impl Builder {
     /// [`crate::Error::Io`] when the address cannot be bound; a store or actor that
     /// cannot start.
     pub async fn build(self) -> Result<Server> {
-        match self.listener {
-            Some(listener) => Server::start(listener, self.config, self.backends).await,
-            None => Server::bind_with(self.config, self.backends).await,
-        }
+        let listener = match self.listener {
+            Some(listener) => listener,
+            None => {
+                let config = self.runtime.config();
+                listen(config.listen_addr()?, config.server.listen_backlog)?
+            }
+        };
+        Server::start(listener, self.runtime).await
     }
 }
 

@@ -311,7 +311,7 @@ pub(crate) struct RecoveredContext {
 
 /// Store counters.
 #[derive(Clone, Copy, Debug, Default)]
-pub struct StoreStats {
+pub(crate) struct StoreStats {
     /// Finished task records retained.
     pub finished_tasks: usize,
     /// About how many bytes the retained finished records take in memory.

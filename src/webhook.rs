@@ -32,7 +32,17 @@ pub(crate) const RESERVED_HEADERS: [&str; 9] = [
     "connection",
 ];
 
-/// `sha256=` + lowercase hex HMAC-SHA256 of `body` keyed with `secret`.
+/// `sha256=` + lowercase hex HMAC-SHA256 of `body` keyed with `secret`: the value of a
+/// webhook's `X-Webhook-Signature` header. A receiver recomputes it over the raw body
+/// and compares (docs/PROTOCOL.md, "Webhooks").
+///
+/// ```
+/// let body = br#"{"event":"task.completed"}"#;
+/// let header = a2ad::signature(b"my-webhook-secret", body);
+/// assert!(header.starts_with("sha256=") && header.len() == 7 + 64);
+/// assert_eq!(header, a2ad::signature(b"my-webhook-secret", body));
+/// assert_ne!(header, a2ad::signature(b"another-secret", body));
+/// ```
 pub fn signature(secret: &[u8], body: &[u8]) -> String {
     let mut mac = <hmac::Hmac<Sha256> as KeyInit>::new_from_slice(secret)
         .expect("HMAC accepts keys of any length");

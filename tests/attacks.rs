@@ -437,7 +437,7 @@ async fn events_of_a_deactivated_configuration_are_counted_as_skipped() {
     for i in 0..3 {
         s.send("echo", &format!("after {i}"), json!({})).await;
     }
-    let total = |m: &a2ad::WebhookMetrics| {
+    let total = |m: &a2ad::metrics::WebhookMetrics| {
         m.delivered.load(Relaxed)
             + m.failed.load(Relaxed)
             + m.discarded.load(Relaxed)

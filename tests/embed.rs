@@ -2,7 +2,6 @@
 
 use crate::support;
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -59,9 +58,9 @@ async fn runtime() -> Runtime {
         ..Config::default()
     };
     let c = c.validated().expect("valid");
-    let backends: HashMap<AgentId, Arc<dyn Agent>> =
-        HashMap::from([(AgentId::new("up"), Arc::new(Upper) as Arc<dyn Agent>)]);
-    Runtime::start_with(Arc::new(c), backends)
+    Runtime::builder(Arc::new(c))
+        .agent("up", Upper)
+        .start()
         .await
         .expect("start")
 }
@@ -255,15 +254,15 @@ async fn an_agent_waits_for_a_store_that_falls_behind_and_one_that_floods_it_fai
         ..Config::default()
     };
     let c = c.validated().expect("valid");
-    let backends: HashMap<AgentId, Arc<dyn Agent>> =
-        HashMap::from([(AgentId::new("chatty"), Arc::new(Chatty) as Arc<dyn Agent>)]);
-    let rt = Runtime::start_with(Arc::new(c), backends)
+    let rt = Runtime::builder(Arc::new(c))
+        .agent("chatty", Chatty)
+        .start()
         .await
         .expect("start");
     let me = Principal::new("me");
     let chatty = AgentId::new("chatty");
     let wait = Some(Duration::from_secs(120));
-    let n = a2ad::MAX_UPDATES_IN_FLIGHT + 2000;
+    let n = a2ad::agent::MAX_UPDATES_IN_FLIGHT + 2000;
 
     // Paced by `ready`: every update becomes an event, whatever the store's speed.
     let paced = rt
@@ -289,7 +288,7 @@ async fn an_agent_waits_for_a_store_that_falls_behind_and_one_that_floods_it_fai
         "{}",
         error.message
     );
-    assert_eq!(burst.seq, a2ad::MAX_UPDATES_IN_FLIGHT as u64 + 3);
+    assert_eq!(burst.seq, a2ad::agent::MAX_UPDATES_IN_FLIGHT as u64 + 3);
     rt.shutdown(Duration::from_secs(5)).await;
 }
 
@@ -331,10 +330,10 @@ async fn on_a_shared_store_a_read_waits_for_the_events_in_flight() {
         cluster: Some(cluster),
         ..Config::default()
     };
-    let backends: HashMap<AgentId, Arc<dyn Agent>> =
-        HashMap::from([(AgentId::new("steps"), Arc::new(TwoSteps) as Arc<dyn Agent>)]);
     let rt = Arc::new(
-        Runtime::start_with(Arc::new(c.validated().expect("valid")), backends)
+        Runtime::builder(Arc::new(c.validated().expect("valid")))
+            .agent("steps", TwoSteps)
+            .start()
             .await
             .expect("start"),
     );

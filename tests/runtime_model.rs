@@ -4,15 +4,16 @@
 
 use crate::support;
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
 use a2ad::config::AgentConfig;
+use a2ad::model::Artifact;
+use a2ad::push::{PushConfig, StoredPushConfig};
+use a2ad::runtime::{ListQuery, Sent, Streamed, SubmitOptions, TaskIdUse};
 use a2ad::{
-    Agent, AgentError, AgentFuture, AgentId, AgentRequest, Artifact, Config, Error, ListQuery,
-    Message, Outcome, OutcomeFuture, Part, PushConfig, Runtime, SendRequest, Sent,
-    StoredPushConfig, Streamed, SubmitOptions, TaskId, TaskIdUse, TaskState, Updates,
+    Agent, AgentError, AgentFuture, AgentId, AgentRequest, Config, Error, Message, Outcome,
+    OutcomeFuture, Part, Runtime, SendRequest, TaskId, TaskState, Updates,
 };
 
 /// Asks a question first; answers once it is continued. Texts steer it: `reject`,
@@ -81,9 +82,9 @@ async fn runtime() -> Runtime {
     }
     .validated()
     .expect("valid");
-    let backends: HashMap<AgentId, Arc<dyn Agent>> =
-        HashMap::from([(AgentId::new("iv"), Arc::new(Interviewer) as Arc<dyn Agent>)]);
-    Runtime::start_with(Arc::new(config), backends)
+    Runtime::builder(Arc::new(config))
+        .agent("iv", Interviewer)
+        .start()
         .await
         .expect("runtime")
 }

@@ -51,7 +51,7 @@ fn verify(secret: &str, hit: &support::receiver::Hit) {
         .expect("the signature verifies over the exact body bytes");
 }
 
-fn metrics(s: &TestServer) -> &a2ad::WebhookMetrics {
+fn metrics(s: &TestServer) -> &a2ad::metrics::WebhookMetrics {
     s.handle
         .as_ref()
         .expect("handle")

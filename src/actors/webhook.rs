@@ -18,35 +18,17 @@ use std::hash::{Hash, Hasher};
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
-use std::sync::atomic::{AtomicI64, AtomicU64};
 use std::time::Duration;
 
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 
 use super::AgentEntry;
 use crate::config::WebhooksConfig;
+use crate::metrics::WebhookMetrics;
 use crate::model::{AgentId, TaskKey};
 use crate::push::{StoredPushConfig, address_allowed, redact_url};
 use crate::store::{Delivery, Store, Write};
 use crate::webhook::{self, Outcome, PayloadInput, PayloadRenderer, Verdict};
-
-/// Webhook counters.
-#[derive(Debug, Default)]
-pub struct WebhookMetrics {
-    /// Deliveries a receiver accepted (2xx).
-    pub delivered: AtomicU64,
-    /// Retry attempts made.
-    pub retries: AtomicU64,
-    /// Deliveries that finally failed (retries exhausted, or a non-retryable answer).
-    pub failed: AtomicU64,
-    /// Deliveries dropped without an outcome (pool full, shutdown).
-    pub discarded: AtomicU64,
-    /// Events not sent because their configuration is inactive (deactivated after too many
-    /// failures), when their turn in the lane came.
-    pub skipped: AtomicU64,
-    /// Deliveries accepted and not finished yet.
-    pub pending: AtomicI64,
-}
 
 type LaneKey = (TaskKey, String);
 

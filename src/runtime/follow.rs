@@ -22,6 +22,27 @@ use crate::model::{AgentId, ContextId, Principal, TaskEvent, TaskId, TaskKey, Ta
 impl Runtime {
     /// Submits a message and follows the task as a stream from its first event.
     ///
+    /// ```
+    /// # async fn run() -> a2ad::Result<()> {
+    /// use std::sync::Arc;
+    ///
+    /// use a2ad::{AgentId, Message, Principal, Runtime, SendRequest, TaskState};
+    ///
+    /// let mut config = a2ad::Config::default(); // one `echo` agent
+    /// config.store = a2ad::config::StoreConfig::memory();
+    /// let runtime = Runtime::start(Arc::new(config.validated()?)).await?;
+    /// let hello = SendRequest::new(Message::user_text(["hello"]));
+    /// let mut stream = runtime.stream(&Principal::new("me"), &AgentId::new("echo"), hello).await?;
+    /// let mut last = None;
+    /// while let Some(event) = stream.next().await {
+    ///     last = Some(event.status.state); // submitted, working, ..., completed
+    /// }
+    /// assert_eq!(last, Some(TaskState::Completed));
+    /// # Ok(())
+    /// # }
+    /// # tokio::runtime::Runtime::new().expect("runtime").block_on(run()).expect("runs");
+    /// ```
+    ///
     /// # Errors
     /// As [`Runtime::send`], plus [`Error::SubscriptionFailed`].
     pub async fn stream(
@@ -205,7 +226,7 @@ impl Runtime {
     }
 
     /// A one-event stream carrying a finished task's final state.
-    pub fn finished_stream(&self, snapshot: &Arc<TaskSnapshot>) -> TaskStream {
+    pub(crate) fn finished_stream(&self, snapshot: &Arc<TaskSnapshot>) -> TaskStream {
         let item = StreamItem {
             event: Arc::new(snapshot.current_event()),
             task: snapshot.clone(),
@@ -223,7 +244,7 @@ impl Runtime {
     /// state (a `Last-Event-ID` replay that picks up where a stream broke, a restart
     /// included). A store that keeps no events of finished tasks (memory) gives the
     /// one-event stream of [`Runtime::finished_stream`].
-    pub async fn finished_stream_after(
+    pub(crate) async fn finished_stream_after(
         &self,
         principal: &Principal,
         agent: &AgentId,

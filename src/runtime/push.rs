@@ -14,8 +14,8 @@ impl Runtime {
     /// the caller's task.
     ///
     /// # Errors
-    /// [`Error::TaskNotFound`] when the task is not this caller's; over the per-task cap,
-    /// [`Error::InvalidParams`].
+    /// [`crate::Error::TaskNotFound`] when the task is not this caller's; over the per-task cap,
+    /// [`crate::Error::InvalidParams`].
     pub async fn set_push(&self, config: Arc<StoredPushConfig>) -> Result<()> {
         if let Some(task) = &config.scope.task {
             // Scoping to a task requires that this caller owns it.
@@ -31,7 +31,7 @@ impl Runtime {
     /// The named configurations of a task of this caller.
     ///
     /// # Errors
-    /// [`Error::TaskNotFound`] when the task is not this caller's.
+    /// [`crate::Error::TaskNotFound`] when the task is not this caller's.
     pub async fn task_push_configs(
         &self,
         principal: &Principal,
@@ -49,7 +49,7 @@ impl Runtime {
     /// the removal is durable.
     ///
     /// # Errors
-    /// [`Error::TaskNotFound`] when the task is not this caller's.
+    /// [`crate::Error::TaskNotFound`] when the task is not this caller's.
     pub async fn delete_push(
         &self,
         principal: &Principal,
@@ -68,16 +68,19 @@ impl Runtime {
     /// The scoped configuration of a scope.
     ///
     /// # Errors
-    /// [`Error::Internal`] when the store cannot be read.
-    pub async fn scoped_push(&self, scope: &PushScope) -> Result<Option<Arc<StoredPushConfig>>> {
+    /// [`crate::Error::Internal`] when the store cannot be read.
+    pub(crate) async fn scoped_push(
+        &self,
+        scope: &PushScope,
+    ) -> Result<Option<Arc<StoredPushConfig>>> {
         self.shared.store.push_scope(scope).await
     }
 
     /// A scoped configuration of this principal and agent by id.
     ///
     /// # Errors
-    /// [`Error::Internal`] when the store cannot be read.
-    pub async fn push_by_id(
+    /// [`crate::Error::Internal`] when the store cannot be read.
+    pub(crate) async fn push_by_id(
         &self,
         principal: &Principal,
         agent: &AgentId,

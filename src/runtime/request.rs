@@ -22,6 +22,18 @@ pub struct SendRequest {
     pub metadata: Option<Box<serde_json::value::RawValue>>,
 }
 
+impl SendRequest {
+    /// A message that starts a new task in a new conversation.
+    pub fn new(message: Message) -> Self {
+        Self {
+            message,
+            context_id: None,
+            task_id: None,
+            metadata: None,
+        }
+    }
+}
+
 /// What a request's task id means: its dialect's rule.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum TaskIdUse {

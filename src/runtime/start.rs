@@ -25,34 +25,86 @@ use crate::store::pg::PgStore;
 use crate::store::{LocalStore, Orphan, RecoveredTask, Store};
 use crate::webhook::PayloadRenderer;
 
+/// Builds a [`Runtime`]: see [`Runtime::builder`].
+pub struct RuntimeBuilder {
+    config: Arc<Config>,
+    backends: HashMap<AgentId, Arc<dyn Agent>>,
+    renderers: HashMap<String, Arc<dyn PayloadRenderer>>,
+}
+
+impl RuntimeBuilder {
+    /// Serves the agent `id` (one of the configuration's agents) with this backend instead
+    /// of the one its configuration names: how an embedder plugs its own [`Agent`] in.
+    #[must_use]
+    pub fn agent(mut self, id: &str, backend: impl Agent) -> Self {
+        self.backends.insert(AgentId::new(id), Arc::new(backend));
+        self
+    }
+
+    /// The configuration the runtime will start with.
+    pub(crate) fn config(&self) -> &Arc<Config> {
+        &self.config
+    }
+
+    /// Webhook payload renderers by format name (each dialect registers its own).
+    pub(crate) fn renderers(
+        mut self,
+        renderers: HashMap<String, Arc<dyn PayloadRenderer>>,
+    ) -> Self {
+        self.renderers = renderers;
+        self
+    }
+
+    /// Opens the store, spawns the actors, and takes up the tasks a restart or another
+    /// node left.
+    ///
+    /// # Errors
+    /// A store that cannot open; [`crate::Error::Internal`] if an actor cannot be spawned.
+    pub async fn start(self) -> Result<Runtime> {
+        Runtime::start_full(self.config, self.backends, self.renderers).await
+    }
+}
+
 impl Runtime {
-    /// Starts the actor system for a validated configuration, with the backends the
-    /// configuration names.
+    /// The actor system for a validated configuration, with the backends the configuration
+    /// names unless [`RuntimeBuilder::agent`] gives others.
+    ///
+    /// ```
+    /// # async fn run() -> a2ad::Result<()> {
+    /// use std::sync::Arc;
+    /// use std::time::Duration;
+    ///
+    /// use a2ad::{AgentId, Message, Principal, Runtime, SendRequest};
+    ///
+    /// let mut config = a2ad::Config::default(); // one `echo` agent
+    /// config.store = a2ad::config::StoreConfig::memory();
+    /// let runtime = Runtime::builder(Arc::new(config.validated()?)).start().await?;
+    /// let (me, echo) = (Principal::new("alice"), AgentId::new("echo"));
+    /// let hello = SendRequest::new(Message::user_text(["hello"]));
+    /// let task = runtime.send(&me, &echo, hello, Some(Duration::from_secs(5))).await?;
+    /// assert!(task.status.state.is_terminal());
+    /// runtime.shutdown(Duration::from_secs(1)).await;
+    /// # Ok(())
+    /// # }
+    /// # tokio::runtime::Runtime::new().expect("runtime").block_on(run()).expect("runs");
+    /// ```
+    pub fn builder(config: Arc<Config>) -> RuntimeBuilder {
+        RuntimeBuilder {
+            config,
+            backends: HashMap::new(),
+            renderers: HashMap::new(),
+        }
+    }
+
+    /// `Runtime::builder(config).start()`: the actor system with the configured backends.
     ///
     /// # Errors
-    /// [`Error::Internal`] if an actor cannot be spawned.
+    /// As [`RuntimeBuilder::start`].
     pub async fn start(config: Arc<Config>) -> Result<Self> {
-        Self::start_with(config, HashMap::new()).await
+        Self::builder(config).start().await
     }
 
-    /// Like [`Runtime::start`], with some agents served by the given backends instead of
-    /// the configured ones (how an embedder plugs its own [`Agent`] in).
-    ///
-    /// # Errors
-    /// [`Error::Internal`] if an actor cannot be spawned.
-    pub async fn start_with(
-        config: Arc<Config>,
-        backends: HashMap<AgentId, Arc<dyn Agent>>,
-    ) -> Result<Self> {
-        Self::start_full(config, backends, HashMap::new()).await
-    }
-
-    /// Like [`Runtime::start_with`], with webhook payload renderers by format name (each
-    /// dialect registers its own; see [`PayloadRenderer`]).
-    ///
-    /// # Errors
-    /// [`Error::Internal`] if an actor cannot be spawned.
-    pub(crate) async fn start_full(
+    async fn start_full(
         config: Arc<Config>,
         mut backends: HashMap<AgentId, Arc<dyn Agent>>,
         renderers: HashMap<String, Arc<dyn PayloadRenderer>>,

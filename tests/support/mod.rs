@@ -174,7 +174,7 @@ impl TestServer {
         backends: std::collections::HashMap<a2ad::AgentId, std::sync::Arc<dyn a2ad::Agent>>,
     ) -> TestServer {
         let config = config.validated().expect("valid test config");
-        let store_dir = (config.store.backend == a2ad::StoreBackend::Redb)
+        let store_dir = (config.store.backend == a2ad::config::StoreBackend::Redb)
             .then(|| {
                 std::path::Path::new(&config.store.path)
                     .parent()
@@ -182,7 +182,14 @@ impl TestServer {
             })
             .flatten()
             .filter(|d| d.starts_with(std::env::temp_dir().join("a2ad-tests")));
-        let server = Server::bind_with(config, backends).await.expect("bind");
+        let server = backends
+            .into_iter()
+            .fold(Server::builder(config), |b, (id, backend)| {
+                b.agent(id.as_str(), backend)
+            })
+            .build()
+            .await
+            .expect("bind");
         let handle = server.serve().expect("serve");
         let base = format!("http://{}", handle.local_addr());
         let client = reqwest::Client::builder()
