@@ -5,6 +5,7 @@
 //! call from an authenticated caller for an existing agent.
 
 use serde_json::json;
+use serde_json::value::RawValue;
 
 use super::params::{self, SendParams};
 use super::render::{self, TaskOut};
@@ -12,7 +13,7 @@ use super::webhook::FORMAT;
 use super::{errors, render::event_names};
 use crate::actors::AgentEntry;
 use crate::error::Error;
-use crate::model::TaskId;
+use crate::model::{TaskId, TaskSnapshot};
 use crate::push::{PushScope, StoredPushConfig};
 use crate::rpc::json::Obj;
 use crate::rpc::{Call, CallContext, Reply, RpcError};
@@ -102,13 +103,18 @@ async fn send(runtime: &Runtime, cx: &CallContext, call: &Call) -> Result<Reply,
         Sent::Message(_) => return Err(Error::Internal),
     };
     cx.task(&task.id);
-    Ok(Reply::ok(
+    Ok(task_reply(id, &task, history_length))
+}
+
+/// The seed's answer with a task: the task, its history cut to `history_length`.
+fn task_reply(id: &RawValue, task: &TaskSnapshot, history_length: Option<usize>) -> Reply {
+    Reply::ok(
         id,
         &TaskOut {
-            task: &task,
+            task,
             history_length,
         },
-    ))
+    )
 }
 
 /// `message/stream`: runs a task, answers with its events.
@@ -142,13 +148,7 @@ async fn get(runtime: &Runtime, cx: &CallContext, call: &Call) -> Result<Reply, 
     let task = required_task(cx, &p)?;
     let history_length = params::opt_len(&p, "historyLength", "historyLength")?;
     let t = runtime.get(principal, &cx.agent_id, &task).await?;
-    Ok(Reply::ok(
-        id,
-        &TaskOut {
-            task: &t,
-            history_length,
-        },
-    ))
+    Ok(task_reply(id, &t, history_length))
 }
 
 /// `tasks/cancel`.
@@ -202,13 +202,7 @@ async fn resubscribe(runtime: &Runtime, cx: &CallContext, call: &Call) -> Result
             };
             Ok(Reply::stream(id, stream, render::sse_data))
         }
-        Resubscribed::Finished(t) => Ok(Reply::ok(
-            id,
-            &TaskOut {
-                task: &t,
-                history_length: None,
-            },
-        )),
+        Resubscribed::Finished(t) => Ok(task_reply(id, &t, None)),
     }
 }
 
