@@ -110,7 +110,8 @@ async fn serve() -> ExitCode {
             c.schema,
             c.node_id.as_deref().unwrap_or("with a generated id")
         ),
-        (None, a2ad::config::StoreBackend::Redb) => format!("{} (redb)", config.store.path),
+        (None, a2ad::config::StoreBackend::Redb) => format!("{} (redb)", config.store.path()),
+        (None, a2ad::config::StoreBackend::Log) => format!("{} (log)", config.store.path()),
         (None, a2ad::config::StoreBackend::Memory) => {
             "memory (nothing is kept across restarts)".to_string()
         }

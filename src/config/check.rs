@@ -169,10 +169,10 @@ fn webhooks(w: &WebhooksConfig) -> Result<(), ConfigError> {
 }
 
 fn store(s: &StoreConfig) -> Result<(), ConfigError> {
-    if s.path.trim().is_empty() {
+    if s.path().trim().is_empty() {
         return Err(ConfigError::key("store.path", "must not be empty"));
     }
-    if s.path.contains('\0') {
+    if s.path().contains('\0') {
         return Err(ConfigError::key(
             "store.path",
             "must not contain a NUL byte",

@@ -7,10 +7,12 @@ use serde::Deserialize;
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct StoreConfig {
-    /// `redb` (one file, durable: the default) or `memory` (lost on exit).
+    /// `log` (segment files in a directory, durable: the default), `redb` (one file,
+    /// durable) or `memory` (lost on exit).
     pub backend: StoreBackend,
-    /// The redb file (its directory is created if missing).
-    pub path: String,
+    /// The log's directory or the redb file (created if missing); `None`: the backend's
+    /// default ([`StoreConfig::path`]).
+    pub path: Option<String>,
     /// Task events written per transaction at most (one fdatasync each).
     pub max_batch: usize,
     /// redb's page cache in MiB.
@@ -34,8 +36,10 @@ pub struct StoreConfig {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum StoreBackend {
-    /// One redb file, durable.
+    /// A log of framed records in segment files, durable; read from memory.
     #[default]
+    Log,
+    /// One redb file, durable.
     Redb,
     /// In memory only.
     Memory,
@@ -136,8 +140,10 @@ impl ClusterConfig {
 }
 
 impl StoreConfig {
-    /// Default file.
-    pub const DEFAULT_PATH: &'static str = "./a2ad-data/a2ad.redb";
+    /// Default directory of the log store.
+    pub const DEFAULT_LOG_PATH: &'static str = "./a2ad-data/log";
+    /// Default file of the redb store.
+    pub const DEFAULT_REDB_PATH: &'static str = "./a2ad-data/a2ad.redb";
     /// Default events per transaction.
     pub const DEFAULT_MAX_BATCH: usize = 1024;
     /// Default page cache.
@@ -157,8 +163,26 @@ impl StoreConfig {
     pub fn redb(path: impl Into<String>) -> Self {
         Self {
             backend: StoreBackend::Redb,
-            path: path.into(),
+            path: Some(path.into()),
             ..Self::default()
+        }
+    }
+
+    /// A log store in this directory.
+    pub fn log(path: impl Into<String>) -> Self {
+        Self {
+            backend: StoreBackend::Log,
+            path: Some(path.into()),
+            ..Self::default()
+        }
+    }
+
+    /// Where the store lives: `path`, or the backend's default.
+    pub fn path(&self) -> &str {
+        match (&self.path, self.backend) {
+            (Some(p), _) => p,
+            (None, StoreBackend::Redb) => Self::DEFAULT_REDB_PATH,
+            (None, _) => Self::DEFAULT_LOG_PATH,
         }
     }
 }
@@ -166,8 +190,8 @@ impl StoreConfig {
 impl Default for StoreConfig {
     fn default() -> Self {
         Self {
-            backend: StoreBackend::Redb,
-            path: Self::DEFAULT_PATH.into(),
+            backend: StoreBackend::Log,
+            path: None,
             max_batch: Self::DEFAULT_MAX_BATCH,
             cache_mib: Self::DEFAULT_CACHE_MIB,
             quick_repair: false,

@@ -290,8 +290,21 @@ fn memory_keeps_the_contract() {
 #[test]
 fn the_redb_file_keeps_the_contract_and_everything_across_a_reopen() {
     let dir = std::env::temp_dir().join(format!("a2ad-contract-{}", uuid::Uuid::new_v4()));
+    durable_contract(
+        &dir,
+        StoreConfig::redb(dir.join("a2ad.redb").display().to_string()),
+    );
+}
+
+#[test]
+fn the_log_keeps_the_contract_and_everything_across_a_reopen() {
+    let dir = std::env::temp_dir().join(format!("a2ad-contract-{}", uuid::Uuid::new_v4()));
+    durable_contract(&dir, StoreConfig::log(dir.join("log").display().to_string()));
+}
+
+fn durable_contract(dir: &std::path::Path, store: StoreConfig) {
     let config = Config {
-        store: StoreConfig::redb(dir.join("a2ad.redb").display().to_string()),
+        store,
         ..Config::default()
     };
     let store = open(&config);
@@ -340,7 +353,7 @@ fn the_redb_file_keeps_the_contract_and_everything_across_a_reopen() {
         "a done delivery is gone"
     );
     store.close(std::time::Duration::from_secs(30));
-    let _ = std::fs::remove_dir_all(&dir);
+    let _ = std::fs::remove_dir_all(dir);
 }
 
 /// The PostgreSQL of the tests: `A2AD_TEST_PG_URL`, by default the local server of this

@@ -5,14 +5,12 @@ use std::cell::Cell;
 use std::io::Write as _;
 use std::path::Path;
 
-use redb::{Database, TableDefinition};
-
 use crate::error::{Error, Result};
 
 /// One row that cannot be read: where it is and its raw bytes.
 pub(crate) struct Damaged {
-    table: String,
-    key: Vec<u8>,
+    pub(crate) table: String,
+    pub(crate) key: Vec<u8>,
     value: Vec<u8>,
 }
 
@@ -44,8 +42,12 @@ pub(crate) fn summary(damaged: &[Damaged]) -> String {
 
 /// Copies the damaged rows to `<store>.damaged-<unix time>.jsonl` beside the store (one
 /// JSON object per row: table, key and value in hex), makes that copy durable, then
-/// removes the rows from the store in one transaction.
-pub(crate) fn set_aside(db: &Database, path: &Path, damaged: &[Damaged]) -> Result<()> {
+/// removes the rows from the store with `remove` (one durable change).
+pub(crate) fn set_aside(
+    path: &Path,
+    damaged: &[Damaged],
+    remove: impl FnOnce() -> std::result::Result<(), String>,
+) -> Result<()> {
     let fail = |what: &str, e: &dyn std::fmt::Display| Error::Store {
         path: path.display().to_string(),
         message: format!("could not set its damaged records aside ({what}: {e})"),
@@ -75,15 +77,6 @@ pub(crate) fn set_aside(db: &Database, path: &Path, damaged: &[Damaged]) -> Resu
     file.write_all(&out)
         .and_then(|()| file.sync_all())
         .map_err(|e| fail(&aside.display().to_string(), &e))?;
-    let remove = || -> std::result::Result<(), redb::Error> {
-        let w = db.begin_write()?;
-        for d in damaged {
-            let table: TableDefinition<'_, &[u8], &[u8]> = TableDefinition::new(&d.table);
-            w.open_table(table)?.remove(d.key.as_slice())?;
-        }
-        w.commit()?;
-        Ok(())
-    };
     remove().map_err(|e| fail("removing them", &e))?;
     tracing::warn!(
         path = %path.display(),

@@ -1,71 +1,92 @@
-//! The redb file behind [`super::LocalStore`]: a group-commit journal.
+//! The file behind [`super::LocalStore`]: a group-commit journal over one of two disks —
+//! the log (`backend = "log"`, the default: framed records appended to segment files, read
+//! back from memory) or redb (`backend = "redb"`: B-trees in one file).
 //!
 //! One committer thread owns the write side. It takes whatever is queued (at most
-//! `store.max_batch` task events per transaction, no linger timer: the batch that forms
-//! while a commit runs is the next batch), writes it in one transaction, commits it with
-//! `Durability::Immediate` (one fdatasync; quick-repair if configured), then — only then — puts the
-//! task records into the index readers use and runs each append's continuation. Retention
-//! deletes run on the same thread, in chunks between batches. A commit that fails is
-//! retried (with the same writes, after a pause) and nothing is acknowledged meanwhile: the
-//! server stalls rather than tells anyone something it could lose.
+//! `store.max_batch` task events per batch, no linger timer: the batch that forms while a
+//! commit runs is the next batch), makes it durable with one fdatasync, then — only then —
+//! puts the task records into the index readers use and runs each append's continuation.
+//! Retention deletes and the log's compaction run on the same thread, in chunks between
+//! batches. A commit that fails is retried (with the same writes, after a pause) and
+//! nothing is acknowledged meanwhile: the server stalls rather than tells anyone something
+//! it could lose.
 //!
-//! Tables: `meta` (schema version), `tasks` (record per task), `events` (task, number),
-//! `outbox` (task, event, configuration → next attempt), `push` (configurations with
-//! their bookkeeping), `turns` (principal, conversation, turn).
+//! Tables (file/tables.rs): `tasks` (record per task), `events` (task, number), `outbox`
+//! (task, event, configuration → next attempt), `push` (configurations with their
+//! bookkeeping), `turns` (principal, conversation, turn); redb adds `meta` (schema version).
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::mpsc::Sender;
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-
-use redb::{Database, DatabaseError, ReadableDatabase, TableDefinition};
 
 mod committer;
 mod load;
+pub(crate) mod log;
+mod redb_file;
 mod schema;
+pub(crate) mod tables;
 
-use super::codec::{self, SCHEMA_VERSION};
-use super::damage::{self};
+use super::codec::{self, Created};
+use super::damage;
 use super::index::Evicted;
 use super::index::Indexes;
-use super::{Recovered, StoreStats, Then, Write};
-use crate::config::Config;
+use super::{Delivery, Recovered, StoreStats, Then, Write};
+use crate::config::{Config, StoreBackend};
 use crate::error::{Error, Result};
-use crate::model::{TaskEvent, TaskKey};
+use crate::model::{Message, TaskEvent, TaskKey};
 use committer::Committer;
-use load::{damaged, guarded_load, load, read_events, refuse_damage};
-use schema::{check_existing, check_schema, refused, restrict};
+use load::damaged;
+use tables::DiskError;
 
-type Table = TableDefinition<'static, &'static [u8], &'static [u8]>;
-
-const META: Table = TableDefinition::new("meta");
-const TASKS: Table = TableDefinition::new("tasks");
-const EVENTS: Table = TableDefinition::new("events");
-const OUTBOX: Table = TableDefinition::new("outbox");
-const PUSH: Table = TableDefinition::new("push");
-const TURNS: Table = TableDefinition::new("turns");
-
-const APP: &[u8] = b"a2ad";
-
-/// Tasks deleted per retention transaction (between write batches).
+/// Tasks deleted per retention batch (between write batches).
 const FORGET_CHUNK: usize = 1024;
+
+/// What the committer does with a store file: one durable batch at a time.
+trait Disk: Send + Sync + 'static {
+    /// Makes one batch durable. Returns the planned deliveries, each with the index of the
+    /// write that planned it.
+    fn commit(
+        &self,
+        writes: &[Write],
+        indexes: &Indexes,
+    ) -> std::result::Result<Vec<(usize, Delivery)>, DiskError>;
+
+    /// Deletes evicted tasks (their records, events, outbox entries, configurations).
+    fn forget(&self, chunk: &[Evicted]) -> std::result::Result<(), DiskError>;
+
+    /// Gets ready to retry after a failed commit.
+    fn reopen(&self) -> std::result::Result<(), DiskError>;
+
+    /// A task's durable events numbered above `after`.
+    fn events(
+        &self,
+        key: &TaskKey,
+        created: Created,
+        after: u64,
+        history: &[Arc<Message>],
+    ) -> std::result::Result<Vec<TaskEvent>, DiskError>;
+
+    /// The bytes the store takes on disk.
+    fn bytes(&self) -> u64;
+
+    /// Work between batches (the log's compaction): one bounded step. Returns true when
+    /// there is more to do.
+    fn maintain(&self) -> std::result::Result<bool, DiskError> {
+        Ok(false)
+    }
+}
 
 enum Job {
     Append(Vec<Write>, Option<Then>),
     Forget(Vec<Evicted>),
 }
 
-/// The open file, shared by the committer (which replaces it when it must reopen the
-/// file) and readers (which hold the read side for the length of one read). `None` only
-/// while a reopen has not succeeded yet.
-type Handle = Arc<RwLock<Option<Database>>>;
-
 /// The journal: a handle to the committer thread and the file.
 pub(crate) struct Journal {
     tx: Mutex<Option<Sender<Job>>>,
-    db: Handle,
-    path: PathBuf,
+    disk: Arc<dyn Disk>,
     thread: Mutex<Option<std::thread::JoinHandle<()>>>,
     counters: Arc<Counters>,
     indexes: Arc<Indexes>,
@@ -88,84 +109,49 @@ fn open_error(path: &Path, message: impl Into<String>) -> Error {
     }
 }
 
+/// Creates the store's directory (mode 0700) when it is missing.
+fn create_parent(path: &Path) -> Result<()> {
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty())
+        && !dir.exists()
+    {
+        std::fs::create_dir_all(dir).map_err(|e| {
+            open_error(
+                path,
+                format!("cannot create the directory {}: {e}", dir.display()),
+            )
+        })?;
+        schema::restrict(dir, 0o700);
+    }
+    Ok(())
+}
+
 impl Journal {
-    /// Opens (or creates) the file, checks it is an a2ad store of a schema this build
-    /// reads, loads it into `indexes`, and starts the committer.
+    /// Opens (or creates) the store file, checks it is an a2ad store this build reads,
+    /// loads it into `indexes`, and starts the committer.
     ///
     /// # Errors
     /// [`Error::Store`] naming the file: locked by another process, unreadable, not an
-    /// a2ad store, or of another schema. The file is left as it was.
+    /// a2ad store, of another schema, or damaged. The file is left as it was.
     pub(crate) fn open(config: &Config, indexes: Arc<Indexes>) -> Result<(Self, Recovered)> {
+        let path = PathBuf::from(config.store.path());
+        let started = Instant::now();
         // redb trusts the pages of a file that opened cleanly: on a damaged one it may
         // panic anywhere from its first read. That refuses the start like any other
         // damage, with one line naming the file.
-        damage::catch_quietly(|| Self::open_checked(config, indexes))
-            .unwrap_or_else(|panic| Err(damaged(Path::new(&config.store.path), &panic)))
-    }
-
-    fn open_checked(config: &Config, indexes: Arc<Indexes>) -> Result<(Self, Recovered)> {
-        let store = &config.store;
-        let path = PathBuf::from(&store.path);
-        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty())
-            && !dir.exists()
-        {
-            std::fs::create_dir_all(dir).map_err(|e| {
-                open_error(
-                    &path,
-                    format!("cannot create the directory {}: {e}", dir.display()),
-                )
-            })?;
-            restrict(dir, 0o700);
-        }
-        let fresh = !path.exists();
-        if !fresh && std::fs::metadata(&path).is_ok_and(|m| m.len() == 0) {
-            // An a2ad store is never empty (redb writes its header when it creates the
-            // file): this is an operator's `> a2ad.redb` or a truncation, not a new store.
-            return Err(open_error(
-                &path,
-                "is empty (0 bytes), so it is not a store a2ad wrote: if it held tasks, restore it from a backup; to start with a new, empty store, delete the file",
-            ));
-        }
-        let started = Instant::now();
-        let mut loaded = None;
-        if !fresh {
-            // Look before writing: a file that is not ours, or a damaged one, is left
-            // exactly as it was. A clean file is loaded through this read-only handle.
-            match redb::Builder::new().open_read_only(&path) {
-                Ok(read) => {
-                    if check_existing(&read, &path)? == SCHEMA_VERSION {
-                        let l = guarded_load(&path, || load(&read, &indexes, config))?;
-                        refuse_damage(&path, &l.damaged, store.set_aside_damaged)?;
-                        loaded = Some(l);
+        let (disk, loaded): (Arc<dyn Disk>, load::Loaded) =
+            damage::catch_quietly(|| -> Result<(Arc<dyn Disk>, load::Loaded)> {
+                Ok(match config.store.backend {
+                    StoreBackend::Redb => {
+                        let (disk, loaded) = redb_file::RedbDisk::open(config, &indexes)?;
+                        (Arc::new(disk), loaded)
                     }
-                }
-                // Not closed cleanly (a crash): only a writer may repair it; checked below.
-                Err(DatabaseError::RepairAborted) => {}
-                Err(e) => return Err(refused(&path, e)),
-            }
-        }
-        let db = redb::Builder::new()
-            .set_cache_size(store.cache_mib.saturating_mul(1 << 20))
-            .create(&path)
-            .map_err(|e| refused(&path, e))?;
-        if fresh {
-            restrict(&path, 0o600);
-        }
-        check_schema(&db, &path)?;
-        let loaded = match loaded {
-            Some(l) => l,
-            None => {
-                let l = guarded_load(&path, || load(&db, &indexes, config))?;
-                refuse_damage(&path, &l.damaged, store.set_aside_damaged)?;
-                l
-            }
-        };
-        if !loaded.damaged.is_empty() {
-            damage::set_aside(&db, &path, &loaded.damaged)?;
-        }
-        loaded
-            .tidy(&db)
-            .map_err(|e| open_error(&path, format!("could not be tidied: {e}")))?;
+                    StoreBackend::Log | StoreBackend::Memory => {
+                        let (disk, loaded) = log::LogDisk::open(config, &indexes)?;
+                        (Arc::new(disk), loaded)
+                    }
+                })
+            })
+            .unwrap_or_else(|panic| Err(damaged(&path, &panic)))?;
         let recovered = loaded.recovered;
         tracing::info!(
             path = %path.display(),
@@ -177,17 +163,14 @@ impl Journal {
         );
         let (tx, rx) = std::sync::mpsc::channel();
         let counters = Arc::new(Counters::default());
-        let db: Handle = Arc::new(RwLock::new(Some(db)));
         let committer = Committer {
-            db: db.clone(),
-            path: path.clone(),
-            cache_bytes: store.cache_mib.saturating_mul(1 << 20),
+            disk: disk.clone(),
             indexes: indexes.clone(),
             rx,
             counters: counters.clone(),
-            max_batch: store.max_batch,
-            quick_repair: store.quick_repair,
+            max_batch: config.store.max_batch,
             forget: Vec::new(),
+            more: false,
         };
         let thread = std::thread::Builder::new()
             .name("a2ad-store".into())
@@ -196,8 +179,7 @@ impl Journal {
         Ok((
             Self {
                 tx: Mutex::new(Some(tx)),
-                db,
-                path,
+                disk,
                 thread: Mutex::new(Some(thread)),
                 counters,
                 indexes,
@@ -235,12 +217,9 @@ impl Journal {
         let Some(task) = self.indexes.tasks.get(key) else {
             return Ok(Vec::new());
         };
-        let db = self.db.read().unwrap_or_else(|e| e.into_inner());
-        let Some(db) = db.as_ref() else {
-            return Err(super::failed("the store file is being reopened"));
-        };
-        let read = db.begin_read().map_err(super::failed)?;
-        read_events(&read, key, codec::created(&task), after, &task.history).map_err(super::failed)
+        self.disk
+            .events(key, codec::created(&task), after, &task.history)
+            .map_err(super::failed)
     }
 
     /// Commits are failing (and being retried).
@@ -259,7 +238,7 @@ impl Journal {
             pending_writes: self.counters.pending.load(Relaxed),
             commits: self.counters.commits.load(Relaxed),
             committed_writes: self.counters.committed.load(Relaxed),
-            file_bytes: std::fs::metadata(&self.path).map(|m| m.len()).unwrap_or(0),
+            file_bytes: self.disk.bytes(),
             failing: self.counters.failing.load(Relaxed),
             ..StoreStats::default()
         }
@@ -295,6 +274,9 @@ impl Drop for Journal {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::store::codec::SCHEMA_VERSION;
+    use redb::{Database, ReadableDatabase as _};
+    use redb_file::{APP, EVENTS, META, TASKS, TURNS, OUTBOX, PUSH};
     use crate::config::StoreConfig;
     use crate::model::{ContextId, Message, Role, TaskId, TaskSnapshot, TaskState, TaskStatus};
     use crate::store::index::{PushIndex, TaskIndex};

@@ -42,7 +42,7 @@ impl LocalStore {
         });
         let (journal, recovered) = match config.store.backend {
             StoreBackend::Memory => (None, Recovered::default()),
-            StoreBackend::Redb => {
+            StoreBackend::Redb | StoreBackend::Log => {
                 let (journal, recovered) = Journal::open(config, indexes.clone())?;
                 (Some(journal), recovered)
             }

@@ -5,41 +5,38 @@ use std::collections::HashMap;
 use std::path::Path;
 use std::sync::Arc;
 
-use redb::{Database, ReadableDatabase, ReadableTable, TableHandle, WriteTransaction};
-
-use super::{EVENTS, OUTBOX, PUSH, TASKS, TURNS, open_error};
+use super::open_error;
+use super::tables::{DiskError, Table, TableRead, TableWrite, delete_task};
 use crate::config::Config;
-use crate::error::{Error, Result};
+use crate::error::Error;
 use crate::model::{ContextId, Message, Principal, TaskEvent, TaskKey, TaskSnapshot};
 use crate::store::codec::{self, Created};
 use crate::store::damage::{self, Damaged};
 use crate::store::index::{Evicted, Indexes};
-use crate::store::{Delivery, Recovered, RecoveredContext, RecoveredTask, delivery_id};
+use crate::store::{Delivery, Recovered, RecoveredContext, RecoveredTask, TurnId, delivery_id};
 
 pub(super) fn read_events(
-    read: &redb::ReadTransaction,
+    read: &impl TableRead,
     key: &TaskKey,
     created: Created,
     after: u64,
     history: &[Arc<Message>],
-) -> std::result::Result<Vec<TaskEvent>, redb::Error> {
-    let events = read.open_table(EVENTS)?;
+) -> Result<Vec<TaskEvent>, DiskError> {
     let from = codec::event_key(key, created, after.saturating_add(1));
     let end = codec::prefix_end(&codec::task_key(key, created));
     let mut out = Vec::new();
-    for entry in events.range(from.as_slice()..end.as_slice())? {
-        let (k, v) = entry?;
+    read.scan(Table::Events, &from, Some(&end), &mut |k, v| {
         let seq = k
-            .value()
             .split_last_chunk::<8>()
             .map(|(_, n)| u64::from_be_bytes(*n))
             .unwrap_or(0);
-        match codec::decode_event(seq, v.value(), history) {
+        match codec::decode_event(seq, v, history) {
             Some(e) => out.push(e),
             // Checked at open; a row damaged since is logged, not replayed as something else.
             None => tracing::error!(task = %key.task, seq, "a stored event could not be decoded"),
         }
-    }
+        true
+    })?;
     Ok(out)
 }
 
@@ -56,22 +53,19 @@ pub(super) struct Loaded {
 
 impl Loaded {
     /// Deletes the expired tasks and stale outbox entries.
-    pub(super) fn tidy(&self, db: &Database) -> std::result::Result<(), redb::Error> {
-        if self.expired.is_empty() && self.stale.is_empty() {
-            return Ok(());
-        }
-        let w = db.begin_write()?;
+    pub(super) fn tidy(&self, t: &mut impl TableWrite) -> Result<(), DiskError> {
         for (key, created) in &self.expired {
-            delete_task(&w, key, *created)?;
+            delete_task(t, key, *created)?;
         }
-        {
-            let mut outbox = w.open_table(OUTBOX)?;
-            for (key, created) in &self.stale {
-                outbox.remove(codec::outbox_key(key, *created).as_slice())?;
-            }
+        for (key, created) in &self.stale {
+            t.remove(Table::Outbox, &codec::outbox_key(key, *created))?;
         }
-        w.commit()?;
         Ok(())
+    }
+
+    /// Nothing to tidy.
+    pub(super) fn tidy_nothing(&self) -> bool {
+        self.expired.is_empty() && self.stale.is_empty()
     }
 }
 
@@ -88,17 +82,21 @@ pub(super) fn damaged(path: &Path, why: &dyn std::fmt::Display) -> Error {
 /// Runs `load`, saying what a storage error means.
 pub(super) fn guarded_load(
     path: &Path,
-    load: impl FnOnce() -> std::result::Result<Loaded, redb::Error>,
-) -> Result<Loaded> {
+    load: impl FnOnce() -> Result<Loaded, DiskError>,
+) -> crate::error::Result<Loaded> {
     match load() {
         Ok(loaded) => Ok(loaded),
-        Err(redb::Error::Corrupted(why)) => Err(damaged(path, &why)),
-        Err(e) => Err(open_error(path, format!("could not be read: {e}"))),
+        Err(DiskError::Damaged(why)) => Err(damaged(path, &why)),
+        Err(DiskError::Io(e)) => Err(open_error(path, format!("could not be read: {e}"))),
     }
 }
 
 /// Damaged records refuse the start unless the operator said to set them aside.
-pub(super) fn refuse_damage(path: &Path, damaged: &[Damaged], set_aside: bool) -> Result<()> {
+pub(super) fn refuse_damage(
+    path: &Path,
+    damaged: &[Damaged],
+    set_aside: bool,
+) -> crate::error::Result<()> {
     if damaged.is_empty() || set_aside {
         return Ok(());
     }
@@ -116,42 +114,40 @@ pub(super) fn refuse_damage(path: &Path, damaged: &[Damaged], set_aside: bool) -
 /// tasks, conversations and the outbox into [`Recovered`]; every row is checked, and
 /// those that cannot be read are listed, never skipped silently. Writes nothing.
 pub(super) fn load(
-    db: &impl ReadableDatabase,
+    read: &impl TableRead,
     indexes: &Indexes,
     config: &Config,
-) -> std::result::Result<Loaded, redb::Error> {
-    let read = db.begin_read()?;
+) -> Result<Loaded, DiskError> {
     let mut damaged = Vec::new();
-    let mut bad = |table: &str, k: &[u8], v: &[u8]| {
-        damaged.push(Damaged::new(table, k, v));
+    let mut bad = |table: Table, k: &[u8], v: &[u8]| {
+        damaged.push(Damaged::new(table.name(), k, v));
     };
-    for entry in read.open_table(PUSH)?.iter()? {
-        let (k, v) = entry?;
-        match codec::decode_push(v.value()) {
+    read.each(Table::Push, &mut |k, v| {
+        match codec::decode_push(v) {
             Some(c) => {
                 let _ = indexes.push.set(c, usize::MAX);
             }
-            None => bad(PUSH.name(), k.value(), v.value()),
+            None => bad(Table::Push, k, v),
         }
-    }
-    for entry in read.open_table(EVENTS)?.iter()? {
-        let (k, v) = entry?;
-        if !codec::event_row_is_valid(k.value(), v.value()) {
-            bad(EVENTS.name(), k.value(), v.value());
+        true
+    })?;
+    read.each(Table::Events, &mut |k, v| {
+        if !codec::event_row_is_valid(k, v) {
+            bad(Table::Events, k, v);
         }
-    }
+        true
+    })?;
     let retention = config.server.task_retention();
     let now = chrono::Utc::now();
     let mut finished: Vec<(TaskKey, Arc<TaskSnapshot>)> = Vec::new();
     let mut expired: Vec<Evicted> = Vec::new();
-    let mut live: Vec<RecoveredTask> = Vec::new();
-    for entry in read.open_table(TASKS)?.iter()? {
-        let (k, v) = entry?;
-        let decoded = codec::parse_task_key(k.value())
-            .and_then(|(created, key)| Some((created, codec::decode_task(&key, v.value())?, key)));
+    let mut unfinished: Vec<(TaskKey, Created, Arc<TaskSnapshot>, TurnId)> = Vec::new();
+    read.each(Table::Tasks, &mut |k, v| {
+        let decoded = codec::parse_task_key(k)
+            .and_then(|(created, key)| Some((created, codec::decode_task(&key, v)?, key)));
         let Some((created, (task, turn), key)) = decoded else {
-            bad(TASKS.name(), k.value(), v.value());
-            continue;
+            bad(Table::Tasks, k, v);
+            return true;
         };
         let task = Arc::new(task);
         if task.status.state.is_terminal() {
@@ -162,18 +158,23 @@ pub(super) fn load(
                 finished.push((key, task));
             }
         } else {
-            let events = read_events(&read, &key, created, 0, &task.history)?
-                .into_iter()
-                .map(Arc::new)
-                .collect();
-            live.push(RecoveredTask {
-                key,
-                task,
-                events,
-                turn,
-                why: crate::store::Orphan::Restart,
-            });
+            unfinished.push((key, created, task, turn));
         }
+        true
+    })?;
+    let mut live: Vec<RecoveredTask> = Vec::with_capacity(unfinished.len());
+    for (key, created, task, turn) in unfinished {
+        let events = read_events(read, &key, created, 0, &task.history)?
+            .into_iter()
+            .map(Arc::new)
+            .collect();
+        live.push(RecoveredTask {
+            key,
+            task,
+            events,
+            turn,
+            why: crate::store::Orphan::Restart,
+        });
     }
     // Oldest first, so eviction order stays finish order.
     finished.sort_by_key(|(_, t)| t.updated_at);
@@ -192,14 +193,12 @@ pub(super) fn load(
     live.sort_by_key(|t| t.task.created_at);
 
     let mut contexts: HashMap<(Principal, ContextId), RecoveredContext> = HashMap::new();
-    for entry in read.open_table(TURNS)?.iter()? {
-        let (k, v) = entry?;
-        let (Some((principal, context, turn)), Some((user, reply))) = (
-            codec::parse_turn_key(k.value()),
-            codec::decode_turn(v.value()),
-        ) else {
-            bad(TURNS.name(), k.value(), v.value());
-            continue;
+    read.each(Table::Turns, &mut |k, v| {
+        let (Some((principal, context, turn)), Some((user, reply))) =
+            (codec::parse_turn_key(k), codec::decode_turn(v))
+        else {
+            bad(Table::Turns, k, v);
+            return true;
         };
         contexts
             .entry((principal.clone(), context.clone()))
@@ -211,20 +210,22 @@ pub(super) fn load(
             })
             .turns
             .push((turn.number, user, reply));
-    }
+        true
+    })?;
 
+    let mut entries = Vec::new();
+    read.each(Table::Outbox, &mut |k, v| {
+        match (codec::parse_outbox_key(k), codec::decode_outbox(v)) {
+            (Some((created, key)), Some((attempt, due))) => {
+                entries.push((created, key, attempt, due));
+            }
+            _ => bad(Table::Outbox, k, v),
+        }
+        true
+    })?;
     let mut deliveries = Vec::new();
     let mut stale = Vec::new();
-    let events = read.open_table(EVENTS)?;
-    for entry in read.open_table(OUTBOX)?.iter()? {
-        let (k, v) = entry?;
-        let (Some((created, key)), Some((attempt, due))) = (
-            codec::parse_outbox_key(k.value()),
-            codec::decode_outbox(v.value()),
-        ) else {
-            bad(OUTBOX.name(), k.value(), v.value());
-            continue;
-        };
+    for (created, key, attempt, due) in entries {
         let task = indexes.tasks.get(&key.task);
         let config = indexes
             .push
@@ -232,9 +233,12 @@ pub(super) fn load(
             .into_iter()
             .find(|c| c.id == key.config);
         let event = match &task {
-            Some(t) => events
-                .get(codec::event_key(&key.task, created, key.seq).as_slice())?
-                .and_then(|e| codec::decode_event(key.seq, e.value(), &t.history)),
+            Some(t) => read
+                .get(
+                    Table::Events,
+                    &codec::event_key(&key.task, created, key.seq),
+                )?
+                .and_then(|e| codec::decode_event(key.seq, &e, &t.history)),
             None => None,
         };
         match (task, config, event) {
@@ -260,25 +264,4 @@ pub(super) fn load(
         stale,
         damaged,
     })
-}
-
-/// Deletes a task's record, events, outbox entries and push configurations.
-pub(super) fn delete_task(
-    w: &WriteTransaction,
-    key: &TaskKey,
-    created: Created,
-) -> std::result::Result<(), redb::Error> {
-    let prefix = codec::task_key(key, created);
-    let end = codec::prefix_end(&prefix);
-    w.open_table(TASKS)?.remove(prefix.as_slice())?;
-    w.open_table(EVENTS)?
-        .retain_in(prefix.as_slice()..end.as_slice(), |_, _| false)?;
-    w.open_table(OUTBOX)?
-        .retain_in(prefix.as_slice()..end.as_slice(), |_, _| false)?;
-    let (scoped, named) = codec::task_push_keys(key);
-    let named_end = codec::prefix_end(&named);
-    let mut push = w.open_table(PUSH)?;
-    push.remove(scoped.as_slice())?;
-    push.retain_in(named.as_slice()..named_end.as_slice(), |_, _| false)?;
-    Ok(())
 }

@@ -7,7 +7,8 @@ use std::time::Instant;
 
 use redb::{Database, DatabaseError, ReadableDatabase, ReadableTable, StorageError, TableHandle};
 
-use super::{APP, EVENTS, META, OUTBOX, PUSH, TASKS, TURNS, open_error};
+use super::open_error;
+use super::redb_file::{APP, EVENTS, META, OUTBOX, PUSH, TASKS, TURNS};
 use crate::error::{Error, Result};
 use crate::model::{ContextId, Principal, TaskKey};
 use crate::store::codec::{self, Created, SCHEMA_VERSION};

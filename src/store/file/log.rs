@@ -1,0 +1,780 @@
+//! The log (`backend = "log"`, the default): the store's rows as framed operations
+//! appended to segment files in one directory — one `pwrite` and one `fdatasync` per
+//! batch — with the place of every row's newest value kept in memory ([`Keydir`]).
+//!
+//! - **Write path.** A batch becomes one frame (log/frame.rs) at the end of the newest
+//!   segment; once it is durable its operations update the keydir. A segment that reaches
+//!   [`SEGMENT_BYTES`] is sealed and the next one begun (the directory is synced first).
+//! - **Reads.** Task records, push configurations and conversations are served from
+//!   memory by the layers above; the one read that comes here is a finished task's events,
+//!   one `pread` per event.
+//! - **Bounded.** Between batches the committer compacts: when the segments hold more
+//!   than half again what is live, the oldest segment's live rows are appended anew (in
+//!   steps of [`STEP_BYTES`]) and the segment is deleted. Oldest first, so a removal that
+//!   a compacted segment held can be dropped with it: nothing older remains for it to
+//!   hide.
+//! - **Restart.** Every segment is read in order into the keydir, then the rows are
+//!   loaded like redb's. After a crash, only the newest segment's last frame can be
+//!   incomplete: it is cut off (it was never acknowledged). An unreadable frame anywhere
+//!   else is damage, and the start is refused.
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::fs::File;
+use std::os::unix::fs::FileExt as _;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, Instant};
+
+mod frame;
+mod keydir;
+
+use frame::{FrameBuf, Header, Next};
+use keydir::{Keydir, Loc};
+
+use super::load::{Loaded, guarded_load, load, read_events, refuse_damage};
+use super::tables::{self, DiskError, Table, TableRead, TableWrite};
+use super::{Disk, open_error};
+use crate::config::Config;
+use crate::error::Result;
+use crate::model::{Message, TaskEvent, TaskKey};
+use crate::store::codec::Created;
+use crate::store::damage;
+use crate::store::index::{Evicted, Indexes};
+use crate::store::{Delivery, Write};
+
+/// A segment is sealed once it holds this many bytes.
+pub(crate) const SEGMENT_BYTES: u64 = 64 << 20;
+/// Bytes of a compacted segment read per step between batches.
+const STEP_BYTES: u64 = 1 << 20;
+/// After a failed compaction step, the next one waits this long.
+const COMPACT_BACKOFF: Duration = Duration::from_secs(5);
+/// The lock file (held while a2ad runs).
+const LOCK: &str = "LOCK";
+/// Segment files: `<number, 10 digits>.a2l`.
+const SUFFIX: &str = ".a2l";
+
+fn segment_name(seg: u32) -> String {
+    format!("{seg:010}{SUFFIX}")
+}
+
+fn segment_number(name: &str) -> Option<u32> {
+    let digits = name.strip_suffix(SUFFIX)?;
+    (digits.len() == 10 && digits.bytes().all(|b| b.is_ascii_digit()))
+        .then(|| digits.parse().ok())
+        .flatten()
+}
+
+/// The log store's directory.
+pub(super) struct LogDisk {
+    dir: PathBuf,
+    /// Held (locked) for as long as the store is open.
+    _lock: File,
+    keydir: RwLock<Keydir>,
+    files: RwLock<HashMap<u32, Arc<File>>>,
+    writer: Mutex<Writer>,
+    bytes: AtomicU64,
+    segment_bytes: u64,
+}
+
+/// The write side (the committer's).
+struct Writer {
+    /// The newest segment, its file and length.
+    seg: u32,
+    file: Arc<File>,
+    len: u64,
+    /// Every segment's length.
+    sizes: BTreeMap<u32, u64>,
+    /// The segment being compacted and where its next frame starts.
+    compacting: Option<(u32, u64)>,
+    /// No compaction before this (after a failure).
+    calm_until: Option<Instant>,
+}
+
+fn io_at(path: &Path, what: &str, e: &std::io::Error) -> crate::Error {
+    open_error(path, format!("{what}: {e}"))
+}
+
+/// Syncs a directory, so that files created or removed in it stay so after a crash.
+fn sync_dir(dir: &Path) -> std::io::Result<()> {
+    File::open(dir)?.sync_all()
+}
+
+impl LogDisk {
+    /// Opens (or creates) the log's directory, reads every segment into the keydir (cutting
+    /// off a torn last frame), and loads the rows into `indexes`.
+    pub(super) fn open(config: &Config, indexes: &Indexes) -> Result<(Self, Loaded)> {
+        Self::open_sized(config, indexes, SEGMENT_BYTES)
+    }
+
+    pub(super) fn open_sized(
+        config: &Config,
+        indexes: &Indexes,
+        segment_bytes: u64,
+    ) -> Result<(Self, Loaded)> {
+        let dir = PathBuf::from(config.store.path());
+        if dir.is_file() {
+            return Err(open_error(
+                &dir,
+                "is a file, not the log store's directory: a redb store is opened with store.backend = \"redb\" (docs/CONFIG.md says how to carry it over to the log)",
+            ));
+        }
+        super::create_parent(&dir.join(LOCK))?;
+        let lock = File::options()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(dir.join(LOCK))
+            .map_err(|e| io_at(&dir, "cannot be opened", &e))?;
+        match lock.try_lock() {
+            Ok(()) => {}
+            Err(std::fs::TryLockError::WouldBlock) => {
+                return Err(open_error(
+                    &dir,
+                    "is in use by another a2ad (its LOCK file is locked); stop it or point store.path elsewhere",
+                ));
+            }
+            Err(std::fs::TryLockError::Error(e)) => {
+                return Err(io_at(&dir, "cannot be locked", &e));
+            }
+        }
+        let mut numbers = Vec::new();
+        let entries = std::fs::read_dir(&dir).map_err(|e| io_at(&dir, "cannot be read", &e))?;
+        for entry in entries {
+            let entry = entry.map_err(|e| io_at(&dir, "cannot be read", &e))?;
+            let name = entry.file_name().to_string_lossy().into_owned();
+            match segment_number(&name) {
+                Some(n) => numbers.push(n),
+                None if name == LOCK || name == "lost+found" => {}
+                None => {
+                    return Err(open_error(
+                        &dir,
+                        format!(
+                            "holds a file a2ad did not write ({name}), so it is not an a2ad log store; point store.path elsewhere"
+                        ),
+                    ));
+                }
+            }
+        }
+        numbers.sort_unstable();
+        if let Some(w) = numbers.windows(2).find(|w| w[1] != w[0] + 1) {
+            return Err(open_error(
+                &dir,
+                format!(
+                    "is damaged: segment {} is missing between {} and {}; restore the directory from a backup",
+                    w[0] + 1,
+                    segment_name(w[0]),
+                    segment_name(w[1])
+                ),
+            ));
+        }
+        let mut keydir = Keydir::default();
+        let mut files = HashMap::new();
+        let mut sizes = BTreeMap::new();
+        let newest = numbers.last().copied();
+        for &seg in &numbers {
+            let path = dir.join(segment_name(seg));
+            let last = Some(seg) == newest;
+            let file = File::options()
+                .read(true)
+                .write(true)
+                .open(&path)
+                .map_err(|e| io_at(&path, "cannot be opened", &e))?;
+            match replay(&path, &file, seg, last, &mut keydir)? {
+                Some(len) => {
+                    files.insert(seg, Arc::new(file));
+                    sizes.insert(seg, len);
+                }
+                None => {
+                    // The newest segment's creation was cut short: it held nothing.
+                    drop(file);
+                    std::fs::remove_file(&path)
+                        .and_then(|()| sync_dir(&dir))
+                        .map_err(|e| io_at(&path, "cannot be removed", &e))?;
+                }
+            }
+        }
+        let (seg, len) = match sizes.last_key_value() {
+            Some((&seg, &len)) => (seg, len),
+            None => {
+                let seg = numbers.first().copied().unwrap_or(1).max(1);
+                let file = create_segment(&dir, seg)
+                    .map_err(|e| io_at(&dir, "cannot create its first segment", &e))?;
+                files.insert(seg, Arc::new(file));
+                sizes.insert(seg, frame::HEADER as u64);
+                (seg, frame::HEADER as u64)
+            }
+        };
+        let file = files.get(&seg).cloned().ok_or_else(|| {
+            open_error(&dir, "lost its newest segment while opening")
+        })?;
+        let loaded = {
+            let read = Reader {
+                keydir: &keydir,
+                files: &files,
+                cache: std::cell::RefCell::new(BlockCache::default()),
+            };
+            guarded_load(&dir, || load(&read, indexes, config))?
+        };
+        refuse_damage(&dir, &loaded.damaged, config.store.set_aside_damaged)?;
+        let bytes = sizes.values().sum();
+        let disk = Self {
+            dir,
+            _lock: lock,
+            keydir: RwLock::new(keydir),
+            files: RwLock::new(files),
+            writer: Mutex::new(Writer {
+                seg,
+                file,
+                len,
+                sizes,
+                compacting: None,
+                calm_until: None,
+            }),
+            bytes: AtomicU64::new(bytes),
+            segment_bytes,
+        };
+        if !loaded.damaged.is_empty() {
+            damage::set_aside(&disk.dir, &loaded.damaged, || {
+                disk.batch(|b| {
+                    for d in &loaded.damaged {
+                        if let Some(t) = Table::named(&d.table) {
+                            b.remove(t, &d.key)?;
+                        }
+                    }
+                    Ok(())
+                })
+                .map_err(|e| e.to_string())
+            })?;
+        }
+        if !loaded.tidy_nothing() {
+            disk.batch(|b| loaded.tidy(b))
+                .map_err(|e| open_error(&disk.dir, format!("could not be tidied: {e}")))?;
+        }
+        Ok((disk, loaded))
+    }
+
+    /// Builds one frame with `f` and makes it durable.
+    fn batch<T>(
+        &self,
+        f: impl FnOnce(&mut Batch<'_>) -> std::result::Result<T, DiskError>,
+    ) -> std::result::Result<T, DiskError> {
+        let mut w = self.writer.lock().unwrap_or_else(|e| e.into_inner());
+        let mut b = Batch {
+            frame: FrameBuf::default(),
+            keydir: &self.keydir,
+        };
+        let out = f(&mut b)?;
+        let mut frame = b.frame;
+        self.append(&mut w, &mut frame)?;
+        Ok(out)
+    }
+
+    /// Writes a frame at the end of the newest segment, makes it durable, and only then
+    /// points the keydir at its values. On failure the segment is cut back to where it was
+    /// (the frame was never acknowledged) and the error returned, for a retry.
+    fn append(&self, w: &mut Writer, frame: &mut FrameBuf) -> std::result::Result<(), DiskError> {
+        if frame.is_empty() {
+            return Ok(());
+        }
+        let bytes = frame.seal();
+        let written = w
+            .file
+            .write_all_at(bytes, w.len)
+            .and_then(|()| w.file.sync_data());
+        if let Err(e) = written {
+            // Best effort: a retry writes the same place again anyway.
+            let _ = w.file.set_len(w.len);
+            return Err(e.into());
+        }
+        let payload_at = w.len + frame::FRAME_HEADER as u64;
+        {
+            let mut keydir = self.keydir.write().unwrap_or_else(|e| e.into_inner());
+            for op in frame::ops(&bytes[frame::FRAME_HEADER..]).unwrap_or_default() {
+                keydir.apply(w.seg, payload_at, &op);
+            }
+        }
+        w.len += bytes.len() as u64;
+        w.sizes.insert(w.seg, w.len);
+        self.bytes.fetch_add(bytes.len() as u64, Relaxed);
+        if w.len >= self.segment_bytes {
+            self.rotate(w);
+        }
+        Ok(())
+    }
+
+    /// Seals the newest segment and begins the next. A failure leaves the current one in
+    /// use (it is tried again after the next batch).
+    fn rotate(&self, w: &mut Writer) {
+        let seg = w.seg + 1;
+        match create_segment(&self.dir, seg) {
+            Ok(file) => {
+                let file = Arc::new(file);
+                self.files
+                    .write()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .insert(seg, file.clone());
+                w.seg = seg;
+                w.file = file;
+                w.len = frame::HEADER as u64;
+                w.sizes.insert(seg, w.len);
+                self.bytes.fetch_add(w.len, Relaxed);
+            }
+            Err(e) => {
+                tracing::error!(error = %e, segment = seg, "store: cannot begin the next log segment; the current one grows meanwhile");
+                // A half-made file would be taken for the newest segment.
+                let _ = std::fs::remove_file(self.dir.join(segment_name(seg)));
+            }
+        }
+    }
+
+    /// One step of compaction, when the segments hold more than half again what is live.
+    fn compact_step(&self, w: &mut Writer) -> std::result::Result<bool, DiskError> {
+        if w.compacting.is_none() {
+            let total: u64 = w.sizes.values().sum();
+            let live = self.keydir.read().unwrap_or_else(|e| e.into_inner()).live();
+            let oldest = w.sizes.first_key_value().map(|(s, _)| *s);
+            match oldest {
+                Some(oldest)
+                    if oldest != w.seg
+                        && total > 2 * self.segment_bytes
+                        && total > live + live / 2 =>
+                {
+                    w.compacting = Some((oldest, frame::HEADER as u64));
+                }
+                _ => return Ok(false),
+            }
+        }
+        let Some((seg, mut pos)) = w.compacting else {
+            return Ok(false);
+        };
+        let size = w.sizes.get(&seg).copied().unwrap_or(0);
+        let file = self.files.read().unwrap_or_else(|e| e.into_inner()).get(&seg).cloned();
+        let Some(file) = file else {
+            w.compacting = None;
+            return Ok(false);
+        };
+        let mut out = FrameBuf::default();
+        let stop = pos + STEP_BYTES;
+        while pos < size && pos < stop {
+            let mut head = [0u8; frame::FRAME_HEADER];
+            file.read_exact_at(&mut head, pos)?;
+            let len = u32::from_le_bytes([head[0], head[1], head[2], head[3]]) as u64;
+            let crc = u32::from_le_bytes([head[4], head[5], head[6], head[7]]);
+            let payload_at = pos + frame::FRAME_HEADER as u64;
+            if len == 0 || payload_at + len > size {
+                return Err(DiskError::Damaged(format!(
+                    "{} has a frame at offset {pos} that runs past its end",
+                    segment_name(seg)
+                )));
+            }
+            let mut payload = vec![0u8; len as usize];
+            file.read_exact_at(&mut payload, payload_at)?;
+            let ops = (crc32fast::hash(&payload) == crc)
+                .then(|| frame::ops(&payload))
+                .flatten()
+                .ok_or_else(|| {
+                    DiskError::Damaged(format!(
+                        "{} has an unreadable frame at offset {pos}",
+                        segment_name(seg)
+                    ))
+                })?;
+            let keydir = self.keydir.read().unwrap_or_else(|e| e.into_inner());
+            for op in ops {
+                if let frame::Op::Put {
+                    table,
+                    key,
+                    value,
+                    at,
+                } = op
+                {
+                    let here = Loc {
+                        seg,
+                        at: payload_at + at as u64,
+                        len: u32::try_from(value.len()).unwrap_or(u32::MAX),
+                    };
+                    if keydir.get(table, key) == Some(here) {
+                        out.put(table, key, value);
+                    }
+                }
+            }
+            drop(keydir);
+            pos = payload_at + len;
+        }
+        self.append(w, &mut out)?;
+        if pos < size {
+            w.compacting = Some((seg, pos));
+            return Ok(true);
+        }
+        // Everything live in it now lives later: the segment goes.
+        w.compacting = None;
+        self.files
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&seg);
+        let path = self.dir.join(segment_name(seg));
+        std::fs::remove_file(&path).and_then(|()| sync_dir(&self.dir))?;
+        w.sizes.remove(&seg);
+        self.bytes.fetch_sub(size, Relaxed);
+        self.keydir
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .drop_segment(seg);
+        Ok(true)
+    }
+
+    /// Rows in the keydir and bytes live (tests, metrics).
+    #[cfg(test)]
+    fn shape(&self) -> (usize, u64, usize) {
+        let k = self.keydir.read().unwrap_or_else(|e| e.into_inner());
+        let w = self.writer.lock().unwrap_or_else(|e| e.into_inner());
+        (k.rows(), k.live(), w.sizes.len())
+    }
+}
+
+/// Creates segment `seg` with its header, durable, and syncs the directory.
+fn create_segment(dir: &Path, seg: u32) -> std::io::Result<File> {
+    let file = File::options()
+        .read(true)
+        .write(true)
+        .create_new(true)
+        .open(dir.join(segment_name(seg)))?;
+    file.write_all_at(&frame::header(), 0)?;
+    file.sync_data()?;
+    sync_dir(dir)?;
+    Ok(file)
+}
+
+/// Reads one segment into the keydir. Returns its length (after cutting off a torn last
+/// frame of the newest segment), or `None` for a newest segment whose header a crash cut
+/// short.
+fn replay(
+    path: &Path,
+    file: &File,
+    seg: u32,
+    newest: bool,
+    keydir: &mut Keydir,
+) -> Result<Option<u64>> {
+    let mut bytes = Vec::new();
+    {
+        use std::io::Read as _;
+        let mut f = file;
+        f.read_to_end(&mut bytes)
+            .map_err(|e| io_at(path, "cannot be read", &e))?;
+    }
+    match frame::check_header(&bytes) {
+        Header::Ours => {}
+        Header::Short if newest => return Ok(None),
+        Header::Short => {
+            return Err(open_error(
+                path,
+                "is damaged: the segment is shorter than its header; restore the directory from a backup",
+            ));
+        }
+        Header::Foreign => {
+            return Err(open_error(
+                path,
+                "is not an a2ad log segment; point store.path elsewhere",
+            ));
+        }
+        Header::Newer(v) => {
+            return Err(open_error(
+                path,
+                format!(
+                    "was written by a newer a2ad (log format {v}; this build reads {}); run that version, or point store.path elsewhere",
+                    frame::VERSION
+                ),
+            ));
+        }
+    }
+    let mut at = frame::HEADER;
+    loop {
+        match frame::next(&bytes, at) {
+            Next::Frame { payload, next } => {
+                let Some(ops) = frame::ops(payload) else {
+                    return Err(open_error(
+                        path,
+                        format!(
+                            "is damaged: the frame at offset {at} holds operations this build cannot read; restore the directory from a backup"
+                        ),
+                    ));
+                };
+                let payload_at = (at + frame::FRAME_HEADER) as u64;
+                for op in &ops {
+                    keydir.apply(seg, payload_at, op);
+                }
+                at = next;
+            }
+            Next::End => return Ok(Some(at as u64)),
+            Next::Torn if newest => {
+                tracing::warn!(
+                    path = %path.display(),
+                    offset = at,
+                    dropped_bytes = bytes.len() - at,
+                    "store: the log's last write was cut short by a crash (never acknowledged); it is dropped"
+                );
+                file.set_len(at as u64)
+                    .and_then(|()| file.sync_data())
+                    .map_err(|e| io_at(path, "cannot be repaired", &e))?;
+                return Ok(Some(at as u64));
+            }
+            Next::Torn | Next::Damaged => {
+                return Err(open_error(
+                    path,
+                    format!(
+                        "is damaged: the frame at offset {at} cannot be read and is not the log's last write; restore the directory from a backup, or move it aside to start with an empty store"
+                    ),
+                ));
+            }
+        }
+    }
+}
+
+/// The rows of one batch, framed.
+struct Batch<'a> {
+    frame: FrameBuf,
+    keydir: &'a RwLock<Keydir>,
+}
+
+impl TableWrite for Batch<'_> {
+    fn put(&mut self, t: Table, key: &[u8], value: &[u8]) -> std::result::Result<(), DiskError> {
+        self.frame.put(t, key, value);
+        Ok(())
+    }
+
+    fn remove(&mut self, t: Table, key: &[u8]) -> std::result::Result<(), DiskError> {
+        self.frame.remove(t, key);
+        Ok(())
+    }
+
+    fn remove_range(
+        &mut self,
+        t: Table,
+        start: &[u8],
+        end: &[u8],
+    ) -> std::result::Result<(), DiskError> {
+        self.frame.remove_range(t, start, end);
+        Ok(())
+    }
+
+    fn contains(&mut self, t: Table, key: &[u8]) -> std::result::Result<bool, DiskError> {
+        // This batch's own operations first, the newest deciding.
+        let mut mine = None;
+        for op in self.frame.ops().unwrap_or_default() {
+            match op {
+                frame::Op::Put { table, key: k, .. } if table == t && k == key => {
+                    mine = Some(true);
+                }
+                frame::Op::Remove { table, key: k } if table == t && k == key => {
+                    mine = Some(false);
+                }
+                frame::Op::RemoveRange { table, start, end }
+                    if table == t && start <= key && key < end =>
+                {
+                    mine = Some(false);
+                }
+                _ => {}
+            }
+        }
+        Ok(mine.unwrap_or_else(|| {
+            self.keydir
+                .read()
+                .unwrap_or_else(|e| e.into_inner())
+                .get(t, key)
+                .is_some()
+        }))
+    }
+}
+
+/// Reads a value from its segment.
+fn read_value(file: &File, loc: Loc) -> std::io::Result<Vec<u8>> {
+    let mut v = vec![0u8; loc.len as usize];
+    file.read_exact_at(&mut v, loc.at)?;
+    Ok(v)
+}
+
+/// Blocks of segments read at start-up, so that loading every row reads each segment
+/// about once, in large reads.
+#[derive(Default)]
+struct BlockCache {
+    blocks: HashMap<(u32, u64), Vec<u8>>,
+    order: VecDeque<(u32, u64)>,
+}
+
+impl BlockCache {
+    const BLOCK: u64 = 1 << 20;
+    const BLOCKS: usize = 64;
+
+    fn value(&mut self, file: &File, loc: Loc) -> std::io::Result<Vec<u8>> {
+        let block = loc.at / Self::BLOCK;
+        let end = loc.at + u64::from(loc.len);
+        if end > (block + 1) * Self::BLOCK {
+            return read_value(file, loc);
+        }
+        if !self.blocks.contains_key(&(loc.seg, block)) {
+            let mut bytes = vec![0u8; Self::BLOCK as usize];
+            let mut filled = 0;
+            while filled < bytes.len() {
+                match file.read_at(&mut bytes[filled..], block * Self::BLOCK + filled as u64)? {
+                    0 => break,
+                    n => filled += n,
+                }
+            }
+            bytes.truncate(filled);
+            if self.order.len() >= Self::BLOCKS
+                && let Some(old) = self.order.pop_front()
+            {
+                self.blocks.remove(&old);
+            }
+            self.order.push_back((loc.seg, block));
+            self.blocks.insert((loc.seg, block), bytes);
+        }
+        let bytes = &self.blocks[&(loc.seg, block)];
+        let from = (loc.at - block * Self::BLOCK) as usize;
+        bytes
+            .get(from..from + loc.len as usize)
+            .map(<[u8]>::to_vec)
+            .ok_or_else(|| std::io::Error::other("a value runs past its segment's end"))
+    }
+}
+
+/// Reading rows at start-up, before the committer runs.
+struct Reader<'a> {
+    keydir: &'a Keydir,
+    files: &'a HashMap<u32, Arc<File>>,
+    cache: std::cell::RefCell<BlockCache>,
+}
+
+impl Reader<'_> {
+    fn value(&self, loc: Loc) -> std::result::Result<Vec<u8>, DiskError> {
+        let file = self.files.get(&loc.seg).ok_or_else(|| {
+            DiskError::Damaged(format!("a row points into segment {} that is gone", loc.seg))
+        })?;
+        Ok(self.cache.borrow_mut().value(file, loc)?)
+    }
+}
+
+impl TableRead for Reader<'_> {
+    fn scan(
+        &self,
+        t: Table,
+        start: &[u8],
+        end: Option<&[u8]>,
+        f: &mut dyn FnMut(&[u8], &[u8]) -> bool,
+    ) -> std::result::Result<(), DiskError> {
+        for (k, loc) in self.keydir.range(t, start, end) {
+            let v = self.value(loc)?;
+            if !f(k, &v) {
+                break;
+            }
+        }
+        Ok(())
+    }
+
+    fn get(&self, t: Table, key: &[u8]) -> std::result::Result<Option<Vec<u8>>, DiskError> {
+        self.keydir.get(t, key).map(|l| self.value(l)).transpose()
+    }
+}
+
+/// Reading rows while the store runs: the places under the keydir's lock, the values
+/// after it.
+struct Live<'a>(&'a LogDisk);
+
+impl TableRead for Live<'_> {
+    fn scan(
+        &self,
+        t: Table,
+        start: &[u8],
+        end: Option<&[u8]>,
+        f: &mut dyn FnMut(&[u8], &[u8]) -> bool,
+    ) -> std::result::Result<(), DiskError> {
+        let rows: Vec<(Vec<u8>, Loc, Option<Arc<File>>)> = {
+            let keydir = self.0.keydir.read().unwrap_or_else(|e| e.into_inner());
+            let files = self.0.files.read().unwrap_or_else(|e| e.into_inner());
+            keydir
+                .range(t, start, end)
+                .map(|(k, l)| (k.to_vec(), l, files.get(&l.seg).cloned()))
+                .collect()
+        };
+        for (k, loc, file) in rows {
+            let file = file.ok_or_else(|| DiskError::Io("a log segment is gone".into()))?;
+            if !f(&k, &read_value(&file, loc)?) {
+                break;
+            }
+        }
+        Ok(())
+    }
+
+    fn get(&self, t: Table, key: &[u8]) -> std::result::Result<Option<Vec<u8>>, DiskError> {
+        let mut out = None;
+        self.scan(t, key, None, &mut |k, v| {
+            if k == key {
+                out = Some(v.to_vec());
+            }
+            false
+        })?;
+        Ok(out)
+    }
+}
+
+impl Disk for LogDisk {
+    fn commit(
+        &self,
+        writes: &[Write],
+        indexes: &Indexes,
+    ) -> std::result::Result<Vec<(usize, Delivery)>, DiskError> {
+        self.batch(|b| tables::apply(writes, indexes, b))
+    }
+
+    fn forget(&self, chunk: &[Evicted]) -> std::result::Result<(), DiskError> {
+        self.batch(|b| {
+            for (key, created) in chunk {
+                tables::delete_task(b, key, *created)?;
+            }
+            Ok(())
+        })
+    }
+
+    fn reopen(&self) -> std::result::Result<(), DiskError> {
+        // A new descriptor for the newest segment: the failed one may hold the error.
+        let mut w = self.writer.lock().unwrap_or_else(|e| e.into_inner());
+        let path = self.dir.join(segment_name(w.seg));
+        let file = Arc::new(File::options().read(true).write(true).open(&path)?);
+        file.set_len(w.len)?;
+        self.files
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(w.seg, file.clone());
+        w.file = file;
+        Ok(())
+    }
+
+    fn events(
+        &self,
+        key: &TaskKey,
+        created: Created,
+        after: u64,
+        history: &[Arc<Message>],
+    ) -> std::result::Result<Vec<TaskEvent>, DiskError> {
+        read_events(&Live(self), key, created, after, history)
+    }
+
+    fn bytes(&self) -> u64 {
+        self.bytes.load(Relaxed)
+    }
+
+    fn maintain(&self) -> std::result::Result<bool, DiskError> {
+        let mut w = self.writer.lock().unwrap_or_else(|e| e.into_inner());
+        if w.calm_until.is_some_and(|t| Instant::now() < t) {
+            return Ok(false);
+        }
+        w.calm_until = None;
+        let step = self.compact_step(&mut w);
+        if step.is_err() {
+            w.compacting = None;
+            w.calm_until = Some(Instant::now() + COMPACT_BACKOFF);
+        }
+        step
+    }
+}

@@ -1,0 +1,240 @@
+//! The tables of the embedded store, as both of its files hold them (redb's B-trees, or the
+//! log's keys over framed records): what a batch of [`Write`]s does to them, and how a task
+//! is deleted. One description of the rows, so the two files cannot drift apart.
+
+use std::collections::HashMap;
+
+use super::super::codec;
+use super::super::index::Indexes;
+use super::super::{Delivery, Write};
+use crate::model::TaskKey;
+
+/// A table of the store.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) enum Table {
+    /// A record per task, keyed by creation time then the task's key.
+    Tasks,
+    /// A task's events: the task's key, then the event's number.
+    Events,
+    /// Pending webhook deliveries: the task's key, the event, the configuration.
+    Outbox,
+    /// Push configurations with their bookkeeping.
+    Push,
+    /// Conversation turns: owner, conversation (with when it began), turn.
+    Turns,
+}
+
+impl Table {
+    /// Every table, in the order of their codes.
+    pub(crate) const ALL: [Table; 5] = [
+        Table::Tasks,
+        Table::Events,
+        Table::Outbox,
+        Table::Push,
+        Table::Turns,
+    ];
+
+    /// The table's name (redb's table, the set-aside file's `table`).
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Table::Tasks => "tasks",
+            Table::Events => "events",
+            Table::Outbox => "outbox",
+            Table::Push => "push",
+            Table::Turns => "turns",
+        }
+    }
+
+    /// Its code in the log.
+    pub(crate) fn code(self) -> u8 {
+        self as u8
+    }
+
+    /// The table of a code.
+    pub(crate) fn from_code(code: u8) -> Option<Self> {
+        Self::ALL.get(usize::from(code)).copied()
+    }
+
+    /// The table of a name.
+    pub(crate) fn named(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|t| t.name() == name)
+    }
+}
+
+/// What went wrong reading or writing a store file.
+#[derive(Debug)]
+pub(crate) enum DiskError {
+    /// Part of the file cannot be read as what it should be.
+    Damaged(String),
+    /// The operating system refused (a full disk, an I/O error).
+    Io(String),
+}
+
+impl std::fmt::Display for DiskError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            DiskError::Damaged(why) | DiskError::Io(why) => f.write_str(why),
+        }
+    }
+}
+
+impl From<std::io::Error> for DiskError {
+    fn from(e: std::io::Error) -> Self {
+        DiskError::Io(e.to_string())
+    }
+}
+
+/// The writes of one batch, applied in order.
+pub(crate) trait TableWrite {
+    /// Sets a row.
+    fn put(&mut self, table: Table, key: &[u8], value: &[u8]) -> Result<(), DiskError>;
+    /// Removes a row, if it is there.
+    fn remove(&mut self, table: Table, key: &[u8]) -> Result<(), DiskError>;
+    /// Removes the rows with keys in `start..end`.
+    fn remove_range(&mut self, table: Table, start: &[u8], end: &[u8]) -> Result<(), DiskError>;
+    /// The row is there (with this batch's writes so far).
+    fn contains(&mut self, table: Table, key: &[u8]) -> Result<bool, DiskError>;
+}
+
+/// Reading rows.
+pub(crate) trait TableRead {
+    /// Calls `f` with each row whose key is in `start..end` (`end: None`: to the end), in
+    /// key order, while it answers true.
+    fn scan(
+        &self,
+        table: Table,
+        start: &[u8],
+        end: Option<&[u8]>,
+        f: &mut dyn FnMut(&[u8], &[u8]) -> bool,
+    ) -> Result<(), DiskError>;
+
+    /// One row's value.
+    fn get(&self, table: Table, key: &[u8]) -> Result<Option<Vec<u8>>, DiskError>;
+
+    /// Every row of a table, in key order.
+    fn each(
+        &self,
+        table: Table,
+        f: &mut dyn FnMut(&[u8], &[u8]) -> bool,
+    ) -> Result<(), DiskError> {
+        self.scan(table, &[], None, f)
+    }
+}
+
+/// Applies one batch to the tables. Returns the planned deliveries, each with the index of
+/// the write that planned it. A task's record is written once per batch (its last).
+pub(crate) fn apply(
+    writes: &[Write],
+    indexes: &Indexes,
+    t: &mut impl TableWrite,
+) -> Result<Vec<(usize, Delivery)>, DiskError> {
+    let mut planned = Vec::new();
+    // The last record of each task in the batch (earlier ones are superseded).
+    let mut last: HashMap<&TaskKey, usize> = HashMap::new();
+    for (i, write) in writes.iter().enumerate() {
+        if let Write::Task { key, .. } = write {
+            last.insert(key, i);
+        }
+    }
+    for (i, write) in writes.iter().enumerate() {
+        match write {
+            Write::Task {
+                key,
+                task,
+                event,
+                changed,
+                turn,
+            } => {
+                let created = codec::created(task);
+                t.put(
+                    Table::Events,
+                    &codec::event_key(key, created, event.seq),
+                    &codec::encode_event(event),
+                )?;
+                for d in indexes.plan(key, task, event, *changed) {
+                    t.put(
+                        Table::Outbox,
+                        &codec::outbox_key(&d.key, created),
+                        &codec::encode_outbox(1, None),
+                    )?;
+                    planned.push((i, d));
+                }
+                if last.get(key) == Some(&i) {
+                    t.put(
+                        Table::Tasks,
+                        &codec::task_key(key, created),
+                        &codec::encode_task(task, *turn),
+                    )?;
+                }
+            }
+            Write::Turn {
+                principal,
+                context,
+                turn,
+                user,
+                reply,
+            } => t.put(
+                Table::Turns,
+                &codec::turn_key(principal, context, *turn),
+                &codec::encode_turn(user, reply.as_deref()),
+            )?,
+            Write::ForgetContext {
+                principal,
+                context,
+                since,
+            } => {
+                let prefix = codec::context_prefix(principal, context, *since);
+                t.remove_range(Table::Turns, &prefix, &codec::prefix_end(&prefix))?;
+            }
+            Write::PushSet(c) | Write::PushStats(c) => {
+                t.put(Table::Push, &codec::push_key(c), &codec::encode_push(c))?;
+            }
+            Write::PushRemove(scope) => t.remove(Table::Push, &codec::scoped_key(scope))?,
+            Write::PushRemoveNamed { task, id } => {
+                t.remove(Table::Push, &codec::named_key(task, id))?;
+            }
+            // A delivery's task is in the index (its event is durable); one that is not
+            // was evicted, and its outbox entries with it.
+            Write::OutboxDone(key) => {
+                if let Some(task) = indexes.tasks.get(&key.task) {
+                    t.remove(
+                        Table::Outbox,
+                        &codec::outbox_key(key, codec::created(&task)),
+                    )?;
+                }
+            }
+            Write::OutboxRetry { key, attempt, due } => {
+                let Some(task) = indexes.tasks.get(&key.task) else {
+                    continue;
+                };
+                let k = codec::outbox_key(key, codec::created(&task));
+                // Only while the entry exists: an evicted task's deliveries are gone.
+                if t.contains(Table::Outbox, &k)? {
+                    t.put(
+                        Table::Outbox,
+                        &k,
+                        &codec::encode_outbox(*attempt, Some(*due)),
+                    )?;
+                }
+            }
+        }
+    }
+    Ok(planned)
+}
+
+/// Deletes a task's record, events, outbox entries and push configurations.
+pub(crate) fn delete_task(
+    t: &mut impl TableWrite,
+    key: &TaskKey,
+    created: codec::Created,
+) -> Result<(), DiskError> {
+    let prefix = codec::task_key(key, created);
+    let end = codec::prefix_end(&prefix);
+    t.remove(Table::Tasks, &prefix)?;
+    t.remove_range(Table::Events, &prefix, &end)?;
+    t.remove_range(Table::Outbox, &prefix, &end)?;
+    let (scoped, named) = codec::task_push_keys(key);
+    t.remove(Table::Push, &scoped)?;
+    t.remove_range(Table::Push, &named, &codec::prefix_end(&named))?;
+    Ok(())
+}
