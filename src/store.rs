@@ -29,7 +29,7 @@ use crate::push::{PushScope, StoredPushConfig};
 pub(crate) mod cluster;
 pub(crate) mod codec;
 #[cfg(test)]
-mod contract;
+pub(crate) mod contract;
 mod damage;
 mod file;
 mod index;

@@ -408,7 +408,7 @@ async fn check_webhooks(client: &Client, told: &Told, rx: &Receiver) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kill_9_at_any_moment_loses_nothing_anyone_was_told() {
     let dir = TempDir::new();
-    let store = dir.path.join("data").join("a2ad.redb");
+    let store = dir.path.join("data").join("log");
     let text = config(&store);
     let rx = Receiver::ok().await;
     let told = Arc::new(Mutex::new(Told::default()));

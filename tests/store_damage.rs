@@ -15,6 +15,15 @@ use support::binary::{BIN, Binary, TempDir};
 
 const KEY: &str = "key-damage-0123456789";
 
+/// A `.redb` path names a redb store; anything else, the default log's directory.
+fn backend(store: &Path) -> &'static str {
+    if store.extension().is_some_and(|e| e == "redb") {
+        "backend = \"redb\"\n"
+    } else {
+        ""
+    }
+}
+
 fn config(store: &Path, server: &str) -> String {
     format!(
         r#"[server]
@@ -31,8 +40,9 @@ id = "echo"
 requests_per_minute = 1000000
 
 [store]
-path = "{}"
+{}path = "{}"
 "#,
+        backend(store),
         store.display()
     )
 }
@@ -339,7 +349,7 @@ async fn a_full_disk_stalls_then_recovers_and_cannot_hold_a_shutdown() {
     let dir = TempDir::new();
     let mnt = dir.path.join("mnt");
     std::fs::create_dir_all(&mnt).expect("mkdir");
-    let store = mnt.join("a2ad.redb");
+    let store = mnt.join("log");
     let text = config(&store, "shutdown_grace_seconds = 2");
     let mount = "mount -t tmpfs -o size=24m tmpfs \"$0\" && exec \"$@\"";
     let mnt_arg = mnt.display().to_string();
@@ -360,7 +370,7 @@ async fn a_full_disk_stalls_then_recovers_and_cannot_hold_a_shutdown() {
     let base = server.base.clone();
     // The process's own view of the tmpfs (its mount namespace), for the test to fill.
     let inside = PathBuf::from(format!("/proc/{}/root{}", server.pid(), mnt.display()));
-    assert!(inside.join("a2ad.redb").exists(), "{inside:?}");
+    assert!(inside.join("log").join("LOCK").exists(), "{inside:?}");
     fill(&base, 5).await;
 
     fill_disk(&inside.join("filler"));

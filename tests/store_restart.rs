@@ -41,8 +41,14 @@ delay_ms = 60000
     )
 }
 
-fn redb(path: &std::path::Path) -> String {
-    format!("[store]\npath = \"{}\"\n", path.display())
+/// A `.redb` path names a redb store; anything else, the default log's directory.
+fn store_at(path: &std::path::Path) -> String {
+    let backend = if path.extension().is_some_and(|e| e == "redb") {
+        "backend = \"redb\"\n"
+    } else {
+        ""
+    };
+    format!("[store]\n{backend}path = \"{}\"\n", path.display())
 }
 
 async fn call(base: &str, path: &str, method: &str, params: Value, v: &str) -> Value {
@@ -93,7 +99,7 @@ fn refused(text: &str) -> (Option<i32>, String) {
 /// byte as it was.
 fn refused_untouched(file: &std::path::Path, needle: &str) {
     let before = std::fs::read(file).expect("read");
-    let (code, err) = refused(&config(&redb(file)));
+    let (code, err) = refused(&config(&store_at(file)));
     assert_eq!(code, Some(2), "{err}");
     assert!(err.contains(needle), "{err}");
     assert!(
@@ -107,7 +113,7 @@ fn a_locked_foreign_unreadable_or_newer_file_exits_2_and_is_left_as_it_was() {
     let dir = TempDir::new();
     // Locked by a running a2ad.
     let store = dir.path.join("live.redb");
-    let text = config(&redb(&store));
+    let text = config(&store_at(&store));
     let running = Binary::start(&text, &[], &[]);
     let (code, err) = refused(&text);
     assert_eq!(code, Some(2), "{err}");
@@ -152,16 +158,24 @@ fn a_locked_foreign_unreadable_or_newer_file_exits_2_and_is_left_as_it_was() {
     }
     refused_untouched(&newer, "newer a2ad");
 
+    // The default log store, in use by a running a2ad.
+    let log = config(&store_at(&dir.path.join("log")));
+    let running = Binary::start(&log, &[], &[]);
+    let (code, err) = refused(&log);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("in use by another a2ad"), "{err}");
+    drop(running);
+
     // Unreadable: the path is a directory.
     let folder = dir.path.join("folder.redb");
     std::fs::create_dir_all(&folder).expect("mkdir");
-    let (code, err) = refused(&config(&redb(&folder)));
+    let (code, err) = refused(&config(&store_at(&folder)));
     assert_eq!(code, Some(2), "{err}");
     assert!(err.contains("folder.redb"), "names the file: {err}");
 }
 
 #[tokio::test]
-async fn the_default_store_is_a_file_beside_the_server_and_it_says_where() {
+async fn the_default_store_is_a_directory_beside_the_server_and_it_says_where() {
     let dir = TempDir::new();
     let path = dir.path.join("a2ad.toml");
     std::fs::write(&path, config("")).expect("write");
@@ -181,16 +195,16 @@ async fn the_default_store_is_a_file_beside_the_server_and_it_says_where() {
     let stdout = child.stdout.take().expect("stdout");
     let mut lines = std::io::BufRead::lines(std::io::BufReader::new(stdout));
     let first = lines.next().expect("a line").expect("text");
-    assert_eq!(first, "store: ./a2ad-data/a2ad.redb (redb)");
+    assert_eq!(first, "store: ./a2ad-data/log (log)");
     let _ = child.kill();
     let _ = child.wait();
-    assert!(dir.path.join("a2ad-data").join("a2ad.redb").exists());
+    assert!(dir.path.join("a2ad-data").join("log").join("LOCK").exists());
 }
 
 #[tokio::test]
 async fn waiting_tasks_push_configurations_and_a_retried_delivery_outlive_a_crash() {
     let dir = TempDir::new();
-    let text = config(&redb(&dir.path.join("a2ad.redb")));
+    let text = config(&store_at(&dir.path.join("log")));
     // The receiver refuses the first attempt, so the delivery waits 10 s to retry.
     let rx = Receiver::start(std::sync::Arc::new(|n| {
         if n == 0 {
@@ -315,7 +329,7 @@ async fn waiting_tasks_push_configurations_and_a_retried_delivery_outlive_a_cras
 #[tokio::test]
 async fn a_graceful_shutdown_cancels_running_tasks_and_keeps_waiting_ones() {
     let dir = TempDir::new();
-    let text = config(&redb(&dir.path.join("a2ad.redb")));
+    let text = config(&store_at(&dir.path.join("log")));
     let server = Binary::start(&text, &[], &[]);
     let base = server.base.clone();
     let msg = json!({"message": {"role": "ROLE_USER", "messageId": format!("tck-input-required-{}", uuid::Uuid::new_v4()),
@@ -382,7 +396,7 @@ fn reply_text(v: &Value) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn conversations_go_on_after_a_crash_with_their_turns() {
     let dir = TempDir::new();
-    let text = config(&redb(&dir.path.join("a2ad.redb")));
+    let text = config(&store_at(&dir.path.join("log")));
     let server = Binary::start(&text, &[], &[]);
     // One conversation the server named, one the client named; two turns each.
     let v = call(

@@ -17,7 +17,7 @@ use crate::model::{
 use crate::push::{PushConfig, PushScope, StoredPushConfig};
 
 /// Appends and waits until the writes are durable; returns what they planned.
-fn commit(store: &dyn Store, writes: Vec<Write>) -> Committed {
+pub(crate) fn commit(store: &dyn Store, writes: Vec<Write>) -> Committed {
     let (tx, rx) = std::sync::mpsc::channel();
     let then = Box::new(move |c: Committed| {
         let _ = tx.send(c);
@@ -30,7 +30,7 @@ fn commit(store: &dyn Store, writes: Vec<Write>) -> Committed {
     }
 }
 
-fn key(principal: &str, task: &str) -> TaskKey {
+pub(crate) fn key(principal: &str, task: &str) -> TaskKey {
     TaskKey {
         principal: principal.into(),
         agent: "echo".into(),
@@ -73,7 +73,7 @@ fn snapshot(key: &TaskKey, context: &str, seq: u64, state: TaskState) -> Arc<Tas
 }
 
 /// The write of event `seq` of a task.
-fn event(key: &TaskKey, context: &str, seq: u64, state: TaskState) -> Write {
+pub(crate) fn event(key: &TaskKey, context: &str, seq: u64, state: TaskState) -> Write {
     let task = snapshot(key, context, seq, state);
     Write::Task {
         key: key.clone(),
@@ -88,7 +88,7 @@ fn event(key: &TaskKey, context: &str, seq: u64, state: TaskState) -> Write {
 }
 
 /// A task through submitted, working and completed, in three appends.
-fn run_to_completion(store: &dyn Store, key: &TaskKey, context: &str) -> Vec<Committed> {
+pub(crate) fn run_to_completion(store: &dyn Store, key: &TaskKey, context: &str) -> Vec<Committed> {
     [
         TaskState::Submitted,
         TaskState::Working,
@@ -106,7 +106,7 @@ fn reserve(store: &dyn Store, config: &Arc<StoredPushConfig>) -> crate::error::R
     store.push_reserve(config, 2)
 }
 
-fn block<T>(f: impl std::future::Future<Output = T>) -> T {
+pub(crate) fn block<T>(f: impl std::future::Future<Output = T>) -> T {
     tokio::runtime::Builder::new_current_thread()
         .build()
         .expect("runtime")
@@ -299,7 +299,10 @@ fn the_redb_file_keeps_the_contract_and_everything_across_a_reopen() {
 #[test]
 fn the_log_keeps_the_contract_and_everything_across_a_reopen() {
     let dir = std::env::temp_dir().join(format!("a2ad-contract-{}", uuid::Uuid::new_v4()));
-    durable_contract(&dir, StoreConfig::log(dir.join("log").display().to_string()));
+    durable_contract(
+        &dir,
+        StoreConfig::log(dir.join("log").display().to_string()),
+    );
 }
 
 fn durable_contract(dir: &std::path::Path, store: StoreConfig) {

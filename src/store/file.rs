@@ -274,12 +274,12 @@ impl Drop for Journal {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::codec::SCHEMA_VERSION;
-    use redb::{Database, ReadableDatabase as _};
-    use redb_file::{APP, EVENTS, META, TASKS, TURNS, OUTBOX, PUSH};
     use crate::config::StoreConfig;
     use crate::model::{ContextId, Message, Role, TaskId, TaskSnapshot, TaskState, TaskStatus};
+    use crate::store::codec::SCHEMA_VERSION;
     use crate::store::index::{PushIndex, TaskIndex};
+    use redb::{Database, ReadableDatabase as _};
+    use schema::{APP, EVENTS, META, OUTBOX, PUSH, TASKS, TURNS};
 
     /// A key part as schema 1 wrote it.
     fn part(out: &mut Vec<u8>, s: &str) {

@@ -66,7 +66,7 @@ impl Binary {
         args.extend([BIN, "--config", &path, "--listen", "127.0.0.1:0"]);
         args.extend(extra);
         let mut cmd = Command::new(args[0]);
-        // Its own folder: the default store file (./a2ad-data/a2ad.redb) goes there.
+        // Its own folder: the default store (./a2ad-data/log) goes there.
         cmd.current_dir(&dir.path)
             .args(&args[1..])
             .stdout(Stdio::piped())

@@ -19,23 +19,26 @@ pub const BOB: &str = "key-bob-0123456789";
 /// A key that may use only the agent `echo`.
 pub const CAROL: &str = "key-carol-0123456789";
 
-/// The store of a test's server or runtime: memory, or — with `A2AD_TEST_STORE=redb`, as
-/// CI runs the suite a second time — a fresh redb file of its own (removed when the
-/// `TestServer` stops, or left in the system temp folder by a runtime-level test).
+/// The store of a test's server or runtime: memory, or — with `A2AD_TEST_STORE=log` (the
+/// default store) or `redb`, as CI runs the suite again — a fresh store of its own
+/// (removed when the `TestServer` stops, or left in the system temp folder by a
+/// runtime-level test).
 pub fn test_store() -> StoreConfig {
     use std::sync::atomic::{AtomicU64, Ordering};
     static NEXT: AtomicU64 = AtomicU64::new(0);
-    match std::env::var("A2AD_TEST_STORE").as_deref() {
-        Ok("redb") => {
-            let n = NEXT.fetch_add(1, Ordering::Relaxed);
-            let root = std::env::temp_dir().join("a2ad-tests");
-            if n == 0 {
-                remove_stale_stores(&root);
-            }
-            let dir = root.join(format!("{}-{n}", std::process::id()));
-            StoreConfig::redb(dir.join("a2ad.redb").to_string_lossy().into_owned())
-        }
-        _ => StoreConfig::memory(),
+    let which = std::env::var("A2AD_TEST_STORE");
+    if !matches!(which.as_deref(), Ok("redb" | "log")) {
+        return StoreConfig::memory();
+    }
+    let n = NEXT.fetch_add(1, Ordering::Relaxed);
+    let root = std::env::temp_dir().join("a2ad-tests");
+    if n == 0 {
+        remove_stale_stores(&root);
+    }
+    let dir = root.join(format!("{}-{n}", std::process::id()));
+    match which.as_deref() {
+        Ok("redb") => StoreConfig::redb(dir.join("a2ad.redb").to_string_lossy().into_owned()),
+        _ => StoreConfig::log(dir.join("log").to_string_lossy().into_owned()),
     }
 }
 
@@ -174,9 +177,9 @@ impl TestServer {
         backends: std::collections::HashMap<a2ad::AgentId, std::sync::Arc<dyn a2ad::Agent>>,
     ) -> TestServer {
         let config = config.validated().expect("valid test config");
-        let store_dir = (config.store.backend == a2ad::config::StoreBackend::Redb)
+        let store_dir = (config.store.backend != a2ad::config::StoreBackend::Memory)
             .then(|| {
-                std::path::Path::new(&config.store.path)
+                std::path::Path::new(config.store.path())
                     .parent()
                     .map(|p| p.to_path_buf())
             })

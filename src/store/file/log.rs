@@ -28,6 +28,8 @@ use std::time::{Duration, Instant};
 
 mod frame;
 mod keydir;
+#[cfg(test)]
+mod tests;
 
 use frame::{FrameBuf, Header, Next};
 use keydir::{Keydir, Loc};
@@ -53,6 +55,8 @@ const COMPACT_BACKOFF: Duration = Duration::from_secs(5);
 const LOCK: &str = "LOCK";
 /// Segment files: `<number, 10 digits>.a2l`.
 const SUFFIX: &str = ".a2l";
+/// A segment being created (renamed once its header is durable).
+const TMP: &str = ".tmp";
 
 fn segment_name(seg: u32) -> String {
     format!("{seg:010}{SUFFIX}")
@@ -104,14 +108,11 @@ impl LogDisk {
     /// Opens (or creates) the log's directory, reads every segment into the keydir (cutting
     /// off a torn last frame), and loads the rows into `indexes`.
     pub(super) fn open(config: &Config, indexes: &Indexes) -> Result<(Self, Loaded)> {
-        Self::open_sized(config, indexes, SEGMENT_BYTES)
-    }
+        #[cfg(test)]
+        let segment_bytes = tests::SEGMENT.with(std::cell::Cell::get);
+        #[cfg(not(test))]
+        let segment_bytes = SEGMENT_BYTES;
 
-    pub(super) fn open_sized(
-        config: &Config,
-        indexes: &Indexes,
-        segment_bytes: u64,
-    ) -> Result<(Self, Loaded)> {
         let dir = PathBuf::from(config.store.path());
         if dir.is_file() {
             return Err(open_error(
@@ -147,6 +148,11 @@ impl LogDisk {
             match segment_number(&name) {
                 Some(n) => numbers.push(n),
                 None if name == LOCK || name == "lost+found" => {}
+                // A segment whose creation a crash cut short: it never held anything.
+                None if name.strip_suffix(TMP).and_then(segment_number).is_some() => {
+                    std::fs::remove_file(entry.path())
+                        .map_err(|e| io_at(&dir, "cannot be tidied", &e))?;
+                }
                 None => {
                     return Err(open_error(
                         &dir,
@@ -181,19 +187,9 @@ impl LogDisk {
                 .write(true)
                 .open(&path)
                 .map_err(|e| io_at(&path, "cannot be opened", &e))?;
-            match replay(&path, &file, seg, last, &mut keydir)? {
-                Some(len) => {
-                    files.insert(seg, Arc::new(file));
-                    sizes.insert(seg, len);
-                }
-                None => {
-                    // The newest segment's creation was cut short: it held nothing.
-                    drop(file);
-                    std::fs::remove_file(&path)
-                        .and_then(|()| sync_dir(&dir))
-                        .map_err(|e| io_at(&path, "cannot be removed", &e))?;
-                }
-            }
+            let len = replay(&path, &file, seg, last, &mut keydir)?;
+            files.insert(seg, Arc::new(file));
+            sizes.insert(seg, len);
         }
         let (seg, len) = match sizes.last_key_value() {
             Some((&seg, &len)) => (seg, len),
@@ -206,9 +202,10 @@ impl LogDisk {
                 (seg, frame::HEADER as u64)
             }
         };
-        let file = files.get(&seg).cloned().ok_or_else(|| {
-            open_error(&dir, "lost its newest segment while opening")
-        })?;
+        let file = files
+            .get(&seg)
+            .cloned()
+            .ok_or_else(|| open_error(&dir, "lost its newest segment while opening"))?;
         let loaded = {
             let read = Reader {
                 keydir: &keydir,
@@ -323,8 +320,6 @@ impl LogDisk {
             }
             Err(e) => {
                 tracing::error!(error = %e, segment = seg, "store: cannot begin the next log segment; the current one grows meanwhile");
-                // A half-made file would be taken for the newest segment.
-                let _ = std::fs::remove_file(self.dir.join(segment_name(seg)));
             }
         }
     }
@@ -350,7 +345,12 @@ impl LogDisk {
             return Ok(false);
         };
         let size = w.sizes.get(&seg).copied().unwrap_or(0);
-        let file = self.files.read().unwrap_or_else(|e| e.into_inner()).get(&seg).cloned();
+        let file = self
+            .files
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&seg)
+            .cloned();
         let Some(file) = file else {
             w.compacting = None;
             return Ok(false);
@@ -423,39 +423,29 @@ impl LogDisk {
             .drop_segment(seg);
         Ok(true)
     }
-
-    /// Rows in the keydir and bytes live (tests, metrics).
-    #[cfg(test)]
-    fn shape(&self) -> (usize, u64, usize) {
-        let k = self.keydir.read().unwrap_or_else(|e| e.into_inner());
-        let w = self.writer.lock().unwrap_or_else(|e| e.into_inner());
-        (k.rows(), k.live(), w.sizes.len())
-    }
 }
 
-/// Creates segment `seg` with its header, durable, and syncs the directory.
+/// Creates segment `seg` with its header, durable, under a temporary name first: a
+/// segment file is never seen without its header, so a short one is always damage.
 fn create_segment(dir: &Path, seg: u32) -> std::io::Result<File> {
+    let name = segment_name(seg);
+    let tmp = dir.join(format!("{name}{TMP}"));
+    let _ = std::fs::remove_file(&tmp);
     let file = File::options()
         .read(true)
         .write(true)
         .create_new(true)
-        .open(dir.join(segment_name(seg)))?;
+        .open(&tmp)?;
     file.write_all_at(&frame::header(), 0)?;
     file.sync_data()?;
+    std::fs::rename(&tmp, dir.join(name))?;
     sync_dir(dir)?;
     Ok(file)
 }
 
 /// Reads one segment into the keydir. Returns its length (after cutting off a torn last
-/// frame of the newest segment), or `None` for a newest segment whose header a crash cut
-/// short.
-fn replay(
-    path: &Path,
-    file: &File,
-    seg: u32,
-    newest: bool,
-    keydir: &mut Keydir,
-) -> Result<Option<u64>> {
+/// frame of the newest segment).
+fn replay(path: &Path, file: &File, seg: u32, newest: bool, keydir: &mut Keydir) -> Result<u64> {
     let mut bytes = Vec::new();
     {
         use std::io::Read as _;
@@ -465,11 +455,10 @@ fn replay(
     }
     match frame::check_header(&bytes) {
         Header::Ours => {}
-        Header::Short if newest => return Ok(None),
         Header::Short => {
             return Err(open_error(
                 path,
-                "is damaged: the segment is shorter than its header; restore the directory from a backup",
+                "is damaged: the segment is shorter than its header (a2ad never leaves one so; if it is empty, it was truncated); restore the directory from a backup",
             ));
         }
         Header::Foreign => {
@@ -506,7 +495,7 @@ fn replay(
                 }
                 at = next;
             }
-            Next::End => return Ok(Some(at as u64)),
+            Next::End => return Ok(at as u64),
             Next::Torn if newest => {
                 tracing::warn!(
                     path = %path.display(),
@@ -517,7 +506,7 @@ fn replay(
                 file.set_len(at as u64)
                     .and_then(|()| file.sync_data())
                     .map_err(|e| io_at(path, "cannot be repaired", &e))?;
-                return Ok(Some(at as u64));
+                return Ok(at as u64);
             }
             Next::Torn | Next::Damaged => {
                 return Err(open_error(
@@ -649,7 +638,10 @@ struct Reader<'a> {
 impl Reader<'_> {
     fn value(&self, loc: Loc) -> std::result::Result<Vec<u8>, DiskError> {
         let file = self.files.get(&loc.seg).ok_or_else(|| {
-            DiskError::Damaged(format!("a row points into segment {} that is gone", loc.seg))
+            DiskError::Damaged(format!(
+                "a row points into segment {} that is gone",
+                loc.seg
+            ))
         })?;
         Ok(self.cache.borrow_mut().value(file, loc)?)
     }

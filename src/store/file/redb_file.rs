@@ -7,11 +7,13 @@ use std::sync::{Arc, RwLock};
 
 use redb::{
     Database, DatabaseError, Durability, ReadTransaction, ReadableDatabase, ReadableTable,
-    TableDefinition, WriteTransaction,
+    WriteTransaction,
 };
 
 use super::load::{Loaded, guarded_load, load, read_events, refuse_damage};
-use super::schema::{check_existing, check_schema, refused, restrict};
+use super::schema::{
+    Def, EVENTS, OUTBOX, PUSH, TASKS, TURNS, check_existing, check_schema, refused, restrict,
+};
 use super::tables::{self, DiskError, Table, TableRead, TableWrite};
 use super::{Disk, open_error};
 use crate::config::Config;
@@ -21,17 +23,6 @@ use crate::store::codec::{Created, SCHEMA_VERSION};
 use crate::store::damage;
 use crate::store::index::{Evicted, Indexes};
 use crate::store::{Delivery, Write};
-
-pub(super) type Def = TableDefinition<'static, &'static [u8], &'static [u8]>;
-
-pub(super) const META: Def = TableDefinition::new("meta");
-pub(super) const TASKS: Def = TableDefinition::new("tasks");
-pub(super) const EVENTS: Def = TableDefinition::new("events");
-pub(super) const OUTBOX: Def = TableDefinition::new("outbox");
-pub(super) const PUSH: Def = TableDefinition::new("push");
-pub(super) const TURNS: Def = TableDefinition::new("turns");
-
-pub(super) const APP: &[u8] = b"a2ad";
 
 fn def(table: Table) -> Def {
     match table {
@@ -198,9 +189,7 @@ impl RedbDisk {
         let loaded = match loaded {
             Some(l) => l,
             None => {
-                let l = guarded_load(&path, || {
-                    load(&Reader(db.begin_read()?), indexes, config)
-                })?;
+                let l = guarded_load(&path, || load(&Reader(db.begin_read()?), indexes, config))?;
                 refuse_damage(&path, &l.damaged, store.set_aside_damaged)?;
                 l
             }
@@ -262,9 +251,7 @@ fn read_only(path: &Path, indexes: &Indexes, config: &Config) -> Result<Option<L
             if check_existing(&read, path)? != SCHEMA_VERSION {
                 return Ok(None);
             }
-            let l = guarded_load(path, || {
-                load(&Reader(read.begin_read()?), indexes, config)
-            })?;
+            let l = guarded_load(path, || load(&Reader(read.begin_read()?), indexes, config))?;
             refuse_damage(path, &l.damaged, config.store.set_aside_damaged)?;
             Ok(Some(l))
         }

@@ -5,13 +5,28 @@ use std::collections::HashMap;
 use std::path::Path;
 use std::time::Instant;
 
-use redb::{Database, DatabaseError, ReadableDatabase, ReadableTable, StorageError, TableHandle};
+use redb::{
+    Database, DatabaseError, ReadableDatabase, ReadableTable, StorageError, TableDefinition,
+    TableHandle,
+};
 
 use super::open_error;
-use super::redb_file::{APP, EVENTS, META, OUTBOX, PUSH, TASKS, TURNS};
 use crate::error::{Error, Result};
 use crate::model::{ContextId, Principal, TaskKey};
 use crate::store::codec::{self, Created, SCHEMA_VERSION};
+
+/// A table of the redb file: byte keys, byte values.
+pub(super) type Def = TableDefinition<'static, &'static [u8], &'static [u8]>;
+
+pub(super) const META: Def = TableDefinition::new("meta");
+pub(super) const TASKS: Def = TableDefinition::new("tasks");
+pub(super) const EVENTS: Def = TableDefinition::new("events");
+pub(super) const OUTBOX: Def = TableDefinition::new("outbox");
+pub(super) const PUSH: Def = TableDefinition::new("push");
+pub(super) const TURNS: Def = TableDefinition::new("turns");
+
+/// What `meta.app` holds in a2ad's files.
+pub(super) const APP: &[u8] = b"a2ad";
 
 /// Why a file cannot be opened, said so an operator knows what to do.
 pub(super) fn refused(path: &Path, e: DatabaseError) -> Error {

@@ -112,11 +112,7 @@ pub(crate) trait TableRead {
     fn get(&self, table: Table, key: &[u8]) -> Result<Option<Vec<u8>>, DiskError>;
 
     /// Every row of a table, in key order.
-    fn each(
-        &self,
-        table: Table,
-        f: &mut dyn FnMut(&[u8], &[u8]) -> bool,
-    ) -> Result<(), DiskError> {
+    fn each(&self, table: Table, f: &mut dyn FnMut(&[u8], &[u8]) -> bool) -> Result<(), DiskError> {
         self.scan(table, &[], None, f)
     }
 }

@@ -1,0 +1,230 @@
+//! The log on real files: a torn last write is dropped, damage before it refuses the
+//! start (the files left as they were), compaction bounds the segments, one process at a
+//! time.
+
+use std::cell::Cell;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use super::{SEGMENT_BYTES, segment_name};
+use crate::config::{Config, StoreConfig};
+use crate::model::TaskState;
+use crate::store::contract::{block, key, run_to_completion};
+use crate::store::{LocalStore, Store};
+
+thread_local! {
+    /// The segment size of stores this thread opens.
+    pub(super) static SEGMENT: Cell<u64> = const { Cell::new(SEGMENT_BYTES) };
+}
+
+struct Dir(PathBuf);
+
+impl Dir {
+    fn new() -> Self {
+        Self(std::env::temp_dir().join(format!("a2ad-log-{}", uuid::Uuid::new_v4())))
+    }
+
+    fn config(&self) -> Config {
+        Config {
+            store: StoreConfig::log(self.0.join("log").display().to_string()),
+            ..Config::default()
+        }
+    }
+
+    fn segments(&self) -> Vec<PathBuf> {
+        let mut out: Vec<PathBuf> = std::fs::read_dir(self.0.join("log"))
+            .expect("the directory")
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| p.extension().is_some_and(|x| x == "a2l"))
+            .collect();
+        out.sort();
+        out
+    }
+}
+
+impl Drop for Dir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn open(config: &Config) -> LocalStore {
+    LocalStore::open(config).expect("the store opens")
+}
+
+fn close(store: LocalStore) {
+    assert_eq!(
+        store.close(Duration::from_secs(30)),
+        0,
+        "everything became durable"
+    );
+}
+
+fn refusal(config: &Config) -> String {
+    match LocalStore::open(config) {
+        Ok(_) => panic!("the store opened"),
+        Err(e) => e.to_string(),
+    }
+}
+
+fn append(path: &Path, bytes: &[u8]) {
+    use std::io::Write as _;
+    let mut f = std::fs::OpenOptions::new()
+        .append(true)
+        .open(path)
+        .expect("segment");
+    f.write_all(bytes).expect("append");
+}
+
+#[test]
+fn a_torn_last_write_is_dropped_and_everything_before_it_kept() {
+    let dir = Dir::new();
+    let config = dir.config();
+    let store = open(&config);
+    run_to_completion(&store, &key("alice", "t-1"), "ctx");
+    close(store);
+    let segment = dir.segments().pop().expect("a segment");
+    let clean = std::fs::metadata(&segment).expect("meta").len();
+    // Half of a frame: a length that runs past the end, then some of its payload.
+    append(&segment, &[200, 0, 0, 0, 1, 2, 3, 4, 9, 9, 9]);
+    let store = open(&config);
+    let back = store.task_now(&key("alice", "t-1")).expect("kept");
+    assert_eq!(back.status.state, TaskState::Completed);
+    let events = block(store.events(&key("alice", "t-1"), 0)).expect("events");
+    assert_eq!(events.len(), 3);
+    assert_eq!(
+        std::fs::metadata(&segment).expect("meta").len(),
+        clean,
+        "the torn tail was cut off"
+    );
+    run_to_completion(&store, &key("alice", "t-2"), "ctx");
+    close(store);
+    let store = open(&config);
+    assert!(
+        store.task_now(&key("alice", "t-2")).is_some(),
+        "writes after the cut are kept"
+    );
+    close(store);
+}
+
+#[test]
+fn damage_before_the_last_write_refuses_the_start_and_touches_nothing() {
+    let dir = Dir::new();
+    let config = dir.config();
+    let store = open(&config);
+    run_to_completion(&store, &key("alice", "t-1"), "ctx");
+    run_to_completion(&store, &key("alice", "t-2"), "ctx");
+    close(store);
+    let segment = dir.segments().pop().expect("a segment");
+    let mut bytes = std::fs::read(&segment).expect("read");
+    // A byte of the first frame's payload (header 16, frame header 8).
+    bytes[16 + 8 + 3] ^= 0x20;
+    std::fs::write(&segment, &bytes).expect("write");
+    let message = refusal(&config);
+    assert!(message.contains("is damaged"), "{message}");
+    assert!(message.contains("offset 16"), "{message}");
+    assert_eq!(
+        std::fs::read(&segment).expect("read"),
+        bytes,
+        "left as it was"
+    );
+}
+
+#[test]
+fn files_that_are_not_a_log_are_refused() {
+    let dir = Dir::new();
+    let config = dir.config();
+    // A directory of someone else's files.
+    std::fs::create_dir_all(dir.0.join("log")).expect("dir");
+    std::fs::write(dir.0.join("log/notes.txt"), "mine").expect("write");
+    let message = refusal(&config);
+    assert!(message.contains("did not write (notes.txt)"), "{message}");
+    std::fs::remove_file(dir.0.join("log/notes.txt")).expect("remove");
+    // A segment of another format, and one of a newer a2ad.
+    std::fs::write(
+        dir.0.join("log").join(segment_name(1)),
+        b"SQLite format 3\0...",
+    )
+    .expect("w");
+    assert!(refusal(&config).contains("not an a2ad log segment"));
+    let mut newer = super::frame::header();
+    newer[8] = 7;
+    std::fs::write(dir.0.join("log").join(segment_name(1)), newer).expect("w");
+    let message = refusal(&config);
+    assert!(message.contains("newer a2ad (log format 7"), "{message}");
+    // A file where the directory should be (a redb store, say).
+    let file = Config {
+        store: StoreConfig::log(
+            dir.0
+                .join("log")
+                .join(segment_name(1))
+                .display()
+                .to_string(),
+        ),
+        ..Config::default()
+    };
+    assert!(refusal(&file).contains("is a file, not the log store's directory"));
+}
+
+#[test]
+fn one_process_at_a_time() {
+    let dir = Dir::new();
+    let config = dir.config();
+    let store = open(&config);
+    let message = refusal(&config);
+    assert!(message.contains("in use by another a2ad"), "{message}");
+    close(store);
+    drop(store_reopens(&config));
+}
+
+fn store_reopens(config: &Config) -> LocalStore {
+    open(config)
+}
+
+#[test]
+fn compaction_keeps_the_segments_bounded_and_the_retained_tasks_whole() {
+    SEGMENT.with(|s| s.set(16 << 10));
+    let dir = Dir::new();
+    let mut config = dir.config();
+    config.server.max_finished_tasks = 20;
+    let store = open(&config);
+    let mut most = 0;
+    for n in 0..600 {
+        run_to_completion(&store, &key("alice", &format!("t-{n}")), &format!("c-{n}"));
+        most = most.max(dir.segments().len());
+    }
+    // The committer compacts between batches: give it a moment with nothing else to do.
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while dir.segments().len() > 8 && std::time::Instant::now() < deadline {
+        run_to_completion(&store, &key("bob", "idle"), "idle");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let written = 600 * 3 * 700;
+    let on_disk: u64 = dir
+        .segments()
+        .iter()
+        .map(|p| std::fs::metadata(p).map_or(0, |m| m.len()))
+        .sum();
+    assert!(
+        on_disk < written / 4,
+        "{on_disk} bytes on disk after writing about {written}"
+    );
+    assert!(most < 40, "at most {most} segments at once");
+    close(store);
+    let store = open(&config);
+    for n in 590..600 {
+        let k = key("alice", &format!("t-{n}"));
+        assert!(store.task_now(&k).is_some(), "t-{n} is retained");
+        assert_eq!(
+            block(store.events(&k, 0)).expect("events").len(),
+            3,
+            "t-{n}"
+        );
+    }
+    assert!(
+        store.task_now(&key("alice", "t-3")).is_none(),
+        "an evicted task stays gone"
+    );
+    close(store);
+    SEGMENT.with(|s| s.set(SEGMENT_BYTES));
+}
