@@ -26,6 +26,19 @@ pub(crate) struct Indexes {
 }
 
 impl Indexes {
+    /// Empty indexes bounded as the configuration says.
+    pub(crate) fn for_config(config: &crate::config::Config) -> Self {
+        let server = &config.server;
+        Self {
+            tasks: TaskIndex::new(
+                server.task_retention(),
+                server.max_finished_tasks,
+                server.max_retained_bytes,
+            ),
+            push: PushIndex::default(),
+        }
+    }
+
     /// The deliveries of a task event: one per configuration of the task that selects it
     /// and is active. Costs one load when no configuration exists at all.
     pub(crate) fn plan(

@@ -9,7 +9,7 @@ use std::time::Instant;
 use futures_util::future::{BoxFuture, FutureExt as _, ready};
 
 use super::file::Journal;
-use super::index::{Indexes, PushIndex, TaskIndex};
+use super::index::Indexes;
 use super::{Committed, Durable, ListPage, ListQuery, Recovered, Store, StoreStats, Then, Write};
 use crate::config::{Config, StoreBackend};
 use crate::error::Result;
@@ -31,15 +31,7 @@ impl LocalStore {
     /// [`crate::Error::Store`] when the file is locked by another process, unreadable, not
     /// an a2ad store, or from an incompatible version: never a silent fresh start.
     pub(crate) fn open(config: &Config) -> Result<Self> {
-        let server = &config.server;
-        let indexes = Arc::new(Indexes {
-            tasks: TaskIndex::new(
-                server.task_retention(),
-                server.max_finished_tasks,
-                server.max_retained_bytes,
-            ),
-            push: PushIndex::default(),
-        });
+        let indexes = Arc::new(Indexes::for_config(config));
         let (journal, recovered) = match config.store.backend {
             StoreBackend::Memory => (None, Recovered::default()),
             StoreBackend::Redb | StoreBackend::Log => {

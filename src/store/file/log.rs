@@ -26,6 +26,7 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
+mod carry;
 mod frame;
 mod keydir;
 #[cfg(test)]
@@ -115,12 +116,22 @@ impl LogDisk {
 
         let dir = PathBuf::from(config.store.path());
         if dir.is_file() {
+            let parent = dir
+                .parent()
+                .map_or_else(|| ".".into(), |p| p.display().to_string());
             return Err(open_error(
                 &dir,
-                "is a file, not the log store's directory: a redb store is opened with store.backend = \"redb\" (docs/CONFIG.md says how to carry it over to the log)",
+                format!(
+                    "is a file, not the log store's directory. If it is a redb store, serve it as it is with store.backend = \"redb\", or carry it over into the log store: rename it {parent}/{} and set store.path = \"{parent}/log\" (docs/CONFIG.md)",
+                    carry::REDB
+                ),
             ));
         }
         super::create_parent(&dir.join(LOCK))?;
+        let has_segments = std::fs::read_dir(&dir)
+            .map_err(|e| io_at(&dir, "cannot be read", &e))?
+            .any(|e| e.is_ok_and(|e| segment_number(&e.file_name().to_string_lossy()).is_some()));
+        carry::carry_over(config, &dir, has_segments, segment_bytes)?;
         let lock = File::options()
             .read(true)
             .write(true)

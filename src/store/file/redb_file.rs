@@ -59,6 +59,10 @@ via_redb_error!(
     redb::CommitError
 );
 
+/// Takes rows one by one (carrying the file over into the log).
+pub(super) type RowSink<'a> =
+    dyn FnMut(Table, &[u8], &[u8]) -> std::result::Result<(), DiskError> + 'a;
+
 /// The open file, replaced when a failed commit makes the committer reopen it. `None`
 /// only while a reopen has not succeeded yet.
 pub(super) struct RedbDisk {
@@ -125,28 +129,14 @@ impl TableRead for Reader {
         f: &mut dyn FnMut(&[u8], &[u8]) -> bool,
     ) -> std::result::Result<(), DiskError> {
         let table = self.0.open_table(def(t))?;
-        let mut go = |entry: std::result::Result<
-            (redb::AccessGuard<'_, &[u8]>, redb::AccessGuard<'_, &[u8]>),
-            redb::StorageError,
-        >| {
-            entry
-                .map(|(k, v)| f(k.value(), v.value()))
-                .map_err(DiskError::from)
+        let range = match end {
+            Some(end) => table.range(start..end)?,
+            None => table.range(start..)?,
         };
-        match end {
-            Some(end) => {
-                for entry in table.range(start..end)? {
-                    if !go(entry)? {
-                        break;
-                    }
-                }
-            }
-            None => {
-                for entry in table.range(start..)? {
-                    if !go(entry)? {
-                        break;
-                    }
-                }
+        for entry in range {
+            let (k, v) = entry?;
+            if !f(k.value(), v.value()) {
+                break;
             }
         }
         Ok(())
@@ -218,6 +208,30 @@ impl RedbDisk {
                 .map_err(|e| open_error(&disk.path, format!("could not be tidied: {e}")))?;
         }
         Ok((disk, loaded))
+    }
+
+    /// Every row of every table, table by table in key order (carrying the file over into
+    /// the log).
+    pub(super) fn rows(&self, f: &mut RowSink<'_>) -> std::result::Result<(), DiskError> {
+        let db = self.db.read().unwrap_or_else(|e| e.into_inner());
+        let Some(db) = db.as_ref() else {
+            return Err(DiskError::Io("the store file is not open".into()));
+        };
+        let read = Reader(db.begin_read()?);
+        for t in Table::ALL {
+            let mut failed = None;
+            read.each(t, &mut |k, v| match f(t, k, v) {
+                Ok(()) => true,
+                Err(e) => {
+                    failed = Some(e);
+                    false
+                }
+            })?;
+            if let Some(e) = failed {
+                return Err(e);
+            }
+        }
+        Ok(())
     }
 
     /// One write transaction (durable at commit).

@@ -112,6 +112,11 @@ impl FrameBuf {
         self.part(end);
     }
 
+    /// Bytes so far, the header's room included.
+    pub(crate) fn len(&self) -> usize {
+        self.0.len()
+    }
+
     /// The operations so far.
     pub(crate) fn ops(&self) -> Option<Vec<Op<'_>>> {
         ops(&self.0[FRAME_HEADER..])

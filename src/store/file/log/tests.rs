@@ -228,3 +228,69 @@ fn compaction_keeps_the_segments_bounded_and_the_retained_tasks_whole() {
     close(store);
     SEGMENT.with(|s| s.set(SEGMENT_BYTES));
 }
+
+#[test]
+fn a_redb_store_beside_the_log_is_carried_over_once() {
+    let dir = Dir::new();
+    let redb = Config {
+        store: StoreConfig::redb(dir.0.join("a2ad.redb").display().to_string()),
+        ..Config::default()
+    };
+    let store = open(&redb);
+    for n in 0..30 {
+        run_to_completion(&store, &key("alice", &format!("t-{n}")), "ctx");
+    }
+    // One left unfinished: the log must hand it back to run.
+    crate::store::contract::commit(
+        &store,
+        vec![crate::store::contract::event(
+            &key("alice", "live"),
+            "ctx",
+            1,
+            TaskState::Submitted,
+        )],
+    );
+    close(store);
+
+    let config = dir.config();
+    let store = open(&config);
+    for n in 0..30 {
+        let k = key("alice", &format!("t-{n}"));
+        assert_eq!(
+            store.task_now(&k).map(|t| t.status.state),
+            Some(TaskState::Completed),
+            "t-{n}"
+        );
+        assert_eq!(block(store.events(&k, 0)).expect("events").len(), 3);
+    }
+    let recovered = store.recovered();
+    assert_eq!(recovered.tasks.len(), 1);
+    assert_eq!(recovered.tasks[0].key.task.as_str(), "live");
+    assert!(
+        !dir.0.join("a2ad.redb").exists(),
+        "renamed once carried over"
+    );
+    assert!(dir.0.join("a2ad.redb.carried-over").exists(), "and kept");
+    assert!(!dir.0.join("log.carrying").exists(), "no staging left");
+    run_to_completion(&store, &key("alice", "after"), "ctx");
+    close(store);
+
+    // The next start reads the log alone.
+    let store = open(&config);
+    assert!(store.task_now(&key("alice", "t-7")).is_some());
+    assert!(store.task_now(&key("alice", "after")).is_some());
+    close(store);
+
+    // A damaged redb file is refused like the redb backend refuses it, the log untouched.
+    let dir = Dir::new();
+    std::fs::create_dir_all(&dir.0).expect("dir");
+    std::fs::write(
+        dir.0.join("a2ad.redb"),
+        b"not a database at all, just words",
+    )
+    .expect("w");
+    let message = refusal(&dir.config());
+    assert!(message.contains("a2ad.redb"), "{message}");
+    assert!(message.contains("not an a2ad store"), "{message}");
+    assert!(dir.0.join("a2ad.redb").exists());
+}
