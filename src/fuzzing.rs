@@ -394,3 +394,9 @@ fn limits() -> AgentLimits {
         ..AgentLimits::default()
     }
 }
+
+/// The log store's frame reader on arbitrary bytes, as a restart reads a segment: no
+/// panic, frames within the bytes, every payload that decodes encodes back to itself.
+pub fn log_frame(data: &[u8]) {
+    crate::store::check_log_bytes(data);
+}

@@ -27,7 +27,7 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
 mod carry;
-mod frame;
+pub(crate) mod frame;
 mod keydir;
 #[cfg(test)]
 mod tests;
