@@ -3,7 +3,7 @@
 # with machine noise (the same binary, inputs and environment give the same count to
 # within a fraction of a percent), so a regression on the send path shows as a number.
 #
-#   benches/instructions.sh                 # seed message/send and 1.0 SendMessage, memory and redb
+#   benches/instructions.sh                 # seed message/send and 1.0 SendMessage: memory, log, redb
 #   A2AD_INSN_REQUESTS=5000 benches/instructions.sh
 #   A2AD_INSN_BIN=/path/to/older/a2ad benches/instructions.sh   # the same for another build
 #
@@ -37,6 +37,8 @@ measure() { # store dialect connections
   [ "$store" = redb ] && store_cfg="backend = \"redb\"
 path = \"$WORK/db/a2ad.redb\"
 ${A2AD_INSN_REDB:-}"
+  [ "$store" = log ] && store_cfg="backend = \"log\"
+path = \"$WORK/db/log\""
   cat >"$cfg" <<EOF
 [server]
 listen = "127.0.0.1:0"
@@ -84,7 +86,7 @@ EOF
     "$store" "$dialect" "$conns" "$total" "$N" "$(echo "$total / $N" | bc -l)"
 }
 
-for store in ${A2AD_INSN_STORES:-memory redb}; do
+for store in ${A2AD_INSN_STORES:-memory log redb}; do
   for dialect in ${A2AD_INSN_DIALECTS:-seed v1}; do
     for conns in ${A2AD_INSN_CONNS:-1 4}; do
       measure "$store" "$dialect" "$conns"

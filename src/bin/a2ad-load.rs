@@ -54,7 +54,9 @@ enum Scenario {
 /// The store of a server the tool starts.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 enum StoreKind {
-    /// The default: a redb file (in a fresh temporary directory, removed afterwards).
+    /// The default: the log (in a fresh temporary directory, removed afterwards).
+    Log,
+    /// A redb file (in a fresh temporary directory, removed afterwards).
     Redb,
     /// Everything in RAM.
     Memory,
@@ -116,13 +118,13 @@ struct Cli {
     #[arg(long, default_value_t = 5.0)]
     retention: f64,
     /// The store of a started server (`--url` only: whatever that server uses).
-    #[arg(long, value_enum, default_value = "redb")]
+    #[arg(long, value_enum, default_value = "log")]
     store: StoreKind,
     /// PostgreSQL for `--store postgres`.
     #[arg(long, default_value = "postgres://postgres@127.0.0.1:5432/test")]
     pg_url: String,
-    /// Directory for a started server's redb file (default: a fresh one under the
-    /// system's temporary directory). Put it on the disk you want to measure.
+    /// Directory for a started server's store (default: a fresh one under the system's
+    /// temporary directory). Put it on the disk you want to measure.
     #[arg(long)]
     store_dir: Option<String>,
     /// Also measure the floor server with the same client and settings.
@@ -264,14 +266,30 @@ async fn drop_pg_schema(url: &str) {
     }
 }
 
-/// The redb file of a started server: fresh for each run of the tool.
+/// The store (redb file or log directory) of a started server: fresh for each run of the
+/// tool.
 fn store_file(cli: &Cli) -> std::path::PathBuf {
     let dir = match &cli.store_dir {
         Some(d) => std::path::PathBuf::from(d),
         None => std::env::temp_dir(),
     };
     dir.join(format!("a2ad-load-{}", std::process::id()))
-        .join("a2ad.redb")
+        .join(if cli.store == StoreKind::Redb {
+            "a2ad.redb"
+        } else {
+            "log"
+        })
+}
+
+/// Bytes under a file or directory.
+fn bytes_under(path: &std::path::Path) -> u64 {
+    match std::fs::read_dir(path) {
+        Ok(entries) => entries
+            .filter_map(Result::ok)
+            .map(|e| bytes_under(&e.path()))
+            .sum(),
+        Err(_) => std::fs::metadata(path).map_or(0, |m| m.len()),
+    }
 }
 
 fn bench_config(cli: &Cli) -> String {
@@ -282,8 +300,13 @@ fn bench_config(cli: &Cli) -> String {
     };
     let store = match cli.store {
         StoreKind::Memory => "[store]\nbackend = \"memory\"\n\n".to_string(),
-        StoreKind::Redb => format!(
-            "[store]\nbackend = \"redb\"\npath = \"{}\"\n\n",
+        StoreKind::Redb | StoreKind::Log => format!(
+            "[store]\nbackend = \"{}\"\npath = \"{}\"\n\n",
+            if cli.store == StoreKind::Redb {
+                "redb"
+            } else {
+                "log"
+            },
             store_file(cli).display().to_string().replace('\\', "\\\\")
         ),
         StoreKind::Postgres => format!(
@@ -363,14 +386,19 @@ async fn measure_a2ad(cli: &Cli) -> Result<Report, String> {
     }
     if let Some(s) = server {
         s.stop();
-        if cli.store == StoreKind::Redb {
+        if matches!(cli.store, StoreKind::Redb | StoreKind::Log) {
             let file = store_file(cli);
-            let bytes = std::fs::metadata(&file).map(|m| m.len()).unwrap_or(0);
+            let bytes = bytes_under(&file);
             if let Some(dir) = file.parent() {
                 let _ = std::fs::remove_dir_all(dir);
             }
+            let name = if cli.store == StoreKind::Redb {
+                "redb"
+            } else {
+                "log"
+            };
             return result.map(|mut r| {
-                r.extra.insert("store", json!("redb"));
+                r.extra.insert("store", json!(name));
                 r.extra.insert(
                     "store_file_mib",
                     json!((bytes as f64 / 1048576.0 * 10.0).round() / 10.0),

@@ -299,9 +299,9 @@ impl LogDisk {
         let payload_at = w.len + frame::FRAME_HEADER as u64;
         {
             let mut keydir = self.keydir.write().unwrap_or_else(|e| e.into_inner());
-            for op in frame::ops(&bytes[frame::FRAME_HEADER..]).unwrap_or_default() {
+            frame::each_op(&bytes[frame::FRAME_HEADER..], |op| {
                 keydir.apply(w.seg, payload_at, &op);
-            }
+            });
         }
         w.len += bytes.len() as u64;
         w.sizes.insert(w.seg, w.len);

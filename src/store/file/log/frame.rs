@@ -168,8 +168,13 @@ pub(crate) enum Op<'a> {
 /// matched over bytes this build did not write).
 pub(crate) fn ops(payload: &[u8]) -> Option<Vec<Op<'_>>> {
     let mut out = Vec::new();
-    let mut at = 0usize;
-    let part = |at: &mut usize| -> Option<(&[u8], usize)> {
+    each_op(payload, |op| out.push(op)).then_some(out)
+}
+
+/// Calls `f` with each operation of a payload, in order; false when some of it is
+/// malformed (the operations before that were passed on).
+pub(crate) fn each_op<'a>(payload: &'a [u8], mut f: impl FnMut(Op<'a>)) -> bool {
+    let part = |at: &mut usize| -> Option<(&'a [u8], usize)> {
         let len = payload.get(*at..*at + 4)?;
         let len = u32::from_le_bytes([len[0], len[1], len[2], len[3]]) as usize;
         let start = *at + 4;
@@ -177,14 +182,15 @@ pub(crate) fn ops(payload: &[u8]) -> Option<Vec<Op<'_>>> {
         *at = start + len;
         Some((bytes, start))
     };
-    while at < payload.len() {
-        let (op, table) = (*payload.get(at)?, *payload.get(at + 1)?);
+    let mut at = 0usize;
+    let one = |at: &mut usize| -> Option<Op<'a>> {
+        let (op, table) = (*payload.get(*at)?, *payload.get(*at + 1)?);
         let table = Table::from_code(table)?;
-        at += 2;
-        out.push(match op {
+        *at += 2;
+        Some(match op {
             PUT => {
-                let (key, _) = part(&mut at)?;
-                let (value, start) = part(&mut at)?;
+                let (key, _) = part(at)?;
+                let (value, start) = part(at)?;
                 Op::Put {
                     table,
                     key,
@@ -194,17 +200,23 @@ pub(crate) fn ops(payload: &[u8]) -> Option<Vec<Op<'_>>> {
             }
             REMOVE => Op::Remove {
                 table,
-                key: part(&mut at)?.0,
+                key: part(at)?.0,
             },
             REMOVE_RANGE => {
-                let (start, _) = part(&mut at)?;
-                let (end, _) = part(&mut at)?;
+                let (start, _) = part(at)?;
+                let (end, _) = part(at)?;
                 Op::RemoveRange { table, start, end }
             }
             _ => return None,
-        });
+        })
+    };
+    while at < payload.len() {
+        match one(&mut at) {
+            Some(op) => f(op),
+            None => return false,
+        }
     }
-    Some(out)
+    true
 }
 
 /// What follows a position in a segment's bytes.
@@ -283,7 +295,11 @@ pub(crate) fn check_any(bytes: &[u8]) {
                 }
                 keydir.apply(1, (at + FRAME_HEADER) as u64, op);
             }
-            assert_eq!(&again.seal()[FRAME_HEADER..], payload, "a payload round trip");
+            assert_eq!(
+                &again.seal()[FRAME_HEADER..],
+                payload,
+                "a payload round trip"
+            );
         }
         at = end;
     }

@@ -2,8 +2,11 @@
 //! place of its newest value in a segment, and the live bytes each segment holds (what
 //! compaction weighs). Values stay on disk; the keys are in memory.
 
+use std::collections::btree_map::Entry;
 use std::collections::{BTreeMap, HashMap};
 use std::ops::Bound;
+
+use foldhash::fast::RandomState;
 
 use super::super::tables::Table;
 use super::frame;
@@ -28,7 +31,7 @@ fn weight(key: &[u8], loc: &Loc) -> u64 {
 #[derive(Default)]
 pub(crate) struct Keydir {
     tables: [BTreeMap<Box<[u8]>, Loc>; 5],
-    live: HashMap<u32, u64>,
+    live: HashMap<u32, u64, RandomState>,
 }
 
 impl Keydir {
@@ -36,7 +39,7 @@ impl Keydir {
         &self.tables[usize::from(t.code())]
     }
 
-    fn unlive(live: &mut HashMap<u32, u64>, key: &[u8], loc: &Loc) {
+    fn unlive(live: &mut HashMap<u32, u64, RandomState>, key: &[u8], loc: &Loc) {
         if let Some(n) = live.get_mut(&loc.seg) {
             *n = n.saturating_sub(weight(key, loc));
         }
@@ -45,12 +48,14 @@ impl Keydir {
     /// Sets a row's place.
     pub(crate) fn put(&mut self, t: Table, key: &[u8], loc: Loc) {
         *self.live.entry(loc.seg).or_default() += weight(key, &loc);
-        let table = &mut self.tables[usize::from(t.code())];
-        if let Some(old) = table.get_mut(key) {
-            let was = std::mem::replace(old, loc);
-            Self::unlive(&mut self.live, key, &was);
-        } else {
-            table.insert(key.into(), loc);
+        match self.tables[usize::from(t.code())].entry(key.into()) {
+            Entry::Occupied(mut old) => {
+                let was = std::mem::replace(old.get_mut(), loc);
+                Self::unlive(&mut self.live, key, &was);
+            }
+            Entry::Vacant(slot) => {
+                slot.insert(loc);
+            }
         }
     }
 
