@@ -38,23 +38,43 @@ use crate::error::{Error, Result};
 use crate::model::{Message, TaskEvent, TaskKey};
 use committer::Committer;
 use load::damaged;
-use tables::DiskError;
+use tables::{DiskError, TableWrite};
 
 /// Tasks deleted per retention batch (between write batches).
 const FORGET_CHUNK: usize = 1024;
 
 /// What the committer does with a store file: one durable batch at a time.
 trait Disk: Send + Sync + 'static {
-    /// Makes one batch durable. Returns the planned deliveries, each with the index of the
-    /// write that planned it.
+    /// Makes the table writes `f` makes one durable batch.
+    fn write(
+        &self,
+        f: &mut dyn FnMut(&mut dyn TableWrite) -> std::result::Result<(), DiskError>,
+    ) -> std::result::Result<(), DiskError>;
+
+    /// Makes one batch of writes durable. Returns the planned deliveries, each with the
+    /// index of the write that planned it.
     fn commit(
         &self,
         writes: &[Write],
         indexes: &Indexes,
-    ) -> std::result::Result<Vec<(usize, Delivery)>, DiskError>;
+    ) -> std::result::Result<Vec<(usize, Delivery)>, DiskError> {
+        let mut planned = Vec::new();
+        self.write(&mut |t| {
+            planned = tables::apply(writes, indexes, t)?;
+            Ok(())
+        })?;
+        Ok(planned)
+    }
 
     /// Deletes evicted tasks (their records, events, outbox entries, configurations).
-    fn forget(&self, chunk: &[Evicted]) -> std::result::Result<(), DiskError>;
+    fn forget(&self, chunk: &[Evicted]) -> std::result::Result<(), DiskError> {
+        self.write(&mut |t| {
+            for (key, created) in chunk {
+                tables::delete_task(t, key, *created)?;
+            }
+            Ok(())
+        })
+    }
 
     /// Gets ready to retry after a failed commit.
     fn reopen(&self) -> std::result::Result<(), DiskError>;

@@ -53,7 +53,7 @@ pub(super) struct Loaded {
 
 impl Loaded {
     /// Deletes the expired tasks and stale outbox entries.
-    pub(super) fn tidy(&self, t: &mut impl TableWrite) -> Result<(), DiskError> {
+    pub(super) fn tidy(&self, t: &mut (impl TableWrite + ?Sized)) -> Result<(), DiskError> {
         for (key, created) in &self.expired {
             delete_task(t, key, *created)?;
         }

@@ -36,15 +36,14 @@ use frame::{FrameBuf, Header, Next};
 use keydir::{Keydir, Loc};
 
 use super::load::{Loaded, guarded_load, load, read_events, refuse_damage};
-use super::tables::{self, DiskError, Table, TableRead, TableWrite};
+use super::tables::{DiskError, Table, TableRead, TableWrite};
 use super::{Disk, open_error};
 use crate::config::Config;
 use crate::error::Result;
 use crate::model::{Message, TaskEvent, TaskKey};
 use crate::store::codec::Created;
 use crate::store::damage;
-use crate::store::index::{Evicted, Indexes};
-use crate::store::{Delivery, Write};
+use crate::store::index::Indexes;
 
 /// A segment is sealed once it holds this many bytes.
 pub(crate) const SEGMENT_BYTES: u64 = 64 << 20;
@@ -722,21 +721,11 @@ impl TableRead for Live<'_> {
 }
 
 impl Disk for LogDisk {
-    fn commit(
+    fn write(
         &self,
-        writes: &[Write],
-        indexes: &Indexes,
-    ) -> std::result::Result<Vec<(usize, Delivery)>, DiskError> {
-        self.batch(|b| tables::apply(writes, indexes, b))
-    }
-
-    fn forget(&self, chunk: &[Evicted]) -> std::result::Result<(), DiskError> {
-        self.batch(|b| {
-            for (key, created) in chunk {
-                tables::delete_task(b, key, *created)?;
-            }
-            Ok(())
-        })
+        f: &mut dyn FnMut(&mut dyn TableWrite) -> std::result::Result<(), DiskError>,
+    ) -> std::result::Result<(), DiskError> {
+        self.batch(|b| f(b))
     }
 
     fn reopen(&self) -> std::result::Result<(), DiskError> {

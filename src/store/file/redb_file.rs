@@ -14,15 +14,14 @@ use super::load::{Loaded, guarded_load, load, read_events, refuse_damage};
 use super::schema::{
     Def, EVENTS, OUTBOX, PUSH, TASKS, TURNS, check_existing, check_schema, refused, restrict,
 };
-use super::tables::{self, DiskError, Table, TableRead, TableWrite};
+use super::tables::{DiskError, Table, TableRead, TableWrite};
 use super::{Disk, open_error};
 use crate::config::Config;
 use crate::error::Result;
 use crate::model::{Message, TaskEvent, TaskKey};
 use crate::store::codec::{Created, SCHEMA_VERSION};
 use crate::store::damage;
-use crate::store::index::{Evicted, Indexes};
-use crate::store::{Delivery, Write};
+use crate::store::index::Indexes;
 
 fn def(table: Table) -> Def {
     match table {
@@ -275,21 +274,11 @@ fn read_only(path: &Path, indexes: &Indexes, config: &Config) -> Result<Option<L
 }
 
 impl Disk for RedbDisk {
-    fn commit(
+    fn write(
         &self,
-        writes: &[Write],
-        indexes: &Indexes,
-    ) -> std::result::Result<Vec<(usize, Delivery)>, DiskError> {
-        self.transaction(|w| tables::apply(writes, indexes, w))
-    }
-
-    fn forget(&self, chunk: &[Evicted]) -> std::result::Result<(), DiskError> {
-        self.transaction(|w| {
-            for (key, created) in chunk {
-                tables::delete_task(w, key, *created)?;
-            }
-            Ok(())
-        })
+        f: &mut dyn FnMut(&mut dyn TableWrite) -> std::result::Result<(), DiskError>,
+    ) -> std::result::Result<(), DiskError> {
+        self.transaction(|w| f(w))
     }
 
     /// Closes the file and opens it again: a failed commit leaves redb's handle unusable

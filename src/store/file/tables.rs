@@ -122,7 +122,7 @@ pub(crate) trait TableRead {
 pub(crate) fn apply(
     writes: &[Write],
     indexes: &Indexes,
-    t: &mut impl TableWrite,
+    t: &mut (impl TableWrite + ?Sized),
 ) -> Result<Vec<(usize, Delivery)>, DiskError> {
     let mut planned = Vec::new();
     // The last record of each task in the batch (earlier ones are superseded).
@@ -220,7 +220,7 @@ pub(crate) fn apply(
 
 /// Deletes a task's record, events, outbox entries and push configurations.
 pub(crate) fn delete_task(
-    t: &mut impl TableWrite,
+    t: &mut (impl TableWrite + ?Sized),
     key: &TaskKey,
     created: codec::Created,
 ) -> Result<(), DiskError> {
