@@ -36,7 +36,7 @@ mod index;
 mod local;
 pub(crate) mod pg;
 
-pub(crate) use file::log::frame::check_any as check_log_bytes;
+pub(crate) use file::log::check_any as check_log_bytes;
 pub(crate) use local::LocalStore;
 
 /// Where everything a2ad keeps is kept. See the module documentation for the durability

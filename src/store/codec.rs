@@ -18,9 +18,11 @@ use crate::push::{
     Events, Namespace, PushAuth, PushConfig, PushScope, RetryPolicy, StoredPushConfig, WebhookEvent,
 };
 
-/// The version of the file layout this build reads and writes.
-pub(crate) const SCHEMA_VERSION: u32 = 2;
+/// The version of the file layout this build reads and writes: 3 writes the hot rows in
+/// the compact form of codec/binary.rs (2's JSON rows still read).
+pub(crate) const SCHEMA_VERSION: u32 = 3;
 
+mod binary;
 mod keys;
 
 pub(crate) use keys::*;
@@ -36,6 +38,17 @@ fn exact<T>(items: impl ExactSizeIterator<Item = T>) -> Vec<T> {
     let mut out = Vec::with_capacity(items.len());
     out.extend(items);
     out
+}
+
+/// The message of `shared` equal to `m` (a reply is one allocation in the task's history
+/// and its events), or `m`.
+fn share(m: Message, shared: &[Arc<Message>]) -> Arc<Message> {
+    shared
+        .iter()
+        .rev()
+        .find(|h| h.message_id == m.message_id && ***h == m)
+        .cloned()
+        .unwrap_or_else(|| Arc::new(m))
 }
 
 fn time(us: i64) -> DateTime<Utc> {
@@ -76,6 +89,7 @@ enum PartRec {
 }
 
 impl MessageRec {
+    #[cfg(test)]
     fn of(m: &Message) -> Self {
         Self {
             role: match m.role {
@@ -101,6 +115,7 @@ impl MessageRec {
 }
 
 impl PartRec {
+    #[cfg(test)]
     fn of(p: &Part) -> Self {
         match p {
             Part::Text(t) => Self::Text(t.clone()),
@@ -164,6 +179,7 @@ fn state_of(name: &str) -> TaskState {
 }
 
 impl StatusRec {
+    #[cfg(test)]
     fn of(s: &TaskStatus) -> Self {
         Self {
             s: s.state.as_str().to_string(),
@@ -176,15 +192,7 @@ impl StatusRec {
 
     /// The status; `shared` lends the task's history so a reply stays one allocation.
     fn into_status(self, shared: &[Arc<Message>]) -> TaskStatus {
-        let message = self.m.map(|m| {
-            let m = m.into_message();
-            shared
-                .iter()
-                .rev()
-                .find(|h| h.message_id == m.message_id && ***h == m)
-                .cloned()
-                .unwrap_or_else(|| Arc::new(m))
-        });
+        let message = self.m.map(|m| share(m.into_message(), shared));
         TaskStatus {
             state: state_of(&self.s),
             message,
@@ -208,6 +216,7 @@ struct ArtifactRec {
 }
 
 impl ArtifactRec {
+    #[cfg(test)]
     fn of(a: &Artifact) -> Self {
         Self {
             i: a.artifact_id.clone(),
@@ -246,25 +255,16 @@ struct TaskRec {
     cs: i64,
 }
 
-/// Encodes a task's record.
+/// Encodes a task's record (the compact form).
 pub(crate) fn encode_task(task: &TaskSnapshot, turn: TurnId) -> Vec<u8> {
-    let rec = TaskRec {
-        c: task.context_id.to_string(),
-        st: StatusRec::of(&task.status),
-        seq: task.seq,
-        ca: micros(&task.created_at),
-        ua: micros(&task.updated_at),
-        h: task.history.iter().map(|m| MessageRec::of(m)).collect(),
-        a: task.artifacts.iter().map(|a| ArtifactRec::of(a)).collect(),
-        md: task.metadata.as_ref().map(|m| (**m).to_owned()),
-        turn: turn.number,
-        cs: turn.since,
-    };
-    serde_json::to_vec(&rec).unwrap_or_default()
+    binary::encode_task(task, turn)
 }
 
 /// Decodes a task's record: the task and its conversation turn.
 pub(crate) fn decode_task(key: &TaskKey, bytes: &[u8]) -> Option<(TaskSnapshot, TurnId)> {
+    if bytes.first() == Some(&binary::TAG) {
+        return binary::decode_task(key, bytes);
+    }
     let rec: TaskRec = serde_json::from_slice(bytes).ok()?;
     let history = exact(rec.h.into_iter().map(|m| Arc::new(m.into_message())));
     let status = rec.st.into_status(&history);
@@ -294,27 +294,28 @@ struct EventRec {
     a: Option<(ArtifactRec, bool, bool)>,
 }
 
-/// Encodes an event.
+/// Encodes an event (the compact form).
 pub(crate) fn encode_event(event: &TaskEvent) -> Vec<u8> {
-    let rec = EventRec {
-        st: StatusRec::of(&event.status),
-        a: event
-            .artifact
-            .as_ref()
-            .map(|u| (ArtifactRec::of(&u.artifact), u.append, u.last_chunk)),
-    };
-    serde_json::to_vec(&rec).unwrap_or_default()
+    binary::encode_event(event)
 }
 
 /// Whether an event row reads back: its key is a task's key and a number, its value an
 /// event record (checked at open, so a damaged row refuses the start instead of vanishing
 /// from a later replay).
 pub(crate) fn event_row_is_valid(key: &[u8], value: &[u8]) -> bool {
-    keys::is_event_key(key) && serde_json::from_slice::<EventRec>(value).is_ok()
+    keys::is_event_key(key)
+        && if value.first() == Some(&binary::TAG) {
+            binary::decode_event(0, value, &[]).is_some()
+        } else {
+            serde_json::from_slice::<EventRec>(value).is_ok()
+        }
 }
 
 /// Decodes event `seq`; `history` lends messages the event shares with its task.
 pub(crate) fn decode_event(seq: u64, bytes: &[u8], history: &[Arc<Message>]) -> Option<TaskEvent> {
+    if bytes.first() == Some(&binary::TAG) {
+        return binary::decode_event(seq, bytes, history);
+    }
     let rec: EventRec = serde_json::from_slice(bytes).ok()?;
     Some(TaskEvent {
         seq,
@@ -473,22 +474,62 @@ struct TurnRec {
     r: Option<MessageRec>,
 }
 
-/// Encodes a conversation turn.
+/// Encodes a conversation turn (the compact form).
 pub(crate) fn encode_turn(user: &Message, reply: Option<&Message>) -> Vec<u8> {
-    serde_json::to_vec(&TurnRec {
-        u: MessageRec::of(user),
-        r: reply.map(MessageRec::of),
-    })
-    .unwrap_or_default()
+    binary::encode_turn(user, reply)
 }
 
 /// Decodes a conversation turn.
 pub(crate) fn decode_turn(bytes: &[u8]) -> Option<(Arc<Message>, Option<Arc<Message>>)> {
+    if bytes.first() == Some(&binary::TAG) {
+        return binary::decode_turn(bytes);
+    }
     let rec: TurnRec = serde_json::from_slice(bytes).ok()?;
     Some((
         Arc::new(rec.u.into_message()),
         rec.r.map(|r| Arc::new(r.into_message())),
     ))
+}
+
+/// The JSON rows of schema 2, as that schema wrote them: the tests check they still read.
+#[cfg(test)]
+pub(crate) mod json {
+    use super::*;
+
+    pub(crate) fn task(task: &TaskSnapshot, turn: TurnId) -> Vec<u8> {
+        serde_json::to_vec(&TaskRec {
+            c: task.context_id.to_string(),
+            st: StatusRec::of(&task.status),
+            seq: task.seq,
+            ca: micros(&task.created_at),
+            ua: micros(&task.updated_at),
+            h: task.history.iter().map(|m| MessageRec::of(m)).collect(),
+            a: task.artifacts.iter().map(|a| ArtifactRec::of(a)).collect(),
+            md: task.metadata.as_ref().map(|m| (**m).to_owned()),
+            turn: turn.number,
+            cs: turn.since,
+        })
+        .unwrap_or_default()
+    }
+
+    pub(crate) fn event(event: &TaskEvent) -> Vec<u8> {
+        serde_json::to_vec(&EventRec {
+            st: StatusRec::of(&event.status),
+            a: event
+                .artifact
+                .as_ref()
+                .map(|u| (ArtifactRec::of(&u.artifact), u.append, u.last_chunk)),
+        })
+        .unwrap_or_default()
+    }
+
+    pub(crate) fn turn(user: &Message, reply: Option<&Message>) -> Vec<u8> {
+        serde_json::to_vec(&TurnRec {
+            u: MessageRec::of(user),
+            r: reply.map(MessageRec::of),
+        })
+        .unwrap_or_default()
+    }
 }
 
 #[cfg(test)]
@@ -586,30 +627,88 @@ mod tests {
             number: 4,
             since: 12,
         };
-        let (back, turn) = decode_task(&key(), &encode_task(&task, t)).expect("decodes");
-        assert_eq!(turn, t);
-        assert_eq!(back.history.len(), 2);
-        assert_eq!(*back.history[0], *user);
-        assert!(
-            Arc::ptr_eq(
-                back.status.message.as_ref().expect("reply"),
-                &back.history[1]
+        let mut failed = TaskStatus::new(TaskState::Failed);
+        failed.reason = Some(Arc::from("because"));
+        failed.error = Some(Arc::new(TaskError {
+            code: -32603,
+            message: "upstream".into(),
+        }));
+        let chunk = TaskEvent {
+            seq: 4,
+            status: failed.clone(),
+            artifact: Some(ArtifactUpdate {
+                artifact: Arc::new(Artifact::new(
+                    None,
+                    vec![Part::Url(Box::new(FileUrl {
+                        url: "https://x/y".into(),
+                        name: None,
+                        mime_type: Some("image/png".into()),
+                    }))],
+                )),
+                append: true,
+                last_chunk: false,
+            }),
+        };
+        // Schema 3's compact rows, and schema 2's JSON rows, which still read.
+        let forms = [
+            (
+                encode_task(&task, t),
+                encode_event(&TaskEvent::status(3, status.clone())),
+                encode_event(&chunk),
+                encode_turn(&user, Some(&reply)),
             ),
-            "the reply is shared with the history, as in memory"
-        );
-        assert_eq!(back.status.state, TaskState::Completed);
-        assert_eq!(
-            back.status.timestamp.timestamp_micros(),
-            status.timestamp.timestamp_micros()
-        );
-        assert_eq!(back.artifacts[0].parts, task.artifacts[0].parts);
-        assert_eq!(
-            back.metadata.as_ref().map(|m| m.get()),
-            Some(r#"{"trace":"x"}"#)
-        );
-        let event = TaskEvent::status(3, status);
-        let e = decode_event(3, &encode_event(&event), &back.history).expect("event");
-        assert_eq!(e.seq, 3);
-        assert_eq!(e.status.state, TaskState::Completed);
+            (
+                json::task(&task, t),
+                json::event(&TaskEvent::status(3, status.clone())),
+                json::event(&chunk),
+                json::turn(&user, Some(&reply)),
+            ),
+        ];
+        assert_eq!(forms[0].0.first(), Some(&1), "the compact form's tag");
+        assert_eq!(forms[1].0.first(), Some(&b'{'));
+        for (record, event, chunk_row, turn_row) in &forms {
+            let (back, turn) = decode_task(&key(), record).expect("decodes");
+            assert_eq!(turn, t);
+            assert_eq!(back.history.len(), 2);
+            assert_eq!(*back.history[0], *user);
+            assert!(
+                Arc::ptr_eq(
+                    back.status.message.as_ref().expect("reply"),
+                    &back.history[1]
+                ),
+                "the reply is shared with the history, as in memory"
+            );
+            assert_eq!(back.status.state, TaskState::Completed);
+            assert_eq!(
+                back.status.timestamp.timestamp_micros(),
+                status.timestamp.timestamp_micros()
+            );
+            assert_eq!(back.artifacts[0].parts, task.artifacts[0].parts);
+            assert_eq!(
+                back.metadata.as_ref().map(|m| m.get()),
+                Some(r#"{"trace":"x"}"#)
+            );
+            let e = decode_event(3, event, &back.history).expect("event");
+            assert_eq!(e.seq, 3);
+            assert!(event_row_is_valid(&event_key(&key(), 1, 3), event));
+            assert_eq!(e.status.state, TaskState::Completed);
+            let c = decode_event(4, chunk_row, &back.history).expect("chunk");
+            assert_eq!(c.status.reason.as_deref(), Some("because"));
+            assert_eq!(c.status.error.as_deref().map(|e| e.code), Some(-32603));
+            let a = c.artifact.expect("artifact");
+            assert_eq!((a.append, a.last_chunk), (true, false));
+            assert_eq!(
+                a.artifact.parts,
+                chunk.artifact.as_ref().expect("a").artifact.parts
+            );
+            let (u, r) = decode_turn(turn_row).expect("turn");
+            assert_eq!((&*u, r.as_deref()), (&*user, Some(&*reply)));
+        }
+        // A compact row cut short, or with bytes after it, is no row.
+        let record = &forms[0].0;
+        assert!(decode_task(&key(), &record[..record.len() - 1]).is_none());
+        let mut longer = record.clone();
+        longer.push(0);
+        assert!(decode_task(&key(), &longer).is_none());
     }
 }

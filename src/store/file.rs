@@ -435,4 +435,107 @@ mod tests {
         }
         let _ = std::fs::remove_dir_all(&dir);
     }
+
+    #[test]
+    fn a_schema_2_file_of_json_rows_reads_and_becomes_schema_3() {
+        let dir = std::env::temp_dir().join(format!("a2ad-schema2-{}", uuid::Uuid::new_v4()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let path = dir.join("a2ad.redb");
+        let key = TaskKey {
+            principal: "alice".into(),
+            agent: "echo".into(),
+            task: TaskId::new("t-2"),
+        };
+        let user = Arc::new(Message {
+            role: Role::User,
+            parts: vec![crate::model::Part::Text("hi".into())],
+            message_id: "m1".into(),
+        });
+        let reply = Arc::new(Message::agent_text(["echo: hi"]));
+        let mut status = TaskStatus::new(TaskState::Completed);
+        status.message = Some(reply.clone());
+        let task = TaskSnapshot {
+            id: key.task.clone(),
+            context_id: ContextId::new("ctx"),
+            status: status.clone(),
+            seq: 2,
+            created_at: chrono::Utc::now(),
+            updated_at: status.timestamp,
+            history: vec![user.clone(), reply.clone()],
+            artifacts: Vec::new(),
+            metadata: None,
+        };
+        let created = codec::created(&task);
+        let turn = crate::store::TurnId {
+            number: 1,
+            since: 5,
+        };
+        {
+            // A file as schema 2 left it: JSON rows.
+            let db = Database::create(&path).expect("create");
+            let w = db.begin_write().expect("write");
+            {
+                let mut meta = w.open_table(META).expect("meta");
+                meta.insert(b"app".as_slice(), APP).expect("app");
+                meta.insert(b"schema".as_slice(), 2u32.to_be_bytes().as_slice())
+                    .expect("schema");
+                w.open_table(TASKS)
+                    .expect("tasks")
+                    .insert(
+                        codec::task_key(&key, created).as_slice(),
+                        codec::json::task(&task, turn).as_slice(),
+                    )
+                    .expect("task");
+                let mut events = w.open_table(EVENTS).expect("events");
+                for (seq, state) in [(1u64, TaskState::Submitted), (2, TaskState::Completed)] {
+                    let mut st = TaskStatus::new(state);
+                    if state == TaskState::Completed {
+                        st = status.clone();
+                    }
+                    events
+                        .insert(
+                            codec::event_key(&key, created, seq).as_slice(),
+                            codec::json::event(&TaskEvent::status(seq, st)).as_slice(),
+                        )
+                        .expect("event");
+                }
+                w.open_table(TURNS)
+                    .expect("turns")
+                    .insert(
+                        codec::turn_key(&"alice".into(), &ContextId::new("ctx"), turn).as_slice(),
+                        codec::json::turn(&user, Some(&reply)).as_slice(),
+                    )
+                    .expect("turn");
+                for t in [OUTBOX, PUSH] {
+                    w.open_table(t).expect("table");
+                }
+            }
+            w.commit().expect("commit");
+        }
+        let config = Config {
+            store: StoreConfig::redb(path.display().to_string()),
+            ..Config::default()
+        };
+        let (journal, recovered) =
+            Journal::open(&config, Arc::new(Indexes::for_config(&config))).expect("opens");
+        assert_eq!(recovered.contexts.len(), 1);
+        assert_eq!(recovered.contexts[0].turns[0].2.as_deref(), Some(&*reply));
+        let back = journal.indexes.tasks.get(&key).expect("the task came back");
+        assert_eq!(back.status.state, TaskState::Completed);
+        let events = journal.events(&key, 0).expect("events");
+        assert_eq!(events.len(), 2);
+        assert_eq!(events[1].status.message.as_deref(), Some(&*reply));
+        journal.close(Duration::from_secs(30));
+        drop(journal);
+        let db = Database::open(&path).expect("reopen");
+        let read = db.begin_read().expect("read");
+        let meta = read.open_table(META).expect("meta");
+        let schema = meta
+            .get(b"schema".as_slice())
+            .expect("get")
+            .expect("schema");
+        assert_eq!(schema.value(), 3u32.to_be_bytes().as_slice());
+        drop((meta, read, db));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 }

@@ -27,7 +27,7 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
 mod carry;
-pub(crate) mod frame;
+mod frame;
 mod keydir;
 #[cfg(test)]
 mod tests;
@@ -432,6 +432,45 @@ impl LogDisk {
             .unwrap_or_else(|e| e.into_inner())
             .drop_segment(seg);
         Ok(true)
+    }
+}
+
+/// Reads arbitrary bytes as a restart reads a segment's frames (the fuzz target
+/// `log_frame`): whatever they hold, no panic, each frame ends after it starts and within
+/// the bytes, every payload that decodes encodes back to the same bytes, and its
+/// operations apply to a keydir.
+pub(crate) fn check_any(bytes: &[u8]) {
+    let mut keydir = Keydir::default();
+    let mut at = 0;
+    while let Next::Frame { payload, next: end } = frame::next(bytes, at) {
+        assert!(end > at && end <= bytes.len(), "a frame within the bytes");
+        if let Some(ops) = frame::ops(payload) {
+            let mut again = FrameBuf::default();
+            for op in &ops {
+                match *op {
+                    frame::Op::Put {
+                        table,
+                        key,
+                        value,
+                        at: value_at,
+                    } => {
+                        let w = again.put(table, key, value);
+                        assert_eq!(w - frame::FRAME_HEADER, value_at, "a value where it was");
+                    }
+                    frame::Op::Remove { table, key } => again.remove(table, key),
+                    frame::Op::RemoveRange { table, start, end } => {
+                        again.remove_range(table, start, end)
+                    }
+                }
+                keydir.apply(1, (at + frame::FRAME_HEADER) as u64, op);
+            }
+            assert_eq!(
+                &again.seal()[frame::FRAME_HEADER..],
+                payload,
+                "a payload round trip"
+            );
+        }
+        at = end;
     }
 }
 

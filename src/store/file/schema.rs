@@ -75,6 +75,7 @@ pub(super) fn check_schema(db: &Database, path: &Path) -> Result<()> {
     if !empty {
         return match check_existing(db, path)? {
             1 => migrate_v1(db, path),
+            2 => set_schema(db, path),
             _ => Ok(()),
         };
     }
@@ -131,7 +132,7 @@ pub(super) fn check_existing(db: &impl ReadableDatabase, path: &Path) -> Result<
         .and_then(|v| <[u8; 4]>::try_from(v.value()).ok())
         .map(u32::from_be_bytes);
     match schema {
-        Some(v @ (1 | SCHEMA_VERSION)) => Ok(v),
+        Some(v @ 1..=SCHEMA_VERSION) => Ok(v),
         Some(v) if v > SCHEMA_VERSION => Err(open_error(
             path,
             format!(
@@ -146,6 +147,27 @@ pub(super) fn check_existing(db: &impl ReadableDatabase, path: &Path) -> Result<
         )),
         None => Err(open_error(path, "has no readable schema version")),
     }
+}
+
+/// Schema 2 → 3: nothing to convert (rows of schema 2 read as they are; new rows are
+/// written in schema 3's compact form), only the version, so that an a2ad of schema 2
+/// refuses the file instead of reading compact rows as damage.
+fn set_schema(db: &Database, path: &Path) -> Result<()> {
+    let write = || -> std::result::Result<(), redb::Error> {
+        let w = db.begin_write()?;
+        w.open_table(META)?.insert(
+            b"schema".as_slice(),
+            SCHEMA_VERSION.to_be_bytes().as_slice(),
+        )?;
+        w.commit()?;
+        Ok(())
+    };
+    write().map_err(|e| {
+        open_error(
+            path,
+            format!("could not be migrated to store schema {SCHEMA_VERSION}: {e}"),
+        )
+    })
 }
 
 /// Migrates a file of schema 1 (task and turn rows keyed by their ids) to schema 2 (keyed

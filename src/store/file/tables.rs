@@ -126,7 +126,7 @@ pub(crate) fn apply(
 ) -> Result<Vec<(usize, Delivery)>, DiskError> {
     let mut planned = Vec::new();
     // The last record of each task in the batch (earlier ones are superseded).
-    let mut last: HashMap<&TaskKey, usize> = HashMap::new();
+    let mut last: HashMap<&TaskKey, usize, foldhash::fast::RandomState> = HashMap::default();
     for (i, write) in writes.iter().enumerate() {
         if let Write::Task { key, .. } = write {
             last.insert(key, i);
