@@ -137,6 +137,10 @@ fn contract(store: &dyn Store, keeps_events: bool, shared: bool) {
     } else {
         assert!(events.is_empty());
     }
+    // After the last number, up to the largest a client can send: none.
+    for after in [3, u64::MAX - 1, u64::MAX] {
+        assert!(block(store.events(&a, after)).expect("events").is_empty());
+    }
 
     // Ownership: another principal's key with the same task id is another task.
     assert!(

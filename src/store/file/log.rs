@@ -706,7 +706,7 @@ impl TableRead for Reader<'_> {
     ) -> std::result::Result<(), DiskError> {
         for (k, loc) in self.keydir.range(t, start, end) {
             let v = self.value(loc)?;
-            if !f(k, &v) {
+            if !f(&k, &v) {
                 break;
             }
         }
@@ -735,7 +735,7 @@ impl TableRead for Live<'_> {
             let files = self.0.files.read().unwrap_or_else(|e| e.into_inner());
             keydir
                 .range(t, start, end)
-                .map(|(k, l)| (k.to_vec(), l, files.get(&l.seg).cloned()))
+                .map(|(k, l)| (k, l, files.get(&l.seg).cloned()))
                 .collect()
         };
         for (k, loc, file) in rows {

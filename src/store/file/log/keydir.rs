@@ -27,15 +27,40 @@ fn weight(key: &[u8], loc: &Loc) -> u64 {
     key.len() as u64 + u64::from(loc.len) + 10
 }
 
+/// A key as the maps hold it: its first 8 bytes as a big-endian number (zero-padded), how
+/// many of those 8 it has, and the rest. Ordered exactly as the bytes are, but a
+/// comparison is mostly one integer compare: every row key of the store begins with a
+/// time (a task's or a conversation's creation) that nearly always tells two keys apart.
+type Key = (u64, u8, Box<[u8]>);
+
+fn head(key: &[u8]) -> (u64, u8, &[u8]) {
+    let n = key.len().min(8);
+    let mut first = [0u8; 8];
+    first[..n].copy_from_slice(&key[..n]);
+    (u64::from_be_bytes(first), n as u8, &key[n..])
+}
+
+fn key_of(key: &[u8]) -> Key {
+    let (h, n, rest) = head(key);
+    (h, n, rest.into())
+}
+
+fn bytes_of(key: &Key) -> Vec<u8> {
+    let mut out = Vec::with_capacity(usize::from(key.1) + key.2.len());
+    out.extend_from_slice(&key.0.to_be_bytes()[..usize::from(key.1)]);
+    out.extend_from_slice(&key.2);
+    out
+}
+
 /// Every row's place.
 #[derive(Default)]
 pub(crate) struct Keydir {
-    tables: [BTreeMap<Box<[u8]>, Loc>; 5],
+    tables: [BTreeMap<Key, Loc>; 5],
     live: HashMap<u32, u64, RandomState>,
 }
 
 impl Keydir {
-    fn table(&self, t: Table) -> &BTreeMap<Box<[u8]>, Loc> {
+    fn table(&self, t: Table) -> &BTreeMap<Key, Loc> {
         &self.tables[usize::from(t.code())]
     }
 
@@ -48,7 +73,7 @@ impl Keydir {
     /// Sets a row's place.
     pub(crate) fn put(&mut self, t: Table, key: &[u8], loc: Loc) {
         *self.live.entry(loc.seg).or_default() += weight(key, &loc);
-        match self.tables[usize::from(t.code())].entry(key.into()) {
+        match self.tables[usize::from(t.code())].entry(key_of(key)) {
             Entry::Occupied(mut old) => {
                 let was = std::mem::replace(old.get_mut(), loc);
                 Self::unlive(&mut self.live, key, &was);
@@ -61,7 +86,7 @@ impl Keydir {
 
     /// Forgets a row.
     pub(crate) fn remove(&mut self, t: Table, key: &[u8]) {
-        if let Some(was) = self.tables[usize::from(t.code())].remove(key) {
+        if let Some(was) = self.tables[usize::from(t.code())].remove(&key_of(key)) {
             Self::unlive(&mut self.live, key, &was);
         }
     }
@@ -72,13 +97,13 @@ impl Keydir {
             return;
         }
         let table = &mut self.tables[usize::from(t.code())];
-        let keys: Vec<Box<[u8]>> = table
-            .range::<[u8], _>((Bound::Included(start), Bound::Excluded(end)))
+        let keys: Vec<Key> = table
+            .range((Bound::Included(key_of(start)), Bound::Excluded(key_of(end))))
             .map(|(k, _)| k.clone())
             .collect();
         for k in keys {
             if let Some(was) = table.remove(&k) {
-                Self::unlive(&mut self.live, &k, &was);
+                Self::unlive(&mut self.live, &bytes_of(&k), &was);
             }
         }
     }
@@ -108,20 +133,35 @@ impl Keydir {
 
     /// A row's place.
     pub(crate) fn get(&self, t: Table, key: &[u8]) -> Option<Loc> {
-        self.table(t).get(key).copied()
+        self.table(t).get(&key_of(key)).copied()
     }
 
     /// The rows of `start..end` (`None`: to the end), in key order.
-    pub(crate) fn range<'a>(
-        &'a self,
+    pub(crate) fn range(
+        &self,
         t: Table,
-        start: &'a [u8],
-        end: Option<&'a [u8]>,
-    ) -> impl Iterator<Item = (&'a [u8], Loc)> + 'a {
-        let end = end.map_or(Bound::Unbounded, Bound::Excluded);
-        self.table(t)
-            .range::<[u8], _>((Bound::Included(start), end))
-            .map(|(k, l)| (&**k, *l))
+        start: &[u8],
+        end: Option<&[u8]>,
+    ) -> impl Iterator<Item = (Vec<u8>, Loc)> + '_ {
+        // An empty range (a start at or past the end: `Last-Event-ID` beyond the last
+        // number, say) holds nothing; the map would refuse it.
+        let empty = end.is_some_and(|e| start >= e);
+        let (start, end) = if empty {
+            (Bound::Excluded(key_of(start)), Bound::Excluded(key_of(start)))
+        } else {
+            (
+                Bound::Included(key_of(start)),
+                end.map_or(Bound::Unbounded, |e| Bound::Excluded(key_of(e))),
+            )
+        };
+        let rows = if empty {
+            None
+        } else {
+            Some(self.table(t).range((start, end)))
+        };
+        rows.into_iter()
+            .flatten()
+            .map(|(k, l)| (bytes_of(k), *l))
     }
 
     /// The bytes live in a segment.
@@ -168,6 +208,12 @@ mod tests {
         assert_eq!((k.live_in(1), k.live_in(2)), (17, 0));
         assert_eq!(k.get(Table::Events, b"b1"), Some(loc(1, 20)));
         assert_eq!(k.get(Table::Tasks, b"b1"), None, "tables are apart");
+        assert_eq!(k.range(Table::Events, b"b2", Some(b"b")).count(), 0, "an empty range");
+        assert_eq!(k.range(Table::Events, b"b", Some(b"b")).count(), 0);
+        assert_eq!(
+            k.range(Table::Events, b"b", Some(b"c")).collect::<Vec<_>>(),
+            vec![(b"b1".to_vec(), loc(1, 20))]
+        );
         k.remove(Table::Events, b"b1");
         assert_eq!((k.live(), k.rows()), (0, 0));
     }
