@@ -49,6 +49,8 @@ use crate::store::index::Indexes;
 pub(crate) const SEGMENT_BYTES: u64 = 64 << 20;
 /// Bytes of a compacted segment read per step between batches.
 const STEP_BYTES: u64 = 1 << 20;
+/// A frame buffer up to this size is kept for the next batch.
+const SPARE_BYTES: usize = 4 << 20;
 /// After a failed compaction step, the next one waits this long.
 const COMPACT_BACKOFF: Duration = Duration::from_secs(5);
 /// The lock file (held while a2ad runs).
@@ -93,6 +95,8 @@ struct Writer {
     compacting: Option<(u32, u64)>,
     /// No compaction before this (after a failure).
     calm_until: Option<Instant>,
+    /// The last batch's frame buffer, kept for the next.
+    spare: Vec<u8>,
 }
 
 fn io_at(path: &Path, what: &str, e: &std::io::Error) -> crate::Error {
@@ -238,6 +242,7 @@ impl LogDisk {
                 sizes,
                 compacting: None,
                 calm_until: None,
+                spare: Vec::new(),
             }),
             bytes: AtomicU64::new(bytes),
             segment_bytes,
@@ -269,13 +274,18 @@ impl LogDisk {
     ) -> std::result::Result<T, DiskError> {
         let mut w = self.writer.lock().unwrap_or_else(|e| e.into_inner());
         let mut b = Batch {
-            frame: FrameBuf::default(),
+            frame: FrameBuf::reusing(std::mem::take(&mut w.spare)),
             keydir: &self.keydir,
         };
-        let out = f(&mut b)?;
+        let out = f(&mut b);
         let mut frame = b.frame;
-        self.append(&mut w, &mut frame)?;
-        Ok(out)
+        let written = out.and_then(|out| self.append(&mut w, &mut frame).map(|()| out));
+        // The buffer serves the next batch (unless a huge one made it large).
+        let spare = frame.into_inner();
+        if spare.capacity() <= SPARE_BYTES {
+            w.spare = spare;
+        }
+        written
     }
 
     /// Writes a frame at the end of the newest segment, makes it durable, and only then

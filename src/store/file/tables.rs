@@ -2,7 +2,7 @@
 //! log's keys over framed records): what a batch of [`Write`]s does to them, and how a task
 //! is deleted. One description of the rows, so the two files cannot drift apart.
 
-use std::collections::HashMap;
+use std::collections::HashSet;
 
 use super::super::codec;
 use super::super::index::Indexes;
@@ -125,11 +125,14 @@ pub(crate) fn apply(
     t: &mut (impl TableWrite + ?Sized),
 ) -> Result<Vec<(usize, Delivery)>, DiskError> {
     let mut planned = Vec::new();
-    // The last record of each task in the batch (earlier ones are superseded).
-    let mut last: HashMap<&TaskKey, usize, foldhash::fast::RandomState> = HashMap::default();
-    for (i, write) in writes.iter().enumerate() {
+    // Whether each write is its task's last in the batch (earlier records are superseded):
+    // the first seen walking back.
+    let mut seen: HashSet<&TaskKey, foldhash::fast::RandomState> =
+        HashSet::with_capacity_and_hasher(writes.len(), Default::default());
+    let mut last = vec![false; writes.len()];
+    for (i, write) in writes.iter().enumerate().rev() {
         if let Write::Task { key, .. } = write {
-            last.insert(key, i);
+            last[i] = seen.insert(key);
         }
     }
     for (i, write) in writes.iter().enumerate() {
@@ -142,11 +145,11 @@ pub(crate) fn apply(
                 turn,
             } => {
                 let created = codec::created(task);
-                t.put(
-                    Table::Events,
-                    &codec::event_key(key, created, event.seq),
-                    &codec::encode_event(event),
-                )?;
+                let row = codec::task_key(key, created);
+                let mut event_row = Vec::with_capacity(row.len() + 8);
+                event_row.extend_from_slice(&row);
+                event_row.extend_from_slice(&event.seq.to_be_bytes());
+                t.put(Table::Events, &event_row, &codec::encode_event(event))?;
                 for d in indexes.plan(key, task, event, *changed) {
                     t.put(
                         Table::Outbox,
@@ -155,12 +158,8 @@ pub(crate) fn apply(
                     )?;
                     planned.push((i, d));
                 }
-                if last.get(key) == Some(&i) {
-                    t.put(
-                        Table::Tasks,
-                        &codec::task_key(key, created),
-                        &codec::encode_task(task, *turn),
-                    )?;
+                if last[i] {
+                    t.put(Table::Tasks, &row, &codec::encode_task(task, *turn))?;
                 }
             }
             Write::Turn {

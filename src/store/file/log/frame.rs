@@ -80,6 +80,18 @@ impl Default for FrameBuf {
 }
 
 impl FrameBuf {
+    /// An empty frame in `buf`'s memory.
+    pub(crate) fn reusing(mut buf: Vec<u8>) -> Self {
+        buf.clear();
+        buf.resize(FRAME_HEADER, 0);
+        Self(buf)
+    }
+
+    /// The buffer, for reuse.
+    pub(crate) fn into_inner(self) -> Vec<u8> {
+        self.0
+    }
+
     /// Nothing but the header's room.
     pub(crate) fn is_empty(&self) -> bool {
         self.0.len() == FRAME_HEADER

@@ -147,7 +147,10 @@ impl Keydir {
         // number, say) holds nothing; the map would refuse it.
         let empty = end.is_some_and(|e| start >= e);
         let (start, end) = if empty {
-            (Bound::Excluded(key_of(start)), Bound::Excluded(key_of(start)))
+            (
+                Bound::Excluded(key_of(start)),
+                Bound::Excluded(key_of(start)),
+            )
         } else {
             (
                 Bound::Included(key_of(start)),
@@ -159,9 +162,7 @@ impl Keydir {
         } else {
             Some(self.table(t).range((start, end)))
         };
-        rows.into_iter()
-            .flatten()
-            .map(|(k, l)| (bytes_of(k), *l))
+        rows.into_iter().flatten().map(|(k, l)| (bytes_of(k), *l))
     }
 
     /// The bytes live in a segment.
@@ -208,7 +209,11 @@ mod tests {
         assert_eq!((k.live_in(1), k.live_in(2)), (17, 0));
         assert_eq!(k.get(Table::Events, b"b1"), Some(loc(1, 20)));
         assert_eq!(k.get(Table::Tasks, b"b1"), None, "tables are apart");
-        assert_eq!(k.range(Table::Events, b"b2", Some(b"b")).count(), 0, "an empty range");
+        assert_eq!(
+            k.range(Table::Events, b"b2", Some(b"b")).count(),
+            0,
+            "an empty range"
+        );
         assert_eq!(k.range(Table::Events, b"b", Some(b"b")).count(), 0);
         assert_eq!(
             k.range(Table::Events, b"b", Some(b"c")).collect::<Vec<_>>(),

@@ -94,7 +94,11 @@ fn a_torn_last_write_is_dropped_and_everything_before_it_kept() {
     assert_eq!(events.len(), 3);
     // Past the last number, or at the very end of the numbers: nothing, and no panic.
     for after in [3, 1000, u64::MAX - 1, u64::MAX] {
-        assert!(block(store.events(&key("alice", "t-1"), after)).expect("events").is_empty());
+        assert!(
+            block(store.events(&key("alice", "t-1"), after))
+                .expect("events")
+                .is_empty()
+        );
     }
     assert_eq!(
         std::fs::metadata(&segment).expect("meta").len(),
