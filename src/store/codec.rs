@@ -1,7 +1,9 @@
-//! How records are laid out in the store file: keys as length-prefixed parts (so any id,
-//! whatever bytes it holds, sorts and splits exactly), values as JSON of the record types
-//! below. These types are the file's schema: they change only with
-//! [`SCHEMA_VERSION`] (see docs/ARCHITECTURE.md, "The store file"), never with the model.
+//! How records are laid out in the store: keys as length-prefixed parts (so any id,
+//! whatever bytes it holds, sorts and splits exactly); the rows written on every task
+//! event (record, event, turn) in the compact form of codec/binary.rs, the others as JSON
+//! of the record types below (which also read the JSON rows of schema 2). The layout is
+//! the store's schema: it changes only with [`SCHEMA_VERSION`] (docs/ARCHITECTURE.md,
+//! "The store"), never with the model.
 
 use std::sync::Arc;
 
