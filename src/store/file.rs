@@ -129,6 +129,29 @@ fn open_error(path: &Path, message: impl Into<String>) -> Error {
     }
 }
 
+/// After loading: damaged rows set aside (when the operator said so: the load refused
+/// them otherwise), expired tasks and stale outbox entries deleted.
+fn settle(disk: &dyn Disk, path: &Path, loaded: &load::Loaded) -> Result<()> {
+    if !loaded.damaged.is_empty() {
+        damage::set_aside(path, &loaded.damaged, || {
+            disk.write(&mut |t| {
+                for d in &loaded.damaged {
+                    if let Some(table) = tables::Table::named(&d.table) {
+                        t.remove(table, &d.key)?;
+                    }
+                }
+                Ok(())
+            })
+            .map_err(|e| e.to_string())
+        })?;
+    }
+    if !loaded.tidy_nothing() {
+        disk.write(&mut |t| loaded.tidy(t))
+            .map_err(|e| open_error(path, format!("could not be tidied: {e}")))?;
+    }
+    Ok(())
+}
+
 /// Creates the store's directory (mode 0700) when it is missing.
 fn create_parent(path: &Path) -> Result<()> {
     if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty())

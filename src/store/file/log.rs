@@ -42,7 +42,6 @@ use crate::config::Config;
 use crate::error::Result;
 use crate::model::{Message, TaskEvent, TaskKey};
 use crate::store::codec::Created;
-use crate::store::damage;
 use crate::store::index::Indexes;
 
 /// A segment is sealed once it holds this many bytes.
@@ -247,23 +246,7 @@ impl LogDisk {
             bytes: AtomicU64::new(bytes),
             segment_bytes,
         };
-        if !loaded.damaged.is_empty() {
-            damage::set_aside(&disk.dir, &loaded.damaged, || {
-                disk.batch(|b| {
-                    for d in &loaded.damaged {
-                        if let Some(t) = Table::named(&d.table) {
-                            b.remove(t, &d.key)?;
-                        }
-                    }
-                    Ok(())
-                })
-                .map_err(|e| e.to_string())
-            })?;
-        }
-        if !loaded.tidy_nothing() {
-            disk.batch(|b| loaded.tidy(b))
-                .map_err(|e| open_error(&disk.dir, format!("could not be tidied: {e}")))?;
-        }
+        super::settle(&disk, &disk.dir, &loaded)?;
         Ok((disk, loaded))
     }
 

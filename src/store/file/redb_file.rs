@@ -20,7 +20,6 @@ use crate::config::Config;
 use crate::error::Result;
 use crate::model::{Message, TaskEvent, TaskKey};
 use crate::store::codec::{Created, SCHEMA_VERSION};
-use crate::store::damage;
 use crate::store::index::Indexes;
 
 fn def(table: Table) -> Def {
@@ -189,23 +188,7 @@ impl RedbDisk {
             cache_bytes: store.cache_mib.saturating_mul(1 << 20),
             quick_repair: store.quick_repair,
         };
-        if !loaded.damaged.is_empty() {
-            damage::set_aside(&disk.path, &loaded.damaged, || {
-                disk.transaction(|w| {
-                    for d in &loaded.damaged {
-                        if let Some(t) = Table::named(&d.table) {
-                            w.remove(t, &d.key)?;
-                        }
-                    }
-                    Ok(())
-                })
-                .map_err(|e| e.to_string())
-            })?;
-        }
-        if !loaded.tidy_nothing() {
-            disk.transaction(|w| loaded.tidy(w))
-                .map_err(|e| open_error(&disk.path, format!("could not be tidied: {e}")))?;
-        }
+        super::settle(&disk, &disk.path, &loaded)?;
         Ok((disk, loaded))
     }
 
