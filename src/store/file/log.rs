@@ -96,6 +96,8 @@ struct Writer {
     calm_until: Option<Instant>,
     /// The last batch's frame buffer, kept for the next.
     spare: Vec<u8>,
+    /// When beginning the next segment last failed (and was logged).
+    rotate_failed: Option<Instant>,
 }
 
 fn io_at(path: &Path, what: &str, e: &std::io::Error) -> crate::Error {
@@ -242,6 +244,7 @@ impl LogDisk {
                 compacting: None,
                 calm_until: None,
                 spare: Vec::new(),
+                rotate_failed: None,
             }),
             bytes: AtomicU64::new(bytes),
             segment_bytes,
@@ -319,10 +322,17 @@ impl LogDisk {
                 w.file = file;
                 w.len = frame::HEADER as u64;
                 w.sizes.insert(seg, w.len);
+                w.rotate_failed = None;
                 self.bytes.fetch_add(w.len, Relaxed);
             }
             Err(e) => {
-                tracing::error!(error = %e, segment = seg, "store: cannot begin the next log segment; the current one grows meanwhile");
+                // Tried again after every batch; said once a minute.
+                if w.rotate_failed
+                    .is_none_or(|at| at.elapsed() >= Duration::from_secs(60))
+                {
+                    tracing::error!(error = %e, segment = seg, "store: cannot begin the next log segment; the current one grows meanwhile");
+                    w.rotate_failed = Some(Instant::now());
+                }
             }
         }
     }
