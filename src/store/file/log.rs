@@ -262,6 +262,7 @@ impl LogDisk {
         let mut b = Batch {
             frame: FrameBuf::reusing(std::mem::take(&mut w.spare)),
             keydir: &self.keydir,
+            mine: Mine::default(),
         };
         let out = f(&mut b);
         let mut frame = b.frame;
@@ -576,6 +577,59 @@ fn replay(path: &Path, file: &File, seg: u32, newest: bool, keydir: &mut Keydir)
 struct Batch<'a> {
     frame: FrameBuf,
     keydir: &'a RwLock<Keydir>,
+    mine: Mine,
+}
+
+/// What the batch itself did to each row, read from its frame when `contains` first asks
+/// and then only for what was added since: an outbox retry per delivery stays linear in
+/// the batch, and a batch nobody asks costs nothing.
+#[derive(Default)]
+struct Mine {
+    /// Payload bytes read so far.
+    upto: usize,
+    /// Operations read so far (their order decides).
+    n: usize,
+    /// Per row: the last operation on it (its number) and whether it left the row there.
+    rows: HashMap<Row, (usize, bool), foldhash::fast::RandomState>,
+    /// Range removals: their number, table, start, end.
+    ranges: Vec<(usize, Row, Box<[u8]>)>,
+}
+
+/// A row of a table.
+type Row = (Table, Box<[u8]>);
+
+impl Mine {
+    /// Whether this batch leaves the row there, if it touched it.
+    fn leaves(&mut self, payload: &[u8], t: Table, key: &[u8]) -> Option<bool> {
+        frame::each_op(payload.get(self.upto..).unwrap_or_default(), |op| {
+            self.n += 1;
+            match op {
+                frame::Op::Put { table, key, .. } => {
+                    self.rows.insert((table, key.into()), (self.n, true));
+                }
+                frame::Op::Remove { table, key } => {
+                    self.rows.insert((table, key.into()), (self.n, false));
+                }
+                frame::Op::RemoveRange { table, start, end } => {
+                    self.ranges
+                        .push((self.n, (table, start.into()), end.into()));
+                }
+            }
+        });
+        self.upto = payload.len();
+        let row = self.rows.get(&(t, key.into())).copied();
+        let removed = self
+            .ranges
+            .iter()
+            .filter(|(_, (table, start), end)| *table == t && **start <= *key && *key < **end)
+            .map(|(n, ..)| *n)
+            .max();
+        match (row, removed) {
+            (Some((n, there)), r) if r.is_none_or(|r| r < n) => Some(there),
+            (_, Some(_)) => Some(false),
+            _ => None,
+        }
+    }
 }
 
 impl TableWrite for Batch<'_> {
@@ -601,23 +655,7 @@ impl TableWrite for Batch<'_> {
 
     fn contains(&mut self, t: Table, key: &[u8]) -> std::result::Result<bool, DiskError> {
         // This batch's own operations first, the newest deciding.
-        let mut mine = None;
-        for op in self.frame.ops().unwrap_or_default() {
-            match op {
-                frame::Op::Put { table, key: k, .. } if table == t && k == key => {
-                    mine = Some(true);
-                }
-                frame::Op::Remove { table, key: k } if table == t && k == key => {
-                    mine = Some(false);
-                }
-                frame::Op::RemoveRange { table, start, end }
-                    if table == t && start <= key && key < end =>
-                {
-                    mine = Some(false);
-                }
-                _ => {}
-            }
-        }
+        let mine = self.mine.leaves(self.frame.payload(), t, key);
         Ok(mine.unwrap_or_else(|| {
             self.keydir
                 .read()

@@ -129,9 +129,9 @@ impl FrameBuf {
         self.0.len()
     }
 
-    /// The operations so far.
-    pub(crate) fn ops(&self) -> Option<Vec<Op<'_>>> {
-        ops(&self.0[FRAME_HEADER..])
+    /// The payload so far.
+    pub(crate) fn payload(&self) -> &[u8] {
+        &self.0[FRAME_HEADER..]
     }
 
     /// The finished frame: its header filled in.

@@ -343,3 +343,48 @@ fn a_record_that_does_not_decode_refuses_the_start_unless_set_aside() {
     );
     close(store);
 }
+
+#[test]
+fn a_batch_knows_what_it_did_to_a_row_newest_first() {
+    use super::Table::{Outbox, Push};
+    let mut frame = super::frame::FrameBuf::default();
+    let mut mine = super::Mine::default();
+    assert_eq!(
+        mine.leaves(frame.payload(), Outbox, b"k1"),
+        None,
+        "untouched"
+    );
+    frame.put(Outbox, b"k1", b"v");
+    assert_eq!(mine.leaves(frame.payload(), Outbox, b"k1"), Some(true));
+    assert_eq!(
+        mine.leaves(frame.payload(), Push, b"k1"),
+        None,
+        "another table"
+    );
+    frame.remove(Outbox, b"k1");
+    assert_eq!(mine.leaves(frame.payload(), Outbox, b"k1"), Some(false));
+    frame.put(Outbox, b"k1", b"v");
+    frame.put(Outbox, b"k2", b"v");
+    frame.remove_range(Outbox, b"k", b"k2");
+    assert_eq!(
+        mine.leaves(frame.payload(), Outbox, b"k1"),
+        Some(false),
+        "a later range"
+    );
+    assert_eq!(
+        mine.leaves(frame.payload(), Outbox, b"k2"),
+        Some(true),
+        "past its end"
+    );
+    assert_eq!(
+        mine.leaves(frame.payload(), Outbox, b"k0"),
+        Some(false),
+        "in the range"
+    );
+    frame.put(Outbox, b"k1", b"again");
+    assert_eq!(
+        mine.leaves(frame.payload(), Outbox, b"k1"),
+        Some(true),
+        "after the range"
+    );
+}
