@@ -324,29 +324,22 @@ mod tests {
     use redb::{Database, ReadableDatabase as _};
     use schema::{APP, EVENTS, META, OUTBOX, PUSH, TASKS, TURNS};
 
-    /// A key part as schema 1 wrote it.
-    fn part(out: &mut Vec<u8>, s: &str) {
-        out.extend_from_slice(&(s.len() as u32).to_be_bytes());
-        out.extend_from_slice(s.as_bytes());
+    /// A task finished with one turn ("hi", "echo: hi"), and a fresh directory for a file.
+    struct Finished {
+        dir: std::path::PathBuf,
+        path: std::path::PathBuf,
+        key: TaskKey,
+        status: TaskStatus,
+        task: TaskSnapshot,
     }
 
-    fn v1_task_key(key: &TaskKey) -> Vec<u8> {
-        let mut out = Vec::new();
-        part(&mut out, key.principal.as_str());
-        part(&mut out, key.agent.as_str());
-        part(&mut out, key.task.as_str());
-        out
-    }
-
-    #[test]
-    fn a_schema_1_file_is_migrated_once_and_keeps_its_tasks_and_events() {
-        let dir = std::env::temp_dir().join(format!("a2ad-migrate-{}", uuid::Uuid::new_v4()));
+    fn finished(id: &str) -> Finished {
+        let dir = std::env::temp_dir().join(format!("a2ad-schema-{}", uuid::Uuid::new_v4()));
         std::fs::create_dir_all(&dir).expect("dir");
-        let path = dir.join("a2ad.redb");
         let key = TaskKey {
             principal: "alice".into(),
             agent: "echo".into(),
-            task: TaskId::new("t-1"),
+            task: TaskId::new(id),
         };
         let user = Arc::new(Message {
             role: Role::User,
@@ -367,6 +360,50 @@ mod tests {
             artifacts: Vec::new(),
             metadata: None,
         };
+        Finished {
+            path: dir.join("a2ad.redb"),
+            dir,
+            key,
+            status,
+            task,
+        }
+    }
+
+    /// The schema version a closed redb file carries.
+    fn schema_of(path: &std::path::Path) -> u32 {
+        let db = Database::open(path).expect("reopen");
+        let read = db.begin_read().expect("read");
+        let meta = read.open_table(META).expect("meta");
+        let schema = meta
+            .get(b"schema".as_slice())
+            .expect("get")
+            .expect("schema");
+        u32::from_be_bytes(<[u8; 4]>::try_from(schema.value()).expect("4 bytes"))
+    }
+
+    /// A key part as schema 1 wrote it.
+    fn part(out: &mut Vec<u8>, s: &str) {
+        out.extend_from_slice(&(s.len() as u32).to_be_bytes());
+        out.extend_from_slice(s.as_bytes());
+    }
+
+    fn v1_task_key(key: &TaskKey) -> Vec<u8> {
+        let mut out = Vec::new();
+        part(&mut out, key.principal.as_str());
+        part(&mut out, key.agent.as_str());
+        part(&mut out, key.task.as_str());
+        out
+    }
+
+    #[test]
+    fn a_schema_1_file_is_migrated_once_and_keeps_its_tasks_and_events() {
+        let Finished {
+            dir,
+            path,
+            key,
+            status: _,
+            task,
+        } = finished("t-1");
         {
             // A file as schema 1 left it: a finished task with two events.
             let db = Database::create(&path).expect("create");
@@ -447,47 +484,21 @@ mod tests {
             assert_eq!(journal.events(&key, 1).expect("events").len(), 1);
             journal.close(Duration::from_secs(30));
             drop(journal);
-            let db = Database::open(&path).expect("reopen");
-            let read = db.begin_read().expect("read");
-            let meta = read.open_table(META).expect("meta");
-            let schema = meta
-                .get(b"schema".as_slice())
-                .expect("get")
-                .expect("schema");
-            assert_eq!(schema.value(), SCHEMA_VERSION.to_be_bytes().as_slice());
+            assert_eq!(schema_of(&path), SCHEMA_VERSION, "round {round}");
         }
         let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]
     fn a_schema_2_file_of_json_rows_reads_and_becomes_schema_3() {
-        let dir = std::env::temp_dir().join(format!("a2ad-schema2-{}", uuid::Uuid::new_v4()));
-        std::fs::create_dir_all(&dir).expect("dir");
-        let path = dir.join("a2ad.redb");
-        let key = TaskKey {
-            principal: "alice".into(),
-            agent: "echo".into(),
-            task: TaskId::new("t-2"),
-        };
-        let user = Arc::new(Message {
-            role: Role::User,
-            parts: vec![crate::model::Part::Text("hi".into())],
-            message_id: "m1".into(),
-        });
-        let reply = Arc::new(Message::agent_text(["echo: hi"]));
-        let mut status = TaskStatus::new(TaskState::Completed);
-        status.message = Some(reply.clone());
-        let task = TaskSnapshot {
-            id: key.task.clone(),
-            context_id: ContextId::new("ctx"),
-            status: status.clone(),
-            seq: 2,
-            created_at: chrono::Utc::now(),
-            updated_at: status.timestamp,
-            history: vec![user.clone(), reply.clone()],
-            artifacts: Vec::new(),
-            metadata: None,
-        };
+        let Finished {
+            dir,
+            path,
+            key,
+            status,
+            task,
+        } = finished("t-2");
+        let (user, reply) = (task.history[0].clone(), task.history[1].clone());
         let created = codec::created(&task);
         let turn = crate::store::TurnId {
             number: 1,
@@ -550,15 +561,7 @@ mod tests {
         assert_eq!(events[1].status.message.as_deref(), Some(&*reply));
         journal.close(Duration::from_secs(30));
         drop(journal);
-        let db = Database::open(&path).expect("reopen");
-        let read = db.begin_read().expect("read");
-        let meta = read.open_table(META).expect("meta");
-        let schema = meta
-            .get(b"schema".as_slice())
-            .expect("get")
-            .expect("schema");
-        assert_eq!(schema.value(), 3u32.to_be_bytes().as_slice());
-        drop((meta, read, db));
+        assert_eq!(schema_of(&path), 3);
         let _ = std::fs::remove_dir_all(&dir);
     }
 }
