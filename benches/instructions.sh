@@ -57,8 +57,8 @@ requests_per_minute = 1000000000
 concurrent_tasks = 100000
 max_queued_tasks = 100000
 EOF
-  # MIMALLOC_PURGE_DELAY set here: a2ad then does not re-execute itself to set it.
-  MIMALLOC_PURGE_DELAY=0 RUST_LOG=warn valgrind --tool=callgrind --quiet \
+  # The allocator's options set here: a2ad then does not re-execute itself to set them.
+  MIMALLOC_PURGE_DELAY=0 MIMALLOC_ALLOW_THP=0 RUST_LOG=warn valgrind --tool=callgrind --quiet \
     --callgrind-out-file="$WORK/cg.%p" "$BIN" --config "$cfg" >"$out" 2>&1 &
   SERVER=$!
   local url=

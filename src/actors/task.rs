@@ -31,7 +31,7 @@ use crate::model::{
     AGENT_ERROR_CODE, Artifact, ArtifactUpdate, ContextId, Message, TaskError, TaskEvent, TaskKey,
     TaskSnapshot, TaskState, TaskStatus,
 };
-use crate::store::{Committed, Orphan, TurnId};
+use crate::store::{Committed, Orphan, TurnId, Write};
 use crate::stream::{Replay, StreamItem};
 use run::TaskLink;
 
@@ -210,6 +210,11 @@ pub(crate) struct TaskActorState {
     link: Arc<TaskLink>,
     /// The numbers of the events those updates became, oldest first.
     flow_events: VecDeque<u64>,
+    /// The writes of the events emitted in this turn, appended at its end.
+    pending: Vec<Write>,
+    /// The agent answered during this turn and its answer is next in the mailbox: this
+    /// turn's writes wait for it, so that they go to the store in one batch.
+    hold: bool,
 }
 
 // === impl TaskActor ===
@@ -257,6 +262,8 @@ impl Actor for TaskActor {
                 flow: Flow::default(),
             }),
             flow_events: VecDeque::new(),
+            pending: Vec::with_capacity(4),
+            hold: false,
         };
         state.follow(args.follow);
         let submitted = || std::sync::atomic::Ordering::Relaxed;
@@ -267,7 +274,7 @@ impl Actor for TaskActor {
                     .metrics
                     .tasks_submitted
                     .fetch_add(1, submitted());
-                state.emit(&myself, status, None, true);
+                state.emit(status, None, true);
             }
             Some((task, events)) => {
                 state.restore(&task, events);
@@ -313,7 +320,11 @@ impl Actor for TaskActor {
                 } else if let Some(admission) = state.start.take() {
                     let history = state.history[1..].to_vec();
                     let request = state.request(state.message.clone(), history);
-                    state.run(admission, request);
+                    if state.run(admission, request) {
+                        // The agent answered at once: `submitted` waits for its answer.
+                        state.hold = true;
+                        return Ok(());
+                    }
                 } else if state.status.state == TaskState::Submitted {
                     // Restored, and its agent's queue had no room.
                     let mut s = TaskStatus::new(TaskState::Failed);
@@ -336,7 +347,7 @@ impl Actor for TaskActor {
                 state.update(&myself, |state, myself| state.transition(myself, status));
             }
             TaskMsg::Artifact(update) if state.status.state == TaskState::Working => {
-                state.update(&myself, |state, myself| state.artifact(myself, update));
+                state.update(&myself, |state, _| state.artifact(update));
             }
             TaskMsg::Overrun if state.status.state == TaskState::Working => {
                 tracing::warn!(task = %state.key.task, "the agent's updates outpace the store; the task fails");
@@ -442,6 +453,9 @@ impl Actor for TaskActor {
             TaskMsg::Progress { .. } | TaskMsg::Artifact(_) => state.link.flow.release(1),
             TaskMsg::Finished(_) | TaskMsg::TimedOut(_) | TaskMsg::Overrun => {}
         }
+        // A hold lasts one message: whatever comes next writes what waited.
+        state.hold = false;
+        state.flush(&myself);
         Ok(())
     }
 

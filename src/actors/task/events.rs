@@ -15,11 +15,10 @@ use crate::store::{Committed, Durable, Write};
 use crate::stream::{Replay, StreamItem};
 
 impl TaskActorState {
-    /// Records an event: hands it (and the task as it left it) to the store, and publishes
-    /// it once it is durable — at once for a store that is durable on append.
+    /// Records an event: it joins the writes of this turn of the actor, which go to the
+    /// store together at its end ([`Self::flush`]), and is published once durable.
     pub(super) fn emit(
         &mut self,
-        myself: &ActorRef<TaskMsg>,
         status: TaskStatus,
         artifact: Option<ArtifactUpdate>,
         changed: bool,
@@ -36,17 +35,16 @@ impl TaskActorState {
             event: event.clone(),
             task: self.snapshot.clone(),
         });
-        let seq = event.seq;
-        let mut writes = vec![Write::Task {
+        self.pending.push(Write::Task {
             key: self.key.clone(),
             task: self.snapshot.clone(),
             event,
             changed,
             turn: self.turn,
-        }];
+        });
         if self.status.state.is_terminal() {
             // The conversation's turn is durable with the end of the task.
-            writes.push(Write::Turn {
+            self.pending.push(Write::Turn {
                 principal: self.key.principal.clone(),
                 context: self.context_id.clone(),
                 turn: self.turn,
@@ -54,6 +52,17 @@ impl TaskActorState {
                 reply: self.reply(),
             });
         }
+    }
+
+    /// Hands the events of this turn to the store in one append — one batch, so a task
+    /// that is submitted and finished in one turn costs one commit — and publishes them
+    /// once durable (at once for a store that is durable on append).
+    pub(super) fn flush(&mut self, myself: &ActorRef<TaskMsg>) {
+        if self.pending.is_empty() {
+            return;
+        }
+        let writes = std::mem::take(&mut self.pending);
+        let seq = self.events.len() as u64;
         let me = myself.clone();
         let then = Box::new(move |committed: Committed| {
             let _ = me.cast(TaskMsg::Durable(seq, committed));
@@ -184,7 +193,7 @@ impl TaskActorState {
         }
     }
 
-    pub(super) fn artifact(&mut self, myself: &ActorRef<TaskMsg>, update: ArtifactUpdate) {
+    pub(super) fn artifact(&mut self, update: ArtifactUpdate) {
         let incoming = &update.artifact;
         match self
             .artifacts
@@ -200,7 +209,7 @@ impl TaskActorState {
             None => self.artifacts.push(incoming.clone()),
         }
         let status = self.status.clone();
-        self.emit(myself, status, Some(update), false);
+        self.emit(status, Some(update), false);
     }
 
     pub(super) fn transition(&mut self, myself: &ActorRef<TaskMsg>, status: TaskStatus) {
@@ -213,7 +222,7 @@ impl TaskActorState {
         if to != previous {
             self.count_states(previous, to);
         }
-        self.emit(myself, status, None, to != previous);
+        self.emit(status, None, to != previous);
         if to.is_terminal() {
             // The agent's run (if any) stops now; the actor stops once the end is published.
             self.cancel.cancel();

@@ -73,8 +73,9 @@ impl TaskActorState {
 
     /// Starts a run of the agent: its driver, under a fresh generation and deadline. The
     /// deadline (`task_timeout_seconds`) counts from the submission for the first run and
-    /// from the continuing message for later ones.
-    pub(super) fn run(&mut self, admission: Admission, request: AgentRequest) {
+    /// from the continuing message for later ones. True when the driver ended at its first
+    /// poll: what it had to say (its answer, or the deadline) is in the mailbox already.
+    pub(super) fn run(&mut self, admission: Admission, request: AgentRequest) -> bool {
         self.generation += 1;
         let timeout = self.agent.config.limits.task_timeout();
         let from = if self.generation == 1 {
@@ -100,7 +101,9 @@ impl TaskActorState {
         let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
         if driver.as_mut().poll(&mut cx).is_pending() {
             tokio::spawn(driver);
+            return false;
         }
+        true
     }
 
     /// Continues an interrupted task with a new message. The interruption must be
@@ -164,6 +167,8 @@ impl TaskActorState {
             .remove_if(&self.key, |_, live| live.actor.get_id() == me);
         self.cancel.cancel();
         self.start = None;
+        // Nothing more is written here: what this turn emitted is dropped unwritten.
+        self.pending.clear();
         self.count_states(self.status.state, TaskState::Canceled);
         let cursor = self.published;
         for sub in self.subscribers.drain(..) {
