@@ -144,3 +144,45 @@ async fn metrics_count_requests_latency_tasks_and_queues() {
     let text = scrape(&s).await;
     assert_eq!(value(&text, "a2ad_streams_open"), Some(1.0));
 }
+
+/// On the log, a task whose agent answers at once is one commit: its three events, its
+/// record and its conversation turn go to the disk together (docs/ARCHITECTURE.md, "Task
+/// lifecycle"). A slow agent's task is committed as `submitted` first, on its own.
+#[tokio::test]
+async fn a_task_answered_at_once_is_one_commit_on_the_log() {
+    let dir = support::binary::TempDir::new();
+    let mut slow = agent("slow");
+    slow.echo.delay_ms = 60_000;
+    let mut c = config(&[]);
+    c.agents = vec![agent("echo"), slow];
+    c.store = a2ad::config::StoreConfig::log(dir.path.join("log").to_string_lossy().into_owned());
+    let s = TestServer::start(c).await;
+    let counts = |text: &str| {
+        (
+            metric(text, "a2ad_store_commits_total"),
+            metric(text, "a2ad_store_writes_total"),
+        )
+    };
+    let (commits0, writes0) = counts(&s.scrape().await);
+    for i in 0..5 {
+        let r = s.send("echo", &format!("one batch {i}"), json!({})).await;
+        assert_eq!(r["status"]["state"], "completed", "{r}");
+    }
+    let (commits, writes) = counts(&s.scrape().await);
+    assert_eq!(commits - commits0, 5.0, "one commit per task");
+    assert_eq!(writes - writes0, 20.0, "three events and a turn per task");
+
+    // Non-blocking, to an agent that takes its time: `submitted` is durable (and answered)
+    // before the agent's answer, in a commit of its own.
+    let r = s
+        .send(
+            "slow",
+            "later",
+            json!({"configuration": {"blocking": false}}),
+        )
+        .await;
+    assert_eq!(r["status"]["state"], "submitted", "{r}");
+    let after = counts(&s.scrape().await);
+    assert!(after.0 > commits, "submitted was committed: {after:?}");
+    s.stop().await;
+}
