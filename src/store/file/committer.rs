@@ -33,6 +33,7 @@ pub(super) struct Batch {
 
 impl Committer {
     pub(super) fn run(mut self) {
+        yield_to_requests();
         loop {
             if self.counters.abandon.load(Relaxed) {
                 return;
@@ -185,6 +186,33 @@ impl Committer {
         if let Err(e) = self.disk.forget(&chunk) {
             tracing::error!(error = %e, tasks = chunk.len(), "store: deleting expired tasks failed; retried later");
             self.forget.extend(chunk);
+        }
+    }
+}
+
+/// Puts the committer under `SCHED_BATCH` (Linux): the same share of the CPU, but no
+/// wake-up preemption. Woken by the first append of a burst, a normal thread preempts the
+/// request path on a shared core and commits a batch of one or two tasks, and every commit
+/// costs an fdatasync (~100 µs of system CPU on the reference machine); under `SCHED_BATCH`
+/// it starts the batch once the request path pauses or its time slice ends, so batches
+/// grow with the load. Measured: send at 256 connections on one core, 16.1k → 22.6k
+/// requests/s, 8 → 126 tasks per commit, p99 24.7 → 18.6 ms; at 32 connections unchanged
+/// (docs/PERFORMANCE.md). On an idle core it changes nothing. A system that refuses is
+/// logged and served as it is.
+fn yield_to_requests() {
+    #[cfg(target_os = "linux")]
+    {
+        use thread_priority::{
+            NormalThreadSchedulePolicy, ThreadPriority, ThreadSchedulePolicy,
+            set_thread_priority_and_policy, thread_native_id,
+        };
+        if let Err(e) = set_thread_priority_and_policy(
+            thread_native_id(),
+            // Niceness 0: the share of the CPU stays what it was.
+            ThreadPriority::Os(Default::default()),
+            ThreadSchedulePolicy::Normal(NormalThreadSchedulePolicy::Batch),
+        ) {
+            tracing::debug!(error = ?e, "the store's committer keeps the normal scheduling policy");
         }
     }
 }
