@@ -4,7 +4,9 @@
 //!
 //! - **Write path.** A batch becomes one frame (log/frame.rs) at the end of the newest
 //!   segment; once it is durable its operations update the keydir. A segment that reaches
-//!   [`SEGMENT_BYTES`] is sealed and the next one begun (the directory is synced first).
+//!   [`SEGMENT_BYTES`] is sealed and the next one begun (the directory is synced first) —
+//!   one written whole in advance when there is one (log/prealloc.rs), so that a commit's
+//!   fdatasync need not also make a larger file size durable.
 //! - **Reads.** Task records, push configurations and conversations are served from
 //!   memory by the layers above; the one read that comes here is a finished task's events,
 //!   one `pread` per event.
@@ -29,11 +31,13 @@ use std::time::{Duration, Instant};
 mod carry;
 mod frame;
 mod keydir;
+mod prealloc;
 #[cfg(test)]
 mod tests;
 
 use frame::{FrameBuf, Header, Next};
 use keydir::{Keydir, Loc};
+use prealloc::Prealloc;
 
 use super::load::{Loaded, guarded_load, load, read_events, refuse_damage};
 use super::tables::{DiskError, Table, TableRead, TableWrite};
@@ -80,6 +84,8 @@ pub(super) struct LogDisk {
     writer: Mutex<Writer>,
     bytes: AtomicU64,
     segment_bytes: u64,
+    /// The next segment, written in advance.
+    prealloc: Prealloc,
 }
 
 /// The write side (the committer's).
@@ -88,6 +94,12 @@ struct Writer {
     seg: u32,
     file: Arc<File>,
     len: u64,
+    /// Its length when this process began writing it.
+    begun: u64,
+    /// It was written whole in advance: its file runs on, in zeros, past `len`.
+    ahead: bool,
+    /// The recent frames' mean size (a moving average over about eight).
+    mean_frame: u64,
     /// Every segment's length.
     sizes: BTreeMap<u32, u64>,
     /// The segment being compacted and where its next frame starts.
@@ -163,6 +175,11 @@ impl LogDisk {
             match segment_number(&name) {
                 Some(n) => numbers.push(n),
                 None if name == LOCK || name == "lost+found" => {}
+                // A segment being prepared in advance when the server stopped.
+                None if name == prealloc::SPARE => {
+                    std::fs::remove_file(entry.path())
+                        .map_err(|e| io_at(&dir, "cannot be tidied", &e))?;
+                }
                 // A segment whose creation a crash cut short: it never held anything.
                 None if name.strip_suffix(TMP).and_then(segment_number).is_some() => {
                     std::fs::remove_file(entry.path())
@@ -231,7 +248,10 @@ impl LogDisk {
         };
         refuse_damage(&dir, &loaded.damaged, config.store.set_aside_damaged)?;
         let bytes = sizes.values().sum();
+        // A segment written in advance runs on in zeros past its last frame.
+        let ahead = file.metadata().is_ok_and(|m| m.len() > len);
         let disk = Self {
+            prealloc: Prealloc::new(&dir, segment_bytes),
             dir,
             _lock: lock,
             keydir: RwLock::new(keydir),
@@ -240,6 +260,9 @@ impl LogDisk {
                 seg,
                 file,
                 len,
+                begun: len,
+                ahead,
+                mean_frame: 0,
                 sizes,
                 compacting: None,
                 calm_until: None,
@@ -290,6 +313,7 @@ impl LogDisk {
         if let Err(e) = written {
             // Best effort: a retry writes the same place again anyway.
             let _ = w.file.set_len(w.len);
+            w.ahead = false;
             return Err(e.into());
         }
         let payload_at = w.len + frame::FRAME_HEADER as u64;
@@ -302,8 +326,14 @@ impl LogDisk {
         w.len += bytes.len() as u64;
         w.sizes.insert(w.seg, w.len);
         self.bytes.fetch_add(bytes.len() as u64, Relaxed);
-        if w.len >= self.segment_bytes {
+        w.mean_frame = (w.mean_frame * 7 + bytes.len() as u64) / 8;
+        let taken = w.len - w.begun;
+        let after = prealloc::prepare_after(self.segment_bytes);
+        if w.len >= self.segment_bytes || (!w.ahead && taken >= after && self.prealloc.ready()) {
+            // Full — or begun the slow way, and one written in advance is ready.
             self.rotate(w);
+        } else if taken >= after && w.mean_frame < prealloc::SMALL_FRAMES {
+            self.prealloc.want();
         }
         Ok(())
     }
@@ -312,7 +342,11 @@ impl LogDisk {
     /// use (it is tried again after the next batch).
     fn rotate(&self, w: &mut Writer) {
         let seg = w.seg + 1;
-        match create_segment(&self.dir, seg) {
+        let (made, ahead) = match self.prealloc.take(seg) {
+            Some(taken) => (taken, true),
+            None => (create_segment(&self.dir, seg), false),
+        };
+        match made {
             Ok(file) => {
                 let file = Arc::new(file);
                 self.files
@@ -322,6 +356,8 @@ impl LogDisk {
                 w.seg = seg;
                 w.file = file;
                 w.len = frame::HEADER as u64;
+                w.begun = w.len;
+                w.ahead = ahead;
                 w.sizes.insert(seg, w.len);
                 w.rotate_failed = None;
                 self.bytes.fetch_add(w.len, Relaxed);
@@ -532,6 +568,10 @@ fn replay(path: &Path, file: &File, seg: u32, newest: bool, keydir: &mut Keydir)
     }
     let mut at = frame::HEADER;
     loop {
+        if newest && frame::zeros_from(&bytes, at) {
+            // The rest of a segment written in advance: the end of the log.
+            return Ok(at as u64);
+        }
         match frame::next(&bytes, at) {
             Next::Frame { payload, next } => {
                 let Some(ops) = frame::ops(payload) else {
@@ -814,6 +854,7 @@ impl Disk for LogDisk {
         let path = self.dir.join(segment_name(w.seg));
         let file = Arc::new(File::options().read(true).write(true).open(&path)?);
         file.set_len(w.len)?;
+        w.ahead = false;
         self.files
             .write()
             .unwrap_or_else(|e| e.into_inner())

@@ -11,7 +11,10 @@
 //!
 //! A frame is written with one `pwrite` and made durable with one `fdatasync` before
 //! anything it holds is acknowledged, so only the last frame of the newest segment can be
-//! incomplete after a crash; see [`next`] for how that is told apart from damage.
+//! incomplete after a crash; see [`next`] for how that is told apart from damage. The
+//! newest segment may run on in zeros after its last frame (it was written whole in
+//! advance): zeros from a frame's start to the end of the newest segment are its end
+//! ([`zeros_from`]); anywhere else they are damage like any unreadable bytes.
 
 use super::super::tables::Table;
 
@@ -261,6 +264,14 @@ fn whole(bytes: &[u8], at: usize) -> Option<(&[u8], usize)> {
     let start = at + FRAME_HEADER;
     let payload = bytes.get(start..start.checked_add(len)?)?;
     (crc32fast::hash(payload) == crc).then_some((payload, start + len))
+}
+
+/// Only zeros from `at` to the end (and at least one): the unwritten rest of a segment
+/// written in advance.
+pub(crate) fn zeros_from(bytes: &[u8], at: usize) -> bool {
+    bytes
+        .get(at..)
+        .is_some_and(|rest| !rest.is_empty() && rest.iter().all(|b| *b == 0))
 }
 
 /// The frame at `at`. A frame that is incomplete or fails its checksum is the torn tail

@@ -388,3 +388,65 @@ fn a_batch_knows_what_it_did_to_a_row_newest_first() {
         "after the range"
     );
 }
+
+/// The newest segment's file, whole.
+fn newest_bytes(dir: &Dir) -> Vec<u8> {
+    std::fs::read(dir.segments().pop().expect("a segment")).expect("read")
+}
+
+#[test]
+fn the_next_segment_is_written_in_advance_and_its_zeros_end_the_log() {
+    const SIZE: u64 = 64 << 10;
+    SEGMENT.with(|s| s.set(SIZE));
+    let dir = Dir::new();
+    let config = dir.config();
+    let store = open(&config);
+    // Write until the newest segment is one written in advance: its file is the whole
+    // segment, and it runs on in zeros after its frames.
+    let ahead = |dir: &Dir| {
+        let bytes = newest_bytes(dir);
+        dir.segments().len() > 1
+            && bytes.len() as u64 == SIZE
+            && super::frame::zeros_from(&bytes, bytes.len() - 1024)
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    let mut n = 0;
+    while !ahead(&dir) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no segment written in advance after {n} tasks"
+        );
+        run_to_completion(&store, &key("alice", &format!("t-{n}")), "ctx");
+        n += 1;
+    }
+    close(store);
+    // The zeros are the end of the log, not a torn write: nothing is cut, all is there.
+    let before = newest_bytes(&dir);
+    let store = open(&config);
+    assert!(
+        !dir.0.join("log").join(super::prealloc::SPARE).exists(),
+        "no spare survives an open"
+    );
+    for i in 0..n {
+        let k = key("alice", &format!("t-{i}"));
+        assert!(store.task_now(&k).is_some(), "t-{i} is kept");
+        assert_eq!(block(store.events(&k, 0)).expect("events").len(), 3);
+    }
+    assert_eq!(
+        newest_bytes(&dir).len(),
+        before.len(),
+        "nothing was cut off"
+    );
+    // Writing goes on into the zeros, and survives another restart.
+    run_to_completion(&store, &key("bob", "after"), "ctx");
+    close(store);
+    assert_eq!(newest_bytes(&dir).len() as u64, SIZE, "written in place");
+    let store = open(&config);
+    assert!(store.task_now(&key("bob", "after")).is_some());
+    close(store);
+    // Zeros after the frames of an older segment are not an end: damage.
+    let oldest = dir.segments().first().cloned().expect("a segment");
+    append(&oldest, &[0; 4096]);
+    assert!(refusal(&config).contains("is damaged"), "refused");
+    SEGMENT.with(|s| s.set(SEGMENT_BYTES));
+}
