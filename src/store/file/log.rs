@@ -514,18 +514,24 @@ pub(crate) fn check_any(bytes: &[u8]) {
     }
 }
 
+/// A new file at `path` (replacing one a crash left there) holding a segment's header.
+fn headed_file(path: &Path) -> std::io::Result<File> {
+    let _ = std::fs::remove_file(path);
+    let file = File::options()
+        .read(true)
+        .write(true)
+        .create_new(true)
+        .open(path)?;
+    file.write_all_at(&frame::header(), 0)?;
+    Ok(file)
+}
+
 /// Creates segment `seg` with its header, durable, under a temporary name first: a
 /// segment file is never seen without its header, so a short one is always damage.
 fn create_segment(dir: &Path, seg: u32) -> std::io::Result<File> {
     let name = segment_name(seg);
     let tmp = dir.join(format!("{name}{TMP}"));
-    let _ = std::fs::remove_file(&tmp);
-    let file = File::options()
-        .read(true)
-        .write(true)
-        .create_new(true)
-        .open(&tmp)?;
-    file.write_all_at(&frame::header(), 0)?;
+    let file = headed_file(&tmp)?;
     file.sync_data()?;
     std::fs::rename(&tmp, dir.join(name))?;
     sync_dir(dir)?;

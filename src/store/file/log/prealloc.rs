@@ -24,7 +24,7 @@ use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use super::{frame, segment_name, sync_dir};
+use super::{frame, headed_file, segment_name, sync_dir};
 
 /// The file a segment is prepared in (removed at open if a crash left it).
 pub(super) const SPARE: &str = "spare.a2l.tmp";
@@ -159,14 +159,7 @@ impl Drop for Prealloc {
 
 /// Writes a whole segment — header, then zeros — under [`SPARE`], durable.
 fn prepare(dir: &Path, bytes: u64, stop: &AtomicBool) -> std::io::Result<File> {
-    let path = dir.join(SPARE);
-    let _ = std::fs::remove_file(&path);
-    let file = File::options()
-        .read(true)
-        .write(true)
-        .create_new(true)
-        .open(&path)?;
-    file.write_all_at(&frame::header(), 0)?;
+    let file = headed_file(&dir.join(SPARE))?;
     let zeros = vec![0u8; CHUNK];
     let mut at = frame::HEADER as u64;
     while at < bytes {
