@@ -52,7 +52,7 @@ fn main() -> ExitCode {
 }
 
 /// mimalloc reads its options from the environment once, at start-up. Two differ from its
-/// defaults (docs/PERFORMANCE.md, "The tail"):
+/// defaults (docs/PERFORMANCE.md, "The tail was the allocator"):
 ///
 /// - `MIMALLOC_PURGE_DELAY=0`: freed memory goes back to the system at once rather than on
 ///   some later allocation, so that RSS falls back after a burst;
