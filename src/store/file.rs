@@ -370,6 +370,14 @@ mod tests {
     }
 
     /// The schema version a closed redb file carries.
+    /// The META rows of a file written by an earlier schema.
+    fn mark(w: &redb::WriteTransaction, schema: u32) {
+        let mut meta = w.open_table(META).expect("meta");
+        meta.insert(b"app".as_slice(), APP).expect("app");
+        meta.insert(b"schema".as_slice(), schema.to_be_bytes().as_slice())
+            .expect("schema");
+    }
+
     fn schema_of(path: &std::path::Path) -> u32 {
         let db = Database::open(path).expect("reopen");
         let read = db.begin_read().expect("read");
@@ -409,10 +417,7 @@ mod tests {
             let db = Database::create(&path).expect("create");
             let w = db.begin_write().expect("write");
             {
-                let mut meta = w.open_table(META).expect("meta");
-                meta.insert(b"app".as_slice(), APP).expect("app");
-                meta.insert(b"schema".as_slice(), 1u32.to_be_bytes().as_slice())
-                    .expect("schema");
+                mark(&w, 1u32);
                 w.open_table(TASKS)
                     .expect("tasks")
                     .insert(
@@ -509,10 +514,7 @@ mod tests {
             let db = Database::create(&path).expect("create");
             let w = db.begin_write().expect("write");
             {
-                let mut meta = w.open_table(META).expect("meta");
-                meta.insert(b"app".as_slice(), APP).expect("app");
-                meta.insert(b"schema".as_slice(), 2u32.to_be_bytes().as_slice())
-                    .expect("schema");
+                mark(&w, 2u32);
                 w.open_table(TASKS)
                     .expect("tasks")
                     .insert(
