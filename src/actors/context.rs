@@ -206,8 +206,13 @@ impl Actor for ContextActor {
         let sweeper = myself.send_interval(period, || ContextMsg::Sweep);
         let now = Instant::now();
         let mut state = ContextState {
-            conversations: HashMap::default(),
-            touched: VecDeque::new(),
+            // Sized once: a million restored conversations would otherwise be rehashed
+            // some twenty times on the way.
+            conversations: HashMap::with_capacity_and_hasher(
+                args.restored.len(),
+                foldhash::fast::RandomState::default(),
+            ),
+            touched: VecDeque::with_capacity(args.restored.len()),
             retention: args.retention,
             max_turns: args.max_turns,
             max_contexts: args.max_contexts,

@@ -1,7 +1,6 @@
 //! Reading the file at start: every unfinished task, its events, conversations, push
 //! configurations and pending deliveries, with damaged records set aside or refused.
 
-use std::collections::HashMap;
 use std::path::Path;
 use std::sync::Arc;
 
@@ -9,7 +8,7 @@ use super::open_error;
 use super::tables::{DiskError, Table, TableRead, TableWrite, delete_task};
 use crate::config::Config;
 use crate::error::Error;
-use crate::model::{ContextId, Message, Principal, TaskEvent, TaskKey, TaskSnapshot};
+use crate::model::{Message, TaskEvent, TaskKey, TaskSnapshot};
 use crate::store::codec::{self, Created};
 use crate::store::damage::{self, Damaged};
 use crate::store::index::{Evicted, Indexes};
@@ -61,6 +60,11 @@ impl Loaded {
             t.remove(Table::Outbox, &codec::outbox_key(key, *created))?;
         }
         Ok(())
+    }
+
+    fn add_turns(&mut self, contexts: Vec<RecoveredContext>, damaged: Vec<Damaged>) {
+        self.recovered.contexts = contexts;
+        self.damaged.extend(damaged);
     }
 
     /// Nothing to tidy.
@@ -118,6 +122,77 @@ pub(super) fn load(
     indexes: &Indexes,
     config: &Config,
 ) -> Result<Loaded, DiskError> {
+    let mut loaded = load_tasks(read, indexes, config)?;
+    let (contexts, damaged) = load_turns(read)?;
+    loaded.add_turns(contexts, damaged);
+    Ok(loaded)
+}
+
+/// [`load`], reading the conversations with `turns` on a thread of their own beside
+/// the rest (they are independent of it; a million of them take a second).
+pub(super) fn load_beside<T: TableRead + Send>(
+    read: &impl TableRead,
+    turns: T,
+    indexes: &Indexes,
+    config: &Config,
+) -> Result<Loaded, DiskError> {
+    std::thread::scope(|s| {
+        let thread = std::thread::Builder::new()
+            .name("a2ad-load".into())
+            .spawn_scoped(s, move || load_turns(&turns));
+        let (loaded, turns) = match thread {
+            Ok(thread) => {
+                let loaded = load_tasks(read, indexes, config);
+                let turns = thread
+                    .join()
+                    .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
+                (loaded, turns)
+            }
+            // No thread to be had: one after the other.
+            Err(_) => (load_tasks(read, indexes, config), load_turns(read)),
+        };
+        let mut loaded = loaded?;
+        let (contexts, damaged) = turns?;
+        loaded.add_turns(contexts, damaged);
+        Ok(loaded)
+    })
+}
+
+/// The conversations, from their turns, and the turns that cannot be read.
+fn load_turns(read: &impl TableRead) -> Result<(Vec<RecoveredContext>, Vec<Damaged>), DiskError> {
+    let mut damaged = Vec::new();
+    // Turns come in key order: a conversation's turns one after the other.
+    let mut contexts: Vec<RecoveredContext> = Vec::new();
+    read.each(Table::Turns, &mut |k, v| {
+        let (Some((principal, context, turn)), Some((user, reply))) =
+            (codec::parse_turn_key(k), codec::decode_turn(v))
+        else {
+            damaged.push(Damaged::new(Table::Turns.name(), k, v));
+            return true;
+        };
+        match contexts.last_mut() {
+            Some(c) if c.principal == principal && c.context == context => {}
+            _ => contexts.push(RecoveredContext {
+                principal,
+                context,
+                since: turn.since,
+                turns: Vec::new(),
+            }),
+        }
+        if let Some(c) = contexts.last_mut() {
+            c.turns.push((turn.number, user, reply));
+        }
+        true
+    })?;
+    Ok((contexts, damaged))
+}
+
+/// All but the conversations: push configurations, tasks, the outbox.
+fn load_tasks(
+    read: &impl TableRead,
+    indexes: &Indexes,
+    config: &Config,
+) -> Result<Loaded, DiskError> {
     let mut damaged = Vec::new();
     let mut bad = |table: Table, k: &[u8], v: &[u8]| {
         damaged.push(Damaged::new(table.name(), k, v));
@@ -131,12 +206,14 @@ pub(super) fn load(
         }
         true
     })?;
-    read.each(Table::Events, &mut |k, v| {
-        if !codec::event_row_is_valid(k, v) {
-            bad(Table::Events, k, v);
-        }
-        true
-    })?;
+    if !read.events_checked() {
+        read.each(Table::Events, &mut |k, v| {
+            if !codec::event_row_is_valid(k, v) {
+                bad(Table::Events, k, v);
+            }
+            true
+        })?;
+    }
     let retention = config.server.task_retention();
     let now = chrono::Utc::now();
     let mut finished: Vec<(TaskKey, Arc<TaskSnapshot>)> = Vec::new();
@@ -192,27 +269,6 @@ pub(super) fn load(
     }
     live.sort_by_key(|t| t.task.created_at);
 
-    let mut contexts: HashMap<(Principal, ContextId), RecoveredContext> = HashMap::new();
-    read.each(Table::Turns, &mut |k, v| {
-        let (Some((principal, context, turn)), Some((user, reply))) =
-            (codec::parse_turn_key(k), codec::decode_turn(v))
-        else {
-            bad(Table::Turns, k, v);
-            return true;
-        };
-        contexts
-            .entry((principal.clone(), context.clone()))
-            .or_insert_with(|| RecoveredContext {
-                principal,
-                context,
-                since: turn.since,
-                turns: Vec::new(),
-            })
-            .turns
-            .push((turn.number, user, reply));
-        true
-    })?;
-
     let mut entries = Vec::new();
     read.each(Table::Outbox, &mut |k, v| {
         match (codec::parse_outbox_key(k), codec::decode_outbox(v)) {
@@ -257,7 +313,7 @@ pub(super) fn load(
     Ok(Loaded {
         recovered: Recovered {
             tasks: live,
-            contexts: contexts.into_values().collect(),
+            contexts: Vec::new(),
             deliveries,
         },
         expired,

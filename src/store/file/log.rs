@@ -39,13 +39,14 @@ use frame::{FrameBuf, Header, Next};
 use keydir::{Keydir, Loc};
 use prealloc::Prealloc;
 
-use super::load::{Loaded, guarded_load, load, read_events, refuse_damage};
+use super::load::{Loaded, damaged, guarded_load, load_beside, read_events, refuse_damage};
 use super::tables::{DiskError, Table, TableRead, TableWrite};
 use super::{Disk, open_error};
 use crate::config::Config;
 use crate::error::Result;
 use crate::model::{Message, TaskEvent, TaskKey};
-use crate::store::codec::Created;
+use crate::store::codec::{self, Created};
+use crate::store::damage::Damaged;
 use crate::store::index::Indexes;
 
 /// A segment is sealed once it holds this many bytes.
@@ -208,6 +209,9 @@ impl LogDisk {
             ));
         }
         let mut keydir = Keydir::default();
+        // One buffer for every segment (each is read whole).
+        let mut buffer = Vec::new();
+        let mut suspects = Vec::new();
         let mut files = HashMap::new();
         let mut sizes = BTreeMap::new();
         let newest = numbers.last().copied();
@@ -219,7 +223,15 @@ impl LogDisk {
                 .write(true)
                 .open(&path)
                 .map_err(|e| io_at(&path, "cannot be opened", &e))?;
-            let len = replay(&path, &file, seg, last, &mut keydir)?;
+            let len = replay(
+                &path,
+                &file,
+                seg,
+                last,
+                &mut keydir,
+                &mut buffer,
+                &mut suspects,
+            )?;
             files.insert(seg, Arc::new(file));
             sizes.insert(seg, len);
         }
@@ -244,7 +256,15 @@ impl LogDisk {
                 files: &files,
                 cache: std::cell::RefCell::new(BlockCache::default()),
             };
-            guarded_load(&dir, || load(&read, indexes, config))?
+            let events = damaged_events(&read, suspects).map_err(|e| damaged(&dir, &e))?;
+            let turns = Reader {
+                keydir: &keydir,
+                files: &files,
+                cache: std::cell::RefCell::new(BlockCache::default()),
+            };
+            let mut loaded = guarded_load(&dir, || load_beside(&read, turns, indexes, config))?;
+            loaded.damaged.splice(0..0, events);
+            loaded
         };
         refuse_damage(&dir, &loaded.damaged, config.store.set_aside_damaged)?;
         let bytes = sizes.values().sum();
@@ -538,17 +558,42 @@ fn create_segment(dir: &Path, seg: u32) -> std::io::Result<File> {
     Ok(file)
 }
 
-/// Reads one segment into the keydir. Returns its length (after cutting off a torn last
+/// The events among `suspects` (rows that did not read as events when replayed) that are
+/// still live: damaged rows a start must refuse or set aside.
+fn damaged_events(
+    read: &Reader<'_>,
+    suspects: Vec<(Vec<u8>, Loc)>,
+) -> std::result::Result<Vec<Damaged>, DiskError> {
+    let mut out = Vec::new();
+    for (key, loc) in suspects {
+        if read.keydir.get(Table::Events, &key) == Some(loc) {
+            out.push(Damaged::new(Table::Events.name(), &key, &read.value(loc)?));
+        }
+    }
+    Ok(out)
+}
+
+/// Reads one segment into the keydir, checking each event as it goes (those that do not
+/// read as events join `suspects`). Returns its length (after cutting off a torn last
 /// frame of the newest segment).
-fn replay(path: &Path, file: &File, seg: u32, newest: bool, keydir: &mut Keydir) -> Result<u64> {
-    let mut bytes = Vec::new();
+fn replay(
+    path: &Path,
+    file: &File,
+    seg: u32,
+    newest: bool,
+    keydir: &mut Keydir,
+    bytes: &mut Vec<u8>,
+    suspects: &mut Vec<(Vec<u8>, Loc)>,
+) -> Result<u64> {
+    bytes.clear();
     {
         use std::io::Read as _;
         let mut f = file;
-        f.read_to_end(&mut bytes)
+        f.read_to_end(bytes)
             .map_err(|e| io_at(path, "cannot be read", &e))?;
     }
-    match frame::check_header(&bytes) {
+    let bytes = &bytes[..];
+    match frame::check_header(bytes) {
         Header::Ours => {}
         Header::Short => {
             return Err(open_error(
@@ -574,11 +619,11 @@ fn replay(path: &Path, file: &File, seg: u32, newest: bool, keydir: &mut Keydir)
     }
     let mut at = frame::HEADER;
     loop {
-        if newest && frame::zeros_from(&bytes, at) {
+        if newest && frame::zeros_from(bytes, at) {
             // The rest of a segment written in advance: the end of the log.
             return Ok(at as u64);
         }
-        match frame::next(&bytes, at) {
+        match frame::next(bytes, at) {
             Next::Frame { payload, next } => {
                 let Some(ops) = frame::ops(payload) else {
                     return Err(open_error(
@@ -590,6 +635,18 @@ fn replay(path: &Path, file: &File, seg: u32, newest: bool, keydir: &mut Keydir)
                 };
                 let payload_at = (at + frame::FRAME_HEADER) as u64;
                 for op in &ops {
+                    if let frame::Op::Put {
+                        table: Table::Events,
+                        key,
+                        value,
+                        at,
+                    } = *op
+                        && !codec::event_row_is_valid(key, value)
+                    {
+                        let len = u32::try_from(value.len()).unwrap_or(u32::MAX);
+                        let at = payload_at + at as u64;
+                        suspects.push((key.to_vec(), Loc { seg, at, len }));
+                    }
                     keydir.apply(seg, payload_at, op);
                 }
                 at = next;
@@ -738,7 +795,17 @@ impl BlockCache {
             return read_value(file, loc);
         }
         if !self.blocks.contains_key(&(loc.seg, block)) {
-            let mut bytes = vec![0u8; Self::BLOCK as usize];
+            // The buffer of the block it replaces serves again: freshly allocated memory
+            // costs a page fault per page.
+            let reused = if self.order.len() >= Self::BLOCKS {
+                self.order
+                    .pop_front()
+                    .and_then(|old| self.blocks.remove(&old))
+            } else {
+                None
+            };
+            let mut bytes = reused.unwrap_or_default();
+            bytes.resize(Self::BLOCK as usize, 0);
             let mut filled = 0;
             while filled < bytes.len() {
                 match file.read_at(&mut bytes[filled..], block * Self::BLOCK + filled as u64)? {
@@ -747,11 +814,6 @@ impl BlockCache {
                 }
             }
             bytes.truncate(filled);
-            if self.order.len() >= Self::BLOCKS
-                && let Some(old) = self.order.pop_front()
-            {
-                self.blocks.remove(&old);
-            }
             self.order.push_back((loc.seg, block));
             self.blocks.insert((loc.seg, block), bytes);
         }
@@ -784,6 +846,10 @@ impl Reader<'_> {
 }
 
 impl TableRead for Reader<'_> {
+    fn events_checked(&self) -> bool {
+        true
+    }
+
     fn scan(
         &self,
         t: Table,

@@ -111,6 +111,12 @@ pub(crate) trait TableRead {
     /// One row's value.
     fn get(&self, table: Table, key: &[u8]) -> Result<Option<Vec<u8>>, DiskError>;
 
+    /// The events' rows were checked as they were read (the log checks each as it replays
+    /// its segments), so loading need not read them again.
+    fn events_checked(&self) -> bool {
+        false
+    }
+
     /// Every row of a table, in key order.
     fn each(&self, table: Table, f: &mut dyn FnMut(&[u8], &[u8]) -> bool) -> Result<(), DiskError> {
         self.scan(table, &[], None, f)

@@ -2,7 +2,6 @@
 //! place of its newest value in a segment, and the live bytes each segment holds (what
 //! compaction weighs). Values stay on disk; the keys are in memory.
 
-use std::collections::btree_map::Entry;
 use std::collections::{BTreeMap, HashMap};
 use std::ops::Bound;
 
@@ -23,8 +22,8 @@ pub(crate) struct Loc {
 }
 
 /// The bytes a row keeps alive in its segment: key, value and the op's framing.
-fn weight(key: &[u8], loc: &Loc) -> u64 {
-    key.len() as u64 + u64::from(loc.len) + 10
+fn weight(key_len: usize, loc: &Loc) -> u64 {
+    key_len as u64 + u64::from(loc.len) + 10
 }
 
 /// A key as the maps hold it: its first 8 bytes as a big-endian number (zero-padded), how
@@ -52,10 +51,35 @@ fn bytes_of(key: &Key) -> Vec<u8> {
     out
 }
 
+/// A task's rows: its record and its events (by number), under the task's key — one key
+/// in memory for all of them (an event's key is its task's key and its number).
+#[derive(Default)]
+struct TaskRows {
+    record: Option<Loc>,
+    /// Ordered by number.
+    events: Vec<(u64, Loc)>,
+}
+
+impl TaskRows {
+    fn is_empty(&self) -> bool {
+        self.record.is_none() && self.events.is_empty()
+    }
+}
+
+/// An event's key split into its task's key and its number (`None`: shorter than a
+/// number, so not an event's key of this store; kept as a plain row).
+fn split_event(key: &[u8]) -> Option<(&[u8], u64)> {
+    key.split_last_chunk::<8>()
+        .map(|(task, seq)| (task, u64::from_be_bytes(*seq)))
+}
+
 /// Every row's place.
 #[derive(Default)]
 pub(crate) struct Keydir {
+    /// Outbox, push configurations, turns (and event keys too short to be one).
     tables: [BTreeMap<Key, Loc>; 5],
+    /// Task records and events.
+    tasks: BTreeMap<Key, TaskRows>,
     live: HashMap<u32, u64, RandomState>,
 }
 
@@ -64,30 +88,70 @@ impl Keydir {
         &self.tables[usize::from(t.code())]
     }
 
-    fn unlive(live: &mut HashMap<u32, u64, RandomState>, key: &[u8], loc: &Loc) {
+    fn unlive(live: &mut HashMap<u32, u64, RandomState>, key_len: usize, loc: &Loc) {
         if let Some(n) = live.get_mut(&loc.seg) {
-            *n = n.saturating_sub(weight(key, loc));
+            *n = n.saturating_sub(weight(key_len, loc));
         }
     }
 
     /// Sets a row's place.
     pub(crate) fn put(&mut self, t: Table, key: &[u8], loc: Loc) {
-        *self.live.entry(loc.seg).or_default() += weight(key, &loc);
-        match self.tables[usize::from(t.code())].entry(key_of(key)) {
-            Entry::Occupied(mut old) => {
-                let was = std::mem::replace(old.get_mut(), loc);
-                Self::unlive(&mut self.live, key, &was);
+        *self.live.entry(loc.seg).or_default() += weight(key.len(), &loc);
+        let was = match (t, split_event(key)) {
+            (Table::Tasks, _) => self
+                .tasks
+                .entry(key_of(key))
+                .or_default()
+                .record
+                .replace(loc),
+            (Table::Events, Some((task, seq))) => {
+                let events = &mut self.tasks.entry(key_of(task)).or_default().events;
+                match events.binary_search_by_key(&seq, |(n, _)| *n) {
+                    Ok(i) => Some(std::mem::replace(&mut events[i].1, loc)),
+                    Err(i) => {
+                        events.insert(i, (seq, loc));
+                        None
+                    }
+                }
             }
-            Entry::Vacant(slot) => {
-                slot.insert(loc);
-            }
+            _ => self.tables[usize::from(t.code())].insert(key_of(key), loc),
+        };
+        if let Some(was) = was {
+            Self::unlive(&mut self.live, key.len(), &was);
         }
     }
 
     /// Forgets a row.
     pub(crate) fn remove(&mut self, t: Table, key: &[u8]) {
-        if let Some(was) = self.tables[usize::from(t.code())].remove(&key_of(key)) {
-            Self::unlive(&mut self.live, key, &was);
+        let (task, seq) = match (t, split_event(key)) {
+            (Table::Tasks, _) => (key, None),
+            (Table::Events, Some((task, seq))) => (task, Some(seq)),
+            _ => {
+                if let Some(was) = self.tables[usize::from(t.code())].remove(&key_of(key)) {
+                    Self::unlive(&mut self.live, key.len(), &was);
+                }
+                return;
+            }
+        };
+        let std::collections::btree_map::Entry::Occupied(mut rows) = self.tasks.entry(key_of(task))
+        else {
+            return;
+        };
+        let was = match seq {
+            None => rows.get_mut().record.take(),
+            Some(seq) => {
+                let events = &mut rows.get_mut().events;
+                events
+                    .binary_search_by_key(&seq, |(n, _)| *n)
+                    .ok()
+                    .map(|i| events.remove(i).1)
+            }
+        };
+        if rows.get().is_empty() {
+            rows.remove();
+        }
+        if let Some(was) = was {
+            Self::unlive(&mut self.live, key.len(), &was);
         }
     }
 
@@ -96,15 +160,9 @@ impl Keydir {
         if start >= end {
             return;
         }
-        let table = &mut self.tables[usize::from(t.code())];
-        let keys: Vec<Key> = table
-            .range((Bound::Included(key_of(start)), Bound::Excluded(key_of(end))))
-            .map(|(k, _)| k.clone())
-            .collect();
+        let keys: Vec<Vec<u8>> = self.range(t, start, Some(end)).map(|(k, _)| k).collect();
         for k in keys {
-            if let Some(was) = table.remove(&k) {
-                Self::unlive(&mut self.live, &bytes_of(&k), &was);
-            }
+            self.remove(t, &k);
         }
     }
 
@@ -133,36 +191,67 @@ impl Keydir {
 
     /// A row's place.
     pub(crate) fn get(&self, t: Table, key: &[u8]) -> Option<Loc> {
-        self.table(t).get(&key_of(key)).copied()
+        match (t, split_event(key)) {
+            (Table::Tasks, _) => self.tasks.get(&key_of(key)).and_then(|r| r.record),
+            (Table::Events, Some((task, seq))) => {
+                let events = &self.tasks.get(&key_of(task))?.events;
+                let i = events.binary_search_by_key(&seq, |(n, _)| *n).ok()?;
+                Some(events[i].1)
+            }
+            _ => self.table(t).get(&key_of(key)).copied(),
+        }
     }
 
     /// The rows of `start..end` (`None`: to the end), in key order.
-    pub(crate) fn range(
-        &self,
+    ///
+    /// Events are kept under their task's key; their order is the bytes' order because no
+    /// task key of the store is a prefix of another (its parts are length-prefixed).
+    pub(crate) fn range<'a>(
+        &'a self,
         t: Table,
-        start: &[u8],
-        end: Option<&[u8]>,
-    ) -> impl Iterator<Item = (Vec<u8>, Loc)> + '_ {
+        start: &'a [u8],
+        end: Option<&'a [u8]>,
+    ) -> Box<dyn Iterator<Item = (Vec<u8>, Loc)> + 'a> {
         // An empty range (a start at or past the end: `Last-Event-ID` beyond the last
-        // number, say) holds nothing; the map would refuse it.
-        let empty = end.is_some_and(|e| start >= e);
-        let (start, end) = if empty {
-            (
-                Bound::Excluded(key_of(start)),
-                Bound::Excluded(key_of(start)),
-            )
-        } else {
-            (
-                Bound::Included(key_of(start)),
-                end.map_or(Bound::Unbounded, |e| Bound::Excluded(key_of(e))),
-            )
-        };
-        let rows = if empty {
-            None
-        } else {
-            Some(self.table(t).range((start, end)))
-        };
-        rows.into_iter().flatten().map(|(k, l)| (bytes_of(k), *l))
+        // number, say) holds nothing; the maps would refuse it.
+        if end.is_some_and(|e| start >= e) {
+            return Box::new(std::iter::empty());
+        }
+        let upper = end.map_or(Bound::Unbounded, |e| Bound::Excluded(key_of(e)));
+        let plain = self
+            .table(t)
+            .range((Bound::Included(key_of(start)), upper.clone()))
+            .map(|(k, l)| (bytes_of(k), *l));
+        match t {
+            Table::Tasks => Box::new(
+                self.tasks
+                    .range((Bound::Included(key_of(start)), upper))
+                    .filter_map(|(k, r)| Some((bytes_of(k), r.record?))),
+            ),
+            Table::Events => {
+                // An event of a task whose key is at or past the end is past it too; one
+                // at or past the start belongs to a task at or past the start less its
+                // last 8 bytes.
+                let lower = key_of(&start[..start.len().saturating_sub(8)]);
+                let events = self
+                    .tasks
+                    .range((Bound::Included(lower), upper))
+                    .flat_map(|(k, r)| {
+                        let task = bytes_of(k);
+                        r.events.iter().map(move |(seq, l)| {
+                            let mut key = Vec::with_capacity(task.len() + 8);
+                            key.extend_from_slice(&task);
+                            key.extend_from_slice(&seq.to_be_bytes());
+                            (key, *l)
+                        })
+                    })
+                    .filter(move |(k, _)| {
+                        k.as_slice() >= start && end.is_none_or(|e| k.as_slice() < e)
+                    });
+                Box::new(events.chain(plain))
+            }
+            _ => Box::new(plain),
+        }
     }
 
     /// The bytes live in a segment.
@@ -184,7 +273,12 @@ impl Keydir {
     /// Rows, over all tables.
     #[cfg(test)]
     pub(crate) fn rows(&self) -> usize {
-        self.tables.iter().map(BTreeMap::len).sum()
+        let tasks: usize = self
+            .tasks
+            .values()
+            .map(|r| usize::from(r.record.is_some()) + r.events.len())
+            .sum();
+        tasks + self.tables.iter().map(BTreeMap::len).sum::<usize>()
     }
 }
 
@@ -221,5 +315,65 @@ mod tests {
         );
         k.remove(Table::Events, b"b1");
         assert_eq!((k.live(), k.rows()), (0, 0));
+    }
+
+    /// A task key as the store writes them: a time, then length-prefixed parts.
+    fn task(time: u64, id: &str) -> Vec<u8> {
+        let mut k = time.to_be_bytes().to_vec();
+        k.extend_from_slice(&(id.len() as u32).to_be_bytes());
+        k.extend_from_slice(id.as_bytes());
+        k
+    }
+
+    fn event(task: &[u8], seq: u64) -> Vec<u8> {
+        [task, &seq.to_be_bytes()].concat()
+    }
+
+    #[test]
+    fn a_tasks_record_and_events_share_its_key_and_read_in_byte_order() {
+        let mut k = Keydir::default();
+        // "ab" sorts before "abc" though its events' keys would interleave without the
+        // length prefix.
+        let (a, b, c) = (task(7, "ab"), task(7, "abc"), task(8, "a"));
+        for (i, t) in [&b, &a, &c].into_iter().enumerate() {
+            for seq in [3, 1, 2] {
+                k.put(Table::Events, &event(t, seq), loc(1, i as u64 * 100 + seq));
+            }
+        }
+        k.put(Table::Tasks, &b, loc(2, 0));
+        assert_eq!(k.rows(), 10);
+        let all: Vec<Vec<u8>> = k.range(Table::Events, b"", None).map(|(k, _)| k).collect();
+        let mut sorted = all.clone();
+        sorted.sort();
+        assert_eq!((all.len(), &all), (9, &sorted));
+        assert_eq!(k.get(Table::Events, &event(&b, 2)), Some(loc(1, 2)));
+        assert_eq!(k.get(Table::Tasks, &b), Some(loc(2, 0)));
+        assert_eq!(
+            k.get(Table::Tasks, &a),
+            None,
+            "a task with events but no record"
+        );
+        // From an event on, to the end of its task.
+        let end = [b.as_slice(), &[0xff; 9]].concat();
+        let from: Vec<u64> = k
+            .range(Table::Events, &event(&b, 2), Some(&end))
+            .map(|(_, l)| l.at)
+            .collect();
+        assert_eq!(from, vec![2, 3]);
+        // A task's rows go; its neighbours stay, with their live bytes.
+        let before = k.live_in(1);
+        k.remove(Table::Tasks, &b);
+        k.remove_range(Table::Events, &b, &end);
+        assert_eq!(k.rows(), 6);
+        assert_eq!(k.live_in(2), 0);
+        assert_eq!(k.live_in(1), before - 3 * (b.len() as u64 + 8 + 15));
+        assert_eq!(
+            k.range(Table::Tasks, b"", None).count(),
+            0,
+            "no record is left"
+        );
+        k.remove(Table::Events, &event(&a, 1));
+        assert_eq!(k.get(Table::Events, &event(&a, 1)), None);
+        assert_eq!(k.get(Table::Events, &event(&a, 3)), Some(loc(1, 103)));
     }
 }

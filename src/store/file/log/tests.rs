@@ -344,6 +344,53 @@ fn a_record_that_does_not_decode_refuses_the_start_unless_set_aside() {
     close(store);
 }
 
+/// Events are checked as the segments are replayed: an event that does not decode refuses
+/// the start while the keydir still points at it, and not once its task's rows are gone.
+#[test]
+fn an_event_that_does_not_decode_refuses_the_start_while_it_is_live() {
+    use crate::store::codec::{event_key, prefix_end, task_key};
+    let dir = Dir::new();
+    let mut config = dir.config();
+    let store = open(&config);
+    run_to_completion(&store, &key("alice", "t-1"), "ctx");
+    close(store);
+    let segment = dir.segments().pop().expect("a segment");
+    let mut frame = super::frame::FrameBuf::default();
+    frame.put(
+        super::Table::Events,
+        &event_key(&key("alice", "bad"), 1, 1),
+        b"\x01 not an event",
+    );
+    // Another task's damaged event, deleted with its task in a later write.
+    let gone = task_key(&key("alice", "gone"), 1);
+    frame.put(
+        super::Table::Events,
+        &event_key(&key("alice", "gone"), 1, 1),
+        b"\x01 not an event either",
+    );
+    append(&segment, frame.seal());
+    let mut frame = super::frame::FrameBuf::default();
+    frame.remove_range(super::Table::Events, &gone, &prefix_end(&gone));
+    append(&segment, frame.seal());
+    let message = refusal(&config);
+    assert!(
+        message.contains("1 damaged record(s) (events: 1)"),
+        "{message}"
+    );
+
+    config.store.set_aside_damaged = true;
+    let store = open(&config);
+    assert!(store.task_now(&key("alice", "t-1")).is_some());
+    close(store);
+    config.store.set_aside_damaged = false;
+    let store = open(&config);
+    assert!(
+        store.task_now(&key("alice", "t-1")).is_some(),
+        "set aside once, the next start needs nothing special"
+    );
+    close(store);
+}
+
 #[test]
 fn a_batch_knows_what_it_did_to_a_row_newest_first() {
     use super::Table::{Outbox, Push};
