@@ -100,6 +100,8 @@ pub(crate) struct ContextState {
     store: Arc<dyn Store>,
     /// Aborted in `post_stop`.
     sweeper: Option<tokio::task::JoinHandle<()>>,
+    /// Conversations the store held at start-up, taken in `post_start`.
+    restoring: Vec<RecoveredContext>,
 }
 
 impl ContextState {
@@ -204,8 +206,7 @@ impl Actor for ContextActor {
         let period =
             (args.retention / 4).clamp(Duration::from_millis(100), Duration::from_secs(60));
         let sweeper = myself.send_interval(period, || ContextMsg::Sweep);
-        let now = Instant::now();
-        let mut state = ContextState {
+        let state = ContextState {
             // Sized once: a million restored conversations would otherwise be rehashed
             // some twenty times on the way.
             conversations: HashMap::with_capacity_and_hasher(
@@ -218,8 +219,20 @@ impl Actor for ContextActor {
             max_contexts: args.max_contexts,
             store: args.store,
             sweeper: Some(sweeper),
+            restoring: args.restored,
         };
-        for c in args.restored {
+        Ok(state)
+    }
+
+    /// Takes the restored conversations: after `spawn` has returned, so the server starts
+    /// listening meanwhile (a million take ~0.6 s); every message waits behind this.
+    async fn post_start(
+        &self,
+        _myself: ActorRef<ContextMsg>,
+        state: &mut ContextState,
+    ) -> Result<(), ActorProcessingErr> {
+        let now = Instant::now();
+        for c in std::mem::take(&mut state.restoring) {
             let key = ContextKey {
                 principal: c.principal,
                 context: c.context,
@@ -245,7 +258,7 @@ impl Actor for ContextActor {
                 },
             );
         }
-        Ok(state)
+        Ok(())
     }
 
     async fn handle(

@@ -209,31 +209,68 @@ impl LogDisk {
             ));
         }
         let mut keydir = Keydir::default();
-        // One buffer for every segment (each is read whole).
-        let mut buffer = Vec::new();
-        let mut suspects = Vec::new();
         let mut files = HashMap::new();
         let mut sizes = BTreeMap::new();
+        let mut opened = Vec::new();
         let newest = numbers.last().copied();
         for &seg in &numbers {
             let path = dir.join(segment_name(seg));
-            let last = Some(seg) == newest;
             let file = File::options()
                 .read(true)
                 .write(true)
                 .open(&path)
                 .map_err(|e| io_at(&path, "cannot be opened", &e))?;
-            let len = replay(
-                &path,
-                &file,
-                seg,
-                last,
-                &mut keydir,
-                &mut buffer,
-                &mut suspects,
-            )?;
-            files.insert(seg, Arc::new(file));
-            sizes.insert(seg, len);
+            opened.push((seg, path, Arc::new(file)));
+        }
+        // A thread reads and checks segment n + 1 while this one points the keydir at
+        // the rows of segment n.
+        let suspects = std::thread::scope(|s| -> Result<Vec<(Vec<u8>, Loc)>> {
+            let (tx, rx) = std::sync::mpsc::sync_channel::<Result<Scanned>>(1);
+            let (spent_tx, spent_rx) = std::sync::mpsc::channel::<Vec<u8>>();
+            let reader = {
+                let opened = &opened;
+                move || {
+                    let mut suspects = Vec::new();
+                    for (seg, path, file) in opened {
+                        let mut bytes = spent_rx.try_recv().unwrap_or_default();
+                        let scanned = scan_segment(
+                            path,
+                            file,
+                            *seg,
+                            Some(*seg) == newest,
+                            &mut bytes,
+                            &mut suspects,
+                        )
+                        .map(|(len, frames)| Scanned {
+                            seg: *seg,
+                            bytes,
+                            frames,
+                            len,
+                        });
+                        let failed = scanned.is_err();
+                        if tx.send(scanned).is_err() || failed {
+                            break;
+                        }
+                    }
+                    suspects
+                }
+            };
+            let reader = std::thread::Builder::new()
+                .name("a2ad-replay".into())
+                .spawn_scoped(s, reader)
+                .map_err(|e| io_at(&dir, "cannot start reading", &e))?;
+            for scanned in rx {
+                let scanned = scanned?;
+                scanned.apply(&mut keydir);
+                sizes.insert(scanned.seg, scanned.len);
+                let _ = spent_tx.send(scanned.bytes);
+            }
+            Ok(reader
+                .join()
+                .unwrap_or_else(|panic| std::panic::resume_unwind(panic)))
+        })?;
+        for (seg, _, file) in opened {
+            files.insert(seg, file);
         }
         let (seg, len) = match sizes.last_key_value() {
             Some((&seg, &len)) => (seg, len),
@@ -573,18 +610,40 @@ fn damaged_events(
     Ok(out)
 }
 
-/// Reads one segment into the keydir, checking each event as it goes (those that do not
-/// read as events join `suspects`). Returns its length (after cutting off a torn last
-/// frame of the newest segment).
-fn replay(
+/// One segment read and checked: its bytes, the payloads of its frames, its length (after
+/// cutting off a torn last frame of the newest segment).
+struct Scanned {
+    seg: u32,
+    bytes: Vec<u8>,
+    frames: Vec<std::ops::Range<usize>>,
+    len: u64,
+}
+
+impl Scanned {
+    /// Points the keydir at the rows of every frame.
+    fn apply(&self, keydir: &mut Keydir) {
+        for payload in &self.frames {
+            let at = payload.start as u64;
+            frame::each_op(&self.bytes[payload.clone()], |op| {
+                keydir.apply(self.seg, at, &op);
+            });
+        }
+    }
+}
+
+/// Reads one segment into `bytes` and checks it: every frame whole, its operations
+/// readable, each event decodable (those that are not join `suspects`). Returns its
+/// length (after cutting off a torn last frame of the newest segment) and the payloads of
+/// its frames.
+fn scan_segment(
     path: &Path,
     file: &File,
     seg: u32,
     newest: bool,
-    keydir: &mut Keydir,
     bytes: &mut Vec<u8>,
     suspects: &mut Vec<(Vec<u8>, Loc)>,
-) -> Result<u64> {
+) -> Result<(u64, Vec<std::ops::Range<usize>>)> {
+    let mut frames = Vec::new();
     bytes.clear();
     {
         use std::io::Read as _;
@@ -621,7 +680,7 @@ fn replay(
     loop {
         if newest && frame::zeros_from(bytes, at) {
             // The rest of a segment written in advance: the end of the log.
-            return Ok(at as u64);
+            return Ok((at as u64, frames));
         }
         match frame::next(bytes, at) {
             Next::Frame { payload, next } => {
@@ -633,7 +692,7 @@ fn replay(
                         ),
                     ));
                 };
-                let payload_at = (at + frame::FRAME_HEADER) as u64;
+                let payload_at = at + frame::FRAME_HEADER;
                 for op in &ops {
                     if let frame::Op::Put {
                         table: Table::Events,
@@ -644,14 +703,14 @@ fn replay(
                         && !codec::event_row_is_valid(key, value)
                     {
                         let len = u32::try_from(value.len()).unwrap_or(u32::MAX);
-                        let at = payload_at + at as u64;
+                        let at = (payload_at + at) as u64;
                         suspects.push((key.to_vec(), Loc { seg, at, len }));
                     }
-                    keydir.apply(seg, payload_at, op);
                 }
+                frames.push(payload_at..payload_at + payload.len());
                 at = next;
             }
-            Next::End => return Ok(at as u64),
+            Next::End => return Ok((at as u64, frames)),
             Next::Torn if newest => {
                 tracing::warn!(
                     path = %path.display(),
@@ -662,7 +721,7 @@ fn replay(
                 file.set_len(at as u64)
                     .and_then(|()| file.sync_data())
                     .map_err(|e| io_at(path, "cannot be repaired", &e))?;
-                return Ok(at as u64);
+                return Ok((at as u64, frames));
             }
             Next::Torn | Next::Damaged => {
                 return Err(open_error(
