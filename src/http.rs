@@ -264,7 +264,7 @@ async fn endpoint(
         base_url,
     };
     match decoded {
-        rpc::Body::Single(call) => reply_response(app, one(app, dialect, &cx, call).await),
+        rpc::Body::Single(call) => reply_response(app, one(app, dialect, &cx, call).await).await,
         rpc::Body::Batch(calls) => {
             // The items run concurrently, but each answer is weighed as soon as it is
             // rendered (one poll at a time): what the batch holds stays within the budget
@@ -420,7 +420,12 @@ fn refused(app: &App, dialect: Dialect, agent: &crate::actors::AgentEntry, code:
         .record(app.requests.slot(dialect, None), Some(code), Duration::ZERO);
 }
 
-fn reply_response(app: &App, reply: Reply) -> Response<Body> {
+/// How long a stream's answer waits for its first event, so that the head and the first
+/// events leave in one write (a durable store publishes a task's first events together,
+/// after their commit); a stream whose first event is later gets its head at once after.
+const FIRST_EVENT_WAIT: Duration = Duration::from_millis(50);
+
+async fn reply_response(app: &App, reply: Reply) -> Response<Body> {
     match reply {
         Reply::Json {
             body,
@@ -435,7 +440,13 @@ fn reply_response(app: &App, reply: Reply) -> Response<Body> {
             }
             r
         }
-        Reply::Stream { id, stream, frames } => {
+        Reply::Stream {
+            id,
+            mut stream,
+            frames,
+        } => {
+            let first = std::future::poll_fn(|cx| stream.poll_ready(cx));
+            let _ = tokio::time::timeout(FIRST_EVENT_WAIT, first).await;
             let body = SseBody::new(id, stream, frames, app.ping_every);
             sse_response(Body::sse(body))
         }

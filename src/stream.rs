@@ -47,6 +47,8 @@ pub struct TaskStream {
     /// Its conversation.
     pub context_id: ContextId,
     pending: VecDeque<StreamItem>,
+    /// What [`TaskStream::poll_ready`] took from `rx` (`Some(None)`: its end).
+    peeked: Option<Option<StreamItem>>,
     rx: Option<mpsc::Receiver<StreamItem>>,
     /// Runs when the stream is dropped (the runtime's: unsubscribe, count the stream gone).
     _guard: StreamGuard,
@@ -82,6 +84,7 @@ impl TaskStream {
             task_id,
             context_id,
             pending,
+            peeked: None,
             rx,
             _guard: StreamGuard(Some(on_drop)),
             done: false,
@@ -101,9 +104,10 @@ impl TaskStream {
         }
         let (next, replayed) = match self.pending.pop_front() {
             Some(item) => (Some(item), true),
-            None => match self.rx.as_mut() {
-                None => (None, false),
-                Some(rx) => match rx.poll_recv(cx) {
+            None => match (self.peeked.take(), self.rx.as_mut()) {
+                (Some(item), _) => (item, false),
+                (None, None) => (None, false),
+                (None, Some(rx)) => match rx.poll_recv(cx) {
                     Poll::Pending => return Poll::Pending,
                     Poll::Ready(item) => (item, false),
                 },
@@ -119,6 +123,17 @@ impl TaskStream {
         Poll::Ready(next)
     }
 
+    /// Ready once [`TaskStream::poll_next`] would answer at once; takes nothing.
+    pub fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+        if self.done || !self.pending.is_empty() || self.peeked.is_some() {
+            return Poll::Ready(());
+        }
+        match self.rx.as_mut() {
+            None => Poll::Ready(()),
+            Some(rx) => rx.poll_recv(cx).map(|item| self.peeked = Some(item)),
+        }
+    }
+
     /// The next event; `None` after the last one.
     pub async fn next(&mut self) -> Option<StreamItem> {
         std::future::poll_fn(|cx| self.poll_next(cx)).await
@@ -130,5 +145,83 @@ impl Drop for StreamGuard {
         if let Some(on_drop) = self.0.take() {
             on_drop();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::task::Waker;
+
+    use super::*;
+    use crate::model::{TaskState, TaskStatus};
+
+    fn item(seq: u64, state: TaskState) -> StreamItem {
+        let status = TaskStatus::new(state);
+        StreamItem {
+            event: Arc::new(TaskEvent::status(seq, status.clone())),
+            task: Arc::new(TaskSnapshot {
+                id: TaskId::new("t"),
+                context_id: ContextId::new("c"),
+                seq,
+                created_at: status.timestamp,
+                updated_at: status.timestamp,
+                status,
+                history: Vec::new(),
+                artifacts: Vec::new(),
+                metadata: None,
+            }),
+        }
+    }
+
+    fn stream(pending: Vec<StreamItem>) -> (TaskStream, mpsc::Sender<StreamItem>) {
+        let (tx, rx) = mpsc::channel(8);
+        let s = TaskStream::new(
+            TaskId::new("t"),
+            ContextId::new("c"),
+            pending.into(),
+            Some(rx),
+            Box::new(|| {}),
+        );
+        (s, tx)
+    }
+
+    fn seqs(s: &mut TaskStream) -> Vec<u64> {
+        let mut cx = Context::from_waker(Waker::noop());
+        let mut out = Vec::new();
+        while let Poll::Ready(Some(i)) = s.poll_next(&mut cx) {
+            out.push(i.seq);
+        }
+        out
+    }
+
+    #[test]
+    fn readiness_takes_nothing_and_keeps_the_order_and_the_end() {
+        let mut cx = Context::from_waker(Waker::noop());
+        let (mut s, tx) = stream(Vec::new());
+        assert!(s.poll_ready(&mut cx).is_pending(), "nothing yet");
+        tx.try_send(item(1, TaskState::Submitted)).expect("send");
+        tx.try_send(item(2, TaskState::Completed)).expect("send");
+        tx.try_send(item(3, TaskState::Working)).expect("send");
+        assert!(s.poll_ready(&mut cx).is_ready());
+        assert!(s.poll_ready(&mut cx).is_ready(), "twice takes no more");
+        assert_eq!(
+            seqs(&mut s),
+            vec![1, 2],
+            "in order, ending at the final event"
+        );
+
+        // Replayed events come before what readiness took.
+        let (mut s, tx) = stream(vec![item(1, TaskState::Submitted)]);
+        tx.try_send(item(2, TaskState::Working)).expect("send");
+        assert!(s.poll_ready(&mut cx).is_ready());
+        drop(tx);
+        assert_eq!(seqs(&mut s), vec![1, 2]);
+        assert!(matches!(s.poll_next(&mut cx), Poll::Ready(None)));
+
+        // A channel that closed before any event: ready, and the stream ends.
+        let (mut s, tx) = stream(Vec::new());
+        drop(tx);
+        assert!(s.poll_ready(&mut cx).is_ready());
+        assert!(matches!(s.poll_next(&mut cx), Poll::Ready(None)));
     }
 }
