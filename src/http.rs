@@ -422,7 +422,8 @@ fn refused(app: &App, dialect: Dialect, agent: &crate::actors::AgentEntry, code:
 
 /// How long a stream's answer waits for its first event, so that the head and the first
 /// events leave in one write (a durable store publishes a task's first events together,
-/// after their commit); a stream whose first event is later gets its head at once after.
+/// after their commit); a stream whose first event comes later gets its head when the wait
+/// ends, then its events as they come.
 const FIRST_EVENT_WAIT: Duration = Duration::from_millis(50);
 
 async fn reply_response(app: &App, reply: Reply) -> Response<Body> {

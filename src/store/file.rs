@@ -369,7 +369,6 @@ mod tests {
         }
     }
 
-    /// The schema version a closed redb file carries.
     /// The META rows of a file written by an earlier schema.
     fn mark(w: &redb::WriteTransaction, schema: u32) {
         let mut meta = w.open_table(META).expect("meta");
@@ -378,6 +377,7 @@ mod tests {
             .expect("schema");
     }
 
+    /// The schema version a closed redb file carries.
     fn schema_of(path: &std::path::Path) -> u32 {
         let db = Database::open(path).expect("reopen");
         let read = db.begin_read().expect("read");
@@ -417,7 +417,7 @@ mod tests {
             let db = Database::create(&path).expect("create");
             let w = db.begin_write().expect("write");
             {
-                mark(&w, 1u32);
+                mark(&w, 1);
                 w.open_table(TASKS)
                     .expect("tasks")
                     .insert(
@@ -514,7 +514,7 @@ mod tests {
             let db = Database::create(&path).expect("create");
             let w = db.begin_write().expect("write");
             {
-                mark(&w, 2u32);
+                mark(&w, 2);
                 w.open_table(TASKS)
                     .expect("tasks")
                     .insert(

@@ -2,6 +2,7 @@
 //! place of its newest value in a segment, and the live bytes each segment holds (what
 //! compaction weighs). Values stay on disk; the keys are in memory.
 
+use std::collections::btree_map::Entry;
 use std::collections::{BTreeMap, HashMap};
 use std::ops::Bound;
 
@@ -73,6 +74,18 @@ fn split_event(key: &[u8]) -> Option<(&[u8], u64)> {
         .map(|(task, seq)| (task, u64::from_be_bytes(*seq)))
 }
 
+/// Whether the key of event `seq` of `task` (the task's key, then the number) is in
+/// `start..end`, without building it.
+fn in_range(task: &[u8], seq: u64, start: &[u8], end: Option<&[u8]>) -> bool {
+    fn cmp(task: &[u8], seq: &[u8; 8], other: &[u8]) -> std::cmp::Ordering {
+        let n = task.len().min(other.len());
+        task.cmp(&other[..n])
+            .then_with(|| seq.as_slice().cmp(&other[n..]))
+    }
+    let seq = seq.to_be_bytes();
+    cmp(task, &seq, start).is_ge() && end.is_none_or(|e| cmp(task, &seq, e).is_lt())
+}
+
 /// Every row's place.
 #[derive(Default)]
 pub(crate) struct Keydir {
@@ -133,8 +146,7 @@ impl Keydir {
                 return;
             }
         };
-        let std::collections::btree_map::Entry::Occupied(mut rows) = self.tasks.entry(key_of(task))
-        else {
+        let Entry::Occupied(mut rows) = self.tasks.entry(key_of(task)) else {
             return;
         };
         let was = match seq {
@@ -160,9 +172,60 @@ impl Keydir {
         if start >= end {
             return;
         }
-        let keys: Vec<Vec<u8>> = self.range(t, start, Some(end)).map(|(k, _)| k).collect();
+        match t {
+            Table::Tasks => {
+                let keys: Vec<Key> = self
+                    .tasks
+                    .range((Bound::Included(key_of(start)), Bound::Excluded(key_of(end))))
+                    .filter(|(_, r)| r.record.is_some())
+                    .map(|(k, _)| k.clone())
+                    .collect();
+                for k in keys {
+                    self.remove(t, &bytes_of(&k));
+                }
+            }
+            Table::Events => {
+                let lower = key_of(&start[..start.len().saturating_sub(8)]);
+                let tasks: Vec<Key> = self
+                    .tasks
+                    .range((Bound::Included(lower), Bound::Excluded(key_of(end))))
+                    .filter(|(_, r)| !r.events.is_empty())
+                    .map(|(k, _)| k.clone())
+                    .collect();
+                for k in tasks {
+                    let task = bytes_of(&k);
+                    let Entry::Occupied(mut rows) = self.tasks.entry(k) else {
+                        continue;
+                    };
+                    let live = &mut self.live;
+                    rows.get_mut().events.retain(|(seq, loc)| {
+                        let inside = in_range(&task, *seq, start, Some(end));
+                        if inside {
+                            Self::unlive(live, task.len() + 8, loc);
+                        }
+                        !inside
+                    });
+                    if rows.get().is_empty() {
+                        rows.remove();
+                    }
+                }
+                self.remove_plain_range(t, start, end);
+            }
+            _ => self.remove_plain_range(t, start, end),
+        }
+    }
+
+    /// Forgets the rows of `start..end` of a table of plain rows.
+    fn remove_plain_range(&mut self, t: Table, start: &[u8], end: &[u8]) {
+        let table = &mut self.tables[usize::from(t.code())];
+        let keys: Vec<Key> = table
+            .range((Bound::Included(key_of(start)), Bound::Excluded(key_of(end))))
+            .map(|(k, _)| k.clone())
+            .collect();
         for k in keys {
-            self.remove(t, &k);
+            if let Some(was) = table.remove(&k) {
+                Self::unlive(&mut self.live, usize::from(k.1) + k.2.len(), &was);
+            }
         }
     }
 
@@ -218,10 +281,11 @@ impl Keydir {
             return Box::new(std::iter::empty());
         }
         let upper = end.map_or(Bound::Unbounded, |e| Bound::Excluded(key_of(e)));
-        let plain = self
-            .table(t)
-            .range((Bound::Included(key_of(start)), upper.clone()))
-            .map(|(k, l)| (bytes_of(k), *l));
+        let plain = |upper| {
+            self.table(t)
+                .range((Bound::Included(key_of(start)), upper))
+                .map(|(k, l)| (bytes_of(k), *l))
+        };
         match t {
             Table::Tasks => Box::new(
                 self.tasks
@@ -235,22 +299,19 @@ impl Keydir {
                 let lower = key_of(&start[..start.len().saturating_sub(8)]);
                 let events = self
                     .tasks
-                    .range((Bound::Included(lower), upper))
-                    .flat_map(|(k, r)| {
+                    .range((Bound::Included(lower), upper.clone()))
+                    .flat_map(move |(k, r)| {
                         let task = bytes_of(k);
-                        r.events.iter().map(move |(seq, l)| {
-                            let mut key = Vec::with_capacity(task.len() + 8);
-                            key.extend_from_slice(&task);
-                            key.extend_from_slice(&seq.to_be_bytes());
-                            (key, *l)
-                        })
-                    })
-                    .filter(move |(k, _)| {
-                        k.as_slice() >= start && end.is_none_or(|e| k.as_slice() < e)
+                        r.events
+                            .iter()
+                            .filter(move |(seq, _)| in_range(&task, *seq, start, end))
+                            .map(move |(seq, l)| {
+                                ([bytes_of(k), seq.to_be_bytes().to_vec()].concat(), *l)
+                            })
                     });
-                Box::new(events.chain(plain))
+                Box::new(events.chain(plain(upper)))
             }
-            _ => Box::new(plain),
+            _ => Box::new(plain(upper)),
         }
     }
 
@@ -375,5 +436,12 @@ mod tests {
         k.remove(Table::Events, &event(&a, 1));
         assert_eq!(k.get(Table::Events, &event(&a, 1)), None);
         assert_eq!(k.get(Table::Events, &event(&a, 3)), Some(loc(1, 103)));
+        // Part of a task's events: from one number to the end of the task.
+        k.put(Table::Events, &event(&a, 1), loc(1, 101));
+        let a_end = [a.as_slice(), &[0xff; 9]].concat();
+        k.remove_range(Table::Events, &event(&a, 2), &a_end);
+        assert_eq!(k.get(Table::Events, &event(&a, 1)), Some(loc(1, 101)));
+        assert_eq!(k.get(Table::Events, &event(&a, 2)), None);
+        assert_eq!(k.get(Table::Events, &event(&c, 2)), Some(loc(1, 202)));
     }
 }
