@@ -14,8 +14,8 @@
 //! of a disk, and only while commits are small (frames under [`SMALL_FRAMES`] on
 //! average): a busy server's batches are large and few, the size update is a small part
 //! of each, and writing every byte twice (zeros, then frames) cost more than it saved
-//! (send at 256 connections: p99 15 → 19 ms). A segment begun the slow way (the first one, or when no spare was ready) is
-//! left for the spare as soon as it is ready.
+//! (send at 256 connections: p99 15 → 19 ms). A segment begun the slow way (the first
+//! one, or when no spare was ready) is left for the spare as soon as it is ready.
 
 use std::fs::File;
 use std::os::unix::fs::FileExt as _;
@@ -127,15 +127,16 @@ impl Prealloc {
     /// The spare as segment `seg`: renamed into place, the directory synced. `None` when
     /// none is ready (the caller begins the segment the slow way).
     pub(super) fn take(&self, seg: u32) -> Option<std::io::Result<File>> {
-        let mut state = self.lock();
-        if !matches!(&*state, State::Ready(_)) {
-            return None;
-        }
-        let State::Ready(file) = std::mem::replace(&mut *state, State::Idle { retry_after: None })
-        else {
-            return None;
+        let file = {
+            let mut state = self.lock();
+            match std::mem::replace(&mut *state, State::Idle { retry_after: None }) {
+                State::Ready(file) => file,
+                other => {
+                    *state = other;
+                    return None;
+                }
+            }
         };
-        drop(state);
         Some(
             std::fs::rename(self.dir.join(SPARE), self.dir.join(segment_name(seg)))
                 .and_then(|()| sync_dir(&self.dir))
