@@ -3,7 +3,8 @@
 //! batch — with the place of every row's newest value kept in memory ([`Keydir`]).
 //!
 //! - **Write path.** A batch becomes one frame (log/frame.rs) at the end of the newest
-//!   segment; once it is durable its operations update the keydir. A segment that reaches
+//!   segment, written past the page cache where the file system allows it
+//!   (log/direct.rs); once it is durable its operations update the keydir. A segment that reaches
 //!   [`SEGMENT_BYTES`] is sealed and the next one begun (the directory is synced first) —
 //!   one written whole in advance when there is one (log/prealloc.rs), so that a commit's
 //!   fdatasync need not also make a larger file size durable.
@@ -29,12 +30,14 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
 mod carry;
+mod direct;
 mod frame;
 mod keydir;
 mod prealloc;
 #[cfg(test)]
 mod tests;
 
+use direct::Direct;
 use frame::{FrameBuf, Header, Next};
 use keydir::{Keydir, Loc};
 use prealloc::Prealloc;
@@ -95,6 +98,11 @@ struct Writer {
     seg: u32,
     file: Arc<File>,
     len: u64,
+    /// The same file opened for direct writes (log/direct.rs); `None` where the file
+    /// system refuses them.
+    direct: Option<Direct>,
+    /// Direct writes are not tried again (the file system refused one).
+    buffered_only: bool,
     /// Its length when this process began writing it.
     begun: u64,
     /// It was written whole in advance: its file runs on, in zeros, past `len`.
@@ -307,6 +315,7 @@ impl LogDisk {
         let bytes = sizes.values().sum();
         // A segment written in advance runs on in zeros past its last frame.
         let ahead = file.metadata().is_ok_and(|m| m.len() > len);
+        let direct = Direct::open(&dir.join(segment_name(seg)), &file, len);
         let disk = Self {
             prealloc: Prealloc::new(&dir, segment_bytes),
             dir,
@@ -314,6 +323,8 @@ impl LogDisk {
             keydir: RwLock::new(keydir),
             files: RwLock::new(files),
             writer: Mutex::new(Writer {
+                direct,
+                buffered_only: false,
                 seg,
                 file,
                 len,
@@ -363,10 +374,7 @@ impl LogDisk {
             return Ok(());
         }
         let bytes = frame.seal();
-        let written = w
-            .file
-            .write_all_at(bytes, w.len)
-            .and_then(|()| w.file.sync_data());
+        let written = Self::write_at_end(w, bytes).and_then(|()| w.file.sync_data());
         if let Err(e) = written {
             // Best effort: a retry writes the same place again anyway.
             let _ = w.file.set_len(w.len);
@@ -395,9 +403,58 @@ impl LogDisk {
         Ok(())
     }
 
+    /// Writes `bytes` at the end of the newest segment: directly where the file system
+    /// allows it, else through the page cache (not yet durable either way).
+    fn write_at_end(w: &mut Writer, bytes: &[u8]) -> std::io::Result<()> {
+        let Some(direct) = w.direct.as_mut() else {
+            return w.file.write_all_at(bytes, w.len);
+        };
+        match direct.write(bytes, w.len) {
+            Err(e) if e.kind() == std::io::ErrorKind::InvalidInput => {
+                tracing::info!(error = %e, "store: the file system refuses direct writes; the log is written through the page cache");
+                w.direct = None;
+                w.buffered_only = true;
+                w.file.write_all_at(bytes, w.len)
+            }
+            written => {
+                if direct.scratch() > SPARE_BYTES {
+                    direct.release();
+                }
+                written
+            }
+        }
+    }
+
+    /// Opens the newest segment for direct writes again (after it changed or failed).
+    fn redirect(&self, w: &mut Writer) {
+        w.direct = if w.buffered_only {
+            None
+        } else {
+            Direct::open(&self.dir.join(segment_name(w.seg)), &w.file, w.len)
+        };
+    }
+
     /// Seals the newest segment and begins the next. A failure leaves the current one in
     /// use (it is tried again after the next batch).
     fn rotate(&self, w: &mut Writer) {
+        // Sealed, a segment ends with its last frame: the zeros a direct write leaves
+        // after it (or a segment written in advance) end only the newest one.
+        let cut = w.file.metadata().and_then(|m| {
+            if m.len() == w.len {
+                Ok(())
+            } else {
+                w.file.set_len(w.len).and_then(|()| w.file.sync_data())
+            }
+        });
+        if let Err(e) = cut {
+            if w.rotate_failed
+                .is_none_or(|at| at.elapsed() >= Duration::from_secs(60))
+            {
+                tracing::error!(error = %e, segment = w.seg, "store: cannot seal the newest log segment; it grows meanwhile");
+                w.rotate_failed = Some(Instant::now());
+            }
+            return;
+        }
         let seg = w.seg + 1;
         let (made, ahead) = match self.prealloc.take(seg) {
             Some(taken) => (taken, true),
@@ -413,6 +470,7 @@ impl LogDisk {
                 w.seg = seg;
                 w.file = file;
                 w.len = frame::HEADER as u64;
+                self.redirect(w);
                 w.begun = w.len;
                 w.ahead = ahead;
                 w.sizes.insert(seg, w.len);
@@ -991,6 +1049,7 @@ impl Disk for LogDisk {
             .unwrap_or_else(|e| e.into_inner())
             .insert(w.seg, file.clone());
         w.file = file;
+        self.redirect(&mut w);
         Ok(())
     }
 

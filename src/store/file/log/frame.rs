@@ -13,7 +13,7 @@
 //! anything it holds is acknowledged, so only the last frame of the newest segment can be
 //! incomplete after a crash; see [`next`] for how that is told apart from damage. The
 //! newest segment may run on in zeros after its last frame (it was written whole in
-//! advance): zeros from a frame's start to the end of the newest segment are its end
+//! advance, or a direct write filled its last block): zeros from a frame's start to the end of the newest segment are its end
 //! ([`zeros_from`]); anywhere else they are damage like any unreadable bytes.
 
 use super::super::tables::Table;

@@ -67,13 +67,26 @@ fn refusal(config: &Config) -> String {
     }
 }
 
+/// Writes `bytes` where the segment's log ends, as the next write would.
 fn append(path: &Path, bytes: &[u8]) {
-    use std::io::Write as _;
-    let mut f = std::fs::OpenOptions::new()
-        .append(true)
+    use std::os::unix::fs::FileExt as _;
+    let end = log_end(&std::fs::read(path).expect("segment"));
+    std::fs::OpenOptions::new()
+        .write(true)
         .open(path)
-        .expect("segment");
-    f.write_all(bytes).expect("append");
+        .expect("segment")
+        .write_all_at(bytes, end as u64)
+        .expect("append");
+}
+
+/// Where a segment's log ends: after its last whole frame (zeros may follow: a direct
+/// write's last block, or a segment written in advance).
+fn log_end(bytes: &[u8]) -> usize {
+    let mut at = super::frame::HEADER;
+    while let super::frame::Next::Frame { next, .. } = super::frame::next(bytes, at) {
+        at = next;
+    }
+    at
 }
 
 #[test]
@@ -84,7 +97,7 @@ fn a_torn_last_write_is_dropped_and_everything_before_it_kept() {
     run_to_completion(&store, &key("alice", "t-1"), "ctx");
     close(store);
     let segment = dir.segments().pop().expect("a segment");
-    let clean = std::fs::metadata(&segment).expect("meta").len();
+    let clean = log_end(&std::fs::read(&segment).expect("segment")) as u64;
     // Half of a frame: a length that runs past the end, then some of its payload.
     append(&segment, &[200, 0, 0, 0, 1, 2, 3, 4, 9, 9, 9]);
     let store = open(&config);
