@@ -32,7 +32,7 @@ use super::codec::{self, Created};
 use super::damage;
 use super::index::Evicted;
 use super::index::Indexes;
-use super::{Delivery, Recovered, StoreStats, Then, Write};
+use super::{Recovered, StoreStats, Then, Write};
 use crate::config::{Config, StoreBackend};
 use crate::error::{Error, Result};
 use crate::model::{Message, TaskEvent, TaskKey};
@@ -51,19 +51,19 @@ trait Disk: Send + Sync + 'static {
         f: &mut dyn FnMut(&mut dyn TableWrite) -> std::result::Result<(), DiskError>,
     ) -> std::result::Result<(), DiskError>;
 
-    /// Makes one batch of writes durable. Returns the planned deliveries, each with the
-    /// index of the write that planned it.
+    /// Makes one batch of writes durable. Returns the planned deliveries and which write
+    /// is each task's last.
     fn commit(
         &self,
         writes: &[Write],
         indexes: &Indexes,
-    ) -> std::result::Result<Vec<(usize, Delivery)>, DiskError> {
-        let mut planned = Vec::new();
+    ) -> std::result::Result<tables::Applied, DiskError> {
+        let mut applied = tables::Applied::default();
         self.write(&mut |t| {
-            planned = tables::apply(writes, indexes, t)?;
+            applied = tables::apply(writes, indexes, t)?;
             Ok(())
         })?;
-        Ok(planned)
+        Ok(applied)
     }
 
     /// Deletes evicted tasks (their records, events, outbox entries, configurations).

@@ -94,9 +94,9 @@ impl Committer {
     pub(super) fn commit(&mut self, batch: Batch) -> bool {
         let mut pause = Duration::from_millis(100);
         let mut failure: Option<Failure> = None;
-        let deliveries = loop {
+        let applied = loop {
             match self.disk.commit(&batch.writes, &self.indexes) {
-                Ok(d) => break d,
+                Ok(a) => break a,
                 Err(e) => {
                     self.counters.failing.store(true, Relaxed);
                     Failure::note(
@@ -130,14 +130,15 @@ impl Committer {
             .committed
             .fetch_add(batch.writes_count, Relaxed);
         self.counters.pending.fetch_sub(batch.writes_count, Relaxed);
-        // Visible to readers only now that it is durable.
-        for w in &batch.writes {
-            if let Write::Task { key, task, .. } = w {
+        // Visible to readers only now that it is durable; a task's earlier records in the
+        // batch were never visible, and are not put only to be replaced.
+        for (w, last) in batch.writes.iter().zip(&applied.last) {
+            if let (Write::Task { key, task, .. }, true) = (w, last) {
                 let evicted = self.indexes.put_task(key, task.clone());
                 self.forget.extend(evicted);
             }
         }
-        let mut deliveries = deliveries.into_iter().peekable();
+        let mut deliveries = applied.planned.into_iter().peekable();
         let mut end = 0;
         for (count, then) in batch.appends {
             end += count;

@@ -123,13 +123,21 @@ pub(crate) trait TableRead {
     }
 }
 
-/// Applies one batch to the tables. Returns the planned deliveries, each with the index of
-/// the write that planned it. A task's record is written once per batch (its last).
+/// What applying a batch decided.
+#[derive(Default)]
+pub(crate) struct Applied {
+    /// The planned deliveries, each with the index of the write that planned it.
+    pub(crate) planned: Vec<(usize, Delivery)>,
+    /// Per write: it is its task's last in the batch (the record it leaves is the task's).
+    pub(crate) last: Vec<bool>,
+}
+
+/// Applies one batch to the tables. A task's record is written once per batch (its last).
 pub(crate) fn apply(
     writes: &[Write],
     indexes: &Indexes,
     t: &mut (impl TableWrite + ?Sized),
-) -> Result<Vec<(usize, Delivery)>, DiskError> {
+) -> Result<Applied, DiskError> {
     let mut planned = Vec::new();
     // Whether each write is its task's last in the batch (earlier records are superseded):
     // the first seen walking back.
@@ -220,7 +228,7 @@ pub(crate) fn apply(
             }
         }
     }
-    Ok(planned)
+    Ok(Applied { planned, last })
 }
 
 /// Deletes a task's record, events, outbox entries and push configurations.
