@@ -338,10 +338,14 @@ async fn measure_a2ad(cli: &Cli) -> Result<Report, String> {
             )
         }
         None => {
+            let bin = server_bin(cli)?;
             let path = std::env::temp_dir().join(format!("a2ad-load-{}.toml", std::process::id()));
             std::fs::write(&path, bench_config(cli)).map_err(|e| e.to_string())?;
             let args = vec!["--config".to_string(), path.display().to_string()];
-            let s = ServerProc::start(&server_bin(cli)?, &args, cli.server_cpus.as_deref())?;
+            let started = ServerProc::start(&bin, &args, cli.server_cpus.as_deref());
+            // Read once it listens; not left behind in the temporary directory.
+            let _ = std::fs::remove_file(&path);
+            let s = started?;
             let base = format!("http://{}", s.addr);
             let pid = s.pid();
             (Some(s), base, BENCH_KEY.to_string(), Some(pid))
