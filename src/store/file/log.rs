@@ -315,7 +315,15 @@ impl LogDisk {
         let bytes = sizes.values().sum();
         // A segment written in advance runs on in zeros past its last frame.
         let ahead = file.metadata().is_ok_and(|m| m.len() > len);
-        let direct = Direct::open(&dir.join(segment_name(seg)), &file, len);
+        #[cfg(test)]
+        let buffered_only = tests::BUFFERED.with(std::cell::Cell::get);
+        #[cfg(not(test))]
+        let buffered_only = false;
+        let direct = if buffered_only {
+            None
+        } else {
+            Direct::open(&dir.join(segment_name(seg)), &file, len)
+        };
         let disk = Self {
             prealloc: Prealloc::new(&dir, segment_bytes),
             dir,
@@ -324,7 +332,7 @@ impl LogDisk {
             files: RwLock::new(files),
             writer: Mutex::new(Writer {
                 direct,
-                buffered_only: false,
+                buffered_only,
                 seg,
                 file,
                 len,

@@ -15,6 +15,9 @@ use crate::store::{LocalStore, Store};
 thread_local! {
     /// The segment size of stores this thread opens.
     pub(super) static SEGMENT: Cell<u64> = const { Cell::new(SEGMENT_BYTES) };
+    /// Stores this thread opens write through the page cache, as on a file system that
+    /// refuses direct I/O.
+    pub(super) static BUFFERED: Cell<bool> = const { Cell::new(false) };
 }
 
 struct Dir(PathBuf);
@@ -126,6 +129,49 @@ fn a_torn_last_write_is_dropped_and_everything_before_it_kept() {
         "writes after the cut are kept"
     );
     close(store);
+}
+
+#[test]
+fn direct_and_page_cache_writes_keep_the_same_log_across_restarts_and_a_torn_write() {
+    for buffered in [false, true] {
+        BUFFERED.with(|b| b.set(buffered));
+        let dir = Dir::new();
+        let config = dir.config();
+        let store = open(&config);
+        for n in 0..5 {
+            run_to_completion(&store, &key("alice", &format!("t-{n}")), "ctx");
+        }
+        close(store);
+        let segment = dir.segments().pop().expect("a segment");
+        let bytes = std::fs::read(&segment).expect("segment");
+        let end = log_end(&bytes);
+        if buffered {
+            assert_eq!(
+                bytes.len(),
+                end,
+                "the page cache path ends the file at its log"
+            );
+        } else {
+            // Direct writes move whole blocks (where the file system takes them).
+            assert!(bytes.len() == end || bytes.len() % super::direct::BLOCK == 0);
+            assert!(bytes[end..].iter().all(|b| *b == 0));
+        }
+        append(&segment, &[90, 0, 0, 0, 1, 2, 3]);
+        let store = open(&config);
+        for n in 0..5 {
+            let k = key("alice", &format!("t-{n}"));
+            assert_eq!(block(store.events(&k, 0)).expect("events").len(), 3);
+        }
+        run_to_completion(&store, &key("alice", "after"), "ctx");
+        close(store);
+        let store = open(&config);
+        assert!(
+            store.task_now(&key("alice", "after")).is_some(),
+            "buffered: {buffered}"
+        );
+        close(store);
+    }
+    BUFFERED.with(|b| b.set(false));
 }
 
 #[test]
