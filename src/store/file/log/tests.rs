@@ -153,7 +153,7 @@ fn direct_and_page_cache_writes_keep_the_same_log_across_restarts_and_a_torn_wri
             );
         } else {
             // Direct writes move whole blocks (where the file system takes them).
-            assert!(bytes.len() == end || bytes.len() % super::direct::BLOCK == 0);
+            assert!(bytes.len() == end || bytes.len().is_multiple_of(super::direct::BLOCK));
             assert!(bytes[end..].iter().all(|b| *b == 0));
         }
         append(&segment, &[90, 0, 0, 0, 1, 2, 3]);
