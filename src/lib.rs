@@ -68,4 +68,5 @@ pub use model::{
 };
 pub use runtime::{Runtime, SendRequest, StreamItem, TaskStream};
 pub use server::{Server, ServerBuilder, ServerHandle};
+pub use store::runtime_parked as store_runtime_parked;
 pub use webhook::signature;

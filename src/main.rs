@@ -40,6 +40,7 @@ fn main() -> ExitCode {
     tune_allocator();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
+        .on_thread_park(a2ad::store_runtime_parked)
         .build()
     {
         Ok(rt) => rt,

@@ -37,6 +37,7 @@ mod local;
 pub(crate) mod pg;
 
 pub(crate) use file::log::check_any as check_log_bytes;
+pub use file::runtime_parked;
 pub(crate) use local::LocalStore;
 
 /// Where everything a2ad keeps is kept. See the module documentation for the durability

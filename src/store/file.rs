@@ -112,9 +112,12 @@ pub(crate) struct Journal {
     indexes: Arc<Indexes>,
 }
 
-#[derive(Default)]
 struct Counters {
     pending: AtomicU64,
+    /// Appends sent and not yet taken by the committer.
+    queued: AtomicU64,
+    /// An append that finds this many queued yields the core to the committer.
+    yield_at: AtomicU64,
     commits: AtomicU64,
     committed: AtomicU64,
     failing: AtomicBool,
@@ -205,7 +208,15 @@ impl Journal {
             "store opened"
         );
         let (tx, rx) = std::sync::mpsc::channel();
-        let counters = Arc::new(Counters::default());
+        let counters = Arc::new(Counters {
+            pending: AtomicU64::new(0),
+            queued: AtomicU64::new(0),
+            yield_at: AtomicU64::new(u64::MAX),
+            commits: AtomicU64::new(0),
+            committed: AtomicU64::new(0),
+            failing: AtomicBool::new(false),
+            abandon: AtomicBool::new(false),
+        });
         let committer = Committer {
             disk: disk.clone(),
             indexes: indexes.clone(),
@@ -243,15 +254,23 @@ impl Journal {
     pub(crate) fn append(&self, writes: Vec<Write>, then: Option<Then>) {
         let n = writes.len() as u64;
         self.counters.pending.fetch_add(n, Relaxed);
+        let queued = self.counters.queued.fetch_add(1, Relaxed) + 1;
         if !self.send(Job::Append(writes, then)) {
             self.counters.pending.fetch_sub(n, Relaxed);
             tracing::warn!("store closed; writes after shutdown are dropped");
+            return;
+        }
+        // The committer paces this (committer.rs, `next_yield_at`): a hint to the
+        // scheduler, never a wait.
+        if queued >= self.counters.yield_at.load(Relaxed) {
+            std::thread::yield_now();
         }
     }
 
     /// Queues the deletion of evicted tasks (records, events, outbox entries, push
     /// configurations).
     pub(crate) fn forget(&self, keys: Vec<Evicted>) {
+        self.counters.queued.fetch_add(1, Relaxed);
         self.send(Job::Forget(keys));
     }
 
@@ -312,6 +331,20 @@ impl Drop for Journal {
     fn drop(&mut self) {
         self.close(Duration::from_secs(10));
     }
+}
+
+/// How many times the request runtime's threads went idle (see [`runtime_parked`]).
+pub(crate) static PARKS: AtomicU64 = AtomicU64::new(0);
+
+/// Tells the embedded store's committer that a thread of the runtime serving requests is
+/// about to park (idle): pass it to tokio's `Builder::on_thread_park`, as the `a2ad`
+/// binary does. The committer compares the count before and after each commit: a commit
+/// during which the request path ran out of work should have started earlier, and the
+/// next one does (committer.rs, `next_yield_at`). Without it the committer starts a batch
+/// only when the request path pauses, as before (docs/PERFORMANCE.md, fourth slice).
+/// One atomic increment; harmless with any store.
+pub fn runtime_parked() {
+    PARKS.fetch_add(1, Relaxed);
 }
 
 #[cfg(test)]
