@@ -101,8 +101,20 @@ mod tests {
     struct Scratch(std::path::PathBuf);
 
     impl Scratch {
-        fn new() -> Self {
-            Self(std::env::temp_dir().join(format!("a2ad-direct-{}", uuid::Uuid::new_v4())))
+        /// A new file holding `bytes`, opened buffered (as the log's reader is) and for
+        /// direct writes after them; `None` where the file system refuses direct I/O.
+        fn with(bytes: &[u8]) -> (Self, Option<Direct>) {
+            let scratch =
+                Self(std::env::temp_dir().join(format!("a2ad-direct-{}", uuid::Uuid::new_v4())));
+            let file = File::options()
+                .read(true)
+                .write(true)
+                .create_new(true)
+                .open(&scratch.0)
+                .expect("created");
+            file.write_all_at(bytes, 0).expect("written");
+            let direct = Direct::open(&scratch.0, &file, bytes.len() as u64);
+            (scratch, direct)
         }
     }
 
@@ -114,26 +126,19 @@ mod tests {
 
     #[test]
     fn writes_land_where_a_buffered_write_would_and_leave_zeros_to_the_block_end() {
-        let scratch = Scratch::new();
-        let path = scratch.0.clone();
-        let file = File::options()
-            .read(true)
-            .write(true)
-            .create_new(true)
-            .open(&path)
-            .expect("created");
-        file.write_all_at(b"0123456789abcdef", 0).expect("header");
-        let Some(mut d) = Direct::open(&path, &file, 16) else {
+        let (scratch, direct) = Scratch::with(b"0123456789abcdef");
+        let Some(mut d) = direct else {
             // This file system refuses direct I/O: the log writes buffered there.
             return;
         };
+        let path = &scratch.0;
         let mut expected = b"0123456789abcdef".to_vec();
         // Within a block, across one, exactly to one, and several blocks at once.
         for size in [100, 4000, BLOCK * 2 - 4116, 3 * BLOCK + 5] {
             let bytes: Vec<u8> = (0..size).map(|i| (i % 251) as u8 + 1).collect();
             d.write(&bytes, expected.len() as u64).expect("written");
             expected.extend_from_slice(&bytes);
-            let on_disk = std::fs::read(&path).expect("read back");
+            let on_disk = std::fs::read(path).expect("read back");
             assert_eq!(&on_disk[..expected.len()], &expected[..]);
             assert_eq!(on_disk.len() % BLOCK, 0, "whole blocks");
             assert!(on_disk[expected.len()..].iter().all(|b| *b == 0));
@@ -142,19 +147,11 @@ mod tests {
 
     #[test]
     fn a_writer_that_lost_the_end_refuses_rather_than_writing_elsewhere() {
-        let scratch = Scratch::new();
-        let path = scratch.0.clone();
-        let file = File::options()
-            .read(true)
-            .write(true)
-            .create_new(true)
-            .open(&path)
-            .expect("created");
-        file.write_all_at(&[7u8; 20], 0).expect("written");
-        let Some(mut d) = Direct::open(&path, &file, 20) else {
+        let (scratch, direct) = Scratch::with(&[7u8; 20]);
+        let Some(mut d) = direct else {
             return;
         };
         assert!(d.write(b"x", 21).is_err());
-        assert_eq!(std::fs::read(&path).expect("read"), vec![7u8; 20]);
+        assert_eq!(std::fs::read(&scratch.0).expect("read"), vec![7u8; 20]);
     }
 }
