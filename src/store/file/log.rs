@@ -4,10 +4,11 @@
 //!
 //! - **Write path.** A batch becomes one frame (log/frame.rs) at the end of the newest
 //!   segment, written past the page cache where the file system allows it
-//!   (log/direct.rs); once it is durable its operations update the keydir. A segment that reaches
-//!   [`SEGMENT_BYTES`] is sealed and the next one begun (the directory is synced first) —
-//!   one written whole in advance when there is one (log/prealloc.rs), so that a commit's
-//!   fdatasync need not also make a larger file size durable.
+//!   (log/direct.rs); once it is durable its operations update the keydir. A segment
+//!   that reaches [`SEGMENT_BYTES`] is cut back to its last frame and sealed, and the
+//!   next one begun (the directory is synced first) — one written whole in advance when
+//!   there is one (log/prealloc.rs), so that a commit's fdatasync need not also make a
+//!   larger file size durable.
 //! - **Reads.** Task records, push configurations and conversations are served from
 //!   memory by the layers above; the one read that comes here is a finished task's events,
 //!   one `pread` per event.
