@@ -307,8 +307,35 @@ pub(crate) struct RecoveredContext {
     pub context: ContextId,
     /// When it began ([`TurnId::since`]).
     pub since: i64,
-    /// Its recorded turns (number, user message, reply), oldest first.
-    pub turns: Vec<(u32, Arc<Message>, Option<Arc<Message>>)>,
+    /// Its recorded turns (number, user message and reply), oldest first.
+    pub turns: Vec<(u32, TurnMessages)>,
+}
+
+/// A recorded turn's user message and reply.
+#[derive(Clone, Debug)]
+pub(crate) enum TurnMessages {
+    /// In memory, shared (with the tasks' records, while the server that ran them runs).
+    Shared(Arc<Message>, Option<Arc<Message>>),
+    /// As the store keeps them, checked when loaded: a restart does not decode a
+    /// conversation's turns before it goes on. Decoded, each would be a copy of messages
+    /// the tasks' restored records hold too (a million echo turns: 0.8 GB); kept as they
+    /// were written, about a fifth of that (docs/PERFORMANCE.md, fourth slice).
+    Stored(Box<[u8]>),
+}
+
+impl TurnMessages {
+    /// The messages, decoding them in place the first time (`None`: the stored bytes do
+    /// not decode, which a load refuses, so only a bug could leave one).
+    pub(crate) fn messages(&mut self) -> Option<(&Arc<Message>, Option<&Arc<Message>>)> {
+        if let Self::Stored(bytes) = self {
+            let (user, reply) = codec::decode_turn(bytes)?;
+            *self = Self::Shared(user, reply);
+        }
+        match self {
+            Self::Shared(user, reply) => Some((user, reply.as_ref())),
+            Self::Stored(_) => None,
+        }
+    }
 }
 
 /// Store counters.
@@ -437,4 +464,31 @@ pub(crate) fn delivery_id(key: &OutboxKey) -> uuid::Uuid {
 pub(crate) fn failed(what: impl std::fmt::Display) -> Error {
     tracing::error!(error = %what, "store failure");
     Error::Internal
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::{Part, Role};
+
+    #[test]
+    fn a_stored_turn_decodes_once_into_shared_messages_and_bad_bytes_into_none() {
+        let user = Message {
+            role: Role::User,
+            parts: vec![Part::Text("hi".into())],
+            message_id: "m1".into(),
+        };
+        let reply = Message::agent_text(["echo: hi"]);
+        let mut turn = TurnMessages::Stored(codec::encode_turn(&user, Some(&reply)).into());
+        let (u, r) = turn.messages().expect("decodes");
+        assert_eq!((&**u, r.map(|r| &**r)), (&user, Some(&reply)));
+        assert!(
+            matches!(turn, TurnMessages::Shared(..)),
+            "decoded in place, once"
+        );
+        let mut without = TurnMessages::Stored(codec::encode_turn(&user, None).into());
+        assert!(without.messages().expect("decodes").1.is_none());
+        let mut bad = TurnMessages::Stored(b"\x01 not a turn".to_vec().into());
+        assert!(bad.messages().is_none());
+    }
 }

@@ -14,7 +14,7 @@ use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 
 use super::ContextKey;
 use crate::model::Message;
-use crate::store::{RecoveredContext, Store, TurnId, Write};
+use crate::store::{RecoveredContext, Store, TurnId, TurnMessages, Write};
 
 /// Messages of the [`ContextActor`].
 pub(crate) enum ContextMsg {
@@ -108,7 +108,7 @@ impl ContextState {
     /// Takes a conversation's turns from the shared store when it knows more of them than
     /// this node (another node recorded turns of it, or this node never saw it).
     fn merge(&mut self, key: &ContextKey, stored: RecoveredContext, now: Instant) {
-        let newest = stored.turns.iter().map(|(n, _, _)| *n).max().unwrap_or(0);
+        let newest = stored.turns.iter().map(|(n, _)| *n).max().unwrap_or(0);
         let known = self.conversations.get(key).map_or(0, |c| {
             if c.since == stored.since {
                 c.turns_begun
@@ -119,11 +119,7 @@ impl ContextState {
         if newest <= known && self.conversations.contains_key(key) {
             return;
         }
-        let mut turns: VecDeque<_> = stored
-            .turns
-            .into_iter()
-            .map(|(_, user, reply)| (user, reply))
-            .collect();
+        let mut turns: VecDeque<_> = stored.turns.into_iter().map(|(_, t)| t).collect();
         while turns.len() > self.max_turns {
             turns.pop_front();
         }
@@ -189,7 +185,7 @@ struct Conversation {
     since: i64,
     turns_begun: u32,
     in_flight: u32,
-    turns: VecDeque<(Arc<Message>, Option<Arc<Message>>)>,
+    turns: VecDeque<TurnMessages>,
     last_active: Instant,
 }
 
@@ -237,12 +233,8 @@ impl Actor for ContextActor {
                 principal: c.principal,
                 context: c.context,
             };
-            let turns_begun = c.turns.iter().map(|(n, _, _)| *n).max().unwrap_or(0);
-            let mut turns: VecDeque<_> = c
-                .turns
-                .into_iter()
-                .map(|(_, user, reply)| (user, reply))
-                .collect();
+            let turns_begun = c.turns.iter().map(|(n, _)| *n).max().unwrap_or(0);
+            let mut turns: VecDeque<_> = c.turns.into_iter().map(|(_, t)| t).collect();
             while turns.len() > state.max_turns {
                 turns.pop_front();
             }
@@ -307,7 +299,8 @@ impl Actor for ContextActor {
                     },
                     history: c
                         .turns
-                        .iter()
+                        .iter_mut()
+                        .filter_map(TurnMessages::messages)
                         .flat_map(|(user, reply)| std::iter::once(user).chain(reply))
                         .cloned()
                         .collect(),
@@ -327,7 +320,7 @@ impl Actor for ContextActor {
                     state.touched.push_back((now, key));
                     c.in_flight = c.in_flight.saturating_sub(1);
                     c.last_active = now;
-                    c.turns.push_back((user, reply));
+                    c.turns.push_back(TurnMessages::Shared(user, reply));
                     while c.turns.len() > state.max_turns {
                         c.turns.pop_front();
                     }

@@ -587,8 +587,13 @@ mod tests {
         };
         let (journal, recovered) =
             Journal::open(&config, Arc::new(Indexes::for_config(&config))).expect("opens");
+        let mut recovered = recovered;
         assert_eq!(recovered.contexts.len(), 1);
-        assert_eq!(recovered.contexts[0].turns[0].2.as_deref(), Some(&*reply));
+        let (_, reply_back) = recovered.contexts[0].turns[0]
+            .1
+            .messages()
+            .expect("the turn decodes");
+        assert_eq!(reply_back.map(|r| &**r), Some(&*reply));
         let back = journal.indexes.tasks.get(&key).expect("the task came back");
         assert_eq!(back.status.state, TaskState::Completed);
         let events = journal.events(&key, 0).expect("events");

@@ -612,7 +612,7 @@ impl Store for PgStore {
                 .filter_map(|r| {
                     let number = u32::try_from(r.get::<_, i32>(1)).ok()?;
                     let (user, reply) = codec::decode_turn(r.get::<_, &[u8]>(2))?;
-                    Some((number, user, reply))
+                    Some((number, super::TurnMessages::Shared(user, reply)))
                 })
                 .collect();
             Ok(Some(super::RecoveredContext {

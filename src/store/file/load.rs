@@ -12,7 +12,9 @@ use crate::model::{Message, TaskEvent, TaskKey, TaskSnapshot};
 use crate::store::codec::{self, Created};
 use crate::store::damage::{self, Damaged};
 use crate::store::index::{Evicted, Indexes};
-use crate::store::{Delivery, Recovered, RecoveredContext, RecoveredTask, TurnId, delivery_id};
+use crate::store::{
+    Delivery, Recovered, RecoveredContext, RecoveredTask, TurnId, TurnMessages, delivery_id,
+};
 
 pub(super) fn read_events(
     read: &impl TableRead,
@@ -164,7 +166,8 @@ fn load_turns(read: &impl TableRead) -> Result<(Vec<RecoveredContext>, Vec<Damag
     // Turns come in key order: a conversation's turns one after the other.
     let mut contexts: Vec<RecoveredContext> = Vec::new();
     read.each(Table::Turns, &mut |k, v| {
-        let (Some((principal, context, turn)), Some((user, reply))) =
+        // Checked here; kept as written, decoded when the conversation goes on.
+        let (Some((principal, context, turn)), Some(_)) =
             (codec::parse_turn_key(k), codec::decode_turn(v))
         else {
             damaged.push(Damaged::new(Table::Turns.name(), k, v));
@@ -180,7 +183,7 @@ fn load_turns(read: &impl TableRead) -> Result<(Vec<RecoveredContext>, Vec<Damag
             }),
         }
         if let Some(c) = contexts.last_mut() {
-            c.turns.push((turn.number, user, reply));
+            c.turns.push((turn.number, TurnMessages::Stored(v.into())));
         }
         true
     })?;
