@@ -1,6 +1,7 @@
 //! Reading the file at start: every unfinished task, its events, conversations, push
 //! configurations and pending deliveries, with damaged records set aside or refused.
 
+use std::collections::HashSet;
 use std::path::Path;
 use std::sync::Arc;
 
@@ -8,7 +9,7 @@ use super::open_error;
 use super::tables::{DiskError, Table, TableRead, TableWrite, delete_task};
 use crate::config::Config;
 use crate::error::Error;
-use crate::model::{Message, TaskEvent, TaskKey, TaskSnapshot};
+use crate::model::{AgentId, Message, Principal, TaskEvent, TaskKey, TaskSnapshot};
 use crate::store::codec::{self, Created};
 use crate::store::damage::{self, Damaged};
 use crate::store::index::{Evicted, Indexes};
@@ -165,6 +166,7 @@ fn load_turns(read: &impl TableRead) -> Result<(Vec<RecoveredContext>, Vec<Damag
     let mut damaged = Vec::new();
     // Turns come in key order: a conversation's turns one after the other.
     let mut contexts: Vec<RecoveredContext> = Vec::new();
+    let mut names = Names::default();
     read.each(Table::Turns, &mut |k, v| {
         // Checked here; kept as written, decoded when the conversation goes on.
         let (Some((principal, context, turn)), Some(_)) =
@@ -176,7 +178,7 @@ fn load_turns(read: &impl TableRead) -> Result<(Vec<RecoveredContext>, Vec<Damag
         match contexts.last_mut() {
             Some(c) if c.principal == principal && c.context == context => {}
             _ => contexts.push(RecoveredContext {
-                principal,
+                principal: names.principal(principal),
                 context,
                 since: turn.since,
                 turns: Vec::new(),
@@ -188,6 +190,38 @@ fn load_turns(read: &impl TableRead) -> Result<(Vec<RecoveredContext>, Vec<Damag
         true
     })?;
     Ok((contexts, damaged))
+}
+
+/// The principals and agents a load meets, each kept once: the running server's keys share
+/// a few names, and a million restored tasks holding a million copies of them would take
+/// ~100 MB more than the server that ran them (docs/PERFORMANCE.md, fourth slice).
+#[derive(Default)]
+struct Names {
+    principals: HashSet<Principal, foldhash::fast::RandomState>,
+    agents: HashSet<AgentId, foldhash::fast::RandomState>,
+}
+
+impl Names {
+    fn principal(&mut self, p: Principal) -> Principal {
+        Self::one(&mut self.principals, p)
+    }
+
+    fn agent(&mut self, a: AgentId) -> AgentId {
+        Self::one(&mut self.agents, a)
+    }
+
+    fn one<T: Clone + Eq + std::hash::Hash>(
+        seen: &mut HashSet<T, foldhash::fast::RandomState>,
+        name: T,
+    ) -> T {
+        match seen.get(&name) {
+            Some(kept) => kept.clone(),
+            None => {
+                seen.insert(name.clone());
+                name
+            }
+        }
+    }
 }
 
 /// All but the conversations: push configurations, tasks, the outbox.
@@ -222,9 +256,13 @@ fn load_tasks(
     let mut finished: Vec<(TaskKey, Arc<TaskSnapshot>)> = Vec::new();
     let mut expired: Vec<Evicted> = Vec::new();
     let mut unfinished: Vec<(TaskKey, Created, Arc<TaskSnapshot>, TurnId)> = Vec::new();
+    let mut names = Names::default();
     read.each(Table::Tasks, &mut |k, v| {
-        let decoded = codec::parse_task_key(k)
-            .and_then(|(created, key)| Some((created, codec::decode_task(&key, v)?, key)));
+        let decoded = codec::parse_task_key(k).and_then(|(created, mut key)| {
+            key.principal = names.principal(key.principal);
+            key.agent = names.agent(key.agent);
+            Some((created, codec::decode_task(&key, v)?, key))
+        });
         let Some((created, (task, turn), key)) = decoded else {
             bad(Table::Tasks, k, v);
             return true;
@@ -323,4 +361,24 @@ fn load_tasks(
         stale,
         damaged,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Names;
+    use crate::model::{AgentId, Principal};
+
+    #[test]
+    fn a_load_keeps_each_name_once() {
+        let mut names = Names::default();
+        let first = names.principal(Principal::new("alice"));
+        let again = names.principal(Principal::new("alice"));
+        let other = names.principal(Principal::new("bob"));
+        assert_eq!(first, again);
+        assert_eq!(first.as_str().as_ptr(), again.as_str().as_ptr(), "one copy");
+        assert_ne!(first, other);
+        let agent = names.agent(AgentId::new("echo"));
+        let agent_again = names.agent(AgentId::new("echo"));
+        assert_eq!(agent.as_str().as_ptr(), agent_again.as_str().as_ptr());
+    }
 }
