@@ -45,8 +45,13 @@ fn key_of(key: &[u8]) -> Key {
     (h, n, rest.into())
 }
 
+/// The length of the bytes a key stands for.
+fn key_len(key: &Key) -> usize {
+    usize::from(key.1) + key.2.len()
+}
+
 fn bytes_of(key: &Key) -> Vec<u8> {
-    let mut out = Vec::with_capacity(usize::from(key.1) + key.2.len());
+    let mut out = Vec::with_capacity(key_len(key));
     out.extend_from_slice(&key.0.to_be_bytes()[..usize::from(key.1)]);
     out.extend_from_slice(&key.2);
     out
@@ -174,44 +179,51 @@ impl Keydir {
         }
         match t {
             Table::Tasks => {
-                let keys: Vec<Key> = self
-                    .tasks
-                    .range((Bound::Included(key_of(start)), Bound::Excluded(key_of(end))))
-                    .filter(|(_, r)| r.record.is_some())
-                    .map(|(k, _)| k.clone())
-                    .collect();
-                for k in keys {
-                    self.remove(t, &bytes_of(&k));
-                }
+                let range = (Bound::Included(key_of(start)), Bound::Excluded(key_of(end)));
+                self.remove_task_rows(range, |k, rows, live| {
+                    if let Some(was) = rows.record.take() {
+                        Self::unlive(live, key_len(k), &was);
+                    }
+                });
             }
             Table::Events => {
                 let lower = key_of(&start[..start.len().saturating_sub(8)]);
-                let tasks: Vec<Key> = self
-                    .tasks
-                    .range((Bound::Included(lower), Bound::Excluded(key_of(end))))
-                    .filter(|(_, r)| !r.events.is_empty())
-                    .map(|(k, _)| k.clone())
-                    .collect();
-                for k in tasks {
-                    let task = bytes_of(&k);
-                    let Entry::Occupied(mut rows) = self.tasks.entry(k) else {
-                        continue;
-                    };
-                    let live = &mut self.live;
-                    rows.get_mut().events.retain(|(seq, loc)| {
+                let range = (Bound::Included(lower), Bound::Excluded(key_of(end)));
+                self.remove_task_rows(range, |k, rows, live| {
+                    if rows.events.is_empty() {
+                        return;
+                    }
+                    let task = bytes_of(k);
+                    rows.events.retain(|(seq, loc)| {
                         let inside = in_range(&task, *seq, start, Some(end));
                         if inside {
                             Self::unlive(live, task.len() + 8, loc);
                         }
                         !inside
                     });
-                    if rows.get().is_empty() {
-                        rows.remove();
-                    }
-                }
+                });
                 self.remove_plain_range(t, start, end);
             }
             _ => self.remove_plain_range(t, start, end),
+        }
+    }
+
+    /// Lets `f` take rows from each task in `range` (in place), then forgets the tasks
+    /// left with none.
+    fn remove_task_rows(
+        &mut self,
+        range: (Bound<Key>, Bound<Key>),
+        mut f: impl FnMut(&Key, &mut TaskRows, &mut HashMap<u32, u64, RandomState>),
+    ) {
+        let mut emptied = Vec::new();
+        for (k, rows) in self.tasks.range_mut(range) {
+            f(k, rows, &mut self.live);
+            if rows.is_empty() {
+                emptied.push(k.clone());
+            }
+        }
+        for k in emptied {
+            self.tasks.remove(&k);
         }
     }
 
@@ -224,7 +236,7 @@ impl Keydir {
             .collect();
         for k in keys {
             if let Some(was) = table.remove(&k) {
-                Self::unlive(&mut self.live, usize::from(k.1) + k.2.len(), &was);
+                Self::unlive(&mut self.live, key_len(&k), &was);
             }
         }
     }
@@ -301,13 +313,14 @@ impl Keydir {
                     .tasks
                     .range((Bound::Included(lower), upper.clone()))
                     .flat_map(move |(k, r)| {
+                        // Built once per task; the one closure owns it (a `filter` and a
+                        // `map` would both need it).
                         let task = bytes_of(k);
-                        r.events
-                            .iter()
-                            .filter(move |(seq, _)| in_range(&task, *seq, start, end))
-                            .map(move |(seq, l)| {
-                                ([bytes_of(k), seq.to_be_bytes().to_vec()].concat(), *l)
-                            })
+                        #[allow(clippy::filter_map_bool_then)]
+                        r.events.iter().filter_map(move |(seq, l)| {
+                            in_range(&task, *seq, start, end)
+                                .then(|| ([task.as_slice(), &seq.to_be_bytes()].concat(), *l))
+                        })
                     });
                 Box::new(events.chain(plain(upper)))
             }
