@@ -34,8 +34,9 @@ use crate::limits::RateLimiter;
 use crate::model::AgentId;
 use crate::rpc::a2a::Version;
 use crate::rpc::a2a::errors as a2a_errors;
-use crate::rpc::error::{INVALID_REQUEST, METHOD_NOT_FOUND};
-use crate::rpc::{self, CallContext, Dialect, Refusal, Reply, RpcError};
+use crate::rpc::error::{INVALID_PARAMS, INVALID_REQUEST, METHOD_NOT_FOUND};
+use crate::rpc::a2a::rest::{self, RestRoute};
+use crate::rpc::{self, Binding, CallContext, Dialect, Refusal, Reply, RpcError};
 use crate::runtime::Runtime;
 use sse::SseBody;
 
@@ -96,6 +97,10 @@ pub(crate) async fn handle(
     } else if let Some(rest) = path.strip_prefix(ENDPOINT_PREFIX) {
         match route(rest) {
             Route::Rpc(agent, dialect) => endpoint(&app, AgentId::new(agent), dialect, req).await,
+            Route::Rest(agent, sub) => {
+                let (agent, sub) = (AgentId::new(agent), sub.to_string());
+                rest_endpoint(&app, agent, &sub, req).await
+            }
             Route::Card(agent) => card::response(&app, Some(AgentId::new(agent)), &req),
             Route::Elsewhere(agent) => not_served(&app, agent, &req),
             Route::None => not_found_path(),
@@ -111,6 +116,8 @@ pub(crate) async fn handle(
 enum Route<'a> {
     /// An agent's JSON-RPC endpoint in a dialect.
     Rpc(&'a str, Dialect),
+    /// An agent's HTTP+JSON binding (A2A 1.0): the path after `rest`.
+    Rest(&'a str, &'a str),
     /// An agent's public card.
     Card(&'a str),
     /// Another path under an agent (REST-style, ...): not served.
@@ -131,7 +138,11 @@ fn route(rest: &str) -> Route<'_> {
         "jsonrpc/v1" => Route::Rpc(agent, Dialect::A2a(Version::V10)),
         "jsonrpc/v0.3" => Route::Rpc(agent, Dialect::A2a(Version::V03)),
         ".well-known/agent-card.json" => Route::Card(agent),
-        _ => Route::Elsewhere(agent),
+        "rest" => Route::Rest(agent, ""),
+        _ => match sub.strip_prefix("rest/") {
+            Some(rest) => Route::Rest(agent, rest),
+            None => Route::Elsewhere(agent),
+        },
     }
 }
 
@@ -313,6 +324,175 @@ async fn endpoint(
     }
 }
 
+/// The HTTP+JSON binding of A2A 1.0 (docs/PROTOCOL.md §10.11): the JSON-RPC paths' checks
+/// in the same order — credentials (401), agent (404), key may use agent (403), then the
+/// path and HTTP method (404, 405), content type (415), body cap (413) and version — and
+/// the same operations, answered bare or as a `google.rpc.Status`.
+async fn rest_endpoint(
+    app: &App,
+    agent_id: AgentId,
+    sub: &str,
+    req: Request<Incoming>,
+) -> Response<Body> {
+    const DIALECT: Dialect = Dialect::A2a(Version::V10);
+    if req.method() == Method::OPTIONS {
+        return preflight_official("GET, POST, DELETE, OPTIONS");
+    }
+    let status = |e: &RpcError| rest_response(rest::status_reply(e));
+    let refusal = |r: &Refusal| status(&a2a_errors::refusal(Version::V10, r));
+    let caller = match app.keys.authenticate(req.headers()) {
+        Ok(c) => c,
+        Err(e) => {
+            let mut r = refusal(&Refusal::Unauthorized(e.message()));
+            r.headers_mut().insert(
+                header::WWW_AUTHENTICATE,
+                HeaderValue::from_static(respond::WWW_AUTHENTICATE),
+            );
+            return r;
+        }
+    };
+    let Some(agent) = app.runtime.agent(&agent_id).cloned() else {
+        return refusal(&Refusal::AgentNotFound(agent_id));
+    };
+    if !caller.may_use(&agent_id) {
+        return refusal(&Refusal::Forbidden(agent_id));
+    }
+    let call = match rest::route(req.method(), sub, agent_id.as_str()) {
+        RestRoute::Call(call) => call,
+        RestRoute::WrongMethod(allow) => {
+            refused_by(app, DIALECT, Binding::Rest, &agent, INVALID_REQUEST);
+            let e = RpcError::invalid_request(&format!("HTTP method not allowed here; use {allow}"))
+                .with_status(StatusCode::METHOD_NOT_ALLOWED);
+            let mut r = status(&a2a_errors::dress(Version::V10, e));
+            r.headers_mut()
+                .insert(header::ALLOW, HeaderValue::from_static(allow));
+            return r;
+        }
+        RestRoute::WrongTenant(tenant) => {
+            refused_by(app, DIALECT, Binding::Rest, &agent, INVALID_PARAMS);
+            return rest_response(rest::wrong_tenant(&tenant));
+        }
+        RestRoute::NotFound => {
+            refused_by(app, DIALECT, Binding::Rest, &agent, METHOD_NOT_FOUND);
+            return rest_response(rest::not_found(req.uri().path()));
+        }
+    };
+    // Only POST carries a body; one that declares a type must declare JSON.
+    let posts = req.method() == Method::POST;
+    let content_type = req.headers().get(header::CONTENT_TYPE).cloned();
+    let unsupported = |app: &App| {
+        let e = a2a_errors::refusal(Version::V10, &Refusal::UnsupportedMediaType);
+        refused_by(app, DIALECT, Binding::Rest, &agent, e.code);
+        status(&e)
+    };
+    if posts && content_type.is_some() && !is_json(content_type.as_ref(), DIALECT) {
+        return unsupported(app);
+    }
+    let accepts_sse = true;
+    let last_event_id = req
+        .headers()
+        .get("last-event-id")
+        .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned());
+    let base_url = base_url(app, req.headers());
+    let version = requested_version(&req);
+    let query = req.uri().query().map(str::to_owned);
+    let body = if posts {
+        match read_body(app, req).await {
+            Ok(b) => b,
+            Err(r) => {
+                let e = a2a_errors::refusal(Version::V10, &r);
+                refused_by(app, DIALECT, Binding::Rest, &agent, e.code);
+                return status(&e);
+            }
+        }
+    } else {
+        Bytes::new()
+    };
+    if content_type.is_none() && !body.is_empty() {
+        return unsupported(app);
+    }
+    if let Some(e) = version_refusal(Version::V10, version.as_deref(), &base_url, &agent_id) {
+        refused_by(app, DIALECT, Binding::Rest, &agent, e.code);
+        return status(&e);
+    }
+    let cx = CallContext {
+        caller,
+        agent,
+        agent_id,
+        accepts_sse,
+        last_event_id,
+        in_batch: false,
+        base_url,
+    };
+    let work = async {
+        match app
+            .rate
+            .try_acquire(cx.caller.principal_index, cx.agent.index)
+        {
+            Err(retry_after) => rest::status_reply(&a2a_errors::refusal(
+                Version::V10,
+                &Refusal::RateLimited(retry_after),
+            )),
+            Ok(()) => rest::dispatch(&app.runtime, &cx, &call, query.as_deref(), &body).await,
+        }
+    };
+    let reply = observed(app, DIALECT, Binding::Rest, &cx, Some(call.method()), work).await;
+    rest_response(reply_response(app, reply).await)
+}
+
+/// A response of the HTTP+JSON binding: JSON as `application/a2a+json` (S10 §11.1).
+fn rest_response<R: Into<RestReply>>(r: R) -> Response<Body> {
+    let mut r = match r.into() {
+        RestReply::Reply(reply) => {
+            let Reply::Json {
+                body,
+                status,
+                retry_after,
+                ..
+            } = reply
+            else {
+                // Streams are answered through `reply_response`.
+                return json(StatusCode::INTERNAL_SERVER_ERROR, Vec::new());
+            };
+            let mut r = json(status, body);
+            if let Some(secs) = retry_after {
+                r.headers_mut()
+                    .insert(header::RETRY_AFTER, HeaderValue::from(secs));
+            }
+            r
+        }
+        RestReply::Response(r) => r,
+    };
+    if r.headers()
+        .get(header::CONTENT_TYPE)
+        .is_some_and(|v| v == "application/json")
+    {
+        r.headers_mut().insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/a2a+json"),
+        );
+    }
+    r
+}
+
+/// What [`rest_response`] dresses: a finished reply, or a response already made.
+enum RestReply {
+    Reply(Reply),
+    Response(Response<Body>),
+}
+
+impl From<Reply> for RestReply {
+    fn from(r: Reply) -> Self {
+        Self::Reply(r)
+    }
+}
+
+impl From<Response<Body>> for RestReply {
+    fn from(r: Response<Body>) -> Self {
+        Self::Response(r)
+    }
+}
+
 /// The bytes a batch's answer may still take (`server.max_batch_response_bytes`).
 struct Budget {
     limit: usize,
@@ -363,29 +543,17 @@ impl Budget {
     }
 }
 
-/// Counts, rate-limits and dispatches one call, in a span that names its dialect,
-/// method, agent, task and outcome (`RUST_LOG=a2ad=debug` to follow requests).
+/// Counts, rate-limits and dispatches one call.
 async fn one(
     app: &App,
     dialect: Dialect,
     cx: &CallContext,
     call: Result<rpc::Call, rpc::Rejected>,
 ) -> Reply {
-    cx.agent.metrics.requests(1);
-    let started = std::time::Instant::now();
     let method = call.as_ref().ok().map(|c| c.method.as_str());
-    let slot = app.requests.slot(dialect, method);
-    let span = tracing::debug_span!(
-        "rpc",
-        dialect = dialect.name(),
-        method = method.unwrap_or("-"),
-        agent = %cx.agent_id,
-        task = tracing::field::Empty,
-        outcome = tracing::field::Empty,
-    );
-    let reply = async {
-        match call {
-            Err(r) => Reply::error(r.id.as_deref(), &dialect.dress(r.error)),
+    let work = async {
+        match &call {
+            Err(r) => Reply::error(r.id.as_deref(), &dialect.dress(r.error.clone())),
             Ok(call) => match app
                 .rate
                 .try_acquire(cx.caller.principal_index, cx.agent.index)
@@ -394,12 +562,36 @@ async fn one(
                     Some(&call.id),
                     &dialect.refusal(&Refusal::RateLimited(retry_after)),
                 ),
-                Ok(()) => dialect.dispatch(&app.runtime, cx, &call).await,
+                Ok(()) => dialect.dispatch(&app.runtime, cx, call).await,
             },
         }
-    }
-    .instrument(span.clone())
-    .await;
+    };
+    observed(app, dialect, Binding::JsonRpc, cx, method, work).await
+}
+
+/// Runs one call's `work` in a span that names its dialect, binding, method, agent, task
+/// and outcome (`RUST_LOG=a2ad=debug` to follow requests), and counts it.
+async fn observed(
+    app: &App,
+    dialect: Dialect,
+    binding: Binding,
+    cx: &CallContext,
+    method: Option<&str>,
+    work: impl Future<Output = Reply>,
+) -> Reply {
+    cx.agent.metrics.requests(1);
+    let started = std::time::Instant::now();
+    let slot = app.requests.slot(dialect, binding, method);
+    let span = tracing::debug_span!(
+        "rpc",
+        dialect = dialect.name(),
+        binding = binding.name(),
+        method = method.unwrap_or("-"),
+        agent = %cx.agent_id,
+        task = tracing::field::Empty,
+        outcome = tracing::field::Empty,
+    );
+    let reply = work.instrument(span.clone()).await;
     let code = match &reply {
         Reply::Json { code, .. } => *code,
         Reply::Stream { .. } | Reply::Events { .. } => None,
@@ -415,9 +607,22 @@ async fn one(
 
 /// Counts a request refused before JSON-RPC decoding (405, 413, 415, parse error).
 fn refused(app: &App, dialect: Dialect, agent: &crate::actors::AgentEntry, code: i64) {
+    refused_by(app, dialect, Binding::JsonRpc, agent, code);
+}
+
+fn refused_by(
+    app: &App,
+    dialect: Dialect,
+    binding: Binding,
+    agent: &crate::actors::AgentEntry,
+    code: i64,
+) {
     agent.metrics.requests(1);
-    app.requests
-        .record(app.requests.slot(dialect, None), Some(code), Duration::ZERO);
+    app.requests.record(
+        app.requests.slot(dialect, binding, None),
+        Some(code),
+        Duration::ZERO,
+    );
 }
 
 /// How long a stream's answer waits for its first event, so that the head and the first

@@ -38,6 +38,25 @@ pub(crate) enum Dialect {
     A2a(a2a::Version),
 }
 
+/// How a request is framed on the wire: the metrics' `binding` label.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) enum Binding {
+    /// JSON-RPC 2.0 over HTTP (every dialect).
+    JsonRpc,
+    /// The HTTP+JSON binding of A2A 1.0 (`…/rest/…`).
+    Rest,
+}
+
+impl Binding {
+    /// The `binding` label of metrics and spans.
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Self::JsonRpc => "jsonrpc",
+            Self::Rest => "rest",
+        }
+    }
+}
+
 /// Why a request was refused before its body was read as JSON-RPC.
 #[derive(Clone, Debug)]
 pub(crate) enum Refusal {

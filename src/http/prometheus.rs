@@ -33,9 +33,11 @@ pub(crate) fn render(app: &App) -> String {
         .requests
         .counts()
         .into_iter()
-        .map(|(dialect, method, outcome, n)| {
+        .map(|(dialect, binding, method, outcome, n)| {
             (
-                format!("dialect=\"{dialect}\",method=\"{method}\",outcome=\"{outcome}\""),
+                format!(
+                    "dialect=\"{dialect}\",binding=\"{binding}\",method=\"{method}\",outcome=\"{outcome}\""
+                ),
                 n as f64,
             )
         })
@@ -43,15 +45,15 @@ pub(crate) fn render(app: &App) -> String {
     counter(
         &mut out,
         "a2ad_requests_total",
-        "JSON-RPC requests by dialect, method and outcome (ok, the error code, or other).",
+        "Requests by dialect, binding, method and outcome (ok, the error code, or other).",
         &refs(&counts),
     );
     let _ = writeln!(
         out,
-        "# HELP a2ad_request_duration_seconds Time from decoding a JSON-RPC request to its response (to the start of the stream for streams).\n# TYPE a2ad_request_duration_seconds histogram"
+        "# HELP a2ad_request_duration_seconds Time from decoding a request to its response (to the start of the stream for streams).\n# TYPE a2ad_request_duration_seconds histogram"
     );
-    for (dialect, method, buckets, sum) in app.requests.histograms() {
-        let labels = format!("dialect=\"{dialect}\",method=\"{method}\"");
+    for (dialect, binding, method, buckets, sum) in app.requests.histograms() {
+        let labels = format!("dialect=\"{dialect}\",binding=\"{binding}\",method=\"{method}\"");
         let mut cumulative = 0;
         for (i, le) in LATENCY_BUCKETS.iter().enumerate() {
             cumulative += buckets[i];

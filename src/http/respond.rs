@@ -29,11 +29,15 @@ pub(crate) fn error_response(e: &RpcError) -> Response<Body> {
     r
 }
 
+/// The challenge of a 401: either credential.
+pub(super) const WWW_AUTHENTICATE: &str =
+    r#"Bearer realm="a2ad", ApiKey realm="a2ad" header="x-api-key""#;
+
 pub(super) fn unauthorized(dialect: Dialect, e: AuthError) -> Response<Body> {
     let mut r = error_response(&dialect.refusal(&Refusal::Unauthorized(e.message())));
     r.headers_mut().insert(
         header::WWW_AUTHENTICATE,
-        HeaderValue::from_static(r#"Bearer realm="a2ad", ApiKey realm="a2ad" header="x-api-key""#),
+        HeaderValue::from_static(WWW_AUTHENTICATE),
     );
     r
 }

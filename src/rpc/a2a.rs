@@ -7,6 +7,7 @@ pub(crate) mod card;
 mod dispatch;
 pub(crate) mod errors;
 mod ops;
+pub(crate) mod rest;
 pub(crate) mod params;
 pub(crate) mod render;
 pub(crate) mod token;

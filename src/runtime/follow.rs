@@ -162,6 +162,32 @@ impl Runtime {
             .await
     }
 
+    /// Follows a task as [`follow`](Self::follow) does, but from after event `after` (a
+    /// client resuming a broken stream: `Last-Event-ID`): every event numbered above it,
+    /// then live ones — also when the task finished meanwhile, as long as it has events
+    /// the client has not seen.
+    ///
+    /// # Errors
+    /// [`Error::TaskNotFound`]; [`Error::SubscriptionFailed`] at the subscriber limit, or
+    /// when the task is terminal and the client has its last event.
+    pub async fn follow_from(
+        &self,
+        principal: &Principal,
+        agent: &AgentId,
+        task: &TaskId,
+        after: u64,
+    ) -> Result<Resubscribed> {
+        match self
+            .subscribe(principal, agent, task, Replay::After(after), true)
+            .await?
+        {
+            Resubscribed::Finished(t) if after < t.seq => Ok(Resubscribed::Live(
+                self.finished_stream_after(principal, agent, &t, after).await,
+            )),
+            other => Ok(other),
+        }
+    }
+
     async fn subscribe(
         &self,
         principal: &Principal,

@@ -11,6 +11,11 @@ pub(crate) fn interface_url(base: &str, agent: &str, v: Version) -> String {
     format!("{base}/api/v1/a2a/{agent}/{}", v.path())
 }
 
+/// The base URL of an agent's HTTP+JSON interface (A2A 1.0).
+pub(crate) fn rest_url(base: &str, agent: &str) -> String {
+    format!("{base}/api/v1/a2a/{agent}/rest")
+}
+
 /// An agent's card in a version's shape; `base` is the public base URL (no trailing `/`).
 pub(crate) fn card(v: Version, card: &AgentCard, base: &str) -> Value {
     let c = &card.config;
@@ -29,11 +34,25 @@ pub(crate) fn card(v: Version, card: &AgentCard, base: &str) -> Value {
         "name": c.display_name(),
         "description": c.description,
         "version": c.version,
-        "supportedInterfaces": Version::ALL.iter().map(|&iv| json!({
-            "url": interface_url(base, &c.id, iv),
-            "protocolBinding": "JSONRPC",
-            "protocolVersion": iv.number(),
-        })).collect::<Vec<_>>(),
+        // 1.0 over JSON-RPC first (what a client without a preference takes), then 1.0
+        // over HTTP+JSON, then 0.3 (docs/PROTOCOL.md §10.2).
+        "supportedInterfaces": [
+            json!({
+                "url": interface_url(base, &c.id, Version::V10),
+                "protocolBinding": "JSONRPC",
+                "protocolVersion": "1.0",
+            }),
+            json!({
+                "url": rest_url(base, &c.id),
+                "protocolBinding": "HTTP+JSON",
+                "protocolVersion": "1.0",
+            }),
+            json!({
+                "url": interface_url(base, &c.id, Version::V03),
+                "protocolBinding": "JSONRPC",
+                "protocolVersion": "0.3",
+            }),
+        ],
         "capabilities": {
             "streaming": c.streaming,
             "pushNotifications": c.webhooks,

@@ -54,11 +54,50 @@ async fn run(runtime: &Runtime, cx: &CallContext, call: &Call, v: Version) -> Re
     op.admit(cx)?;
     let request = decode(op, v, cx, &p)?;
     let response = ops::execute(runtime, cx, v, request).await?;
-    encode(op, v, runtime, cx, &call.id, &p, response)
+    encode(op, v, runtime, cx, Framing::JsonRpc(&call.id), &p, response)
+}
+
+/// How an operation's answer is framed: as a JSON-RPC response echoing the request's id,
+/// or bare (the HTTP+JSON binding: the result object itself, each stream event's
+/// `StreamResponse` on its own).
+#[derive(Clone, Copy)]
+pub(super) enum Framing<'a> {
+    JsonRpc(&'a RawValue),
+    Bare,
+}
+
+impl Framing<'_> {
+    fn ok<T: serde::Serialize + ?Sized>(self, result: &T) -> Reply {
+        match self {
+            Self::JsonRpc(id) => Reply::ok(id, result),
+            Self::Bare => Reply::Json {
+                body: serde_json::to_vec(result).unwrap_or_default(),
+                code: None,
+                status: hyper::StatusCode::OK,
+                retry_after: None,
+            },
+        }
+    }
+
+    fn events<T: serde::Serialize + ?Sized>(self, result: &T) -> Reply {
+        match self {
+            Self::JsonRpc(id) => Reply::events(id, result),
+            Self::Bare => Reply::Events {
+                body: crate::rpc::sse_frame(1, &serde_json::to_vec(result).unwrap_or_default()),
+            },
+        }
+    }
+
+    fn stream(self, v: Version, stream: crate::runtime::TaskStream) -> Reply {
+        match self {
+            Self::JsonRpc(id) => Reply::stream(id, stream, frames(v)),
+            Self::Bare => Reply::stream(&crate::rpc::null_id(), stream, render::sse_data_bare),
+        }
+    }
 }
 
 /// A version's params of an operation.
-fn decode(op: Op, v: Version, cx: &CallContext, p: &Obj<'_>) -> Result<OpRequest, Error> {
+pub(super) fn decode(op: Op, v: Version, cx: &CallContext, p: &Obj<'_>) -> Result<OpRequest, Error> {
     use Version::{V03, V10};
     Ok(match op {
         Op::SendMessage | Op::SendStreamingMessage => OpRequest::Send {
@@ -90,6 +129,7 @@ fn decode(op: Op, v: Version, cx: &CallContext, p: &Obj<'_>) -> Result<OpRequest
             params::no_tenant(p)?;
             OpRequest::SubscribeToTask {
                 task: task_param(cx, p, "id")?,
+                after: None,
             }
         }
         Op::CreatePushConfig => {
@@ -149,12 +189,12 @@ fn decode(op: Op, v: Version, cx: &CallContext, p: &Obj<'_>) -> Result<OpRequest
 
 /// An operation's result in a version's shapes. Fails only on a 1.0 push configuration
 /// page the params ask for and the list cannot give (a token this server did not issue).
-fn encode(
+pub(super) fn encode(
     op: Op,
     v: Version,
     runtime: &Runtime,
     cx: &CallContext,
-    id: &RawValue,
+    framing: Framing<'_>,
     p: &Obj<'_>,
     response: OpResponse,
 ) -> Result<Reply, Error> {
@@ -171,17 +211,17 @@ fn encode(
                 artifacts,
             };
             if op == Op::SendMessage {
-                Reply::ok(id, &SendResultOut(out))
+                framing.ok(&SendResultOut(out))
             } else {
-                Reply::ok(id, &out)
+                framing.ok(&out)
             }
         }
         OpResponse::Message { message, context } => {
-            Reply::ok(id, &render::message_result(v, &message, Some(&context)))
+            framing.ok(&render::message_result(v, &message, Some(&context)))
         }
-        OpResponse::Stream(stream) => Reply::stream(id, stream, frames(v)),
+        OpResponse::Stream(stream) => framing.stream(v, stream),
         OpResponse::MessageStream { message, context } => {
-            Reply::events(id, &render::message_result(v, &message, Some(&context)))
+            framing.events(&render::message_result(v, &message, Some(&context)))
         }
         OpResponse::Tasks {
             page,
@@ -190,27 +230,30 @@ fn encode(
             artifacts,
         } => {
             let max_bytes = runtime.config().server.max_list_page_bytes;
-            Reply::ok(
-                id,
-                &render::list_result(&page, page_size, history_length, artifacts, max_bytes),
-            )
+            framing.ok(&render::list_result(
+                &page,
+                page_size,
+                history_length,
+                artifacts,
+                max_bytes,
+            ))
         }
-        OpResponse::PushConfig(c) => Reply::ok(id, &render::push_config(v, &c)),
+        OpResponse::PushConfig(c) => framing.ok(&render::push_config(v, &c)),
         OpResponse::PushConfigs(configs) => {
             let rendered: Vec<Value> = configs.iter().map(|c| render::push_config(v, c)).collect();
             match v {
-                Version::V03 => Reply::ok(id, &rendered),
+                Version::V03 => framing.ok(&rendered),
                 Version::V10 => {
                     let (page, next) = config_page(p, rendered)?;
-                    Reply::ok(id, &json!({"configs": page, "nextPageToken": next}))
+                    framing.ok(&json!({"configs": page, "nextPageToken": next}))
                 }
             }
         }
         OpResponse::Deleted => match v {
-            Version::V10 => Reply::ok(id, &json!({})),
-            Version::V03 => Reply::ok(id, &Value::Null),
+            Version::V10 => framing.ok(&json!({})),
+            Version::V03 => framing.ok(&Value::Null),
         },
-        OpResponse::Card(c) => Reply::ok(id, &card::card(v, &c, &cx.base_url)),
+        OpResponse::Card(c) => framing.ok(&card::card(v, &c, &cx.base_url)),
     })
 }
 

@@ -33,7 +33,8 @@ pub(crate) enum Op {
 }
 
 /// Every operation with its JSON-RPC method name in 1.0 and, where 0.3 has it, in 0.3 (in
-/// the 1.0 specification's order).
+/// the 1.0 specification's order). The 1.0 name is also the operation's metric label on
+/// the other bindings.
 pub(crate) const TABLE: [(Op, &str, Option<&str>); 11] = [
     (Op::SendMessage, "SendMessage", Some("message/send")),
     (
@@ -77,6 +78,14 @@ pub(crate) const TABLE: [(Op, &str, Option<&str>); 11] = [
 ];
 
 impl Op {
+    /// Its 1.0 method name.
+    pub(crate) fn name(self) -> &'static str {
+        TABLE
+            .iter()
+            .find(|(op, ..)| *op == self)
+            .map_or("unknown", |(_, v10, _)| v10)
+    }
+
     /// The operation a version's method name names.
     pub(crate) fn named(v: Version, method: &str) -> Option<Self> {
         TABLE.iter().find_map(|(op, v10, v03)| {
@@ -124,6 +133,9 @@ pub(crate) enum OpRequest {
     },
     SubscribeToTask {
         task: TaskId,
+        /// Resume after this event (`Last-Event-ID` on the HTTP+JSON binding); none: from
+        /// the task's current state.
+        after: Option<u64>,
     },
     CreatePushConfig {
         task: TaskId,
@@ -258,11 +270,15 @@ pub(crate) async fn execute(
             history_length: None,
             artifacts: true,
         }),
-        OpRequest::SubscribeToTask { task } => {
+        OpRequest::SubscribeToTask { task, after } => {
             if !cx.agent.config.streaming {
                 return Err(not_streaming(Some(task)));
             }
-            match runtime.follow(principal, agent, &task).await? {
+            let followed = match after {
+                None => runtime.follow(principal, agent, &task).await?,
+                Some(n) => runtime.follow_from(principal, agent, &task, n).await?,
+            };
+            match followed {
                 Resubscribed::Live(stream) => Ok(OpResponse::Stream(stream)),
                 Resubscribed::Finished(t) => Err(Error::SubscriptionFailed {
                     task: Some(task),

@@ -400,6 +400,18 @@ pub(crate) fn sse_data_10(id: &RawValue, item: &StreamItem, first: bool) -> Vec<
     )
 }
 
+/// The `data:` of one stream item of the 1.0 HTTP+JSON binding: the `StreamResponse`
+/// itself (no JSON-RPC envelope; the request id is not used).
+pub(crate) fn sse_data_bare(_id: &RawValue, item: &StreamItem, first: bool) -> Vec<u8> {
+    serde_json::to_vec(&EventOut {
+        v: Version::V10,
+        event: &item.event,
+        task: &item.task,
+        first,
+    })
+    .unwrap_or_default()
+}
+
 /// The `data:` of one stream item on the 0.3 path.
 pub(crate) fn sse_data_03(id: &RawValue, item: &StreamItem, first: bool) -> Vec<u8> {
     success(
