@@ -34,8 +34,8 @@ use crate::limits::RateLimiter;
 use crate::model::AgentId;
 use crate::rpc::a2a::Version;
 use crate::rpc::a2a::errors as a2a_errors;
-use crate::rpc::error::{INVALID_PARAMS, INVALID_REQUEST, METHOD_NOT_FOUND};
 use crate::rpc::a2a::rest::{self, RestRoute};
+use crate::rpc::error::{INVALID_PARAMS, INVALID_REQUEST, METHOD_NOT_FOUND};
 use crate::rpc::{self, Binding, CallContext, Dialect, Refusal, Reply, RpcError};
 use crate::runtime::Runtime;
 use sse::SseBody;
@@ -361,8 +361,9 @@ async fn rest_endpoint(
         RestRoute::Call(call) => call,
         RestRoute::WrongMethod(allow) => {
             refused_by(app, DIALECT, Binding::Rest, &agent, INVALID_REQUEST);
-            let e = RpcError::invalid_request(&format!("HTTP method not allowed here; use {allow}"))
-                .with_status(StatusCode::METHOD_NOT_ALLOWED);
+            let e =
+                RpcError::invalid_request(&format!("HTTP method not allowed here; use {allow}"))
+                    .with_status(StatusCode::METHOD_NOT_ALLOWED);
             let mut r = status(&a2a_errors::dress(Version::V10, e));
             r.headers_mut()
                 .insert(header::ALLOW, HeaderValue::from_static(allow));

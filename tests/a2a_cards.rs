@@ -48,15 +48,19 @@ async fn the_root_card_is_the_default_agent_in_the_1_0_shape() {
     assert_eq!(card["name"], "Main agent");
     assert_eq!(card["description"], "the default one");
     let interfaces = card["supportedInterfaces"].as_array().expect("interfaces");
-    assert_eq!(interfaces.len(), 2);
+    assert_eq!(interfaces.len(), 3);
     assert_eq!(interfaces[0]["protocolVersion"], "1.0");
     assert_eq!(interfaces[0]["protocolBinding"], "JSONRPC");
     assert_eq!(
         interfaces[0]["url"],
         format!("{}/jsonrpc/v1", s.url("main"))
     );
+    assert_eq!(interfaces[1]["protocolVersion"], "1.0");
+    assert_eq!(interfaces[1]["protocolBinding"], "HTTP+JSON");
+    assert_eq!(interfaces[1]["url"], format!("{}/rest", s.url("main")));
+    assert_eq!(interfaces[2]["protocolVersion"], "0.3");
     assert_eq!(
-        interfaces[1]["url"],
+        interfaces[2]["url"],
         format!("{}/jsonrpc/v0.3", s.url("main"))
     );
     assert_eq!(

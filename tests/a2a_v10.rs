@@ -884,7 +884,11 @@ async fn the_extended_card_needs_a_key_and_has_the_1_0_shape() {
         .collect();
     assert_eq!(
         urls,
-        [s.official_url("echo", V1), s.official_url("echo", V::V03)]
+        [
+            s.official_url("echo", V1),
+            format!("{}/rest", s.url("echo")),
+            s.official_url("echo", V::V03)
+        ]
     );
     assert!(card.get("url").is_none(), "no 0.3 fields on the 1.0 card");
     s.stop().await;

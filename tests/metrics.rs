@@ -64,7 +64,7 @@ async fn metrics_count_requests_latency_tasks_and_queues() {
     assert_eq!(
         value(
             &text,
-            r#"a2ad_requests_total{dialect="seed",method="message/send",outcome="ok"}"#
+            r#"a2ad_requests_total{dialect="seed",binding="jsonrpc",method="message/send",outcome="ok"}"#
         ),
         Some(4.0),
         "{text}"
@@ -72,35 +72,35 @@ async fn metrics_count_requests_latency_tasks_and_queues() {
     assert_eq!(
         value(
             &text,
-            r#"a2ad_requests_total{dialect="seed",method="tasks/get",outcome="-32000"}"#
+            r#"a2ad_requests_total{dialect="seed",binding="jsonrpc",method="tasks/get",outcome="-32000"}"#
         ),
         Some(1.0)
     );
     assert_eq!(
         value(
             &text,
-            r#"a2ad_requests_total{dialect="seed",method="agent/authenticatedExtendedCard",outcome="ok"}"#
+            r#"a2ad_requests_total{dialect="seed",binding="jsonrpc",method="agent/authenticatedExtendedCard",outcome="ok"}"#
         ),
         Some(1.0)
     );
     assert_eq!(
         value(
             &text,
-            r#"a2ad_requests_total{dialect="seed",method="invalid",outcome="-32700"}"#
+            r#"a2ad_requests_total{dialect="seed",binding="jsonrpc",method="invalid",outcome="-32700"}"#
         ),
         Some(1.0)
     );
     assert_eq!(
         value(
             &text,
-            r#"a2ad_request_duration_seconds_count{dialect="seed",method="message/send"}"#
+            r#"a2ad_request_duration_seconds_count{dialect="seed",binding="jsonrpc",method="message/send"}"#
         ),
         Some(4.0)
     );
     assert_eq!(
         value(
             &text,
-            r#"a2ad_request_duration_seconds_bucket{dialect="seed",method="message/send",le="+Inf"}"#
+            r#"a2ad_request_duration_seconds_bucket{dialect="seed",binding="jsonrpc",method="message/send",le="+Inf"}"#
         ),
         Some(4.0)
     );

@@ -13,6 +13,7 @@ mod architecture;
 mod attacks;
 mod auth;
 mod binary_guards;
+mod bindings;
 mod cli;
 mod cluster;
 mod crash;

@@ -18,8 +18,14 @@ const JSON_RPC_CODES: [i64; 5] = [-32700, -32600, -32601, -32602, -32603];
 /// Every (dialect, binding) pair a request can come by, one table each.
 const CHANNELS: [(Dialect, Binding); 4] = [
     (Dialect::Seed, Binding::JsonRpc),
-    (Dialect::A2a(crate::rpc::a2a::Version::V10), Binding::JsonRpc),
-    (Dialect::A2a(crate::rpc::a2a::Version::V03), Binding::JsonRpc),
+    (
+        Dialect::A2a(crate::rpc::a2a::Version::V10),
+        Binding::JsonRpc,
+    ),
+    (
+        Dialect::A2a(crate::rpc::a2a::Version::V03),
+        Binding::JsonRpc,
+    ),
     (Dialect::A2a(crate::rpc::a2a::Version::V10), Binding::Rest),
 ];
 
@@ -151,7 +157,13 @@ impl RequestMetrics {
     #[allow(clippy::type_complexity)]
     pub(crate) fn histograms(
         &self,
-    ) -> Vec<(&'static str, &'static str, &'static str, [u64; BUCKETS], f64)> {
+    ) -> Vec<(
+        &'static str,
+        &'static str,
+        &'static str,
+        [u64; BUCKETS],
+        f64,
+    )> {
         let mut out = Vec::new();
         for t in &self.tables {
             for (m, method) in t.methods.iter().enumerate() {
@@ -178,7 +190,11 @@ mod tests {
         r.record(send, None, Duration::from_micros(300));
         r.record(send, Some(-32602), Duration::from_millis(3));
         r.record(send, Some(-31999), Duration::ZERO);
-        let card = r.slot(Dialect::Seed, Binding::JsonRpc, Some("agent/getAuthenticatedExtendedCard"));
+        let card = r.slot(
+            Dialect::Seed,
+            Binding::JsonRpc,
+            Some("agent/getAuthenticatedExtendedCard"),
+        );
         r.record(card, None, Duration::ZERO);
         let unknown = r.slot(Dialect::Seed, Binding::JsonRpc, Some("nope"));
         r.record(unknown, Some(-32601), Duration::ZERO);
@@ -189,7 +205,13 @@ mod tests {
             counts.contains(&("seed", "jsonrpc", "message/send", "other", 1)),
             "not ok"
         );
-        assert!(counts.contains(&("seed", "jsonrpc", "agent/authenticatedExtendedCard", "ok", 1)));
+        assert!(counts.contains(&(
+            "seed",
+            "jsonrpc",
+            "agent/authenticatedExtendedCard",
+            "ok",
+            1
+        )));
         assert!(counts.contains(&("seed", "jsonrpc", "unknown", "-32601", 1)));
         let h = r.histograms();
         let (_, _, _, buckets, sum) = h

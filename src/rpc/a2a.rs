@@ -7,9 +7,9 @@ pub(crate) mod card;
 mod dispatch;
 pub(crate) mod errors;
 mod ops;
-pub(crate) mod rest;
 pub(crate) mod params;
 pub(crate) mod render;
+pub(crate) mod rest;
 pub(crate) mod token;
 pub(crate) mod webhook;
 

@@ -182,7 +182,8 @@ impl Runtime {
             .await?
         {
             Resubscribed::Finished(t) if after < t.seq => Ok(Resubscribed::Live(
-                self.finished_stream_after(principal, agent, &t, after).await,
+                self.finished_stream_after(principal, agent, &t, after)
+                    .await,
             )),
             other => Ok(other),
         }

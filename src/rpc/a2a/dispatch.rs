@@ -97,7 +97,12 @@ impl Framing<'_> {
 }
 
 /// A version's params of an operation.
-pub(super) fn decode(op: Op, v: Version, cx: &CallContext, p: &Obj<'_>) -> Result<OpRequest, Error> {
+pub(super) fn decode(
+    op: Op,
+    v: Version,
+    cx: &CallContext,
+    p: &Obj<'_>,
+) -> Result<OpRequest, Error> {
     use Version::{V03, V10};
     Ok(match op {
         Op::SendMessage | Op::SendStreamingMessage => OpRequest::Send {

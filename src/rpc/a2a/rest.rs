@@ -11,6 +11,7 @@ use hyper::{Method, StatusCode};
 use serde_json::value::RawValue;
 use serde_json::{Map, Value, json};
 
+use super::Version;
 use super::dispatch::{self, Framing};
 use super::errors::{
     self, AGENT_NOT_FOUND, CONTENT_TYPE_NOT_SUPPORTED, PUSH_NOT_SUPPORTED, RATE_LIMITED,
@@ -18,9 +19,10 @@ use super::errors::{
     VERSION_NOT_SUPPORTED,
 };
 use super::ops::{self, Op, OpRequest};
-use super::Version;
 use crate::error::Error;
-use crate::rpc::error::{INTERNAL_ERROR, INVALID_PARAMS, INVALID_REQUEST, METHOD_NOT_FOUND, PARSE_ERROR};
+use crate::rpc::error::{
+    INTERNAL_ERROR, INVALID_PARAMS, INVALID_REQUEST, METHOD_NOT_FOUND, PARSE_ERROR,
+};
 use crate::rpc::json;
 use crate::rpc::{CallContext, Reply, RpcError};
 use crate::runtime::Runtime;
@@ -118,7 +120,9 @@ fn shape(segments: &[String]) -> Option<Shape> {
             task: Some((*id).to_string()),
             config: None,
         }),
-        ["tasks", id, "pushNotificationConfigs", config] if !id.is_empty() && !config.is_empty() => {
+        ["tasks", id, "pushNotificationConfigs", config]
+            if !id.is_empty() && !config.is_empty() =>
+        {
             Some(Shape {
                 methods: CONFIG,
                 allow: "GET, DELETE, OPTIONS",
@@ -238,9 +242,11 @@ async fn run(runtime: &Runtime, cx: &CallContext, op: Op, raw: &RawValue) -> Res
     if let (OpRequest::SubscribeToTask { after, .. }, Some(last)) =
         (&mut request, &cx.last_event_id)
     {
-        *after = Some(last.trim().parse().map_err(|_| {
-            Error::invalid("Last-Event-ID", "must be an event number")
-        })?);
+        *after = Some(
+            last.trim()
+                .parse()
+                .map_err(|_| Error::invalid("Last-Event-ID", "must be an event number"))?,
+        );
     }
     let response = ops::execute(runtime, cx, Version::V10, request).await?;
     dispatch::encode(op, Version::V10, runtime, cx, Framing::Bare, &p, response)
@@ -253,7 +259,9 @@ fn status_of(code: i64) -> (StatusCode, &'static str) {
     match code {
         TASK_NOT_FOUND | AGENT_NOT_FOUND => (StatusCode::NOT_FOUND, "NOT_FOUND"),
         METHOD_NOT_FOUND => (StatusCode::NOT_FOUND, "UNIMPLEMENTED"),
-        TASK_NOT_CANCELABLE | PUSH_NOT_SUPPORTED | UNSUPPORTED_OPERATION
+        TASK_NOT_CANCELABLE
+        | PUSH_NOT_SUPPORTED
+        | UNSUPPORTED_OPERATION
         | VERSION_NOT_SUPPORTED => (StatusCode::BAD_REQUEST, "FAILED_PRECONDITION"),
         CONTENT_TYPE_NOT_SUPPORTED | PARSE_ERROR | INVALID_REQUEST | INVALID_PARAMS => {
             (StatusCode::BAD_REQUEST, "INVALID_ARGUMENT")
@@ -354,13 +362,19 @@ mod tests {
     #[test]
     fn paths_and_methods_name_the_operations_bare_and_under_the_agents_tenant() {
         let r = |m: Method, p: &str| route(&m, p, "echo");
-        assert_eq!(r(Method::POST, "/message:send"), call(Op::SendMessage, None, None));
+        assert_eq!(
+            r(Method::POST, "/message:send"),
+            call(Op::SendMessage, None, None)
+        );
         assert_eq!(
             r(Method::POST, "/echo/message:stream"),
             call(Op::SendStreamingMessage, None, None)
         );
         assert_eq!(r(Method::GET, "/tasks"), call(Op::ListTasks, None, None));
-        assert_eq!(r(Method::GET, "/tasks/t1"), call(Op::GetTask, Some("t1"), None));
+        assert_eq!(
+            r(Method::GET, "/tasks/t1"),
+            call(Op::GetTask, Some("t1"), None)
+        );
         assert_eq!(
             r(Method::POST, "/tasks/t1:cancel"),
             call(Op::CancelTask, Some("t1"), None)
@@ -400,7 +414,14 @@ mod tests {
             r(Method::GET, "/other/tasks"),
             RestRoute::WrongTenant("other".into())
         );
-        for p in ["", "/", "/tasks/:cancel", "/nothing", "/a/b/c", "/tasks/t1/x"] {
+        for p in [
+            "",
+            "/",
+            "/tasks/:cancel",
+            "/nothing",
+            "/a/b/c",
+            "/tasks/t1/x",
+        ] {
             assert_eq!(r(Method::GET, p), RestRoute::NotFound, "{p}");
         }
     }
@@ -420,8 +441,12 @@ mod tests {
             task: None,
             config: None,
         };
-        let p = params(&list, Some("pageSize=2&includeArtifacts=true&A2A-Version=1.0"), b"")
-            .expect("ok");
+        let p = params(
+            &list,
+            Some("pageSize=2&includeArtifacts=true&A2A-Version=1.0"),
+            b"",
+        )
+        .expect("ok");
         let v: Value = serde_json::from_str(p.get()).expect("json");
         assert_eq!(v, json!({"pageSize": "2", "includeArtifacts": true}));
         assert!(params(&c, None, b"[1]").is_err(), "not an object");
@@ -432,24 +457,44 @@ mod tests {
     fn errors_are_google_rpc_statuses_with_the_http_status_of_the_specification() {
         for (e, status, name, reason) in [
             (
-                Error::TaskNotFound { task: crate::model::TaskId::new("t") },
+                Error::TaskNotFound {
+                    task: crate::model::TaskId::new("t"),
+                },
                 404,
                 "NOT_FOUND",
                 "TASK_NOT_FOUND",
             ),
             (
-                Error::TaskCanceled { task: crate::model::TaskId::new("t") },
+                Error::TaskCanceled {
+                    task: crate::model::TaskId::new("t"),
+                },
                 400,
                 "FAILED_PRECONDITION",
                 "TASK_NOT_CANCELABLE",
             ),
-            (Error::PushNotSupported, 400, "FAILED_PRECONDITION", "PUSH_NOTIFICATION_NOT_SUPPORTED"),
-            (Error::invalid("message", "is required"), 400, "INVALID_ARGUMENT", "INVALID_PARAMS"),
-            (Error::TooManyTasks, 429, "RESOURCE_EXHAUSTED", "TOO_MANY_TASKS"),
+            (
+                Error::PushNotSupported,
+                400,
+                "FAILED_PRECONDITION",
+                "PUSH_NOTIFICATION_NOT_SUPPORTED",
+            ),
+            (
+                Error::invalid("message", "is required"),
+                400,
+                "INVALID_ARGUMENT",
+                "INVALID_PARAMS",
+            ),
+            (
+                Error::TooManyTasks,
+                429,
+                "RESOURCE_EXHAUSTED",
+                "TOO_MANY_TASKS",
+            ),
             (Error::Internal, 500, "INTERNAL", "INTERNAL_ERROR"),
         ] {
-            let Reply::Json { body, status: s, .. } =
-                status_reply(&errors::rpc_error(Version::V10, &e))
+            let Reply::Json {
+                body, status: s, ..
+            } = status_reply(&errors::rpc_error(Version::V10, &e))
             else {
                 panic!("json");
             };

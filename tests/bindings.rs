@@ -1,0 +1,997 @@
+//! One behaviour, several framings (DIALECTS.md §11; S10 §5.1): the same scenario over
+//! A2A 1.0 JSON-RPC (`…/jsonrpc/v1`) and the HTTP+JSON binding (`…/rest/…`), each on a
+//! server of its own, must give the same results and the same errors. Then what only the
+//! REST framing has: HTTP statuses, paths and methods, content types, `Last-Event-ID`
+//! resume, tenants, CORS, metrics.
+
+use crate::support;
+
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use support::receiver::Receiver;
+use support::{ALICE, BOB, CAROL, SseReader, TestServer, agent, config, metric, new_id, texts};
+
+/// How a call is framed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum B {
+    JsonRpc,
+    Rest,
+}
+
+/// A call's outcome, framing aside: the result, or the error's `ErrorInfo` (reason and
+/// metadata) and HTTP status.
+#[derive(Debug)]
+enum Out {
+    Ok(Value),
+    Err {
+        status: u16,
+        info: Value,
+        body: Value,
+    },
+}
+
+impl Out {
+    #[track_caller]
+    fn ok(self) -> Value {
+        match self {
+            Out::Ok(v) => v,
+            Out::Err { body, .. } => panic!("unexpected error: {body}"),
+        }
+    }
+
+    #[track_caller]
+    fn reason(&self) -> &str {
+        match self {
+            Out::Err { info, .. } => info["reason"].as_str().expect("reason"),
+            Out::Ok(v) => panic!("expected an error, got {v}"),
+        }
+    }
+
+    /// For transcripts: the result, or the reason and metadata of the error.
+    fn neutral(&self) -> Value {
+        match self {
+            Out::Ok(v) => json!({"ok": v}),
+            Out::Err { info, .. } => json!({"error": info["reason"], "metadata": info["metadata"]}),
+        }
+    }
+}
+
+/// echo (instant), slow (progress, 1.5 s), quiet (no webhooks, no streaming), tight (one
+/// request a minute); bodies capped at 64 KiB.
+async fn server() -> TestServer {
+    let mut c = config(&["echo"]);
+    let mut slow = agent("slow");
+    slow.echo.delay_ms = 1_500;
+    slow.echo.progress_steps = 2;
+    let mut quiet = agent("quiet");
+    quiet.webhooks = false;
+    quiet.streaming = false;
+    let mut tight = agent("tight");
+    tight.limits.requests_per_minute = 1;
+    c.agents.extend([slow, quiet, tight]);
+    c.server.max_body_bytes = Some(64 * 1024);
+    TestServer::start(c).await
+}
+
+fn rest_url(s: &TestServer, agent: &str) -> String {
+    format!("{}/rest", s.url(agent))
+}
+
+/// The params fields a REST path carries, by operation: (task id field, config id field).
+fn path_fields(op: &str) -> (&'static str, &'static str) {
+    match op {
+        "GetTask" | "CancelTask" | "SubscribeToTask" => ("id", ""),
+        _ => ("taskId", "id"),
+    }
+}
+
+/// The REST request of an operation given JSON-RPC params: method, path, query, body.
+fn rest_request(
+    op: &str,
+    params: &Value,
+) -> (
+    reqwest::Method,
+    String,
+    Vec<(String, String)>,
+    Option<Value>,
+) {
+    use reqwest::Method;
+    let (task_field, config_field) = path_fields(op);
+    let task = params[task_field].as_str().unwrap_or("").to_string();
+    let config = params[config_field].as_str().unwrap_or("").to_string();
+    let rest: Vec<(String, String)> = params
+        .as_object()
+        .map(|o| {
+            o.iter()
+                .filter(|(k, _)| {
+                    *k != task_field && (config_field.is_empty() || *k != config_field)
+                })
+                .map(|(k, v)| {
+                    let text = match v {
+                        Value::String(s) => s.clone(),
+                        other => other.to_string(),
+                    };
+                    (k.clone(), text)
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    let body = || {
+        let mut b = params.clone();
+        if let Some(o) = b.as_object_mut() {
+            o.remove(task_field);
+        }
+        Some(b)
+    };
+    match op {
+        "SendMessage" => (
+            Method::POST,
+            "/message:send".into(),
+            vec![],
+            Some(params.clone()),
+        ),
+        "SendStreamingMessage" => (
+            Method::POST,
+            "/message:stream".into(),
+            vec![],
+            Some(params.clone()),
+        ),
+        "GetTask" => (Method::GET, format!("/tasks/{task}"), rest, None),
+        "ListTasks" => (Method::GET, "/tasks".into(), rest, None),
+        "CancelTask" => (
+            Method::POST,
+            format!("/tasks/{task}:cancel"),
+            vec![],
+            body(),
+        ),
+        "SubscribeToTask" => (
+            Method::GET,
+            format!("/tasks/{task}:subscribe"),
+            vec![],
+            None,
+        ),
+        "CreateTaskPushNotificationConfig" => (
+            Method::POST,
+            format!("/tasks/{task}/pushNotificationConfigs"),
+            vec![],
+            body(),
+        ),
+        "GetTaskPushNotificationConfig" => (
+            Method::GET,
+            format!("/tasks/{task}/pushNotificationConfigs/{config}"),
+            rest,
+            None,
+        ),
+        "ListTaskPushNotificationConfigs" => (
+            Method::GET,
+            format!("/tasks/{task}/pushNotificationConfigs"),
+            rest,
+            None,
+        ),
+        "DeleteTaskPushNotificationConfig" => (
+            Method::DELETE,
+            format!("/tasks/{task}/pushNotificationConfigs/{config}"),
+            rest,
+            None,
+        ),
+        "GetExtendedAgentCard" => (Method::GET, "/extendedAgentCard".into(), vec![], None),
+        other => panic!("no REST form for {other}"),
+    }
+}
+
+/// One call over a binding as `key`.
+async fn call_as(s: &TestServer, b: B, key: &str, agent: &str, op: &str, params: Value) -> Out {
+    let resp = match b {
+        B::JsonRpc => s
+            .client
+            .post(format!("{}/jsonrpc/v1", s.url(agent)))
+            .header("content-type", "application/json")
+            .header("a2a-version", "1.0")
+            .header("x-api-key", key)
+            .body(json!({"jsonrpc": "2.0", "id": 1, "method": op, "params": params}).to_string())
+            .send()
+            .await
+            .expect("request"),
+        B::Rest => {
+            let (method, path, query, body) = rest_request(op, &params);
+            let query: String = url::form_urlencoded::Serializer::new(String::new())
+                .extend_pairs(&query)
+                .finish();
+            let sep = if query.is_empty() { "" } else { "?" };
+            let mut req = s
+                .client
+                .request(method, format!("{}{path}{sep}{query}", rest_url(s, agent)))
+                .header("a2a-version", "1.0")
+                .header("x-api-key", key);
+            if let Some(body) = body {
+                req = req
+                    .header("content-type", "application/json")
+                    .body(body.to_string());
+            }
+            req.send().await.expect("request")
+        }
+    };
+    let status = resp.status().as_u16();
+    let ct = resp.headers()["content-type"]
+        .to_str()
+        .expect("ct")
+        .to_string();
+    let bytes = resp.bytes().await.expect("body");
+    let body: Value = serde_json::from_slice(&bytes)
+        .unwrap_or_else(|_| panic!("not JSON ({status}): {}", String::from_utf8_lossy(&bytes)));
+    match b {
+        B::JsonRpc => {
+            assert_eq!(ct, "application/json");
+            match body.get("error") {
+                None => {
+                    assert_eq!(status, 200, "{body}");
+                    Out::Ok(body["result"].clone())
+                }
+                Some(e) => Out::Err {
+                    status,
+                    info: e["data"][0].clone(),
+                    body: body.clone(),
+                },
+            }
+        }
+        B::Rest => {
+            assert_eq!(ct, "application/a2a+json", "{body}");
+            if status == 200 {
+                assert!(body.get("error").is_none(), "{body}");
+                return Out::Ok(body);
+            }
+            let e = &body["error"];
+            assert_eq!(
+                e["code"], status,
+                "google.rpc.Status code is the HTTP status: {body}"
+            );
+            assert!(
+                e["status"].is_string() && e["message"].is_string(),
+                "{body}"
+            );
+            let info = e["details"][0].clone();
+            assert_eq!(
+                info["@type"], "type.googleapis.com/google.rpc.ErrorInfo",
+                "{body}"
+            );
+            assert_eq!(info["domain"], "a2a-protocol.org");
+            Out::Err { status, info, body }
+        }
+    }
+}
+
+async fn call(s: &TestServer, b: B, agent: &str, op: &str, params: Value) -> Out {
+    call_as(s, b, ALICE, agent, op, params).await
+}
+
+/// A streaming call's events (the `StreamResponse`s), or its error before the stream.
+async fn stream(
+    s: &TestServer,
+    b: B,
+    agent: &str,
+    op: &str,
+    params: Value,
+    last_event_id: Option<u64>,
+) -> Result<Vec<(Option<u64>, Value)>, Out> {
+    let resp = match b {
+        B::JsonRpc => s
+            .client
+            .post(format!("{}/jsonrpc/v1", s.url(agent)))
+            .header("content-type", "application/json")
+            .header("accept", "text/event-stream")
+            .header("a2a-version", "1.0")
+            .header("x-api-key", ALICE)
+            .body(json!({"jsonrpc": "2.0", "id": "s", "method": op, "params": params}).to_string())
+            .send()
+            .await
+            .expect("request"),
+        B::Rest => {
+            let (method, path, _, body) = rest_request(op, &params);
+            let mut req = s
+                .client
+                .request(method, format!("{}{path}", rest_url(s, agent)))
+                .header("accept", "text/event-stream")
+                .header("a2a-version", "1.0")
+                .header("x-api-key", ALICE);
+            if let Some(n) = last_event_id {
+                req = req.header("last-event-id", n.to_string());
+            }
+            if let Some(body) = body {
+                req = req
+                    .header("content-type", "application/json")
+                    .body(body.to_string());
+            }
+            req.send().await.expect("request")
+        }
+    };
+    if resp.headers()["content-type"] != "text/event-stream" {
+        let status = resp.status().as_u16();
+        let body: Value = serde_json::from_slice(&resp.bytes().await.expect("body")).expect("json");
+        let info = match b {
+            B::JsonRpc => body["error"]["data"][0].clone(),
+            B::Rest => body["error"]["details"][0].clone(),
+        };
+        return Err(Out::Err { status, info, body });
+    }
+    let events = SseReader::new(resp).collect().await;
+    Ok(events
+        .into_iter()
+        .map(|(id, data)| match b {
+            B::JsonRpc => {
+                assert_eq!(data["id"], "s");
+                (id, data["result"].clone())
+            }
+            B::Rest => {
+                assert!(data.get("jsonrpc").is_none(), "no envelope: {data}");
+                (id, data)
+            }
+        })
+        .collect())
+}
+
+fn msg(text: &str) -> Value {
+    json!({"messageId": new_id(), "role": "ROLE_USER", "parts": [{"text": text}]})
+}
+
+/// Ids, times and the addresses of the server and the receiver (`base`, `hook`) made
+/// comparable between two runs.
+fn normalize(v: &Value, base: &(&str, &str)) -> Value {
+    match v {
+        Value::String(s) => {
+            let is_uuid = s.len() == 36 && s.chars().filter(|c| *c == '-').count() == 4;
+            let is_time = s.len() == 24 && s.ends_with('Z') && s.as_bytes().get(10) == Some(&b'T');
+            if is_uuid {
+                json!("<id>")
+            } else if is_time {
+                json!("<time>")
+            } else {
+                json!(s.replace(base.0, "<base>").replace(base.1, "<hook>"))
+            }
+        }
+        Value::Array(a) => Value::Array(a.iter().map(|x| normalize(x, base)).collect()),
+        Value::Object(o) => Value::Object(
+            o.iter()
+                .map(|(k, x)| {
+                    let x = if k == "nextPageToken" && x.as_str().is_some_and(|t| !t.is_empty()) {
+                        json!("<token>")
+                    } else {
+                        normalize(x, base)
+                    };
+                    (k.clone(), x)
+                })
+                .collect(),
+        ),
+        other => other.clone(),
+    }
+}
+
+/// Waits until a task reaches `state` (its 1.0 name).
+async fn until_state(s: &TestServer, b: B, task: &str, state: &str) -> Value {
+    support::poll_until(Duration::from_secs(30), || async {
+        let t = call(s, b, "slow", "GetTask", json!({"id": task}))
+            .await
+            .ok();
+        (t["status"]["state"] == state).then_some(t)
+    })
+    .await
+}
+
+/// The scenario: every operation and every error kind, as a transcript of neutral outcomes
+/// (with the HTTP status of each error beside it).
+async fn scenario(b: B) -> Vec<Value> {
+    let s = server().await;
+    let receiver = Receiver::ok().await;
+    let mut log = Vec::new();
+    let mut note = |what: &str, out: &Out, status_expected: Option<(u16, u16)>| {
+        if let (Out::Err { status, .. }, Some((rpc, rest))) = (out, status_expected) {
+            let want = if b == B::Rest { rest } else { rpc };
+            assert_eq!(*status, want, "{what} over {b:?}: {out:?}");
+        }
+        let addresses = (s.base.as_str(), receiver.url.as_str());
+        log.push(json!({"step": what, "out": normalize(&out.neutral(), &addresses)}));
+    };
+
+    // send, get (history lengths), list (filters, paging)
+    let sent = call(&s, b, "echo", "SendMessage", json!({"message": msg("hi")})).await;
+    let task = sent.ok()["task"].clone();
+    assert_eq!(texts(&task["status"]["message"]), ["echo: hi", "turn 1"]);
+    let id = task["id"].as_str().expect("id").to_string();
+    let context = task["contextId"].as_str().expect("ctx").to_string();
+    note("send", &Out::Ok(task.clone()), None);
+    let second = call(
+        &s,
+        b,
+        "echo",
+        "SendMessage",
+        json!({"message": {"messageId": new_id(), "role": "ROLE_USER", "contextId": context,
+                            "parts": [{"text": "again"}]}}),
+    )
+    .await;
+    note("continue", &second, None);
+    for h in [0, 1] {
+        let got = call(
+            &s,
+            b,
+            "echo",
+            "GetTask",
+            json!({"id": id, "historyLength": h}),
+        )
+        .await;
+        note(&format!("get h={h}"), &got, None);
+    }
+    let all = call(&s, b, "echo", "ListTasks", json!({"contextId": context})).await;
+    assert_eq!(all.neutral()["ok"]["totalSize"], 2);
+    note("list by context", &all, None);
+    let page = call(
+        &s,
+        b,
+        "echo",
+        "ListTasks",
+        json!({"status": "TASK_STATE_COMPLETED", "pageSize": 1, "includeArtifacts": true}),
+    )
+    .await
+    .ok();
+    let token = page["nextPageToken"].as_str().expect("token").to_string();
+    assert!(!token.is_empty());
+    note("list page 1", &Out::Ok(page), None);
+    let next = call(
+        &s,
+        b,
+        "echo",
+        "ListTasks",
+        json!({"pageSize": 1, "pageToken": token}),
+    )
+    .await;
+    note("list page 2", &next, None);
+
+    // stream; subscribe to a finished task
+    let events = stream(
+        &s,
+        b,
+        "echo",
+        "SendStreamingMessage",
+        json!({"message": msg("yo")}),
+        None,
+    )
+    .await
+    .expect("stream");
+    let ids: Vec<Option<u64>> = events.iter().map(|(id, _)| *id).collect();
+    assert_eq!(ids, [Some(1), Some(2), Some(3)]);
+    note(
+        "stream",
+        &Out::Ok(Value::Array(events.into_iter().map(|(_, e)| e).collect())),
+        None,
+    );
+    let finished = stream(&s, b, "echo", "SubscribeToTask", json!({"id": id}), None)
+        .await
+        .expect_err("terminal");
+    note("subscribe finished", &finished, Some((200, 400)));
+
+    // a running task: subscribe, cancel, cancel again
+    let slow = call(
+        &s,
+        b,
+        "slow",
+        "SendMessage",
+        json!({"message": msg("wait"), "configuration": {"returnImmediately": true}}),
+    )
+    .await
+    .ok()["task"]
+        .clone();
+    let slow_id = slow["id"].as_str().expect("id").to_string();
+    until_state(&s, b, &slow_id, "TASK_STATE_WORKING").await;
+    let followed = stream(
+        &s,
+        b,
+        "slow",
+        "SubscribeToTask",
+        json!({"id": slow_id}),
+        None,
+    )
+    .await
+    .expect("subscribe");
+    assert_eq!(
+        followed[0].1["task"]["id"],
+        slow_id.as_str(),
+        "the task first"
+    );
+    let last = &followed.last().expect("events").1;
+    assert_eq!(
+        last["statusUpdate"]["status"]["state"], "TASK_STATE_COMPLETED",
+        "{followed:?}"
+    );
+    let cancel_me = call(
+        &s,
+        b,
+        "slow",
+        "SendMessage",
+        json!({"message": msg("stop me"), "configuration": {"returnImmediately": true}}),
+    )
+    .await
+    .ok()["task"]["id"]
+        .as_str()
+        .expect("id")
+        .to_string();
+    let canceled = call(
+        &s,
+        b,
+        "slow",
+        "CancelTask",
+        json!({"id": cancel_me, "metadata": {"reason": "enough"}}),
+    )
+    .await;
+    assert_eq!(
+        canceled.neutral()["ok"]["status"]["state"],
+        "TASK_STATE_CANCELED"
+    );
+    note("cancel", &canceled, None);
+    let again = call(&s, b, "slow", "CancelTask", json!({"id": cancel_me})).await;
+    note("cancel again", &again, Some((200, 400)));
+
+    // push configurations
+    let created = call(
+        &s,
+        b,
+        "echo",
+        "CreateTaskPushNotificationConfig",
+        json!({"taskId": id, "id": "c1", "url": receiver.url, "token": "tok"}),
+    )
+    .await;
+    note("push create", &created, None);
+    for (what, op, params) in [
+        (
+            "push get",
+            "GetTaskPushNotificationConfig",
+            json!({"taskId": id, "id": "c1"}),
+        ),
+        (
+            "push list",
+            "ListTaskPushNotificationConfigs",
+            json!({"taskId": id}),
+        ),
+        (
+            "push list paged",
+            "ListTaskPushNotificationConfigs",
+            json!({"taskId": id, "pageSize": 1}),
+        ),
+        (
+            "push delete",
+            "DeleteTaskPushNotificationConfig",
+            json!({"taskId": id, "id": "c1"}),
+        ),
+    ] {
+        let out = call(&s, b, "echo", op, params).await;
+        note(what, &out, None);
+    }
+    let gone = call(
+        &s,
+        b,
+        "echo",
+        "GetTaskPushNotificationConfig",
+        json!({"taskId": id, "id": "c1"}),
+    )
+    .await;
+    note("push get deleted", &gone, Some((200, 404)));
+
+    // the extended card
+    let card = call(&s, b, "echo", "GetExtendedAgentCard", json!({})).await;
+    note("card", &card, None);
+
+    // every error kind
+    let unknown = call(&s, b, "echo", "GetTask", json!({"id": "no-such-task"})).await;
+    note("unknown task", &unknown, Some((200, 404)));
+    let foreign = call_as(&s, b, BOB, "echo", "GetTask", json!({"id": id})).await;
+    note("another principal's task", &foreign, Some((200, 404)));
+    let negative = call(
+        &s,
+        b,
+        "echo",
+        "GetTask",
+        json!({"id": id, "historyLength": -1}),
+    )
+    .await;
+    note("bad params: historyLength", &negative, Some((200, 400)));
+    let no_message = call(&s, b, "echo", "SendMessage", json!({"configuration": {}})).await;
+    note("bad params: no message", &no_message, Some((200, 400)));
+    let bad_key = call_as(
+        &s,
+        b,
+        "not-a-key-0123456789",
+        "echo",
+        "GetTask",
+        json!({"id": id}),
+    )
+    .await;
+    note("bad key", &bad_key, Some((401, 401)));
+    let forbidden = call_as(&s, b, CAROL, "slow", "GetTask", json!({"id": id})).await;
+    note("agent not allowed", &forbidden, Some((403, 403)));
+    let no_agent = call(&s, b, "nobody", "GetTask", json!({"id": id})).await;
+    note("unknown agent", &no_agent, Some((404, 404)));
+    let no_push = call(
+        &s,
+        b,
+        "quiet",
+        "ListTaskPushNotificationConfigs",
+        json!({"taskId": id}),
+    )
+    .await;
+    note("push not supported", &no_push, Some((200, 400)));
+    let no_stream = stream(
+        &s,
+        b,
+        "quiet",
+        "SendStreamingMessage",
+        json!({"message": msg("x")}),
+        None,
+    )
+    .await
+    .expect_err("not streaming");
+    note("streaming not supported", &no_stream, Some((200, 400)));
+    let first = call(&s, b, "tight", "GetTask", json!({"id": id})).await;
+    note("tight: first", &first, Some((200, 404)));
+    let limited = call(&s, b, "tight", "GetTask", json!({"id": id})).await;
+    note("rate limited", &limited, Some((429, 429)));
+    let big = "x".repeat(80 * 1024);
+    let too_large = call(&s, b, "echo", "SendMessage", json!({"message": msg(&big)})).await;
+    note("body too large", &too_large, Some((413, 413)));
+
+    drop(receiver);
+    s.stop().await;
+    log
+}
+
+#[tokio::test]
+async fn json_rpc_and_http_json_give_the_same_results_and_errors() {
+    let (rpc, rest) = tokio::join!(scenario(B::JsonRpc), scenario(B::Rest));
+    assert_eq!(rpc.len(), rest.len());
+    for (a, b) in rpc.iter().zip(&rest) {
+        assert_eq!(a, b, "JSON-RPC and HTTP+JSON differ");
+    }
+}
+
+/// A GET, POST or DELETE on the REST binding with headers; status, headers, JSON body.
+async fn rest_raw(
+    s: &TestServer,
+    method: reqwest::Method,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: Option<&str>,
+) -> (u16, reqwest::header::HeaderMap, Value) {
+    let mut req = s.client.request(method, format!("{}{path}", s.url("echo")));
+    for (k, v) in headers {
+        req = req.header(*k, *v);
+    }
+    if let Some(b) = body {
+        req = req.body(b.to_string());
+    }
+    let resp = req.send().await.expect("request");
+    let status = resp.status().as_u16();
+    let headers = resp.headers().clone();
+    let bytes = resp.bytes().await.expect("body");
+    let json = if bytes.is_empty() {
+        Value::Null
+    } else {
+        serde_json::from_slice(&bytes)
+            .unwrap_or_else(|_| panic!("not JSON: {}", String::from_utf8_lossy(&bytes)))
+    };
+    (status, headers, json)
+}
+
+const AUTH: (&str, &str) = ("x-api-key", ALICE);
+const VERSION: (&str, &str) = ("a2a-version", "1.0");
+
+#[tokio::test]
+async fn rest_paths_methods_content_types_tenants_and_cors() {
+    use reqwest::Method;
+    let s = server().await;
+    let send = json!({"message": msg("hi")}).to_string();
+    // Under the agent's own tenant, and bare.
+    let (st, h, out) = rest_raw(
+        &s,
+        Method::POST,
+        "/rest/echo/message:send",
+        &[AUTH, VERSION, ("content-type", "application/a2a+json")],
+        Some(&send),
+    )
+    .await;
+    assert_eq!(st, 200, "{out}");
+    assert_eq!(h["content-type"], "application/a2a+json");
+    assert_eq!(h["access-control-allow-origin"], "*");
+    let id = out["task"]["id"].as_str().expect("id").to_string();
+    let (st, _, out) = rest_raw(
+        &s,
+        Method::GET,
+        &format!("/rest/echo/tasks/{id}"),
+        &[AUTH, VERSION],
+        None,
+    )
+    .await;
+    assert_eq!((st, out["id"].as_str()), (200, Some(id.as_str())));
+    // Another tenant: a bad param, not another agent.
+    let (st, _, out) = rest_raw(
+        &s,
+        Method::GET,
+        &format!("/rest/slow/tasks/{id}"),
+        &[AUTH, VERSION],
+        None,
+    )
+    .await;
+    assert_eq!(st, 400, "{out}");
+    assert_eq!(out["error"]["details"][0]["reason"], "INVALID_PARAMS");
+    assert_eq!(
+        out["error"]["details"][1]["fieldViolations"][0]["field"],
+        "tenant"
+    );
+    // Unknown path: 404 with its ErrorInfo; known path, other method: 405 with Allow.
+    let (st, _, out) = rest_raw(
+        &s,
+        Method::GET,
+        "/rest/nothing/here/at/all",
+        &[AUTH, VERSION],
+        None,
+    )
+    .await;
+    assert_eq!(st, 404);
+    assert_eq!(out["error"]["details"][0]["reason"], "METHOD_NOT_FOUND");
+    let (st, h, out) = rest_raw(
+        &s,
+        Method::DELETE,
+        "/rest/message:send",
+        &[AUTH, VERSION],
+        None,
+    )
+    .await;
+    assert_eq!(st, 405, "{out}");
+    assert_eq!(h["allow"], "POST, OPTIONS");
+    assert_eq!(out["error"]["code"], 405);
+    // Content types: a declared non-JSON type, or a body with none, is 415.
+    for headers in [
+        vec![AUTH, VERSION, ("content-type", "text/plain")],
+        vec![AUTH, VERSION],
+    ] {
+        let (st, _, out) = rest_raw(
+            &s,
+            Method::POST,
+            "/rest/message:send",
+            &headers,
+            Some(&send),
+        )
+        .await;
+        assert_eq!(st, 415, "{out}");
+        assert_eq!(
+            out["error"]["details"][0]["reason"],
+            "CONTENT_TYPE_NOT_SUPPORTED"
+        );
+    }
+    // Malformed JSON: 400 with PARSE_ERROR; a body that is not an object: INVALID_REQUEST.
+    let (st, _, out) = rest_raw(
+        &s,
+        Method::POST,
+        &format!("/rest/tasks/{id}:cancel"),
+        &[AUTH, VERSION, ("content-type", "application/json")],
+        Some("{\"id\":"),
+    )
+    .await;
+    assert_eq!(
+        (st, out["error"]["details"][0]["reason"].as_str()),
+        (400, Some("PARSE_ERROR"))
+    );
+    let (st, _, out) = rest_raw(
+        &s,
+        Method::POST,
+        "/rest/message:send",
+        &[AUTH, VERSION, ("content-type", "application/json")],
+        Some("[1,2]"),
+    )
+    .await;
+    assert_eq!(st, 400, "{out}");
+    // An empty cancel body is a cancel (the official JS client sends none).
+    let slow =
+        json!({"message": msg("x"), "configuration": {"returnImmediately": true}}).to_string();
+    let (_, _, out) = rest_raw(
+        &s,
+        Method::POST,
+        "/rest/message:send",
+        &[AUTH, VERSION, ("content-type", "application/json")],
+        Some(&slow),
+    )
+    .await;
+    let done = out["task"]["id"].as_str().expect("id").to_string();
+    let (st, _, out) = rest_raw(
+        &s,
+        Method::POST,
+        &format!("/rest/tasks/{done}:cancel"),
+        &[AUTH, VERSION],
+        None,
+    )
+    .await;
+    assert!(st == 200 || st == 400, "{out}");
+    // The version is checked as on /jsonrpc/v1 (header or query parameter).
+    let (st, _, out) = rest_raw(&s, Method::GET, "/rest/tasks", &[AUTH], None).await;
+    assert_eq!(st, 400);
+    assert_eq!(
+        out["error"]["details"][0]["reason"],
+        "VERSION_NOT_SUPPORTED"
+    );
+    let (st, _, _) = rest_raw(
+        &s,
+        Method::GET,
+        "/rest/tasks?A2A-Version=1.0",
+        &[AUTH],
+        None,
+    )
+    .await;
+    assert_eq!(st, 200);
+    // CORS preflight, no key.
+    let resp = s
+        .client
+        .request(
+            Method::OPTIONS,
+            format!("{}/rest/tasks/x:cancel", s.url("echo")),
+        )
+        .send()
+        .await
+        .expect("options");
+    assert_eq!(resp.status().as_u16(), 204);
+    let allowed = resp.headers()["access-control-allow-methods"]
+        .to_str()
+        .expect("m")
+        .to_string();
+    for m in ["GET", "POST", "DELETE"] {
+        assert!(allowed.contains(m), "{allowed}");
+    }
+    // Metrics count the binding.
+    let text = s.scrape().await;
+    assert!(
+        metric(
+            &text,
+            r#"a2ad_requests_total{dialect="a2a-1.0",binding="rest",method="SendMessage",outcome="ok"}"#
+        ) >= 1.0,
+        "{text}"
+    );
+    assert!(
+        metric(
+            &text,
+            r#"a2ad_requests_total{dialect="a2a-1.0",binding="rest",method="invalid",outcome="-32602"}"#
+        ) >= 1.0
+    );
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn rest_subscribe_resumes_after_last_event_id_without_gap_or_duplicate() {
+    let s = server().await;
+    let task = call(
+        &s,
+        B::Rest,
+        "slow",
+        "SendMessage",
+        json!({"message": msg("wait"), "configuration": {"returnImmediately": true}}),
+    )
+    .await
+    .ok()["task"]["id"]
+        .as_str()
+        .expect("id")
+        .to_string();
+    // Read the first two frames of a subscription, then drop it.
+    let resp = s
+        .client
+        .get(format!("{}/tasks/{task}:subscribe", rest_url(&s, "slow")))
+        .header("a2a-version", "1.0")
+        .header("x-api-key", ALICE)
+        .send()
+        .await
+        .expect("subscribe");
+    let mut reader = SseReader::new(resp);
+    let (first, _) = reader.next_event().await.expect("first");
+    let first = first.expect("numbered");
+    drop(reader);
+    // Resume after it: every later event once, in order, to the final one.
+    let rest = stream(
+        &s,
+        B::Rest,
+        "slow",
+        "SubscribeToTask",
+        json!({"id": task}),
+        Some(first),
+    )
+    .await
+    .expect("resume");
+    let seqs: Vec<u64> = rest.iter().map(|(id, _)| id.expect("numbered")).collect();
+    assert!(!seqs.is_empty());
+    assert_eq!(seqs[0], first + 1, "no gap: {seqs:?}");
+    assert!(
+        seqs.windows(2).all(|w| w[1] == w[0] + 1),
+        "no duplicate: {seqs:?}"
+    );
+    let last = &rest.last().expect("events").1;
+    assert_eq!(
+        last["statusUpdate"]["status"]["state"],
+        "TASK_STATE_COMPLETED"
+    );
+    let final_seq = *seqs.last().expect("seq");
+    // After the end: what was missed is replayed; nothing missed is an error.
+    let replay = stream(
+        &s,
+        B::Rest,
+        "slow",
+        "SubscribeToTask",
+        json!({"id": task}),
+        Some(final_seq - 1),
+    )
+    .await
+    .expect("replay");
+    assert_eq!(
+        replay.iter().map(|(id, _)| *id).collect::<Vec<_>>(),
+        [Some(final_seq)]
+    );
+    let done = stream(
+        &s,
+        B::Rest,
+        "slow",
+        "SubscribeToTask",
+        json!({"id": task}),
+        Some(final_seq),
+    )
+    .await
+    .expect_err("nothing left");
+    assert_eq!(done.reason(), "UNSUPPORTED_OPERATION");
+    let bad = stream(
+        &s,
+        B::Rest,
+        "slow",
+        "SubscribeToTask",
+        json!({"id": task}),
+        None,
+    );
+    assert_eq!(
+        bad.await.expect_err("terminal").reason(),
+        "UNSUPPORTED_OPERATION"
+    );
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn the_card_lists_the_http_json_interface_and_tasks_cross_bindings() {
+    let s = server().await;
+    let card = s
+        .client
+        .get(format!("{}/.well-known/agent-card.json", s.url("echo")))
+        .send()
+        .await
+        .expect("card")
+        .bytes()
+        .await
+        .expect("body");
+    let card: Value = serde_json::from_slice(&card).expect("json");
+    let rest = card["supportedInterfaces"]
+        .as_array()
+        .expect("interfaces")
+        .iter()
+        .find(|i| i["protocolBinding"] == "HTTP+JSON")
+        .expect("an HTTP+JSON interface")
+        .clone();
+    assert_eq!(rest["url"], rest_url(&s, "echo"));
+    assert_eq!(rest["protocolVersion"], "1.0");
+    assert!(
+        rest.get("tenant").is_none(),
+        "the REST interface carries no tenant"
+    );
+    // A task made over one binding is the same task over the other.
+    let task = call(
+        &s,
+        B::JsonRpc,
+        "echo",
+        "SendMessage",
+        json!({"message": msg("hi")}),
+    )
+    .await
+    .ok()["task"]
+        .clone();
+    let via_rest = call(&s, B::Rest, "echo", "GetTask", json!({"id": task["id"]}))
+        .await
+        .ok();
+    assert_eq!(via_rest, task);
+    s.stop().await;
+}
