@@ -3,8 +3,9 @@
 // Run by tests/sdk/run (which starts the server); not part of `cargo test`.
 // Usage: node client_check.mjs BASE_URL API_KEY
 //
-// Every client method is used against the 1.0 interface (picked by the SDK from the card)
-// and against the 0.3 interface (the SDK's legacy transport), on the `echo` agent (instant)
+// Every client method is used against the 1.0 interfaces (JSON-RPC and HTTP+JSON, each
+// picked by the SDK from the card) and against the 0.3 interface (the SDK's legacy
+// transport), on the `echo` agent (instant)
 // and the `slow` agent (an echo that takes a few seconds). Push notifications are received
 // by a local HTTP server. Exits 1 on the first failure.
 
@@ -15,6 +16,7 @@ import {
   ClientFactoryOptions,
   DefaultAgentCardResolver,
   JsonRpcTransportFactory,
+  RestTransportFactory,
   createAuthenticatingFetchWithRetry,
 } from '@a2a-js/sdk/client';
 
@@ -38,18 +40,25 @@ const fetchImpl = createAuthenticatingFetchWithRetry(fetch, {
   shouldRetryWithHeaders: async () => undefined,
 });
 
-function factory() {
+function factory(binding) {
+  const transport =
+    binding === 'HTTP+JSON'
+      ? new RestTransportFactory({ fetchImpl })
+      : new JsonRpcTransportFactory({ fetchImpl, legacyCompat: { enabled: true } });
   return new ClientFactory(
     ClientFactoryOptions.createFrom(ClientFactoryOptions.default, {
-      transports: [new JsonRpcTransportFactory({ fetchImpl, legacyCompat: { enabled: true } })],
+      transports: [transport],
+      // The SDK keeps its default transports beside the one given; this picks the card's
+      // interface of the binding under test.
+      preferredTransports: [binding],
       cardResolver: new DefaultAgentCardResolver({ fetchImpl }),
     }),
   );
 }
 
-/** A client of `agent` on the interface of `version`. */
-async function clientOn(agent, version) {
-  const f = factory();
+/** A client of `agent` on the interface of `version` over `binding`. */
+async function clientOn(agent, version, binding) {
+  const f = factory(binding);
   if (version === '1.0') {
     return f.createFromUrl(`${BASE}/api/v1/a2a/${agent}/`);
   }
@@ -119,10 +128,11 @@ const receiver = http.createServer((req, res) => {
 await new Promise((r) => receiver.listen(0, '127.0.0.1', r));
 const receiverPort = receiver.address().port;
 
-async function run(version) {
-  const v = `[${version}]`;
-  const echo = await clientOn('echo', version);
-  const slow = await clientOn('slow', version);
+async function run(version, binding) {
+  const v = `[${version} ${binding}]`;
+  const tag = `${version}-${binding}`;
+  const echo = await clientOn('echo', version, binding);
+  const slow = await clientOn('slow', version, binding);
   check(`${v} the client speaks ${version}`, echo.protocolVersion === version, echo.protocolVersion);
 
   const card = await echo.getAgentCard();
@@ -175,14 +185,14 @@ async function run(version) {
 
   // Push configurations and their deliveries.
   const notify = await slow.sendMessage(sendRequest('notify me', true));
-  const url = `http://127.0.0.1:${receiverPort}/hook/${version}`;
+  const url = `http://127.0.0.1:${receiverPort}/hook/${tag}`;
   const created = await slow.createTaskPushNotificationConfig({
     tenant: '',
     id: '',
     taskId: notify.id,
     url,
-    token: `tok-${version}`,
-    authentication: { scheme: 'Bearer', credentials: `cred-${version}` },
+    token: `tok-${tag}`,
+    authentication: { scheme: 'Bearer', credentials: `cred-${tag}` },
   });
   check(`${v} createTaskPushNotificationConfig fills the id`, created.id !== '' && created.url === url, created);
   const fetched = await slow.getTaskPushNotificationConfig({ tenant: '', taskId: notify.id, id: created.id });
@@ -191,7 +201,7 @@ async function run(version) {
   check(`${v} listTaskPushNotificationConfig lists it`, listed.configs.length === 1 && listed.configs[0].id === created.id, listed);
   const mine = () =>
     received.filter(
-      (r) => r.headers.authorization === `Bearer cred-${version}` && r.headers['x-a2a-notification-token'] === `tok-${version}`,
+      (r) => r.headers.authorization === `Bearer cred-${tag}` && r.headers['x-a2a-notification-token'] === `tok-${tag}`,
     );
   await waitFor(
     () => mine().some((r) => r.body.includes('TASK_STATE_COMPLETED') || r.body.includes('"completed"')),
@@ -202,10 +212,21 @@ async function run(version) {
   await slow.deleteTaskPushNotificationConfig({ tenant: '', taskId: notify.id, id: created.id });
   const after = await slow.listTaskPushNotificationConfig({ tenant: '', taskId: notify.id, pageSize: 0, pageToken: '' });
   check(`${v} deleteTaskPushNotificationConfig removes it`, after.configs.length === 0, after);
+
+  // The server counted these calls under the binding the client was to speak.
+  const label = binding === 'HTTP+JSON' ? 'rest' : 'jsonrpc';
+  const dialect = version === '1.0' ? 'a2a-1.0' : 'a2a-0.3';
+  const metrics = await (await fetch(`${BASE}/metrics`)).text();
+  const series = `a2ad_requests_total{dialect="${dialect}",binding="${label}",method="${version === '1.0' ? 'SendMessage' : 'message/send'}",outcome="ok"}`;
+  check(`${v} the server saw the calls over ${binding}`, metrics.includes(series), series);
 }
 
-for (const version of ['1.0', '0.3']) {
-  await run(version);
+for (const [version, binding] of [
+  ['1.0', 'JSONRPC'],
+  ['1.0', 'HTTP+JSON'],
+  ['0.3', 'JSONRPC'],
+]) {
+  await run(version, binding);
 }
 receiver.close();
 console.log(`@a2a-js/sdk: ${checks} checks passed`);

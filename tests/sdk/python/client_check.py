@@ -3,9 +3,10 @@
 Run by tests/sdk/run (which starts the server); not part of `cargo test`.
 Usage: client_check.py BASE_URL API_KEY
 
-Every public method of the SDK client is used against the 1.0 interface (picked by the
-SDK from the agent card) and against the 0.3 interface (the SDK's compat transport), on
-the `echo` agent (instant) and the `slow` agent (an echo that takes a few seconds).
+Every public method of the SDK client is used against the 1.0 interfaces (JSON-RPC and
+HTTP+JSON, each picked by the SDK from the agent card) and against the 0.3 interface (the
+SDK's compat transport), on the `echo` agent (instant) and the `slow` agent (an echo that
+takes a few seconds).
 Push notifications are received by a local HTTP server. Exits 1 on the first failure.
 """
 
@@ -82,13 +83,28 @@ def http_client():
     return httpx.AsyncClient(headers={"x-api-key": KEY}, timeout=DEADLINE_S)
 
 
-async def client_on(agent, version, streaming=True):
-    factory = ClientFactory(ClientConfig(streaming=streaming, httpx_client=http_client()))
+async def client_on(agent, version, binding, streaming=True):
     from a2a.client.card_resolver import A2ACardResolver
 
     async with httpx.AsyncClient() as h:
         card = await A2ACardResolver(h, f"{BASE}/api/v1/a2a/{agent}").get_agent_card()
-    keep = [i for i in card.supported_interfaces if i.protocol_version == version]
+    if binding != "JSONRPC":
+        # The SDK picks the card's interface of the binding it is told to speak.
+        factory = ClientFactory(
+            ClientConfig(
+                streaming=streaming,
+                httpx_client=http_client(),
+                supported_protocol_bindings=[binding],
+            )
+        )
+        client = factory.create(card)
+        return client
+    factory = ClientFactory(ClientConfig(streaming=streaming, httpx_client=http_client()))
+    keep = [
+        i
+        for i in card.supported_interfaces
+        if i.protocol_version == version and i.protocol_binding == "JSONRPC"
+    ]
     if len(keep) != 1:
         check(f"[{version}] the card lists a {version} JSONRPC interface", False, card)
     del card.supported_interfaces[:]
@@ -122,20 +138,22 @@ async def wait_for(predicate, what):
     return False
 
 
-async def run(version):
-    v = f"[{version}]"
+async def run(version, binding):
+    v = f"[{version} {binding}]"
     # Discovery: the SDK resolves the card and picks the 1.0 interface on its own.
     if version == "1.0":
-        factory = ClientFactory(ClientConfig(httpx_client=http_client()))
+        factory = ClientFactory(
+            ClientConfig(httpx_client=http_client(), supported_protocol_bindings=[binding])
+        )
         auto = await factory.create_from_url(f"{BASE}/api/v1/a2a/echo")
         card = await auto.get_extended_agent_card(GetExtendedAgentCardRequest())
         check(f"{v} GetExtendedAgentCard names the agent", card.name != "", card)
         await auto.close()
 
-    blocking = await client_on("echo", version, streaming=False)
-    streaming = await client_on("echo", version, streaming=True)
-    slow = await client_on("slow", version, streaming=False)
-    slow_stream = await client_on("slow", version, streaming=True)
+    blocking = await client_on("echo", version, binding, streaming=False)
+    streaming = await client_on("echo", version, binding, streaming=True)
+    slow = await client_on("slow", version, binding, streaming=False)
+    slow_stream = await client_on("slow", version, binding, streaming=True)
 
     # Blocking send: the completed task, its reply in status.message and history.
     n, task = await last_task(blocking.send_message(SendMessageRequest(message=user_message("hello"))))
@@ -187,13 +205,14 @@ async def run(version):
 
     # Push configurations: create, get, list, delete; deliveries reach the receiver.
     _, running = await last_task(slow.send_message(SendMessageRequest(message=user_message("notify me"), configuration=config)))
-    url = f"http://127.0.0.1:{RECEIVER_PORT}/hook/{version}"
+    tag = f"{version}-{binding}"
+    url = f"http://127.0.0.1:{RECEIVER_PORT}/hook/{tag}"
     created = await slow.create_task_push_notification_config(
         TaskPushNotificationConfig(
             task_id=running.id,
             url=url,
-            token="tok-" + version,
-            authentication=AuthenticationInfo(scheme="Bearer", credentials="cred-" + version),
+            token="tok-" + tag,
+            authentication=AuthenticationInfo(scheme="Bearer", credentials="cred-" + tag),
         )
     )
     check(f"{v} CreateTaskPushNotificationConfig fills the id", created.id != "" and created.url == url, created)
@@ -209,8 +228,8 @@ async def run(version):
             return [
                 (h, b)
                 for h, b in Receiver.received
-                if h.get("authorization") == f"Bearer cred-{version}"
-                and h.get("x-a2a-notification-token") == f"tok-{version}"
+                if h.get("authorization") == f"Bearer cred-{tag}"
+                and h.get("x-a2a-notification-token") == f"tok-{tag}"
             ]
 
     def completed_delivered():
@@ -235,6 +254,15 @@ async def run(version):
     listed = await slow.list_task_push_notification_configs(ListTaskPushNotificationConfigsRequest(task_id=running.id))
     check(f"{v} DeleteTaskPushNotificationConfig removes it", len(listed.configs) == 0, listed)
 
+    # The server counted these calls under the binding the client was to speak.
+    label = "rest" if binding == "HTTP+JSON" else "jsonrpc"
+    dialect = "a2a-1.0" if version == "1.0" else "a2a-0.3"
+    method = "SendMessage" if version == "1.0" else "message/send"
+    async with httpx.AsyncClient() as h:
+        metrics = (await h.get(f"{BASE}/metrics")).text
+    series = f'a2ad_requests_total{{dialect="{dialect}",binding="{label}",method="{method}",outcome="ok"}}'
+    check(f"{v} the server saw the calls over {binding}", series in metrics, series)
+
     for c in (blocking, streaming, slow, slow_stream):
         await c.close()
 
@@ -247,8 +275,8 @@ async def main():
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Receiver)
     RECEIVER_PORT = server.server_address[1]
     threading.Thread(target=server.serve_forever, daemon=True).start()
-    for version in ("1.0", "0.3"):
-        await run(version)
+    for version, binding in (("1.0", "JSONRPC"), ("1.0", "HTTP+JSON"), ("0.3", "JSONRPC")):
+        await run(version, binding)
     server.shutdown()
     print(f"python a2a-sdk: {len(CHECKS)} checks passed")
 
