@@ -32,6 +32,8 @@ pub enum Dialect {
     V1,
     /// Official A2A 0.3: `message/send` on `…/jsonrpc/v0.3`.
     V03,
+    /// Official A2A 1.0 over HTTP+JSON: `POST …/rest/message:send` (and `message:stream`).
+    Rest,
 }
 
 impl Dialect {
@@ -41,7 +43,13 @@ impl Dialect {
             Dialect::Seed => format!("/api/v1/a2a/{agent}"),
             Dialect::V1 => format!("/api/v1/a2a/{agent}/jsonrpc/v1"),
             Dialect::V03 => format!("/api/v1/a2a/{agent}/jsonrpc/v0.3"),
+            Dialect::Rest => format!("/api/v1/a2a/{agent}/rest"),
         }
+    }
+
+    /// Whether requests carry `A2A-Version: 1.0`.
+    fn is_1_0(self) -> bool {
+        matches!(self, Dialect::V1 | Dialect::Rest)
     }
 
     /// A blocking send (`stream == false`) or a stream of one fresh message.
@@ -55,6 +63,9 @@ impl Dialect {
                 } else {
                     "SendMessage"
                 }
+            ),
+            (Dialect::Rest, _) => format!(
+                r#"{{"message":{{"role":"ROLE_USER","messageId":"{id}","parts":[{{"text":"{text}"}}]}}}}"#
             ),
             (Dialect::V03, _) => format!(
                 r#"{{"jsonrpc":"2.0","id":1,"method":"{}","params":{{"message":{{"kind":"message","role":"user","messageId":"{id}","parts":[{{"kind":"text","text":"{text}"}}]}}}}}}"#,
@@ -79,7 +90,7 @@ impl Dialect {
     /// Whether a stream's body ended with its final event.
     pub fn stream_finished(self, body: &[u8]) -> bool {
         match self {
-            Dialect::V1 => contains(body, b"TASK_STATE_COMPLETED"),
+            Dialect::V1 | Dialect::Rest => contains(body, b"TASK_STATE_COMPLETED"),
             Dialect::Seed | Dialect::V03 => contains(body, b"\"final\":true"),
         }
     }
@@ -138,13 +149,19 @@ impl Conn {
         self.send(req).await
     }
 
-    /// POSTs a JSON-RPC body; returns the status and the whole response body.
+    /// POSTs a request body (JSON-RPC, or on REST the operation's); returns the status and
+    /// the whole response body.
     pub async fn post(&mut self, body: String, sse: bool) -> Result<(u16, Bytes), String> {
-        let mut req = Request::post(&self.target.path)
+        let uri = match (self.target.dialect, sse) {
+            (Dialect::Rest, false) => format!("{}/message:send", self.target.path),
+            (Dialect::Rest, true) => format!("{}/message:stream", self.target.path),
+            _ => self.target.path.clone(),
+        };
+        let mut req = Request::post(uri)
             .header("host", "a2ad")
             .header("content-type", "application/json")
             .header("x-api-key", &self.target.key);
-        if self.target.dialect == Dialect::V1 {
+        if self.target.dialect.is_1_0() {
             req = req.header("a2a-version", "1.0");
         }
         if sse {

@@ -171,13 +171,18 @@ pub(crate) fn route(method: &Method, sub: &str, agent: &str) -> RestRoute {
 /// The params of a call in the shape the JSON-RPC binding reads: the body (an object, or
 /// nothing), the query parameters of a GET (strings, `true`/`false` as booleans), and the
 /// ids of the path over both.
-fn params(call: &RestCall, query: Option<&str>, body: &[u8]) -> Result<Box<RawValue>, RpcError> {
+fn params<'a>(
+    call: &RestCall,
+    query: Option<&str>,
+    body: &'a [u8],
+) -> Result<Params<'a>, RpcError> {
     let body_text = std::str::from_utf8(body)
         .map_err(|_| RpcError::parse_error("the body is not UTF-8".into()))?;
     let sends = matches!(call.op, Op::SendMessage | Op::SendStreamingMessage);
     if sends && !body_text.trim().is_empty() {
-        // The body is the whole request: passed on as it is.
-        return serde_json::from_str::<Box<RawValue>>(body_text)
+        // The body is the whole request: read in place.
+        return serde_json::from_str::<&RawValue>(body_text)
+            .map(Params::Body)
             .map_err(|e| RpcError::parse_error(e.to_string()));
     }
     let mut p: Map<String, Value> = if body_text.trim().is_empty() {
@@ -213,7 +218,24 @@ fn params(call: &RestCall, query: Option<&str>, body: &[u8]) -> Result<Box<RawVa
     if let Some(config) = &call.config {
         p.insert(config_field.into(), Value::String(config.clone()));
     }
-    serde_json::value::to_raw_value(&p).map_err(|_| RpcError::internal())
+    serde_json::value::to_raw_value(&p)
+        .map(Params::Built)
+        .map_err(|_| RpcError::internal())
+}
+
+/// A call's params: its body as it came, or built from the path, query and body.
+enum Params<'a> {
+    Body(&'a RawValue),
+    Built(Box<RawValue>),
+}
+
+impl Params<'_> {
+    fn raw(&self) -> &RawValue {
+        match self {
+            Self::Body(raw) => raw,
+            Self::Built(raw) => raw,
+        }
+    }
 }
 
 /// Runs one call: its params decoded as the JSON-RPC binding decodes them, the operation,
@@ -229,7 +251,7 @@ pub(crate) async fn dispatch(
         Ok(raw) => raw,
         Err(e) => return status_reply(&errors::dress(Version::V10, e)),
     };
-    match run(runtime, cx, call.op, &raw).await {
+    match run(runtime, cx, call.op, raw.raw()).await {
         Ok(reply) => reply,
         Err(e) => status_reply(&errors::rpc_error(Version::V10, &e)),
     }
@@ -434,7 +456,7 @@ mod tests {
             config: None,
         };
         let p = params(&c, None, br#"{"id":"other","metadata":{"reason":"r"}}"#).expect("ok");
-        let v: Value = serde_json::from_str(p.get()).expect("json");
+        let v: Value = serde_json::from_str(p.raw().get()).expect("json");
         assert_eq!(v, json!({"id": "t1", "metadata": {"reason": "r"}}));
         let list = RestCall {
             op: Op::ListTasks,
@@ -447,7 +469,7 @@ mod tests {
             b"",
         )
         .expect("ok");
-        let v: Value = serde_json::from_str(p.get()).expect("json");
+        let v: Value = serde_json::from_str(p.raw().get()).expect("json");
         assert_eq!(v, json!({"pageSize": "2", "includeArtifacts": true}));
         assert!(params(&c, None, b"[1]").is_err(), "not an object");
         assert!(params(&c, None, b"{").is_err(), "not JSON");
