@@ -19,6 +19,7 @@ use tracing::Instrument as _;
 
 mod body;
 mod card;
+mod grpc;
 mod metrics;
 pub(crate) mod prometheus;
 mod respond;
@@ -70,6 +71,9 @@ pub(crate) async fn handle(
     app: Arc<App>,
     req: Request<Incoming>,
 ) -> Result<Response<Body>, Infallible> {
+    if grpc::is_grpc(&req) {
+        return Ok(grpc::serve(app, req).await);
+    }
     let path = req.uri().path();
     let response = if path == "/metrics" {
         match *req.method() {
@@ -572,14 +576,14 @@ async fn one(
 
 /// Runs one call's `work` in a span that names its dialect, binding, method, agent, task
 /// and outcome (`RUST_LOG=a2ad=debug` to follow requests), and counts it.
-async fn observed(
+async fn observed<T: Outcome>(
     app: &App,
     dialect: Dialect,
     binding: Binding,
     cx: &CallContext,
     method: Option<&str>,
-    work: impl Future<Output = Reply>,
-) -> Reply {
+    work: impl Future<Output = T>,
+) -> T {
     cx.agent.metrics.requests(1);
     let started = std::time::Instant::now();
     let slot = app.requests.slot(dialect, binding, method);
@@ -593,10 +597,7 @@ async fn observed(
         outcome = tracing::field::Empty,
     );
     let reply = work.instrument(span.clone()).await;
-    let code = match &reply {
-        Reply::Json { code, .. } => *code,
-        Reply::Stream { .. } | Reply::Events { .. } => None,
-    };
+    let code = reply.code();
     match code {
         None => span.record("outcome", "ok"),
         Some(c) => span.record("outcome", c),
@@ -604,6 +605,29 @@ async fn observed(
     tracing::debug!(parent: &span, elapsed_us = started.elapsed().as_micros() as u64, "request done");
     app.requests.record(slot, code, started.elapsed());
     reply
+}
+
+/// What a call came to, for its span and metrics: `None` for success, else the error code.
+trait Outcome {
+    fn code(&self) -> Option<i64>;
+}
+
+impl Outcome for Reply {
+    fn code(&self) -> Option<i64> {
+        match self {
+            Reply::Json { code, .. } => *code,
+            Reply::Stream { .. } | Reply::Events { .. } => None,
+        }
+    }
+}
+
+impl Outcome for Result<Reply, RpcError> {
+    fn code(&self) -> Option<i64> {
+        match self {
+            Ok(reply) => reply.code(),
+            Err(e) => Some(e.code),
+        }
+    }
 }
 
 /// Counts a request refused before JSON-RPC decoding (405, 413, 415, parse error).

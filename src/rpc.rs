@@ -45,6 +45,8 @@ pub(crate) enum Binding {
     JsonRpc,
     /// The HTTP+JSON binding of A2A 1.0 (`…/rest/…`).
     Rest,
+    /// The gRPC binding of A2A 1.0 (`lf.a2a.v1.A2AService`).
+    Grpc,
 }
 
 impl Binding {
@@ -53,6 +55,7 @@ impl Binding {
         match self {
             Self::JsonRpc => "jsonrpc",
             Self::Rest => "rest",
+            Self::Grpc => "grpc",
         }
     }
 }

@@ -20,6 +20,8 @@ pub(crate) struct Body {
 enum Inner {
     Full(Option<Bytes>),
     Sse(Box<SseBody>),
+    /// A gRPC response (its messages, then its trailers).
+    Grpc(tonic::body::Body),
 }
 
 impl Body {
@@ -36,6 +38,11 @@ impl Body {
     /// A stream of task events.
     pub(crate) fn sse(body: SseBody) -> Self {
         Self::from_inner(Inner::Sse(Box::new(body)))
+    }
+
+    /// A gRPC response body.
+    pub(crate) fn grpc(body: tonic::body::Body) -> Self {
+        Self::from_inner(Inner::Grpc(body))
     }
 
     fn from_inner(inner: Inner) -> Self {
@@ -63,6 +70,13 @@ impl http_body::Body for Body {
         match &mut self.get_mut().inner {
             Inner::Full(bytes) => Poll::Ready(bytes.take().map(|b| Ok(Frame::data(b)))),
             Inner::Sse(s) => s.poll_chunk(cx).map(|f| f.map(Ok)),
+            // tonic puts a call's errors in its trailers; an error of the body itself (none
+            // is expected) ends it.
+            Inner::Grpc(b) => match Pin::new(b).poll_frame(cx) {
+                Poll::Ready(Some(Ok(frame))) => Poll::Ready(Some(Ok(frame))),
+                Poll::Ready(Some(Err(_)) | None) => Poll::Ready(None),
+                Poll::Pending => Poll::Pending,
+            },
         }
     }
 
@@ -70,6 +84,7 @@ impl http_body::Body for Body {
         match &self.inner {
             Inner::Full(b) => b.is_none(),
             Inner::Sse(s) => s.is_done(),
+            Inner::Grpc(b) => http_body::Body::is_end_stream(b),
         }
     }
 
@@ -78,6 +93,7 @@ impl http_body::Body for Body {
             Inner::Full(Some(b)) => http_body::SizeHint::with_exact(b.len() as u64),
             Inner::Full(None) => http_body::SizeHint::with_exact(0),
             Inner::Sse(_) => http_body::SizeHint::default(),
+            Inner::Grpc(b) => http_body::Body::size_hint(b),
         }
     }
 }

@@ -16,7 +16,7 @@ const BUCKETS: usize = LATENCY_BUCKETS.len() + 1;
 const JSON_RPC_CODES: [i64; 5] = [-32700, -32600, -32601, -32602, -32603];
 
 /// Every (dialect, binding) pair a request can come by, one table each.
-const CHANNELS: [(Dialect, Binding); 4] = [
+const CHANNELS: [(Dialect, Binding); 5] = [
     (Dialect::Seed, Binding::JsonRpc),
     (
         Dialect::A2a(crate::rpc::a2a::Version::V10),
@@ -27,6 +27,7 @@ const CHANNELS: [(Dialect, Binding); 4] = [
         Binding::JsonRpc,
     ),
     (Dialect::A2a(crate::rpc::a2a::Version::V10), Binding::Rest),
+    (Dialect::A2a(crate::rpc::a2a::Version::V10), Binding::Grpc),
 ];
 
 /// Where a request goes in the tables: its dialect and binding, and its method.

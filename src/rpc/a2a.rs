@@ -6,8 +6,9 @@
 pub(crate) mod card;
 mod dispatch;
 pub(crate) mod errors;
-mod ops;
+pub(crate) mod ops;
 pub(crate) mod params;
+pub(crate) mod pb;
 pub(crate) mod render;
 pub(crate) mod rest;
 pub(crate) mod token;

@@ -251,10 +251,25 @@ pub(crate) async fn dispatch(
         Ok(raw) => raw,
         Err(e) => return status_reply(&errors::dress(Version::V10, e)),
     };
-    match run(runtime, cx, call.op, raw.raw()).await {
+    match execute_json(runtime, cx, call.op, raw.raw()).await {
         Ok(reply) => reply,
-        Err(e) => status_reply(&errors::rpc_error(Version::V10, &e)),
+        Err(e) => status_reply(&e),
     }
+}
+
+/// Runs an operation on params in the JSON-RPC binding's shape, its result framed bare
+/// (the result object; stream events as `StreamResponse`s); a failure is the 1.0 error
+/// (`data` its `ErrorInfo` array) for the binding to frame. Shared by the HTTP+JSON and gRPC
+/// bindings.
+pub(crate) async fn execute_json(
+    runtime: &Runtime,
+    cx: &CallContext,
+    op: Op,
+    raw: &RawValue,
+) -> Result<Reply, RpcError> {
+    run(runtime, cx, op, raw)
+        .await
+        .map_err(|e| errors::rpc_error(Version::V10, &e))
 }
 
 async fn run(runtime: &Runtime, cx: &CallContext, op: Op, raw: &RawValue) -> Result<Reply, Error> {
