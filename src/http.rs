@@ -156,7 +156,15 @@ pub(crate) fn base_url(app: &App, headers: &hyper::HeaderMap) -> String {
     if let Some(url) = &app.runtime.config().server.public_url {
         return url.clone();
     }
-    let host = headers
+    match request_host(headers) {
+        Some(h) => format!("http://{h}"),
+        None => format!("http://{}", app.local_addr),
+    }
+}
+
+/// The request's `Host`, when it looks like a host.
+fn request_host(headers: &hyper::HeaderMap) -> Option<&str> {
+    headers
         .get(header::HOST)
         .and_then(|v| v.to_str().ok())
         .filter(|h| {
@@ -164,10 +172,25 @@ pub(crate) fn base_url(app: &App, headers: &hyper::HeaderMap) -> String {
                 && h.len() <= 255
                 && h.bytes()
                     .all(|b| b.is_ascii_alphanumeric() || b"-._:[]".contains(&b))
-        });
-    match host {
-        Some(h) => format!("http://{h}"),
-        None => format!("http://{}", app.local_addr),
+        })
+}
+
+/// The address of the gRPC interface the cards announce (a bare `host:port`, S10 §8.3.1):
+/// `server.public_grpc_url`, else the request's `Host` (with the listening port when it
+/// names none), else the listening address.
+pub(crate) fn grpc_url(app: &App, headers: &hyper::HeaderMap) -> String {
+    if let Some(url) = &app.runtime.config().server.public_grpc_url {
+        return url.clone();
+    }
+    match request_host(headers) {
+        Some(h)
+            if h.rsplit_once(':')
+                .is_some_and(|(_, port)| port.parse::<u16>().is_ok()) =>
+        {
+            h.to_string()
+        }
+        Some(h) => format!("{h}:{}", app.local_addr.port()),
+        None => app.local_addr.to_string(),
     }
 }
 
@@ -245,6 +268,7 @@ async fn endpoint(
         .get("last-event-id")
         .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned());
     let base_url = base_url(app, req.headers());
+    let grpc_url = grpc_url(app, req.headers());
     let version = requested_version(&req);
     let body = match read_body(app, req).await {
         Ok(b) => b,
@@ -277,6 +301,7 @@ async fn endpoint(
         last_event_id,
         in_batch: matches!(decoded, rpc::Body::Batch(_)),
         base_url,
+        grpc_url,
     };
     match decoded {
         rpc::Body::Single(call) => reply_response(app, one(app, dialect, &cx, call).await).await,
@@ -399,6 +424,7 @@ async fn rest_endpoint(
         .get("last-event-id")
         .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned());
     let base_url = base_url(app, req.headers());
+    let grpc_url = grpc_url(app, req.headers());
     let version = requested_version(&req);
     let query = req.uri().query().map(str::to_owned);
     let body = if posts {
@@ -428,6 +454,7 @@ async fn rest_endpoint(
         last_event_id,
         in_batch: false,
         base_url,
+        grpc_url,
     };
     let work = async {
         match app

@@ -278,6 +278,8 @@ pub(crate) struct CallContext {
     pub(crate) in_batch: bool,
     /// The public base URL (`server.public_url`, else `http://` + `Host`), no trailing `/`.
     pub(crate) base_url: String,
+    /// The gRPC interface's `host:port` (`server.public_grpc_url`, else from `Host`).
+    pub(crate) grpc_url: String,
 }
 
 impl CallContext {

@@ -48,7 +48,7 @@ async fn the_root_card_is_the_default_agent_in_the_1_0_shape() {
     assert_eq!(card["name"], "Main agent");
     assert_eq!(card["description"], "the default one");
     let interfaces = card["supportedInterfaces"].as_array().expect("interfaces");
-    assert_eq!(interfaces.len(), 3);
+    assert_eq!(interfaces.len(), 4);
     assert_eq!(interfaces[0]["protocolVersion"], "1.0");
     assert_eq!(interfaces[0]["protocolBinding"], "JSONRPC");
     assert_eq!(
@@ -58,9 +58,12 @@ async fn the_root_card_is_the_default_agent_in_the_1_0_shape() {
     assert_eq!(interfaces[1]["protocolVersion"], "1.0");
     assert_eq!(interfaces[1]["protocolBinding"], "HTTP+JSON");
     assert_eq!(interfaces[1]["url"], format!("{}/rest", s.url("main")));
-    assert_eq!(interfaces[2]["protocolVersion"], "0.3");
+    assert_eq!(interfaces[2]["protocolBinding"], "GRPC");
+    assert_eq!(interfaces[2]["url"], s.addr());
+    assert_eq!(interfaces[2]["tenant"], "main");
+    assert_eq!(interfaces[3]["protocolVersion"], "0.3");
     assert_eq!(
-        interfaces[2]["url"],
+        interfaces[3]["url"],
         format!("{}/jsonrpc/v0.3", s.url("main"))
     );
     assert_eq!(
@@ -181,12 +184,21 @@ async fn a_matching_etag_is_304_and_hidden_or_unknown_agents_are_404() {
 
 #[tokio::test]
 async fn interface_urls_follow_public_url_else_the_host_header() {
-    let s = server(|c| c.server.public_url = Some("https://a2a.example.com/".into())).await;
+    let s = server(|c| {
+        c.server.public_url = Some("https://a2a.example.com/".into());
+        c.server.public_grpc_url = Some("grpc.example.com:443".into());
+    })
+    .await;
     let card = json_of(get(&s, "/.well-known/agent-card.json", &[]).await).await;
     assert_eq!(
         card["supportedInterfaces"][0]["url"],
         "https://a2a.example.com/api/v1/a2a/main/jsonrpc/v1"
     );
+    assert_eq!(
+        card["supportedInterfaces"][2]["url"],
+        "grpc.example.com:443"
+    );
+    assert_eq!(card["supportedInterfaces"][2]["tenant"], "main");
     s.stop().await;
     let s = server(|_| {}).await;
     let card = json_of(
@@ -201,6 +213,10 @@ async fn interface_urls_follow_public_url_else_the_host_header() {
     assert_eq!(
         card["supportedInterfaces"][0]["url"],
         "http://proxy.internal:9000/api/v1/a2a/main/jsonrpc/v1"
+    );
+    assert_eq!(
+        card["supportedInterfaces"][2]["url"], "proxy.internal:9000",
+        "gRPC: a bare host:port"
     );
     s.stop().await;
 }

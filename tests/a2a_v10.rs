@@ -887,6 +887,7 @@ async fn the_extended_card_needs_a_key_and_has_the_1_0_shape() {
         [
             s.official_url("echo", V1),
             format!("{}/rest", s.url("echo")),
+            s.addr(),
             s.official_url("echo", V::V03)
         ]
     );

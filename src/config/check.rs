@@ -73,6 +73,26 @@ fn server(s: &mut ServerConfig) -> Result<(), ConfigError> {
         }
         s.public_url = Some(trimmed);
     }
+    if let Some(grpc) = &s.public_grpc_url {
+        let trimmed = grpc.trim();
+        let valid = trimmed.rsplit_once(':').is_some_and(|(host, port)| {
+            !host.is_empty()
+                && port.parse::<u16>().is_ok_and(|p| p > 0)
+                && host
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b"-._[]:".contains(&b))
+        });
+        if !valid {
+            return Err(ConfigError::key(
+                k("public_grpc_url"),
+                format!(
+                    "{grpc:?} is not a host:port such as \"agents.example.com:443\" (no scheme: \
+                     gRPC clients take the address as it is)"
+                ),
+            ));
+        }
+        s.public_grpc_url = Some(trimmed.to_string());
+    }
     if !matches!(s.card_default_version.as_str(), "1.0" | "0.3") {
         return Err(ConfigError::key(
             k("card_default_version"),

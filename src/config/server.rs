@@ -15,6 +15,9 @@ pub struct ServerConfig {
     /// The public base URL (`https://host[:port][/prefix]`) used in agent cards; unset:
     /// `http://` + the request's `Host`.
     pub public_url: Option<String>,
+    /// The gRPC interface's `host:port` announced in agent cards; unset: the request's
+    /// `Host`.
+    pub public_grpc_url: Option<String>,
     /// The agent the host-level `/.well-known/agent-card.json` describes (default: the
     /// first agent).
     pub default_agent: Option<String>,
@@ -206,6 +209,7 @@ impl Default for ServerConfig {
         Self {
             listen: Config::DEFAULT_LISTEN.to_string(),
             public_url: None,
+            public_grpc_url: None,
             default_agent: None,
             card_default_version: Self::DEFAULT_CARD_VERSION.to_string(),
             listen_backlog: Self::DEFAULT_LISTEN_BACKLOG,

@@ -116,6 +116,18 @@ fn semantic_errors_name_the_key() {
             "[server]\nping_interval_seconds = 1e20\n",
             "server.ping_interval_seconds",
         ),
+        (
+            "[server]\npublic_grpc_url = \"http://a.example.com:443\"\n",
+            "server.public_grpc_url",
+        ),
+        (
+            "[server]\npublic_grpc_url = \"a.example.com\"\n",
+            "server.public_grpc_url",
+        ),
+        (
+            "[server]\npublic_grpc_url = \"a.example.com:0\"\n",
+            "server.public_grpc_url",
+        ),
     ];
     for (text, key) in cases {
         let e = Config::from_toml(text).expect_err(text);

@@ -9,7 +9,9 @@ use hyper::header::{self, HeaderValue};
 use hyper::{Method, Request, Response, StatusCode};
 use sha2::{Digest, Sha256};
 
-use super::{App, Body, base_url, error_response, method_not_allowed, preflight_official};
+use super::{
+    App, Body, base_url, error_response, grpc_url, method_not_allowed, preflight_official,
+};
 use crate::model::AgentId;
 use crate::rpc::a2a::{Version, card};
 use crate::rpc::{Dialect, Refusal};
@@ -51,8 +53,8 @@ pub(crate) fn response(
         _ => None,
     }
     .unwrap_or_else(|| default_version(&config.server.card_default_version));
-    let body = serde_json::to_vec(&card::card(version, &found, &base_url(app, req.headers())))
-        .unwrap_or_default();
+    let (base, grpc) = (base_url(app, req.headers()), grpc_url(app, req.headers()));
+    let body = serde_json::to_vec(&card::card(version, &found, &base, &grpc)).unwrap_or_default();
     let etag = format!("W/\"{}\"", hex_prefix(&Sha256::digest(&body)));
     let fresh = req
         .headers()

@@ -152,6 +152,7 @@ impl Grpc {
                 .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned()),
             in_batch: false,
             base_url,
+            grpc_url: super::grpc_url(app, &headers),
         };
         let work = async {
             match app

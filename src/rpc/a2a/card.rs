@@ -16,8 +16,9 @@ pub(crate) fn rest_url(base: &str, agent: &str) -> String {
     format!("{base}/api/v1/a2a/{agent}/rest")
 }
 
-/// An agent's card in a version's shape; `base` is the public base URL (no trailing `/`).
-pub(crate) fn card(v: Version, card: &AgentCard, base: &str) -> Value {
+/// An agent's card in a version's shape; `base` is the public base URL (no trailing `/`),
+/// `grpc` the gRPC interface's `host:port`.
+pub(crate) fn card(v: Version, card: &AgentCard, base: &str, grpc: &str) -> Value {
     let c = &card.config;
     let mut input_modes = vec!["text/plain".to_string()];
     for t in &c.limits.supported_types {
@@ -35,7 +36,7 @@ pub(crate) fn card(v: Version, card: &AgentCard, base: &str) -> Value {
         "description": c.description,
         "version": c.version,
         // 1.0 over JSON-RPC first (what a client without a preference takes), then 1.0
-        // over HTTP+JSON, then 0.3 (docs/PROTOCOL.md §10.2).
+        // over HTTP+JSON and gRPC, then 0.3 (docs/PROTOCOL.md §10.2).
         "supportedInterfaces": [
             json!({
                 "url": interface_url(base, &c.id, Version::V10),
@@ -46,6 +47,14 @@ pub(crate) fn card(v: Version, card: &AgentCard, base: &str) -> Value {
                 "url": rest_url(base, &c.id),
                 "protocolBinding": "HTTP+JSON",
                 "protocolVersion": "1.0",
+            }),
+            // A bare host:port (both official clients hand it to their channel as is); the
+            // tenant names the agent (both echo it in every request).
+            json!({
+                "url": grpc,
+                "protocolBinding": "GRPC",
+                "protocolVersion": "1.0",
+                "tenant": c.id,
             }),
             json!({
                 "url": interface_url(base, &c.id, Version::V03),

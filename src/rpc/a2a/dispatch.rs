@@ -258,7 +258,7 @@ pub(super) fn encode(
             Version::V10 => framing.ok(&json!({})),
             Version::V03 => framing.ok(&Value::Null),
         },
-        OpResponse::Card(c) => framing.ok(&card::card(v, &c, &cx.base_url)),
+        OpResponse::Card(c) => framing.ok(&card::card(v, &c, &cx.base_url, &cx.grpc_url)),
     })
 }
 
