@@ -1,13 +1,15 @@
 //! One behaviour, several framings (DIALECTS.md §11; S10 §5.1): the same scenario over
-//! A2A 1.0 JSON-RPC (`…/jsonrpc/v1`) and the HTTP+JSON binding (`…/rest/…`), each on a
-//! server of its own, must give the same results and the same errors. Then what only the
-//! REST framing has: HTTP statuses, paths and methods, content types, `Last-Event-ID`
-//! resume, tenants, CORS, metrics.
+//! A2A 1.0 JSON-RPC (`…/jsonrpc/v1`), the HTTP+JSON binding (`…/rest/…`) and gRPC
+//! (`lf.a2a.v1.A2AService` on the same port), each on a server of its own, must give the
+//! same results and the same errors. Then what only one framing has: HTTP statuses, paths
+//! and methods, content types, `Last-Event-ID` resume, tenants, CORS, metrics, gRPC
+//! metadata and codes.
 
 use crate::support;
 
 use std::time::Duration;
 
+use a2ad::proto::{self as pb, a2a_service_client::A2aServiceClient};
 use serde_json::{Value, json};
 use support::receiver::Receiver;
 use support::{ALICE, BOB, CAROL, SseReader, TestServer, agent, config, metric, new_id, texts};
@@ -17,10 +19,11 @@ use support::{ALICE, BOB, CAROL, SseReader, TestServer, agent, config, metric, n
 enum B {
     JsonRpc,
     Rest,
+    Grpc,
 }
 
 /// A call's outcome, framing aside: the result, or the error's `ErrorInfo` (reason and
-/// metadata) and HTTP status.
+/// metadata) and status (HTTP, or on gRPC the status code's number).
 #[derive(Debug)]
 enum Out {
     Ok(Value),
@@ -180,9 +183,84 @@ fn rest_request(
     }
 }
 
+/// A gRPC client of the server (HTTP/2 on its one port).
+async fn grpc(s: &TestServer) -> A2aServiceClient<tonic::transport::Channel> {
+    let channel = tonic::transport::Channel::from_shared(s.base.clone())
+        .expect("uri")
+        .connect()
+        .await
+        .expect("connect");
+    A2aServiceClient::new(channel)
+}
+
+/// A gRPC request: the params as the message (ProtoJSON), the agent as its tenant, the key
+/// and version as metadata.
+fn grpc_request<T: serde::de::DeserializeOwned>(
+    key: &str,
+    agent: &str,
+    params: &Value,
+    last_event_id: Option<u64>,
+) -> tonic::Request<T> {
+    let mut p = params.clone();
+    p["tenant"] = json!(agent);
+    let msg: T = serde_json::from_value(p).expect("params fit the message");
+    let mut req = tonic::Request::new(msg);
+    let md = req.metadata_mut();
+    md.insert("x-api-key", key.parse().expect("key"));
+    md.insert("a2a-version", "1.0".parse().expect("version"));
+    if let Some(n) = last_event_id {
+        md.insert("a2a-last-event-id", n.to_string().parse().expect("id"));
+    }
+    req
+}
+
+/// A gRPC error as an outcome: its code's number, its `ErrorInfo`.
+fn grpc_error(st: &tonic::Status) -> Out {
+    use tonic_types::StatusExt as _;
+    let details = st.get_error_details();
+    let info = details.error_info().map_or(Value::Null, |i| {
+        json!({"@type": "type.googleapis.com/google.rpc.ErrorInfo", "reason": i.reason,
+               "domain": i.domain, "metadata": i.metadata})
+    });
+    Out::Err {
+        status: st.code() as u16,
+        info,
+        body: json!({"code": st.code() as i32, "message": st.message()}),
+    }
+}
+
+/// One gRPC call of an operation (unary) as `key`.
+async fn grpc_call(s: &TestServer, key: &str, agent: &str, op: &str, params: &Value) -> Out {
+    let mut c = grpc(s).await;
+    macro_rules! unary {
+        ($method:ident) => {
+            match c.$method(grpc_request(key, agent, params, None)).await {
+                Ok(r) => Out::Ok(serde_json::to_value(r.into_inner()).expect("json")),
+                Err(st) => grpc_error(&st),
+            }
+        };
+    }
+    match op {
+        "SendMessage" => unary!(send_message),
+        "GetTask" => unary!(get_task),
+        "ListTasks" => unary!(list_tasks),
+        "CancelTask" => unary!(cancel_task),
+        "CreateTaskPushNotificationConfig" => unary!(create_task_push_notification_config),
+        "GetTaskPushNotificationConfig" => unary!(get_task_push_notification_config),
+        "ListTaskPushNotificationConfigs" => unary!(list_task_push_notification_configs),
+        "DeleteTaskPushNotificationConfig" => unary!(delete_task_push_notification_config),
+        "GetExtendedAgentCard" => unary!(get_extended_agent_card),
+        other => panic!("no unary gRPC call {other}"),
+    }
+}
+
 /// One call over a binding as `key`.
 async fn call_as(s: &TestServer, b: B, key: &str, agent: &str, op: &str, params: Value) -> Out {
+    if b == B::Grpc {
+        return grpc_call(s, key, agent, op, &params).await;
+    }
     let resp = match b {
+        B::Grpc => unreachable!("answered above"),
         B::JsonRpc => s
             .client
             .post(format!("{}/jsonrpc/v1", s.url(agent)))
@@ -235,6 +313,7 @@ async fn call_as(s: &TestServer, b: B, key: &str, agent: &str, op: &str, params:
                 },
             }
         }
+        B::Grpc => unreachable!("answered above"),
         B::Rest => {
             assert_eq!(ct, "application/a2a+json", "{body}");
             if status == 200 {
@@ -274,7 +353,44 @@ async fn stream(
     params: Value,
     last_event_id: Option<u64>,
 ) -> Result<Vec<(Option<u64>, Value)>, Out> {
+    if b == B::Grpc {
+        let mut c = grpc(s).await;
+        let opened = match op {
+            "SendStreamingMessage" => {
+                c.send_streaming_message(grpc_request::<pb::SendMessageRequest>(
+                    ALICE,
+                    agent,
+                    &params,
+                    last_event_id,
+                ))
+                .await
+            }
+            "SubscribeToTask" => {
+                c.subscribe_to_task(grpc_request::<pb::SubscribeToTaskRequest>(
+                    ALICE,
+                    agent,
+                    &params,
+                    last_event_id,
+                ))
+                .await
+            }
+            other => panic!("no streaming gRPC call {other}"),
+        };
+        let mut stream = opened.map_err(|st| grpc_error(&st))?.into_inner();
+        let mut events = Vec::new();
+        loop {
+            match stream.message().await {
+                Ok(Some(e)) => events.push((None, serde_json::to_value(e).expect("json"))),
+                Ok(None) => break,
+                // An error before the first event is the call's error (as on the others).
+                Err(st) if events.is_empty() => return Err(grpc_error(&st)),
+                Err(st) => panic!("stream failed mid-way: {st}"),
+            }
+        }
+        return Ok(events);
+    }
     let resp = match b {
+        B::Grpc => unreachable!("answered above"),
         B::JsonRpc => s
             .client
             .post(format!("{}/jsonrpc/v1", s.url(agent)))
@@ -310,7 +426,7 @@ async fn stream(
         let body: Value = serde_json::from_slice(&resp.bytes().await.expect("body")).expect("json");
         let info = match b {
             B::JsonRpc => body["error"]["data"][0].clone(),
-            B::Rest => body["error"]["details"][0].clone(),
+            B::Rest | B::Grpc => body["error"]["details"][0].clone(),
         };
         return Err(Out::Err { status, info, body });
     }
@@ -322,7 +438,7 @@ async fn stream(
                 assert_eq!(data["id"], "s");
                 (id, data["result"].clone())
             }
-            B::Rest => {
+            B::Rest | B::Grpc => {
                 assert!(data.get("jsonrpc").is_none(), "no envelope: {data}");
                 (id, data)
             }
@@ -340,18 +456,32 @@ fn normalize(v: &Value, base: &(&str, &str)) -> Value {
     match v {
         Value::String(s) => {
             let is_uuid = s.len() == 36 && s.chars().filter(|c| *c == '-').count() == 4;
-            let is_time = s.len() == 24 && s.ends_with('Z') && s.as_bytes().get(10) == Some(&b'T');
+            // (A gRPC client's ProtoJSON may write `+00:00` for `Z`.)
+            let is_time = (20..=35).contains(&s.len())
+                && (s.ends_with('Z') || s.ends_with("+00:00"))
+                && s.as_bytes().get(10) == Some(&b'T')
+                && s.as_bytes().get(4) == Some(&b'-');
             if is_uuid {
                 json!("<id>")
             } else if is_time {
                 json!("<time>")
             } else {
-                json!(s.replace(base.0, "<base>").replace(base.1, "<hook>"))
+                let addr = base.0.trim_start_matches("http://");
+                json!(
+                    s.replace(base.0, "<base>")
+                        .replace(base.1, "<hook>")
+                        .replace(addr, "<addr>")
+                )
             }
         }
         Value::Array(a) => Value::Array(a.iter().map(|x| normalize(x, base)).collect()),
+        // ProtoJSON may omit a field at its default value (a gRPC message decoded and
+        // written again does): an empty string or list is the same as none.
         Value::Object(o) => Value::Object(
             o.iter()
+                .filter(|(_, x)| {
+                    x.as_str() != Some("") && x.as_array().is_none_or(|a| !a.is_empty())
+                })
                 .map(|(k, x)| {
                     let x = if k == "nextPageToken" && x.as_str().is_some_and(|t| !t.is_empty()) {
                         json!("<token>")
@@ -383,9 +513,14 @@ async fn scenario(b: B) -> Vec<Value> {
     let s = server().await;
     let receiver = Receiver::ok().await;
     let mut log = Vec::new();
-    let mut note = |what: &str, out: &Out, status_expected: Option<(u16, u16)>| {
-        if let (Out::Err { status, .. }, Some((rpc, rest))) = (out, status_expected) {
-            let want = if b == B::Rest { rest } else { rpc };
+    // Expected statuses: (JSON-RPC HTTP, REST HTTP, gRPC code).
+    let mut note = |what: &str, out: &Out, status_expected: Option<(u16, u16, tonic::Code)>| {
+        if let (Out::Err { status, .. }, Some((rpc, rest, code))) = (out, status_expected) {
+            let want = match b {
+                B::JsonRpc => rpc,
+                B::Rest => rest,
+                B::Grpc => code as u16,
+            };
             assert_eq!(*status, want, "{what} over {b:?}: {out:?}");
         }
         let addresses = (s.base.as_str(), receiver.url.as_str());
@@ -457,7 +592,11 @@ async fn scenario(b: B) -> Vec<Value> {
     .await
     .expect("stream");
     let ids: Vec<Option<u64>> = events.iter().map(|(id, _)| *id).collect();
-    assert_eq!(ids, [Some(1), Some(2), Some(3)]);
+    if b == B::Grpc {
+        assert_eq!(ids, [None, None, None], "gRPC events carry no ids");
+    } else {
+        assert_eq!(ids, [Some(1), Some(2), Some(3)]);
+    }
     note(
         "stream",
         &Out::Ok(Value::Array(events.into_iter().map(|(_, e)| e).collect())),
@@ -466,7 +605,11 @@ async fn scenario(b: B) -> Vec<Value> {
     let finished = stream(&s, b, "echo", "SubscribeToTask", json!({"id": id}), None)
         .await
         .expect_err("terminal");
-    note("subscribe finished", &finished, Some((200, 400)));
+    note(
+        "subscribe finished",
+        &finished,
+        Some((200, 400, tonic::Code::FailedPrecondition)),
+    );
 
     // a running task: subscribe, cancel, cancel again
     let slow = call(
@@ -527,7 +670,11 @@ async fn scenario(b: B) -> Vec<Value> {
     );
     note("cancel", &canceled, None);
     let again = call(&s, b, "slow", "CancelTask", json!({"id": cancel_me})).await;
-    note("cancel again", &again, Some((200, 400)));
+    note(
+        "cancel again",
+        &again,
+        Some((200, 400, tonic::Code::FailedPrecondition)),
+    );
 
     // push configurations
     let created = call(
@@ -572,7 +719,11 @@ async fn scenario(b: B) -> Vec<Value> {
         json!({"taskId": id, "id": "c1"}),
     )
     .await;
-    note("push get deleted", &gone, Some((200, 404)));
+    note(
+        "push get deleted",
+        &gone,
+        Some((200, 404, tonic::Code::NotFound)),
+    );
 
     // the extended card
     let card = call(&s, b, "echo", "GetExtendedAgentCard", json!({})).await;
@@ -580,9 +731,17 @@ async fn scenario(b: B) -> Vec<Value> {
 
     // every error kind
     let unknown = call(&s, b, "echo", "GetTask", json!({"id": "no-such-task"})).await;
-    note("unknown task", &unknown, Some((200, 404)));
+    note(
+        "unknown task",
+        &unknown,
+        Some((200, 404, tonic::Code::NotFound)),
+    );
     let foreign = call_as(&s, b, BOB, "echo", "GetTask", json!({"id": id})).await;
-    note("another principal's task", &foreign, Some((200, 404)));
+    note(
+        "another principal's task",
+        &foreign,
+        Some((200, 404, tonic::Code::NotFound)),
+    );
     let negative = call(
         &s,
         b,
@@ -591,9 +750,17 @@ async fn scenario(b: B) -> Vec<Value> {
         json!({"id": id, "historyLength": -1}),
     )
     .await;
-    note("bad params: historyLength", &negative, Some((200, 400)));
+    note(
+        "bad params: historyLength",
+        &negative,
+        Some((200, 400, tonic::Code::InvalidArgument)),
+    );
     let no_message = call(&s, b, "echo", "SendMessage", json!({"configuration": {}})).await;
-    note("bad params: no message", &no_message, Some((200, 400)));
+    note(
+        "bad params: no message",
+        &no_message,
+        Some((200, 400, tonic::Code::InvalidArgument)),
+    );
     let bad_key = call_as(
         &s,
         b,
@@ -603,11 +770,23 @@ async fn scenario(b: B) -> Vec<Value> {
         json!({"id": id}),
     )
     .await;
-    note("bad key", &bad_key, Some((401, 401)));
+    note(
+        "bad key",
+        &bad_key,
+        Some((401, 401, tonic::Code::Unauthenticated)),
+    );
     let forbidden = call_as(&s, b, CAROL, "slow", "GetTask", json!({"id": id})).await;
-    note("agent not allowed", &forbidden, Some((403, 403)));
+    note(
+        "agent not allowed",
+        &forbidden,
+        Some((403, 403, tonic::Code::PermissionDenied)),
+    );
     let no_agent = call(&s, b, "nobody", "GetTask", json!({"id": id})).await;
-    note("unknown agent", &no_agent, Some((404, 404)));
+    note(
+        "unknown agent",
+        &no_agent,
+        Some((404, 404, tonic::Code::NotFound)),
+    );
     let no_push = call(
         &s,
         b,
@@ -616,7 +795,11 @@ async fn scenario(b: B) -> Vec<Value> {
         json!({"taskId": id}),
     )
     .await;
-    note("push not supported", &no_push, Some((200, 400)));
+    note(
+        "push not supported",
+        &no_push,
+        Some((200, 400, tonic::Code::FailedPrecondition)),
+    );
     let no_stream = stream(
         &s,
         b,
@@ -627,14 +810,30 @@ async fn scenario(b: B) -> Vec<Value> {
     )
     .await
     .expect_err("not streaming");
-    note("streaming not supported", &no_stream, Some((200, 400)));
+    note(
+        "streaming not supported",
+        &no_stream,
+        Some((200, 400, tonic::Code::FailedPrecondition)),
+    );
     let first = call(&s, b, "tight", "GetTask", json!({"id": id})).await;
-    note("tight: first", &first, Some((200, 404)));
+    note(
+        "tight: first",
+        &first,
+        Some((200, 404, tonic::Code::NotFound)),
+    );
     let limited = call(&s, b, "tight", "GetTask", json!({"id": id})).await;
-    note("rate limited", &limited, Some((429, 429)));
+    note(
+        "rate limited",
+        &limited,
+        Some((429, 429, tonic::Code::ResourceExhausted)),
+    );
     let big = "x".repeat(80 * 1024);
     let too_large = call(&s, b, "echo", "SendMessage", json!({"message": msg(&big)})).await;
-    note("body too large", &too_large, Some((413, 413)));
+    note(
+        "body too large",
+        &too_large,
+        Some((413, 413, tonic::Code::ResourceExhausted)),
+    );
 
     drop(receiver);
     s.stop().await;
@@ -642,11 +841,14 @@ async fn scenario(b: B) -> Vec<Value> {
 }
 
 #[tokio::test]
-async fn json_rpc_and_http_json_give_the_same_results_and_errors() {
-    let (rpc, rest) = tokio::join!(scenario(B::JsonRpc), scenario(B::Rest));
+async fn json_rpc_http_json_and_grpc_give_the_same_results_and_errors() {
+    let (rpc, rest, grpc) =
+        tokio::join!(scenario(B::JsonRpc), scenario(B::Rest), scenario(B::Grpc));
     assert_eq!(rpc.len(), rest.len());
-    for (a, b) in rpc.iter().zip(&rest) {
+    assert_eq!(rpc.len(), grpc.len());
+    for ((a, b), c) in rpc.iter().zip(&rest).zip(&grpc) {
         assert_eq!(a, b, "JSON-RPC and HTTP+JSON differ");
+        assert_eq!(a, c, "JSON-RPC and gRPC differ");
     }
 }
 

@@ -55,13 +55,27 @@ pub(crate) async fn serve(app: Arc<App>, mut req: Request<Incoming>) -> hyper::R
     {
         req.headers_mut().insert(hyper::header::HOST, v);
     }
-    let limit = usize::try_from(app.max_body).unwrap_or(usize::MAX);
+    let app_limit = app.max_body;
+    let limit = usize::try_from(app_limit).unwrap_or(usize::MAX);
     let mut svc = a2a_service_server::A2aServiceServer::new(Grpc { app })
         .max_decoding_message_size(limit)
         .max_encoding_message_size(usize::MAX);
     let response = match tonic::codegen::Service::call(&mut svc, req).await {
         Ok(r) => r,
         Err(never) => match never {},
+    };
+    // A message over the size bound is refused by tonic before any handler runs, as
+    // OUT_OF_RANGE without details; it gets the bound's own error instead, as on the other
+    // bindings (RESOURCE_EXHAUSTED, INVALID_REQUEST with the limit).
+    let response = if response
+        .headers()
+        .get("grpc-status")
+        .is_some_and(|v| v.as_bytes() == b"11")
+    {
+        let e = errors::refusal(Version::V10, &Refusal::TooLarge(app_limit));
+        status(&e).into_http::<tonic::body::Body>()
+    } else {
+        response
     };
     let (parts, body) = response.into_parts();
     hyper::Response::from_parts(parts, Body::grpc(body))
