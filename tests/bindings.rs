@@ -1197,3 +1197,188 @@ async fn the_card_lists_the_http_json_interface_and_tasks_cross_bindings() {
     assert_eq!(via_rest, task);
     s.stop().await;
 }
+
+#[tokio::test]
+async fn grpc_resumes_after_a2a_last_event_id_and_a_dropped_stream_leaves_the_task_running() {
+    let s = server().await;
+    let task = call(
+        &s,
+        B::Grpc,
+        "slow",
+        "SendMessage",
+        json!({"message": msg("wait"), "configuration": {"returnImmediately": true}}),
+    )
+    .await
+    .ok()["task"]["id"]
+        .as_str()
+        .expect("id")
+        .to_string();
+    // A subscriber that goes away after the first event: the task goes on.
+    let mut c = grpc(&s).await;
+    let mut sub = c
+        .subscribe_to_task(grpc_request::<pb::SubscribeToTaskRequest>(
+            ALICE,
+            "slow",
+            &json!({"id": task}),
+            None,
+        ))
+        .await
+        .expect("subscribe")
+        .into_inner();
+    let first = sub.message().await.expect("event").expect("one");
+    assert!(first.payload.is_some());
+    drop(sub);
+    drop(c);
+    until_state(&s, B::Grpc, &task, "TASK_STATE_COMPLETED").await;
+    // Resume after event 1: every later event once, to the final one (as REST and SSE).
+    let rest = stream(
+        &s,
+        B::Grpc,
+        "slow",
+        "SubscribeToTask",
+        json!({"id": task}),
+        Some(1),
+    )
+    .await
+    .expect("resume");
+    let over_rest = stream(
+        &s,
+        B::Rest,
+        "slow",
+        "SubscribeToTask",
+        json!({"id": task}),
+        Some(1),
+    )
+    .await
+    .expect("resume");
+    // (A store that keeps no events of finished tasks, memory, gives the final state alone;
+    // the durable ones every event after 1: the same over both bindings either way.)
+    assert_eq!(rest.len(), over_rest.len(), "{rest:?}");
+    let last = &rest.last().expect("events").1;
+    let state = if last.get("task").is_some() {
+        &last["task"]["status"]["state"]
+    } else {
+        &last["statusUpdate"]["status"]["state"]
+    };
+    assert_eq!(state, "TASK_STATE_COMPLETED", "{rest:?}");
+    let done = stream(
+        &s,
+        B::Grpc,
+        "slow",
+        "SubscribeToTask",
+        json!({"id": task}),
+        None,
+    )
+    .await
+    .expect_err("terminal");
+    assert_eq!(done.reason(), "UNSUPPORTED_OPERATION");
+    let text = s.scrape().await;
+    assert!(
+        metric(
+            &text,
+            r#"a2ad_requests_total{dialect="a2a-1.0",binding="grpc",method="SubscribeToTask",outcome="ok"}"#
+        ) >= 2.0,
+        "{text}"
+    );
+    s.stop().await;
+}
+
+/// A raw gRPC call over HTTP/2 (prior knowledge): status, grpc-status, grpc-message.
+async fn raw_grpc(s: &TestServer, path: &str, body: Vec<u8>, key: &str) -> (u16, String, String) {
+    let client = reqwest::Client::builder()
+        .http2_prior_knowledge()
+        .build()
+        .expect("client");
+    let resp = client
+        .post(format!("{}{path}", s.base))
+        .header("content-type", "application/grpc")
+        .header("te", "trailers")
+        .header("x-api-key", key)
+        .header("a2a-version", "1.0")
+        .body(body)
+        .send()
+        .await
+        .expect("h2 request");
+    let status = resp.status().as_u16();
+    let header = |name: &str| {
+        resp.headers()
+            .get(name)
+            .map(|v| v.to_str().unwrap_or("").to_string())
+            .unwrap_or_default()
+    };
+    let (code, message) = (header("grpc-status"), header("grpc-message"));
+    (status, code, message)
+}
+
+/// One gRPC frame: uncompressed, its length, the bytes.
+fn frame(bytes: &[u8]) -> Vec<u8> {
+    let mut out = vec![0u8];
+    out.extend_from_slice(&u32::try_from(bytes.len()).expect("len").to_be_bytes());
+    out.extend_from_slice(bytes);
+    out
+}
+
+#[tokio::test]
+async fn grpc_bad_input_gets_clear_statuses_and_holds_nothing() {
+    let s = server().await;
+    let get = "/lf.a2a.v1.A2AService/GetTask";
+    // Not protobuf: INVALID_ARGUMENT (3).
+    let (st, code, _) = raw_grpc(&s, get, frame(&[0xff, 0xff, 0xff, 0xff, 0x0f]), ALICE).await;
+    assert_eq!((st, code.as_str()), (200, "3"));
+    // A frame that claims more than the body cap: RESOURCE_EXHAUSTED (8).
+    let mut huge = vec![0u8];
+    huge.extend_from_slice(&(1u32 << 30).to_be_bytes());
+    huge.extend_from_slice(&[0u8; 64]);
+    let (_, code, _) = raw_grpc(&s, get, huge, ALICE).await;
+    assert_eq!(code, "8");
+    // A method the service does not have: UNIMPLEMENTED (12).
+    let (_, code, _) = raw_grpc(&s, "/lf.a2a.v1.A2AService/Nope", frame(&[]), ALICE).await;
+    assert_eq!(code, "12");
+    // No key: UNAUTHENTICATED (16); a tenant that is no agent: NOT_FOUND (5).
+    let (_, code, _) = raw_grpc(&s, get, frame(&[]), "not-a-key-0123456789").await;
+    assert_eq!(code, "16");
+    let mut c = grpc(&s).await;
+    let err = c
+        .get_task(grpc_request::<pb::GetTaskRequest>(
+            ALICE,
+            "nobody",
+            &json!({"id": "x"}),
+            None,
+        ))
+        .await
+        .expect_err("no such agent");
+    assert_eq!(err.code(), tonic::Code::NotFound);
+    assert_eq!(grpc_error(&err).reason(), "AGENT_NOT_FOUND");
+    // An empty tenant is the default agent (the first, echo); a missing version is 0.3.
+    let sent = c
+        .send_message(grpc_request::<pb::SendMessageRequest>(
+            ALICE,
+            "",
+            &json!({"message": msg("hi")}),
+            None,
+        ))
+        .await
+        .expect("default agent");
+    assert!(sent.into_inner().payload.is_some());
+    let mut no_version = tonic::Request::new(pb::GetTaskRequest {
+        id: "x".into(),
+        ..Default::default()
+    });
+    no_version
+        .metadata_mut()
+        .insert("x-api-key", ALICE.parse().expect("key"));
+    let err = c.get_task(no_version).await.expect_err("0.3");
+    assert_eq!(err.code(), tonic::Code::FailedPrecondition);
+    assert_eq!(grpc_error(&err).reason(), "VERSION_NOT_SUPPORTED");
+    // The server is fine afterwards.
+    let ok = call(
+        &s,
+        B::Grpc,
+        "echo",
+        "SendMessage",
+        json!({"message": msg("still")}),
+    )
+    .await;
+    assert_eq!(ok.ok()["task"]["status"]["state"], "TASK_STATE_COMPLETED");
+    s.stop().await;
+}

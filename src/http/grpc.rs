@@ -67,12 +67,22 @@ pub(crate) async fn serve(app: Arc<App>, mut req: Request<Incoming>) -> hyper::R
     // A message over the size bound is refused by tonic before any handler runs, as
     // OUT_OF_RANGE without details; it gets the bound's own error instead, as on the other
     // bindings (RESOURCE_EXHAUSTED, INVALID_REQUEST with the limit).
-    let response = if response
-        .headers()
-        .get("grpc-status")
-        .is_some_and(|v| v.as_bytes() == b"11")
-    {
+    // Likewise a message that is not protobuf (INTERNAL from tonic): INVALID_ARGUMENT with
+    // a PARSE_ERROR, as a body that is not JSON is on the others.
+    let code = response.headers().get("grpc-status").map(|v| v.as_bytes());
+    let undecodable = code == Some(b"13")
+        && response.headers().get("grpc-message").is_some_and(|m| {
+            let m = m.as_bytes();
+            m.starts_with(b"failed to decode") || m.starts_with(b"failed%20to%20decode")
+        });
+    let response = if code == Some(b"11") {
         let e = errors::refusal(Version::V10, &Refusal::TooLarge(app_limit));
+        status(&e).into_http::<tonic::body::Body>()
+    } else if undecodable {
+        let e = errors::dress(
+            Version::V10,
+            RpcError::parse_error("the message is not a protobuf message of this call".into()),
+        );
         status(&e).into_http::<tonic::body::Body>()
     } else {
         response
