@@ -3,8 +3,8 @@
 // Run by tests/sdk/run (which starts the server); not part of `cargo test`.
 // Usage: node client_check.mjs BASE_URL API_KEY
 //
-// Every client method is used against the 1.0 interfaces (JSON-RPC and HTTP+JSON, each
-// picked by the SDK from the card) and against the 0.3 interface (the SDK's legacy
+// Every client method is used against the 1.0 interfaces (JSON-RPC, HTTP+JSON and gRPC,
+// each picked by the SDK from the card) and against the 0.3 interface (the SDK's legacy
 // transport), on the `echo` agent (instant)
 // and the `slow` agent (an echo that takes a few seconds). Push notifications are received
 // by a local HTTP server. Exits 1 on the first failure.
@@ -19,6 +19,8 @@ import {
   RestTransportFactory,
   createAuthenticatingFetchWithRetry,
 } from '@a2a-js/sdk/client';
+import { GrpcTransportFactory } from '@a2a-js/sdk/client/grpc';
+import * as grpc from '@grpc/grpc-js';
 
 const [BASE, KEY] = process.argv.slice(2);
 const DEADLINE_MS = 30_000;
@@ -40,13 +42,27 @@ const fetchImpl = createAuthenticatingFetchWithRetry(fetch, {
   shouldRetryWithHeaders: async () => undefined,
 });
 
+// gRPC calls get the key as metadata: the SDK sends a call's service parameters so.
+const grpcKey = {
+  async before(args) {
+    args.options = {
+      ...args.options,
+      serviceParameters: { ...args.options?.serviceParameters, 'x-api-key': KEY },
+    };
+  },
+  async after() {},
+};
+
 function factory(binding) {
   const transport =
     binding === 'HTTP+JSON'
       ? new RestTransportFactory({ fetchImpl })
-      : new JsonRpcTransportFactory({ fetchImpl, legacyCompat: { enabled: true } });
+      : binding === 'GRPC'
+        ? new GrpcTransportFactory({ grpcChannelCredentials: grpc.credentials.createInsecure() })
+        : new JsonRpcTransportFactory({ fetchImpl, legacyCompat: { enabled: true } });
   return new ClientFactory(
     ClientFactoryOptions.createFrom(ClientFactoryOptions.default, {
+      clientConfig: binding === 'GRPC' ? { interceptors: [grpcKey] } : undefined,
       transports: [transport],
       // The SDK keeps its default transports beside the one given; this picks the card's
       // interface of the binding under test.
@@ -214,7 +230,7 @@ async function run(version, binding) {
   check(`${v} deleteTaskPushNotificationConfig removes it`, after.configs.length === 0, after);
 
   // The server counted these calls under the binding the client was to speak.
-  const label = binding === 'HTTP+JSON' ? 'rest' : 'jsonrpc';
+  const label = { 'HTTP+JSON': 'rest', GRPC: 'grpc' }[binding] ?? 'jsonrpc';
   const dialect = version === '1.0' ? 'a2a-1.0' : 'a2a-0.3';
   const metrics = await (await fetch(`${BASE}/metrics`)).text();
   const series = `a2ad_requests_total{dialect="${dialect}",binding="${label}",method="${version === '1.0' ? 'SendMessage' : 'message/send'}",outcome="ok"}`;
@@ -224,6 +240,7 @@ async function run(version, binding) {
 for (const [version, binding] of [
   ['1.0', 'JSONRPC'],
   ['1.0', 'HTTP+JSON'],
+  ['1.0', 'GRPC'],
   ['0.3', 'JSONRPC'],
 ]) {
   await run(version, binding);

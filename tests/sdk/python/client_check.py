@@ -3,8 +3,8 @@
 Run by tests/sdk/run (which starts the server); not part of `cargo test`.
 Usage: client_check.py BASE_URL API_KEY
 
-Every public method of the SDK client is used against the 1.0 interfaces (JSON-RPC and
-HTTP+JSON, each picked by the SDK from the agent card) and against the 0.3 interface (the
+Every public method of the SDK client is used against the 1.0 interfaces (JSON-RPC,
+HTTP+JSON and gRPC, each picked by the SDK from the agent card) and against the 0.3 interface (the
 SDK's compat transport), on the `echo` agent (instant) and the `slow` agent (an echo that
 takes a few seconds).
 Push notifications are received by a local HTTP server. Exits 1 on the first failure.
@@ -18,6 +18,7 @@ import threading
 import time
 import uuid
 
+import grpc
 import httpx
 from a2a.client import ClientConfig, ClientFactory
 from a2a.types.a2a_pb2 import (
@@ -83,6 +84,38 @@ def http_client():
     return httpx.AsyncClient(headers={"x-api-key": KEY}, timeout=DEADLINE_S)
 
 
+def with_key(d):
+    """Call details with the key added (the SDK's channel factory is the caller's to make)."""
+    md = grpc.aio.Metadata(*(d.metadata or ()))
+    md.add("x-api-key", KEY)
+    return grpc.aio.ClientCallDetails(d.method, d.timeout, md, d.credentials, d.wait_for_ready)
+
+
+# grpc.aio files an interceptor under one kind only: one object per kind.
+class UnaryKey(grpc.aio.UnaryUnaryClientInterceptor):
+    async def intercept_unary_unary(self, continuation, details, request):
+        return await continuation(with_key(details), request)
+
+
+class StreamKey(grpc.aio.UnaryStreamClientInterceptor):
+    async def intercept_unary_stream(self, continuation, details, request):
+        return await continuation(with_key(details), request)
+
+
+def grpc_channel(url):
+    # The card's gRPC interface is a bare host:port.
+    return grpc.aio.insecure_channel(url, interceptors=[UnaryKey(), StreamKey()])
+
+
+def client_config(binding, streaming=True):
+    return ClientConfig(
+        streaming=streaming,
+        httpx_client=http_client(),
+        supported_protocol_bindings=[binding],
+        grpc_channel_factory=grpc_channel,
+    )
+
+
 async def client_on(agent, version, binding, streaming=True):
     from a2a.client.card_resolver import A2ACardResolver
 
@@ -90,15 +123,7 @@ async def client_on(agent, version, binding, streaming=True):
         card = await A2ACardResolver(h, f"{BASE}/api/v1/a2a/{agent}").get_agent_card()
     if binding != "JSONRPC":
         # The SDK picks the card's interface of the binding it is told to speak.
-        factory = ClientFactory(
-            ClientConfig(
-                streaming=streaming,
-                httpx_client=http_client(),
-                supported_protocol_bindings=[binding],
-            )
-        )
-        client = factory.create(card)
-        return client
+        return ClientFactory(client_config(binding, streaming)).create(card)
     factory = ClientFactory(ClientConfig(streaming=streaming, httpx_client=http_client()))
     keep = [
         i
@@ -142,9 +167,7 @@ async def run(version, binding):
     v = f"[{version} {binding}]"
     # Discovery: the SDK resolves the card and picks the 1.0 interface on its own.
     if version == "1.0":
-        factory = ClientFactory(
-            ClientConfig(httpx_client=http_client(), supported_protocol_bindings=[binding])
-        )
+        factory = ClientFactory(client_config(binding))
         auto = await factory.create_from_url(f"{BASE}/api/v1/a2a/echo")
         card = await auto.get_extended_agent_card(GetExtendedAgentCardRequest())
         check(f"{v} GetExtendedAgentCard names the agent", card.name != "", card)
@@ -255,7 +278,7 @@ async def run(version, binding):
     check(f"{v} DeleteTaskPushNotificationConfig removes it", len(listed.configs) == 0, listed)
 
     # The server counted these calls under the binding the client was to speak.
-    label = "rest" if binding == "HTTP+JSON" else "jsonrpc"
+    label = {"HTTP+JSON": "rest", "GRPC": "grpc"}.get(binding, "jsonrpc")
     dialect = "a2a-1.0" if version == "1.0" else "a2a-0.3"
     method = "SendMessage" if version == "1.0" else "message/send"
     async with httpx.AsyncClient() as h:
@@ -275,7 +298,12 @@ async def main():
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Receiver)
     RECEIVER_PORT = server.server_address[1]
     threading.Thread(target=server.serve_forever, daemon=True).start()
-    for version, binding in (("1.0", "JSONRPC"), ("1.0", "HTTP+JSON"), ("0.3", "JSONRPC")):
+    for version, binding in (
+        ("1.0", "JSONRPC"),
+        ("1.0", "HTTP+JSON"),
+        ("1.0", "GRPC"),
+        ("0.3", "JSONRPC"),
+    ):
         await run(version, binding)
     server.shutdown()
     print(f"python a2a-sdk: {len(CHECKS)} checks passed")
