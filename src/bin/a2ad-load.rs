@@ -95,6 +95,9 @@ struct Cli {
     /// The dialect of `send` and `stream`.
     #[arg(long, value_enum, default_value = "seed")]
     dialect: Dialect,
+    /// With `--dialect grpc`: the HTTP/2 connections the workers share (0: one per worker).
+    #[arg(long, default_value_t = 0)]
+    grpc_channels: usize,
     /// Stop `send`/`stream` after this many requests instead of after `--duration`
     /// (no warm-up; for instruction counts: see benches/instructions.sh).
     #[arg(long)]
@@ -373,6 +376,7 @@ async fn measure_a2ad(cli: &Cli) -> Result<Report, String> {
             path: cli.dialect.path(agent),
             key: key.clone(),
             dialect: cli.dialect,
+            grpc_channels: cli.grpc_channels,
         })
     };
     let result = match cli.scenario {
@@ -440,6 +444,7 @@ async fn measure_floor(cli: &Cli) -> Result<Report, String> {
         path: "/api/v1/a2a/echo".into(),
         key: BENCH_KEY.into(),
         dialect: Dialect::Seed,
+        grpc_channels: 0,
     });
     // The floor answers every call with one JSON result, so `send` is its workload.
     let r = timed(cli, target, Kind::Send, Some(s.pid()), "floor").await;
@@ -510,16 +515,42 @@ async fn drive(
     deadline: Instant,
     budget: Option<Arc<AtomicU64>>,
 ) -> Stats {
-    let workers: Vec<_> = (0..connections)
-        .map(|_| {
-            tokio::spawn(client::run_loop(
-                target.clone(),
-                kind,
-                deadline,
-                budget.clone(),
-            ))
-        })
-        .collect();
+    let workers: Vec<_> = if target.dialect == Dialect::Grpc {
+        let n = match target.grpc_channels {
+            0 => connections,
+            n => n.min(connections),
+        };
+        let channels: Vec<tonic::transport::Channel> = (0..n)
+            .filter_map(|_| {
+                tonic::transport::Channel::from_shared(format!("http://{}", target.addr))
+                    .ok()
+                    .map(|e| e.connect_lazy())
+            })
+            .collect();
+        (0..connections)
+            .filter_map(|i| channels.get(i % channels.len().max(1)).cloned())
+            .map(|channel| {
+                tokio::spawn(client::run_grpc_loop(
+                    target.clone(),
+                    channel,
+                    kind,
+                    deadline,
+                    budget.clone(),
+                ))
+            })
+            .collect()
+    } else {
+        (0..connections)
+            .map(|_| {
+                tokio::spawn(client::run_loop(
+                    target.clone(),
+                    kind,
+                    deadline,
+                    budget.clone(),
+                ))
+            })
+            .collect()
+    };
     let mut stats = Stats::default();
     for w in workers {
         match w.await {

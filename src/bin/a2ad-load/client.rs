@@ -21,6 +21,8 @@ pub struct Target {
     pub path: String,
     pub key: String,
     pub dialect: Dialect,
+    /// gRPC: how many HTTP/2 connections the workers share (0: one each).
+    pub grpc_channels: usize,
 }
 
 /// The JSON-RPC dialect `send` and `stream` speak.
@@ -34,6 +36,9 @@ pub enum Dialect {
     V03,
     /// Official A2A 1.0 over HTTP+JSON: `POST …/rest/message:send` (and `message:stream`).
     Rest,
+    /// Official A2A 1.0 over gRPC: `lf.a2a.v1.A2AService/SendMessage` (and
+    /// `SendStreamingMessage`), HTTP/2 on the same port.
+    Grpc,
 }
 
 impl Dialect {
@@ -44,12 +49,13 @@ impl Dialect {
             Dialect::V1 => format!("/api/v1/a2a/{agent}/jsonrpc/v1"),
             Dialect::V03 => format!("/api/v1/a2a/{agent}/jsonrpc/v0.3"),
             Dialect::Rest => format!("/api/v1/a2a/{agent}/rest"),
+            Dialect::Grpc => agent.to_string(),
         }
     }
 
     /// Whether requests carry `A2A-Version: 1.0`.
     fn is_1_0(self) -> bool {
-        matches!(self, Dialect::V1 | Dialect::Rest)
+        matches!(self, Dialect::V1 | Dialect::Rest | Dialect::Grpc)
     }
 
     /// A blocking send (`stream == false`) or a stream of one fresh message.
@@ -64,7 +70,7 @@ impl Dialect {
                     "SendMessage"
                 }
             ),
-            (Dialect::Rest, _) => format!(
+            (Dialect::Rest | Dialect::Grpc, _) => format!(
                 r#"{{"message":{{"role":"ROLE_USER","messageId":"{id}","parts":[{{"text":"{text}"}}]}}}}"#
             ),
             (Dialect::V03, _) => format!(
@@ -90,7 +96,9 @@ impl Dialect {
     /// Whether a stream's body ended with its final event.
     pub fn stream_finished(self, body: &[u8]) -> bool {
         match self {
-            Dialect::V1 | Dialect::Rest => contains(body, b"TASK_STATE_COMPLETED"),
+            Dialect::V1 | Dialect::Rest | Dialect::Grpc => {
+                contains(body, b"TASK_STATE_COMPLETED")
+            }
             Dialect::Seed | Dialect::V03 => contains(body, b"\"final\":true"),
         }
     }
@@ -345,4 +353,90 @@ pub fn percentile(sorted: &[u32], p: f64) -> f64 {
     }
     let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
     f64::from(sorted[i.min(sorted.len() - 1)]) / 1000.0
+}
+
+/// One worker over gRPC (its share of `channel`): `send` or `stream` back to back until
+/// `deadline` (or until `budget` runs out). `target.path` is the agent (the tenant).
+pub async fn run_grpc_loop(
+    target: Arc<Target>,
+    channel: tonic::transport::Channel,
+    kind: Kind,
+    deadline: Instant,
+    budget: Option<Arc<AtomicU64>>,
+) -> Stats {
+    use a2ad::proto as pb;
+    let mut stats = Stats::default();
+    let mut client = pb::a2a_service_client::A2aServiceClient::new(channel)
+        .max_decoding_message_size(64 << 20);
+    while Instant::now() < deadline {
+        if let Some(b) = &budget
+            && b.fetch_update(Relaxed, Relaxed, |n| n.checked_sub(1))
+                .is_err()
+        {
+            break;
+        }
+        let message = pb::SendMessageRequest {
+            tenant: target.path.clone(),
+            message: Some(pb::Message {
+                message_id: uuid::Uuid::new_v4().to_string(),
+                role: pb::Role::User.into(),
+                parts: vec![pb::Part {
+                    content: Some(pb::part::Content::Text("load".into())),
+                    ..Default::default()
+                }],
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let mut req = tonic::Request::new(message);
+        let md = req.metadata_mut();
+        if let Ok(key) = target.key.parse() {
+            md.insert("x-api-key", key);
+        }
+        md.insert("a2a-version", tonic::metadata::MetadataValue::from_static("1.0"));
+        let t0 = Instant::now();
+        let outcome = match kind {
+            Kind::Stream => match client.send_streaming_message(req).await {
+                Ok(resp) => {
+                    let mut stream = resp.into_inner();
+                    let mut last_state = None;
+                    loop {
+                        match stream.message().await {
+                            Ok(Some(e)) => {
+                                if let Some(pb::stream_response::Payload::StatusUpdate(u)) =
+                                    e.payload
+                                {
+                                    last_state = u.status.map(|s| s.state);
+                                }
+                            }
+                            Ok(None) => break,
+                            Err(st) => {
+                                last_state = None;
+                                stats.error(format!("grpc-{:?}", st.code()));
+                                break;
+                            }
+                        }
+                    }
+                    if last_state == Some(pb::TaskState::Completed.into()) {
+                        Ok(())
+                    } else {
+                        Err("no-final-event".to_string())
+                    }
+                }
+                Err(st) => Err(format!("grpc-{:?}", st.code())),
+            },
+            _ => match client.send_message(req).await {
+                Ok(_) => Ok(()),
+                Err(st) => Err(format!("grpc-{:?}", st.code())),
+            },
+        };
+        match outcome {
+            Ok(()) => stats
+                .latencies
+                .push(u32::try_from(t0.elapsed().as_micros()).unwrap_or(u32::MAX)),
+            Err(e) => stats.error(e),
+        }
+        DONE.fetch_add(1, Relaxed);
+    }
+    stats
 }
