@@ -72,7 +72,9 @@ pub(crate) async fn handle(
     req: Request<Incoming>,
 ) -> Result<Response<Body>, Infallible> {
     if grpc::is_grpc(&req) {
-        return Ok(grpc::serve(app, req).await);
+        // Boxed: a gRPC call's future is large, and an unboxed one would make every
+        // request's future that large (moved several times per request).
+        return Ok(Box::pin(grpc::serve(app, req)).await);
     }
     let path = req.uri().path();
     let response = if path == "/metrics" {
@@ -103,7 +105,7 @@ pub(crate) async fn handle(
             Route::Rpc(agent, dialect) => endpoint(&app, AgentId::new(agent), dialect, req).await,
             Route::Rest(agent, sub) => {
                 let (agent, sub) = (AgentId::new(agent), sub.to_string());
-                rest_endpoint(&app, agent, &sub, req).await
+                Box::pin(rest_endpoint(&app, agent, &sub, req)).await
             }
             Route::Card(agent) => card::response(&app, Some(AgentId::new(agent)), &req),
             Route::Elsewhere(agent) => not_served(&app, agent, &req),

@@ -20,8 +20,9 @@ pub(crate) struct Body {
 enum Inner {
     Full(Option<Bytes>),
     Sse(Box<SseBody>),
-    /// A gRPC response (its messages, then its trailers).
-    Grpc(tonic::body::Body),
+    /// A gRPC response (its messages, then its trailers). Boxed: tonic's body is large, and
+    /// every response (moved several times on its way out) would be as large.
+    Grpc(Pin<Box<tonic::body::Body>>),
 }
 
 impl Body {
@@ -42,7 +43,7 @@ impl Body {
 
     /// A gRPC response body.
     pub(crate) fn grpc(body: tonic::body::Body) -> Self {
-        Self::from_inner(Inner::Grpc(body))
+        Self::from_inner(Inner::Grpc(Box::pin(body)))
     }
 
     fn from_inner(inner: Inner) -> Self {
@@ -72,7 +73,7 @@ impl http_body::Body for Body {
             Inner::Sse(s) => s.poll_chunk(cx).map(|f| f.map(Ok)),
             // tonic puts a call's errors in its trailers; an error of the body itself (none
             // is expected) ends it.
-            Inner::Grpc(b) => match Pin::new(b).poll_frame(cx) {
+            Inner::Grpc(b) => match b.as_mut().poll_frame(cx) {
                 Poll::Ready(Some(Ok(frame))) => Poll::Ready(Some(Ok(frame))),
                 Poll::Ready(Some(Err(_)) | None) => Poll::Ready(None),
                 Poll::Pending => Poll::Pending,
@@ -84,7 +85,7 @@ impl http_body::Body for Body {
         match &self.inner {
             Inner::Full(b) => b.is_none(),
             Inner::Sse(s) => s.is_done(),
-            Inner::Grpc(b) => http_body::Body::is_end_stream(b),
+            Inner::Grpc(b) => http_body::Body::is_end_stream(b.as_ref().get_ref()),
         }
     }
 
@@ -93,7 +94,7 @@ impl http_body::Body for Body {
             Inner::Full(Some(b)) => http_body::SizeHint::with_exact(b.len() as u64),
             Inner::Full(None) => http_body::SizeHint::with_exact(0),
             Inner::Sse(_) => http_body::SizeHint::default(),
-            Inner::Grpc(b) => http_body::Body::size_hint(b),
+            Inner::Grpc(b) => http_body::Body::size_hint(b.as_ref().get_ref()),
         }
     }
 }

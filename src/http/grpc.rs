@@ -187,7 +187,8 @@ impl Grpc {
                     Version::V10,
                     &Refusal::RateLimited(retry_after),
                 )),
-                Ok(()) => rest::execute_json(&app.runtime, &cx, op, &params).await,
+                // Boxed: tonic moves the handler's future as it goes.
+                Ok(()) => Box::pin(rest::execute_json(&app.runtime, &cx, op, &params)).await,
             }
         };
         observed(app, DIALECT, Binding::Grpc, &cx, Some(op.name()), work)
