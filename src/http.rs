@@ -467,7 +467,16 @@ async fn rest_endpoint(
                 Version::V10,
                 &Refusal::RateLimited(retry_after),
             )),
-            Ok(()) => rest::dispatch(&app.runtime, &cx, &call, query.as_deref(), &body).await,
+            Ok(()) => {
+                Box::pin(rest::dispatch(
+                    &app.runtime,
+                    &cx,
+                    &call,
+                    query.as_deref(),
+                    &body,
+                ))
+                .await
+            }
         }
     };
     let reply = observed(app, DIALECT, Binding::Rest, &cx, Some(call.method()), work).await;
@@ -596,7 +605,9 @@ async fn one(
                     Some(&call.id),
                     &dialect.refusal(&Refusal::RateLimited(retry_after)),
                 ),
-                Ok(()) => dialect.dispatch(&app.runtime, cx, call).await,
+                // Boxed: the operations' futures are large (~12 KB); inline they would make
+                // every request's future that large, copied each time it moves.
+                Ok(()) => Box::pin(dialect.dispatch(&app.runtime, cx, call)).await,
             },
         }
     };

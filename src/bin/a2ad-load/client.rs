@@ -96,9 +96,7 @@ impl Dialect {
     /// Whether a stream's body ended with its final event.
     pub fn stream_finished(self, body: &[u8]) -> bool {
         match self {
-            Dialect::V1 | Dialect::Rest | Dialect::Grpc => {
-                contains(body, b"TASK_STATE_COMPLETED")
-            }
+            Dialect::V1 | Dialect::Rest | Dialect::Grpc => contains(body, b"TASK_STATE_COMPLETED"),
             Dialect::Seed | Dialect::V03 => contains(body, b"\"final\":true"),
         }
     }
@@ -366,8 +364,8 @@ pub async fn run_grpc_loop(
 ) -> Stats {
     use a2ad::proto as pb;
     let mut stats = Stats::default();
-    let mut client = pb::a2a_service_client::A2aServiceClient::new(channel)
-        .max_decoding_message_size(64 << 20);
+    let mut client =
+        pb::a2a_service_client::A2aServiceClient::new(channel).max_decoding_message_size(64 << 20);
     while Instant::now() < deadline {
         if let Some(b) = &budget
             && b.fetch_update(Relaxed, Relaxed, |n| n.checked_sub(1))
@@ -393,7 +391,10 @@ pub async fn run_grpc_loop(
         if let Ok(key) = target.key.parse() {
             md.insert("x-api-key", key);
         }
-        md.insert("a2a-version", tonic::metadata::MetadataValue::from_static("1.0"));
+        md.insert(
+            "a2a-version",
+            tonic::metadata::MetadataValue::from_static("1.0"),
+        );
         let t0 = Instant::now();
         let outcome = match kind {
             Kind::Stream => match client.send_streaming_message(req).await {
