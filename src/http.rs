@@ -196,6 +196,24 @@ pub(crate) fn grpc_url(app: &App, headers: &hyper::HeaderMap) -> String {
     }
 }
 
+/// What a call takes from its request's headers: `Last-Event-ID`, the public base URL, the
+/// gRPC interface's address and the `A2A-Version` named.
+fn request_facts(
+    app: &App,
+    req: &Request<Incoming>,
+) -> (Option<String>, String, String, Option<String>) {
+    let last_event_id = req
+        .headers()
+        .get("last-event-id")
+        .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned());
+    (
+        last_event_id,
+        base_url(app, req.headers()),
+        grpc_url(app, req.headers()),
+        requested_version(req),
+    )
+}
+
 /// The `A2A-Version` a request names: the header, else the query parameter.
 pub(crate) fn requested_version(req: &Request<Incoming>) -> Option<String> {
     if let Some(v) = req.headers().get("a2a-version") {
@@ -265,13 +283,7 @@ async fn endpoint(
         .get_all(header::ACCEPT)
         .iter()
         .any(|v| v.to_str().is_ok_and(|s| s.contains("text/event-stream")));
-    let last_event_id = req
-        .headers()
-        .get("last-event-id")
-        .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned());
-    let base_url = base_url(app, req.headers());
-    let grpc_url = grpc_url(app, req.headers());
-    let version = requested_version(&req);
+    let (last_event_id, base_url, grpc_url, version) = request_facts(app, &req);
     let body = match read_body(app, req).await {
         Ok(b) => b,
         Err(refusal) => {
@@ -421,13 +433,7 @@ async fn rest_endpoint(
         return unsupported(app);
     }
     let accepts_sse = true;
-    let last_event_id = req
-        .headers()
-        .get("last-event-id")
-        .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned());
-    let base_url = base_url(app, req.headers());
-    let grpc_url = grpc_url(app, req.headers());
-    let version = requested_version(&req);
+    let (last_event_id, base_url, grpc_url, version) = request_facts(app, &req);
     let query = req.uri().query().map(str::to_owned);
     let body = if posts {
         match read_body(app, req).await {

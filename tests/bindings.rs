@@ -446,6 +446,19 @@ async fn stream(
         .collect())
 }
 
+/// Starts a task on the slow agent without waiting; its id.
+async fn start_slow(s: &TestServer, b: B, text: &str) -> String {
+    let out = call(
+        s,
+        b,
+        "slow",
+        "SendMessage",
+        json!({"message": msg(text), "configuration": {"returnImmediately": true}}),
+    )
+    .await;
+    out.ok()["task"]["id"].as_str().expect("id").to_string()
+}
+
 fn msg(text: &str) -> Value {
     json!({"messageId": new_id(), "role": "ROLE_USER", "parts": [{"text": text}]})
 }
@@ -612,17 +625,7 @@ async fn scenario(b: B) -> Vec<Value> {
     );
 
     // a running task: subscribe, cancel, cancel again
-    let slow = call(
-        &s,
-        b,
-        "slow",
-        "SendMessage",
-        json!({"message": msg("wait"), "configuration": {"returnImmediately": true}}),
-    )
-    .await
-    .ok()["task"]
-        .clone();
-    let slow_id = slow["id"].as_str().expect("id").to_string();
+    let slow_id = start_slow(&s, b, "wait").await;
     until_state(&s, b, &slow_id, "TASK_STATE_WORKING").await;
     let followed = stream(
         &s,
@@ -644,18 +647,7 @@ async fn scenario(b: B) -> Vec<Value> {
         last["statusUpdate"]["status"]["state"], "TASK_STATE_COMPLETED",
         "{followed:?}"
     );
-    let cancel_me = call(
-        &s,
-        b,
-        "slow",
-        "SendMessage",
-        json!({"message": msg("stop me"), "configuration": {"returnImmediately": true}}),
-    )
-    .await
-    .ok()["task"]["id"]
-        .as_str()
-        .expect("id")
-        .to_string();
+    let cancel_me = start_slow(&s, b, "stop me").await;
     let canceled = call(
         &s,
         b,
@@ -1064,18 +1056,7 @@ async fn rest_paths_methods_content_types_tenants_and_cors() {
 #[tokio::test]
 async fn rest_subscribe_resumes_after_last_event_id_without_gap_or_duplicate() {
     let s = server().await;
-    let task = call(
-        &s,
-        B::Rest,
-        "slow",
-        "SendMessage",
-        json!({"message": msg("wait"), "configuration": {"returnImmediately": true}}),
-    )
-    .await
-    .ok()["task"]["id"]
-        .as_str()
-        .expect("id")
-        .to_string();
+    let task = start_slow(&s, B::Rest, "wait").await;
     // Read the first two frames of a subscription, then drop it.
     let resp = s
         .client
@@ -1201,18 +1182,7 @@ async fn the_card_lists_the_http_json_interface_and_tasks_cross_bindings() {
 #[tokio::test]
 async fn grpc_resumes_after_a2a_last_event_id_and_a_dropped_stream_leaves_the_task_running() {
     let s = server().await;
-    let task = call(
-        &s,
-        B::Grpc,
-        "slow",
-        "SendMessage",
-        json!({"message": msg("wait"), "configuration": {"returnImmediately": true}}),
-    )
-    .await
-    .ok()["task"]["id"]
-        .as_str()
-        .expect("id")
-        .to_string();
+    let task = start_slow(&s, B::Grpc, "wait").await;
     // A subscriber that goes away after the first event: the task goes on.
     let mut c = grpc(&s).await;
     let mut sub = c
