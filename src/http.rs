@@ -777,16 +777,26 @@ fn version_refusal(
 }
 
 async fn read_body(app: &App, req: Request<Incoming>) -> Result<Bytes, Refusal> {
-    let declared = req
-        .headers()
+    let (parts, body) = req.into_parts();
+    read_limited(app, &parts.headers, body, app.max_body).await
+}
+
+/// A request body of at most `limit` bytes, within `server.body_timeout`.
+async fn read_limited(
+    app: &App,
+    headers: &hyper::HeaderMap,
+    body: Incoming,
+    limit: u64,
+) -> Result<Bytes, Refusal> {
+    let declared = headers
         .get(header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<u64>().ok());
-    if declared.is_some_and(|n| n > app.max_body) {
+    if declared.is_some_and(|n| n > limit) {
         return Err(Refusal::TooLarge(app.max_body));
     }
-    let limit = usize::try_from(app.max_body).unwrap_or(usize::MAX);
-    let collect = Limited::new(req.into_body(), limit).collect();
+    let limit = usize::try_from(limit).unwrap_or(usize::MAX);
+    let collect = Limited::new(body, limit).collect();
     match tokio::time::timeout(app.body_timeout, collect).await {
         Ok(Ok(collected)) => Ok(collected.to_bytes()),
         Ok(Err(e)) if e.is::<http_body_util::LengthLimitError>() => {

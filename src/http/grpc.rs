@@ -57,6 +57,20 @@ pub(crate) async fn serve(app: Arc<App>, mut req: Request<Incoming>) -> hyper::R
     }
     let app_limit = app.max_body;
     let limit = usize::try_from(app_limit).unwrap_or(usize::MAX);
+    // Every RPC of the service takes one message: the body is read whole first, within the
+    // body cap (plus the 5 bytes of gRPC framing) and `server.body_timeout`, so a slow or
+    // endless sender holds nothing longer than a JSON-RPC one could.
+    let (parts, body) = req.into_parts();
+    let bytes =
+        match super::read_limited(&app, &parts.headers, body, app_limit.saturating_add(5)).await {
+            Ok(b) => b,
+            Err(r) => {
+                let e = errors::refusal(Version::V10, &r);
+                let (p, b) = status(&e).into_http::<tonic::body::Body>().into_parts();
+                return hyper::Response::from_parts(p, Body::grpc(b));
+            }
+        };
+    let req = Request::from_parts(parts, http_body_util::Full::new(bytes));
     let mut svc = a2a_service_server::A2aServiceServer::new(Grpc { app })
         .max_decoding_message_size(limit)
         .max_encoding_message_size(usize::MAX);
@@ -287,6 +301,7 @@ pub(crate) fn status(e: &RpcError) -> Status {
         INVALID_REQUEST if e.status == hyper::StatusCode::PAYLOAD_TOO_LARGE => {
             Code::ResourceExhausted
         }
+        INVALID_REQUEST if e.status == hyper::StatusCode::REQUEST_TIMEOUT => Code::DeadlineExceeded,
         INVALID_REQUEST => Code::InvalidArgument,
         UNAUTHENTICATED => Code::Unauthenticated,
         UNAUTHORIZED => Code::PermissionDenied,
