@@ -58,8 +58,8 @@ pub(crate) async fn serve(app: Arc<App>, mut req: Request<Incoming>) -> hyper::R
     let app_limit = app.max_body;
     let limit = usize::try_from(app_limit).unwrap_or(usize::MAX);
     // Every RPC of the service takes one message: the body is read whole first, within the
-    // body cap (plus the 5 bytes of gRPC framing) and `server.body_read_timeout_seconds`, so a slow or
-    // endless sender holds nothing longer than a JSON-RPC one could.
+    // body cap (plus the 5 bytes of gRPC framing) and `server.body_read_timeout_seconds`, so
+    // a slow or endless sender holds nothing longer than a JSON-RPC one could.
     let (parts, body) = req.into_parts();
     let bytes =
         match super::read_limited(&app, &parts.headers, body, app_limit.saturating_add(5)).await {
