@@ -1352,3 +1352,47 @@ async fn grpc_bad_input_gets_clear_statuses_and_holds_nothing() {
     assert_eq!(ok.ok()["task"]["status"]["state"], "TASK_STATE_COMPLETED");
     s.stop().await;
 }
+
+#[tokio::test]
+async fn shutdown_ends_an_open_grpc_stream_with_its_final_canceled_event() {
+    let mut c = config(&["echo"]);
+    let mut stuck = agent("stuck");
+    stuck.echo.delay_ms = 60_000;
+    c.agents.push(stuck);
+    let s = TestServer::start(c).await;
+    let mut client = grpc(&s).await;
+    let mut events = client
+        .send_streaming_message(grpc_request::<pb::SendMessageRequest>(
+            ALICE,
+            "stuck",
+            &json!({"message": msg("forever")}),
+            None,
+        ))
+        .await
+        .expect("stream")
+        .into_inner();
+    let first = events.message().await.expect("first").expect("an event");
+    assert!(matches!(
+        first.payload,
+        Some(pb::stream_response::Payload::Task(_))
+    ));
+    s.handle.as_ref().expect("handle").stop();
+    let mut last = None;
+    let drained = tokio::time::timeout(Duration::from_secs(20), async {
+        while let Ok(Some(e)) = events.message().await {
+            last = Some(e);
+        }
+    })
+    .await;
+    assert!(drained.is_ok(), "the stream ends on shutdown");
+    let Some(pb::stream_response::Payload::StatusUpdate(u)) = last.and_then(|e| e.payload) else {
+        panic!("the last event is a status update");
+    };
+    let state = u.status.expect("status").state;
+    assert_eq!(
+        state,
+        i32::from(pb::TaskState::Canceled),
+        "canceled by the shutdown"
+    );
+    s.stop().await;
+}
