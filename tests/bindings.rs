@@ -1292,9 +1292,18 @@ fn frame(bytes: &[u8]) -> Vec<u8> {
 async fn grpc_bad_input_gets_clear_statuses_and_holds_nothing() {
     let s = server().await;
     let get = "/lf.a2a.v1.A2AService/GetTask";
-    // Not protobuf: INVALID_ARGUMENT (3).
+    // Not protobuf, a frame cut short, a compressed frame (none was agreed):
+    // INVALID_ARGUMENT (3).
     let (st, code, _) = raw_grpc(&s, get, frame(&[0xff, 0xff, 0xff, 0xff, 0x0f]), ALICE).await;
     assert_eq!((st, code.as_str()), (200, "3"));
+    let mut cut = frame(br#"{"id":"x"}"#);
+    cut.truncate(8);
+    let (_, code, _) = raw_grpc(&s, get, cut, ALICE).await;
+    assert_eq!(code, "3");
+    let mut compressed = frame(&[0x0a, 0x01, 0x78]);
+    compressed[0] = 1;
+    let (_, code, _) = raw_grpc(&s, get, compressed, ALICE).await;
+    assert_eq!(code, "3");
     // A frame that claims more than the body cap: RESOURCE_EXHAUSTED (8).
     let mut huge = vec![0u8];
     huge.extend_from_slice(&(1u32 << 30).to_be_bytes());

@@ -86,8 +86,16 @@ pub(crate) async fn serve(app: Arc<App>, mut req: Request<Incoming>) -> hyper::R
     let code = response.headers().get("grpc-status").map(|v| v.as_bytes());
     let undecodable = code == Some(b"13")
         && response.headers().get("grpc-message").is_some_and(|m| {
-            let m = m.as_bytes();
-            m.starts_with(b"failed to decode") || m.starts_with(b"failed%20to%20decode")
+            // tonic's messages for a frame it cannot read (percent-encoded on the wire).
+            let m = String::from_utf8_lossy(m.as_bytes()).replace("%20", " ");
+            [
+                "failed to decode",
+                "Unexpected EOF",
+                "protocol error",
+                "Message compressed",
+            ]
+            .iter()
+            .any(|p| m.starts_with(p))
         });
     let response = if code == Some(b"11") {
         let e = errors::refusal(Version::V10, &Refusal::TooLarge(app_limit));
