@@ -119,14 +119,15 @@ struct Grpc {
 
 /// A request message's `tenant` (the agent it names).
 trait Tenant {
-    fn tenant(&self) -> &str;
+    /// Takes the tenant out (the operations' params carry none).
+    fn take_tenant(&mut self) -> String;
 }
 
 macro_rules! tenant {
     ($($t:ty),* $(,)?) => {
         $(impl Tenant for $t {
-            fn tenant(&self) -> &str {
-                &self.tenant
+            fn take_tenant(&mut self) -> String {
+                std::mem::take(&mut self.tenant)
             }
         })*
     };
@@ -156,15 +157,17 @@ impl Grpc {
     ) -> Result<Reply, Status> {
         let app = &*self.app;
         let headers = req.metadata().clone().into_headers();
-        let msg = req.into_inner();
+        let mut msg = req.into_inner();
+        let tenant = msg.take_tenant();
         let refusal = |r: &Refusal| status(&errors::refusal(Version::V10, r));
         let caller = app
             .keys
             .authenticate(&headers)
             .map_err(|e| refusal(&Refusal::Unauthorized(e.message())))?;
-        let agent_id = AgentId::new(match msg.tenant() {
-            "" => default_agent(app),
-            named => named.to_string(),
+        let agent_id = AgentId::new(if tenant.is_empty() {
+            default_agent(app)
+        } else {
+            tenant
         });
         let Some(agent) = app.runtime.agent(&agent_id).cloned() else {
             return Err(refusal(&Refusal::AgentNotFound(agent_id)));
@@ -180,14 +183,9 @@ impl Grpc {
             refused_by(app, DIALECT, Binding::Grpc, &agent, e.code);
             return Err(status(&e));
         }
-        let params = match serde_json::to_value(&msg) {
-            Ok(Value::Object(mut m)) => {
-                // The tenant chose the agent; the operations' params carry none.
-                m.remove("tenant");
-                serde_json::value::to_raw_value(&m).map_err(|_| Status::internal("encoding"))?
-            }
-            _ => return Err(Status::internal("encoding")),
-        };
+        // The message, its tenant taken out, as the ProtoJSON the shared decoder reads.
+        let params =
+            serde_json::value::to_raw_value(&msg).map_err(|_| Status::internal("encoding"))?;
         let cx = CallContext {
             caller,
             agent,
