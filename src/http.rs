@@ -166,42 +166,24 @@ pub(crate) fn base_url(app: &App, headers: &hyper::HeaderMap) -> String {
 
 /// The request's `Host`, when it looks like a host.
 fn request_host(headers: &hyper::HeaderMap) -> Option<&str> {
-    headers
-        .get(header::HOST)
-        .and_then(|v| v.to_str().ok())
-        .filter(|h| {
-            !h.is_empty()
-                && h.len() <= 255
-                && h.bytes()
-                    .all(|b| b.is_ascii_alphanumeric() || b"-._:[]".contains(&b))
-        })
+    headers.get(header::HOST).and_then(rpc::plausible_host)
 }
 
-/// The address of the gRPC interface the cards announce (a bare `host:port`, S10 §8.3.1):
-/// `server.public_grpc_url`, else the request's `Host` (with the listening port when it
-/// names none), else the listening address.
+/// The address of the gRPC interface the cards announce ([`rpc::grpc_address`]).
 pub(crate) fn grpc_url(app: &App, headers: &hyper::HeaderMap) -> String {
-    if let Some(url) = &app.runtime.config().server.public_grpc_url {
-        return url.clone();
-    }
-    match request_host(headers) {
-        Some(h)
-            if h.rsplit_once(':')
-                .is_some_and(|(_, port)| port.parse::<u16>().is_ok()) =>
-        {
-            h.to_string()
-        }
-        Some(h) => format!("{h}:{}", app.local_addr.port()),
-        None => app.local_addr.to_string(),
-    }
+    rpc::grpc_address(
+        app.runtime.config().server.public_grpc_url.as_deref(),
+        headers.get(header::HOST),
+        app.local_addr,
+    )
 }
 
 /// What a call takes from its request's headers: `Last-Event-ID`, the public base URL, the
-/// gRPC interface's address and the `A2A-Version` named.
+/// `Host` (for the gRPC interface's address, made only for a card) and the `A2A-Version`.
 fn request_facts(
     app: &App,
     req: &Request<Incoming>,
-) -> (Option<String>, String, String, Option<String>) {
+) -> (Option<String>, String, Option<HeaderValue>, Option<String>) {
     let last_event_id = req
         .headers()
         .get("last-event-id")
@@ -209,7 +191,7 @@ fn request_facts(
     (
         last_event_id,
         base_url(app, req.headers()),
-        grpc_url(app, req.headers()),
+        req.headers().get(header::HOST).cloned(),
         requested_version(req),
     )
 }
@@ -283,7 +265,7 @@ async fn endpoint(
         .get_all(header::ACCEPT)
         .iter()
         .any(|v| v.to_str().is_ok_and(|s| s.contains("text/event-stream")));
-    let (last_event_id, base_url, grpc_url, version) = request_facts(app, &req);
+    let (last_event_id, base_url, host, version) = request_facts(app, &req);
     let body = match read_body(app, req).await {
         Ok(b) => b,
         Err(refusal) => {
@@ -315,7 +297,8 @@ async fn endpoint(
         last_event_id,
         in_batch: matches!(decoded, rpc::Body::Batch(_)),
         base_url,
-        grpc_url,
+        host,
+        local_addr: app.local_addr,
     };
     match decoded {
         rpc::Body::Single(call) => reply_response(app, one(app, dialect, &cx, call).await).await,
@@ -381,7 +364,7 @@ async fn rest_endpoint(
     if req.method() == Method::OPTIONS {
         return preflight_official("GET, POST, DELETE, OPTIONS");
     }
-    let status = |e: &RpcError| rest_response(rest::status_reply(e));
+    let status = rest_error;
     let refusal = |r: &Refusal| status(&a2a_errors::refusal(Version::V10, r));
     let caller = match app.keys.authenticate(req.headers()) {
         Ok(c) => c,
@@ -414,11 +397,11 @@ async fn rest_endpoint(
         }
         RestRoute::WrongTenant(tenant) => {
             refused_by(app, DIALECT, Binding::Rest, &agent, INVALID_PARAMS);
-            return rest_response(rest::wrong_tenant(&tenant));
+            return rest_response(json_reply(rest::wrong_tenant(&tenant)));
         }
         RestRoute::NotFound => {
             refused_by(app, DIALECT, Binding::Rest, &agent, METHOD_NOT_FOUND);
-            return rest_response(rest::not_found(req.uri().path()));
+            return rest_response(json_reply(rest::not_found(req.uri().path())));
         }
     };
     // Only POST carries a body; one that declares a type must declare JSON.
@@ -433,7 +416,7 @@ async fn rest_endpoint(
         return unsupported(app);
     }
     let accepts_sse = true;
-    let (last_event_id, base_url, grpc_url, version) = request_facts(app, &req);
+    let (last_event_id, base_url, host, version) = request_facts(app, &req);
     let query = req.uri().query().map(str::to_owned);
     let body = if posts {
         match read_body(app, req).await {
@@ -462,7 +445,8 @@ async fn rest_endpoint(
         last_event_id,
         in_batch: false,
         base_url,
-        grpc_url,
+        host,
+        local_addr: app.local_addr,
     };
     let work = async {
         match app
@@ -490,28 +474,7 @@ async fn rest_endpoint(
 }
 
 /// A response of the HTTP+JSON binding: JSON as `application/a2a+json` (S10 §11.1).
-fn rest_response<R: Into<RestReply>>(r: R) -> Response<Body> {
-    let mut r = match r.into() {
-        RestReply::Reply(reply) => {
-            let Reply::Json {
-                body,
-                status,
-                retry_after,
-                ..
-            } = reply
-            else {
-                // Streams are answered through `reply_response`.
-                return json(StatusCode::INTERNAL_SERVER_ERROR, Vec::new());
-            };
-            let mut r = json(status, body);
-            if let Some(secs) = retry_after {
-                r.headers_mut()
-                    .insert(header::RETRY_AFTER, HeaderValue::from(secs));
-            }
-            r
-        }
-        RestReply::Response(r) => r,
-    };
+fn rest_response(mut r: Response<Body>) -> Response<Body> {
     if r.headers()
         .get(header::CONTENT_TYPE)
         .is_some_and(|v| v == "application/json")
@@ -524,22 +487,9 @@ fn rest_response<R: Into<RestReply>>(r: R) -> Response<Body> {
     r
 }
 
-/// What [`rest_response`] dresses: a finished reply, or a response already made.
-enum RestReply {
-    Reply(Reply),
-    Response(Response<Body>),
-}
-
-impl From<Reply> for RestReply {
-    fn from(r: Reply) -> Self {
-        Self::Reply(r)
-    }
-}
-
-impl From<Response<Body>> for RestReply {
-    fn from(r: Response<Body>) -> Self {
-        Self::Response(r)
-    }
+/// An error of the HTTP+JSON binding: its `google.rpc.Status` response.
+fn rest_error(e: &RpcError) -> Response<Body> {
+    rest_response(json_reply(rest::status_reply(e)))
 }
 
 /// The bytes a batch's answer may still take (`server.max_batch_response_bytes`).
@@ -702,7 +652,8 @@ fn refused_by(
 /// ends, then its events as they come.
 const FIRST_EVENT_WAIT: Duration = Duration::from_millis(50);
 
-async fn reply_response(app: &App, reply: Reply) -> Response<Body> {
+/// The response of a whole (non-stream) reply: its JSON, status and `Retry-After`.
+fn json_reply(reply: Reply) -> Response<Body> {
     match reply {
         Reply::Json {
             body,
@@ -717,6 +668,16 @@ async fn reply_response(app: &App, reply: Reply) -> Response<Body> {
             }
             r
         }
+        // Only whole replies come here; a stream has its own response.
+        Reply::Stream { .. } | Reply::Events { .. } => {
+            json(StatusCode::INTERNAL_SERVER_ERROR, Vec::new())
+        }
+    }
+}
+
+async fn reply_response(app: &App, reply: Reply) -> Response<Body> {
+    match reply {
+        reply @ Reply::Json { .. } => json_reply(reply),
         Reply::Stream {
             id,
             mut stream,

@@ -278,8 +278,10 @@ pub(crate) struct CallContext {
     pub(crate) in_batch: bool,
     /// The public base URL (`server.public_url`, else `http://` + `Host`), no trailing `/`.
     pub(crate) base_url: String,
-    /// The gRPC interface's `host:port` (`server.public_grpc_url`, else from `Host`).
-    pub(crate) grpc_url: String,
+    /// The request's `Host`, for the gRPC interface's address (computed only for a card).
+    pub(crate) host: Option<hyper::header::HeaderValue>,
+    /// The listening address.
+    pub(crate) local_addr: std::net::SocketAddr,
 }
 
 impl CallContext {
@@ -289,6 +291,12 @@ impl CallContext {
             "" => format!("{}/api/v1/a2a/{}", self.base_url, self.agent_id),
             path => format!("{}/api/v1/a2a/{}/{path}", self.base_url, self.agent_id),
         }
+    }
+
+    /// The gRPC interface's `host:port`: `public` (`server.public_grpc_url`), else from the
+    /// request's `Host`.
+    pub(crate) fn grpc_url(&self, public: Option<&str>) -> String {
+        grpc_address(public, self.host.as_ref(), self.local_addr)
     }
 
     /// Names the call's task in the request's span (for following it through the logs).
@@ -377,4 +385,37 @@ pub(crate) fn sse_frame(seq: u64, json: &[u8]) -> Bytes {
     out.extend_from_slice(json);
     out.extend_from_slice(b"\n\n");
     Bytes::from(out)
+}
+
+/// A `Host` value, when it looks like a host (letters, digits, `-._:[]`, at most 255).
+pub(crate) fn plausible_host(v: &hyper::header::HeaderValue) -> Option<&str> {
+    v.to_str().ok().filter(|h| {
+        !h.is_empty()
+            && h.len() <= 255
+            && h.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"-._:[]".contains(&b))
+    })
+}
+
+/// The address of the gRPC interface the cards announce (a bare `host:port`, S10 §8.3.1):
+/// `public`, else the request's `Host` (with the listening port when it names none), else
+/// the listening address.
+pub(crate) fn grpc_address(
+    public: Option<&str>,
+    host: Option<&hyper::header::HeaderValue>,
+    local: std::net::SocketAddr,
+) -> String {
+    if let Some(url) = public {
+        return url.to_string();
+    }
+    match host.and_then(plausible_host) {
+        Some(h)
+            if h.rsplit_once(':')
+                .is_some_and(|(_, port)| port.parse::<u16>().is_ok()) =>
+        {
+            h.to_string()
+        }
+        Some(h) => format!("{h}:{}", local.port()),
+        None => local.to_string(),
+    }
 }

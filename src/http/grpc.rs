@@ -196,7 +196,8 @@ impl Grpc {
                 .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned()),
             in_batch: false,
             base_url,
-            grpc_url: super::grpc_url(app, &headers),
+            host: headers.get(hyper::header::HOST).cloned(),
+            local_addr: app.local_addr,
         };
         let work = async {
             match app

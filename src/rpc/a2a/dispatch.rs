@@ -258,7 +258,10 @@ pub(super) fn encode(
             Version::V10 => framing.ok(&json!({})),
             Version::V03 => framing.ok(&Value::Null),
         },
-        OpResponse::Card(c) => framing.ok(&card::card(v, &c, &cx.base_url, &cx.grpc_url)),
+        OpResponse::Card(c) => {
+            let grpc = cx.grpc_url(runtime.config().server.public_grpc_url.as_deref());
+            framing.ok(&card::card(v, &c, &cx.base_url, &grpc))
+        }
     })
 }
 
