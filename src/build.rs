@@ -1,7 +1,8 @@
 //! Compiles the vendored `lf.a2a.v1` proto (A2A v1.0.1, `src/proto`) for the gRPC binding:
 //! protox (a protobuf compiler in Rust: no `protoc` to install) reads it, tonic's prost
-//! generator writes the messages and the service, pbjson-build their ProtoJSON (serde)
-//! forms, through which the binding shares the JSON-RPC binding's decoding and rendering.
+//! generator writes the messages and the service's client (for `a2ad-load` and embedders;
+//! the server side is a2ad's own, `src/http/grpc.rs`), pbjson-build their ProtoJSON (serde)
+//! forms, through which the binding shares the JSON-RPC binding's request decoding.
 
 use std::path::PathBuf;
 
@@ -13,6 +14,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     std::fs::write(&descriptors, prost::Message::encode_to_vec(&fds))?;
     tonic_prost_build::configure()
         .build_transport(false)
+        .build_server(false)
         // The well-known types (Struct, Timestamp, Empty) from pbjson-types: they have
         // ProtoJSON forms too.
         .compile_well_known_types(true)

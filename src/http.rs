@@ -617,11 +617,21 @@ impl Outcome for Reply {
     }
 }
 
-impl Outcome for Result<Reply, RpcError> {
+impl<T: Outcome> Outcome for Result<T, RpcError> {
     fn code(&self) -> Option<i64> {
         match self {
-            Ok(reply) => reply.code(),
+            Ok(done) => done.code(),
             Err(e) => Some(e.code),
+        }
+    }
+}
+
+/// A result a binding encoded itself (`Ok`: a success), or a reply.
+impl<T> Outcome for Result<T, Reply> {
+    fn code(&self) -> Option<i64> {
+        match self {
+            Ok(_) => None,
+            Err(reply) => reply.code(),
         }
     }
 }

@@ -51,8 +51,8 @@ pub mod model;
 pub mod push;
 mod rpc;
 pub mod runtime;
-/// The A2A 1.0 protobuf messages and the `lf.a2a.v1.A2AService` client and server, generated
-/// from the vendored proto (v1.0.1) with their ProtoJSON forms: for gRPC clients of a2ad
+/// The A2A 1.0 protobuf messages and the `lf.a2a.v1.A2AService` client, generated from the
+/// vendored proto (v1.0.1) with their ProtoJSON forms: for gRPC clients of a2ad
 /// (`a2a_service_client::A2aServiceClient` over a `tonic::transport::Channel`).
 pub mod proto {
     pub use crate::rpc::a2a::pb::*;

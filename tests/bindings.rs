@@ -10,6 +10,7 @@ use crate::support;
 use std::time::Duration;
 
 use a2ad::proto::{self as pb, a2a_service_client::A2aServiceClient};
+use futures_util::StreamExt as _;
 use serde_json::{Value, json};
 use support::receiver::Receiver;
 use support::{ALICE, BOB, CAROL, SseReader, TestServer, agent, config, metric, new_id, texts};
@@ -1255,13 +1256,24 @@ async fn grpc_resumes_after_a2a_last_event_id_and_a_dropped_stream_leaves_the_ta
 
 /// A raw gRPC call over HTTP/2 (prior knowledge): status, grpc-status, grpc-message.
 async fn raw_grpc(s: &TestServer, path: &str, body: Vec<u8>, key: &str) -> (u16, String, String) {
+    raw_grpc_as(s, path, "application/grpc", body.into(), key).await
+}
+
+/// [`raw_grpc`] with a content type and any body.
+async fn raw_grpc_as(
+    s: &TestServer,
+    path: &str,
+    content_type: &str,
+    body: reqwest::Body,
+    key: &str,
+) -> (u16, String, String) {
     let client = reqwest::Client::builder()
         .http2_prior_knowledge()
         .build()
         .expect("client");
     let resp = client
         .post(format!("{}{path}", s.base))
-        .header("content-type", "application/grpc")
+        .header("content-type", content_type)
         .header("te", "trailers")
         .header("x-api-key", key)
         .header("a2a-version", "1.0")
@@ -1310,6 +1322,48 @@ async fn grpc_bad_input_gets_clear_statuses_and_holds_nothing() {
     huge.extend_from_slice(&[0u8; 64]);
     let (_, code, _) = raw_grpc(&s, get, huge, ALICE).await;
     assert_eq!(code, "8");
+    // No message, two messages where the method takes one: INVALID_ARGUMENT.
+    let (_, code, _) = raw_grpc(&s, get, Vec::new(), ALICE).await;
+    assert_eq!(code, "3");
+    let mut two = frame(&[0x0a, 0x01, 0x78]);
+    two.extend(frame(&[0x0a, 0x01, 0x79]));
+    let (_, code, message) = raw_grpc(&s, get, two, ALICE).await;
+    assert_eq!(code, "3", "{message}");
+    // Content types: `+proto` is protobuf too (the call is read: the task is not found);
+    // another codec is refused, not misread.
+    let id_x = frame(&[0x0a, 0x01, 0x78]);
+    let (_, code, _) = raw_grpc_as(
+        &s,
+        get,
+        "application/grpc+proto",
+        id_x.clone().into(),
+        ALICE,
+    )
+    .await;
+    assert_eq!(code, "5");
+    let (_, code, message) =
+        raw_grpc_as(&s, get, "application/grpc+json", id_x.clone().into(), ALICE).await;
+    assert_eq!(code, "3", "{message}");
+    assert!(message.contains("Content"), "{message}");
+    // Metadata over the header cap: the stream is refused whole (431), nothing runs; a
+    // header block sent in a flood of CONTINUATION frames loses its connection (GOAWAY).
+    let client = reqwest::Client::builder()
+        .http2_prior_knowledge()
+        .build()
+        .expect("client");
+    let padded = |size: usize| {
+        client
+            .post(format!("{}{get}", s.base))
+            .header("content-type", "application/grpc")
+            .header("x-api-key", ALICE)
+            .header("x-padding", "p".repeat(size))
+            .body(id_x.clone())
+            .send()
+    };
+    let over = padded(100 * 1024).await.expect("a response");
+    assert_eq!(over.status().as_u16(), 431);
+    let flood = padded(400 * 1024).await.expect_err("the connection is closed");
+    assert!(format!("{flood:?}").contains("GoAway"), "{flood:?}");
     // A method the service does not have: UNIMPLEMENTED (12).
     let (_, code, _) = raw_grpc(&s, "/lf.a2a.v1.A2AService/Nope", frame(&[]), ALICE).await;
     assert_eq!(code, "12");
@@ -1356,6 +1410,40 @@ async fn grpc_bad_input_gets_clear_statuses_and_holds_nothing() {
         "echo",
         "SendMessage",
         json!({"message": msg("still")}),
+    )
+    .await;
+    assert_eq!(ok.ok()["task"]["status"]["state"], "TASK_STATE_COMPLETED");
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn a_grpc_message_too_slow_to_arrive_is_deadline_exceeded_and_holds_nothing() {
+    let mut c = config(&["echo"]);
+    c.server.body_read_timeout_seconds = 0.5;
+    let s = TestServer::start(c).await;
+    // Half a frame, then nothing more: the body never completes.
+    let first = frame(&[0x0a, 0x01, 0x78]);
+    let head: Vec<u8> = first[..4].to_vec();
+    let endless = futures_util::stream::once(async move { Ok::<_, std::io::Error>(head) })
+        .chain(futures_util::stream::pending());
+    let started = std::time::Instant::now();
+    let (st, code, message) = raw_grpc_as(
+        &s,
+        "/lf.a2a.v1.A2AService/GetTask",
+        "application/grpc",
+        reqwest::Body::wrap_stream(endless),
+        ALICE,
+    )
+    .await;
+    assert_eq!((st, code.as_str()), (200, "4"), "{message}");
+    assert!(started.elapsed() < Duration::from_secs(30));
+    // Nothing is held: the server answers the next call.
+    let ok = call(
+        &s,
+        B::Grpc,
+        "echo",
+        "SendMessage",
+        json!({"message": msg("after")}),
     )
     .await;
     assert_eq!(ok.ok()["task"]["status"]["state"], "TASK_STATE_COMPLETED");

@@ -7,6 +7,7 @@ use std::task::{Context, Poll};
 use bytes::Bytes;
 use http_body::Frame;
 
+use super::grpc::Frames;
 use super::sse::SseBody;
 use crate::server::conn::InFlight;
 
@@ -20,9 +21,20 @@ pub(crate) struct Body {
 enum Inner {
     Full(Option<Bytes>),
     Sse(Box<SseBody>),
-    /// A gRPC response (its messages, then its trailers). Boxed: tonic's body is large, and
-    /// every response (moved several times on its way out) would be as large.
-    Grpc(Pin<Box<tonic::body::Body>>),
+    /// A gRPC response's one message, then the trailers of success.
+    GrpcOne(Option<Bytes>),
+    /// A gRPC response's messages as they come, then the trailers of success.
+    GrpcStream(Frames),
+    /// The trailers of success are sent: the gRPC response is done.
+    GrpcDone,
+}
+
+/// The trailers ending a gRPC response that succeeded (its errors are trailers-only
+/// responses, made whole elsewhere).
+fn grpc_ok() -> Frame<Bytes> {
+    let mut trailers = hyper::HeaderMap::with_capacity(1);
+    trailers.insert("grpc-status", hyper::header::HeaderValue::from_static("0"));
+    Frame::trailers(trailers)
 }
 
 impl Body {
@@ -41,9 +53,14 @@ impl Body {
         Self::from_inner(Inner::Sse(Box::new(body)))
     }
 
-    /// A gRPC response body.
-    pub(crate) fn grpc(body: tonic::body::Body) -> Self {
-        Self::from_inner(Inner::Grpc(Box::pin(body)))
+    /// A gRPC response of one (framed) message.
+    pub(crate) fn grpc_one(message: Bytes) -> Self {
+        Self::from_inner(Inner::GrpcOne(Some(message)))
+    }
+
+    /// A gRPC response of a stream of (framed) messages.
+    pub(crate) fn grpc_stream(messages: Frames) -> Self {
+        Self::from_inner(Inner::GrpcStream(messages))
     }
 
     fn from_inner(inner: Inner) -> Self {
@@ -60,6 +77,13 @@ impl Body {
     }
 }
 
+/// No body (a gRPC status alone is such a response).
+impl Default for Body {
+    fn default() -> Self {
+        Self::empty()
+    }
+}
+
 impl http_body::Body for Body {
     type Data = Bytes;
     type Error = Infallible;
@@ -68,24 +92,30 @@ impl http_body::Body for Body {
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
-        match &mut self.get_mut().inner {
-            Inner::Full(bytes) => Poll::Ready(bytes.take().map(|b| Ok(Frame::data(b)))),
-            Inner::Sse(s) => s.poll_chunk(cx).map(|f| f.map(Ok)),
-            // tonic puts a call's errors in its trailers; an error of the body itself (none
-            // is expected) ends it.
-            Inner::Grpc(b) => match b.as_mut().poll_frame(cx) {
-                Poll::Ready(Some(Ok(frame))) => Poll::Ready(Some(Ok(frame))),
-                Poll::Ready(Some(Err(_)) | None) => Poll::Ready(None),
-                Poll::Pending => Poll::Pending,
+        let inner = &mut self.get_mut().inner;
+        let frame = match inner {
+            Inner::Full(bytes) => return Poll::Ready(bytes.take().map(|b| Ok(Frame::data(b)))),
+            Inner::Sse(s) => return s.poll_chunk(cx).map(|f| f.map(Ok)),
+            Inner::GrpcOne(message) => message.take().map_or_else(grpc_ok, Frame::data),
+            Inner::GrpcStream(messages) => match messages.as_mut().poll_next(cx) {
+                Poll::Ready(Some(message)) => Frame::data(message),
+                Poll::Ready(None) => grpc_ok(),
+                Poll::Pending => return Poll::Pending,
             },
+            Inner::GrpcDone => return Poll::Ready(None),
+        };
+        if frame.is_trailers() {
+            *inner = Inner::GrpcDone;
         }
+        Poll::Ready(Some(Ok(frame)))
     }
 
     fn is_end_stream(&self) -> bool {
         match &self.inner {
             Inner::Full(b) => b.is_none(),
             Inner::Sse(s) => s.is_done(),
-            Inner::Grpc(b) => http_body::Body::is_end_stream(b.as_ref().get_ref()),
+            Inner::GrpcOne(_) | Inner::GrpcStream(_) => false,
+            Inner::GrpcDone => true,
         }
     }
 
@@ -93,8 +123,10 @@ impl http_body::Body for Body {
         match &self.inner {
             Inner::Full(Some(b)) => http_body::SizeHint::with_exact(b.len() as u64),
             Inner::Full(None) => http_body::SizeHint::with_exact(0),
-            Inner::Sse(_) => http_body::SizeHint::default(),
-            Inner::Grpc(b) => http_body::Body::size_hint(b.as_ref().get_ref()),
+            Inner::Sse(_) | Inner::GrpcOne(_) | Inner::GrpcStream(_) => {
+                http_body::SizeHint::default()
+            }
+            Inner::GrpcDone => http_body::SizeHint::with_exact(0),
         }
     }
 }

@@ -3,15 +3,21 @@
 //! here). Each call is admitted as the other bindings' calls are — key (`x-api-key` or
 //! `authorization` metadata), agent (the request's `tenant`, empty: `server.default_agent`),
 //! the key's agents, `a2a-version`, rate — then its message is turned into the ProtoJSON the
-//! JSON-RPC binding decodes, run by the same operations ([`rest::execute_json`]), and the
-//! JSON result turned back into the response message. Errors are `google.rpc.Status` with
-//! the code of S10 §5.4 and the same `ErrorInfo` (in `grpc-status-details-bin`).
+//! JSON-RPC binding decodes and run by the same operations ([`rest::execute_with`]). Sends,
+//! task reads and stream events are built as messages straight from the model (`pbout`);
+//! the other results are read back from their JSON. Errors are `google.rpc.Status` with the
+//! code of S10 §5.4 and the same `ErrorInfo` (in `grpc-status-details-bin`), as
+//! trailers-only responses.
+//!
+//! The framing is a2ad's own, not a generated server's: the one message of a call is read
+//! whole within the body cap, and the response is its message then `grpc-status: 0` —
+//! a unary call's headers, message and trailers leave in one write.
 
 use std::pin::Pin;
 use std::sync::Arc;
-use std::task::Poll;
 use std::time::Duration;
 
+use bytes::Bytes;
 use futures_util::Stream;
 use hyper::Request;
 use hyper::body::Incoming;
@@ -28,8 +34,9 @@ use crate::rpc::a2a::errors::{
     TASK_NOT_CANCELABLE, TASK_NOT_FOUND, UNAUTHENTICATED, UNAUTHORIZED, UNSUPPORTED_OPERATION,
     VERSION_NOT_SUPPORTED,
 };
-use crate::rpc::a2a::ops::Op;
-use crate::rpc::a2a::pb::{self, a2a_service_server};
+use crate::rpc::a2a::ops::{Op, OpResponse};
+use crate::rpc::a2a::pb;
+use crate::rpc::a2a::pbout;
 use crate::rpc::a2a::{Version, rest};
 use crate::rpc::error::{
     INTERNAL_ERROR, INVALID_PARAMS, INVALID_REQUEST, METHOD_NOT_FOUND, PARSE_ERROR, RpcError,
@@ -46,71 +53,172 @@ pub(crate) fn is_grpc(req: &Request<Incoming>) -> bool {
         .is_some_and(|ct| ct.starts_with("application/grpc"))
 }
 
-/// Serves one gRPC call.
+/// The service's path prefix: `/lf.a2a.v1.A2AService/{Method}`.
+const SERVICE: &str = "/lf.a2a.v1.A2AService/";
+
+/// The operation of each of the service's methods.
+const METHODS: [(&str, Op); 11] = [
+    ("SendMessage", Op::SendMessage),
+    ("SendStreamingMessage", Op::SendStreamingMessage),
+    ("GetTask", Op::GetTask),
+    ("ListTasks", Op::ListTasks),
+    ("CancelTask", Op::CancelTask),
+    ("SubscribeToTask", Op::SubscribeToTask),
+    ("CreateTaskPushNotificationConfig", Op::CreatePushConfig),
+    ("GetTaskPushNotificationConfig", Op::GetPushConfig),
+    ("ListTaskPushNotificationConfigs", Op::ListPushConfigs),
+    ("GetExtendedAgentCard", Op::GetExtendedCard),
+    ("DeleteTaskPushNotificationConfig", Op::DeletePushConfig),
+];
+
+/// Serves one gRPC call: its one length-prefixed message read whole, decoded, admitted and
+/// run as the other bindings' calls are; the response message and `grpc-status: 0` in the
+/// trailers, or the error's status alone (a trailers-only response).
 pub(crate) async fn serve(app: Arc<App>, mut req: Request<Incoming>) -> hyper::Response<Body> {
-    // The `:authority` becomes `host` metadata: the card's interfaces are built from it.
+    // The `:authority` becomes `host`: the card's interfaces are built from it.
     if !req.headers().contains_key(hyper::header::HOST)
         && let Some(authority) = req.uri().authority()
         && let Ok(v) = hyper::header::HeaderValue::from_str(authority.as_str())
     {
         req.headers_mut().insert(hyper::header::HOST, v);
     }
-    let app_limit = app.max_body;
-    let limit = usize::try_from(app_limit).unwrap_or(usize::MAX);
-    // Every RPC of the service takes one message: the body is read whole first, within the
-    // body cap (plus the 5 bytes of gRPC framing) and `server.body_read_timeout_seconds`, so
-    // a slow or endless sender holds nothing longer than a JSON-RPC one could.
-    let (parts, body) = req.into_parts();
-    let bytes =
-        match super::read_limited(&app, &parts.headers, body, app_limit.saturating_add(5)).await {
-            Ok(b) => b,
-            Err(r) => {
-                let e = errors::refusal(Version::V10, &r);
-                let (p, b) = status(&e).into_http::<tonic::body::Body>().into_parts();
-                return hyper::Response::from_parts(p, Body::grpc(b));
-            }
-        };
-    let req = Request::from_parts(parts, http_body_util::Full::new(bytes));
-    let mut svc = a2a_service_server::A2aServiceServer::new(Grpc { app })
-        .max_decoding_message_size(limit)
-        .max_encoding_message_size(usize::MAX);
-    let response = match tonic::codegen::Service::call(&mut svc, req).await {
-        Ok(r) => r,
-        Err(never) => match never {},
-    };
-    // A message over the size bound is refused by tonic before any handler runs, as
-    // OUT_OF_RANGE without details; it gets the bound's own error instead, as on the other
-    // bindings (RESOURCE_EXHAUSTED, INVALID_REQUEST with the limit).
-    // Likewise a message that is not protobuf (INTERNAL from tonic): INVALID_ARGUMENT with
-    // a PARSE_ERROR, as a body that is not JSON is on the others.
-    let code = response.headers().get("grpc-status").map(|v| v.as_bytes());
-    let undecodable = code == Some(b"13")
-        && response.headers().get("grpc-message").is_some_and(|m| {
-            // tonic's messages for a frame it cannot read (percent-encoded on the wire).
-            let m = String::from_utf8_lossy(m.as_bytes()).replace("%20", " ");
-            [
-                "failed to decode",
-                "Unexpected EOF",
-                "protocol error",
-                "Message compressed",
-            ]
+    let Some(op) = req.uri().path().strip_prefix(SERVICE).and_then(|m| {
+        METHODS
             .iter()
-            .any(|p| m.starts_with(p))
-        });
-    let response = if code == Some(b"11") {
-        let e = errors::refusal(Version::V10, &Refusal::TooLarge(app_limit));
-        status(&e).into_http::<tonic::body::Body>()
-    } else if undecodable {
-        let e = errors::dress(
-            Version::V10,
-            RpcError::parse_error("the message is not a protobuf message of this call".into()),
-        );
-        status(&e).into_http::<tonic::body::Body>()
-    } else {
-        response
+            .find_map(|(name, op)| (*name == m).then_some(*op))
+    }) else {
+        let method = req.uri().path().to_string();
+        return trailers_only(Status::unimplemented(format!(
+            "{method} is not a method of lf.a2a.v1.A2AService"
+        )));
     };
-    let (parts, body) = response.into_parts();
-    hyper::Response::from_parts(parts, Body::grpc(body))
+    // Protobuf only: `application/grpc`, `application/grpc+proto` (a `+json` call, say, is
+    // refused, not misread).
+    let proto = req
+        .headers()
+        .get(hyper::header::CONTENT_TYPE)
+        .map(|v| v.as_bytes())
+        .and_then(|ct| ct.strip_prefix(b"application/grpc"))
+        .map(|rest| rest.strip_prefix(b"+proto").unwrap_or(rest))
+        .is_some_and(|rest| rest.is_empty() || rest.starts_with(b";"));
+    if !proto {
+        let e = errors::refusal(Version::V10, &Refusal::UnsupportedMediaType);
+        return trailers_only(status(&e));
+    }
+    // Every method takes one message: the body is read whole first, within the body cap
+    // (plus the 5 bytes of gRPC framing) and `server.body_read_timeout_seconds`, so a slow
+    // or endless sender holds nothing longer than a JSON-RPC one could.
+    let (parts, body) = req.into_parts();
+    let refused = |r: &Refusal| trailers_only(status(&errors::refusal(Version::V10, r)));
+    let bytes =
+        match super::read_limited(&app, &parts.headers, body, app.max_body.saturating_add(5)).await
+        {
+            Ok(b) => b,
+            Err(r) => return refused(&r),
+        };
+    let message = match unframe(&bytes, app.max_body) {
+        Ok(m) => m,
+        Err(Unframed::TooLarge) => return refused(&Refusal::TooLarge(app.max_body)),
+        Err(Unframed::Invalid(why)) => return trailers_only(parse_error(why)),
+    };
+    let grpc = Grpc { app };
+    let h = &parts.headers;
+    let result = match op {
+        Op::SendMessage => grpc.unary::<pb::SendMessageRequest, pb::SendMessageResponse>(op, h, message).await,
+        Op::SendStreamingMessage => grpc.streaming::<pb::SendMessageRequest>(op, h, message).await,
+        Op::GetTask => grpc.unary::<pb::GetTaskRequest, pb::Task>(op, h, message).await,
+        Op::ListTasks => grpc.unary::<pb::ListTasksRequest, pb::ListTasksResponse>(op, h, message).await,
+        Op::CancelTask => grpc.unary::<pb::CancelTaskRequest, pb::Task>(op, h, message).await,
+        Op::SubscribeToTask => grpc.streaming::<pb::SubscribeToTaskRequest>(op, h, message).await,
+        Op::CreatePushConfig => {
+            grpc.unary::<pb::TaskPushNotificationConfig, pb::TaskPushNotificationConfig>(op, h, message).await
+        }
+        Op::GetPushConfig => {
+            grpc.unary::<pb::GetTaskPushNotificationConfigRequest, pb::TaskPushNotificationConfig>(op, h, message).await
+        }
+        Op::ListPushConfigs => {
+            grpc.unary::<pb::ListTaskPushNotificationConfigsRequest, pb::ListTaskPushNotificationConfigsResponse>(op, h, message).await
+        }
+        Op::GetExtendedCard => grpc.unary::<pb::GetExtendedAgentCardRequest, pb::AgentCard>(op, h, message).await,
+        Op::DeletePushConfig => {
+            grpc.unary::<pb::DeleteTaskPushNotificationConfigRequest, pbjson_types::Empty>(op, h, message).await
+        }
+    };
+    match result {
+        Ok(body) => {
+            let mut response = hyper::Response::new(body);
+            response
+                .headers_mut()
+                .insert(hyper::header::CONTENT_TYPE, GRPC_CONTENT_TYPE);
+            response
+        }
+        Err(status) => trailers_only(status),
+    }
+}
+
+const GRPC_CONTENT_TYPE: hyper::header::HeaderValue =
+    hyper::header::HeaderValue::from_static("application/grpc");
+
+/// Why a request body is not one gRPC message.
+enum Unframed {
+    TooLarge,
+    Invalid(&'static str),
+}
+
+/// The message of a unary request body: a flag byte (0: not compressed), its length (4
+/// bytes, big-endian), the message; nothing after it.
+fn unframe(body: &[u8], max: u64) -> Result<&[u8], Unframed> {
+    let Some((head, message)) = body.split_first_chunk::<5>() else {
+        return Err(Unframed::Invalid(if body.is_empty() {
+            "the call carries no message"
+        } else {
+            "the message's frame is cut short"
+        }));
+    };
+    let [flag, len @ ..] = *head;
+    let len = u32::from_be_bytes(len);
+    if u64::from(len) > max {
+        return Err(Unframed::TooLarge);
+    }
+    if flag != 0 {
+        // No `grpc-encoding` is accepted: a compressed message was sent without agreement.
+        return Err(Unframed::Invalid(
+            "the message is compressed, and this server accepts none",
+        ));
+    }
+    match usize::try_from(len).ok().map(|n| message.len().cmp(&n)) {
+        Some(std::cmp::Ordering::Equal) => Ok(message),
+        Some(std::cmp::Ordering::Less) | None => {
+            Err(Unframed::Invalid("the message's frame is cut short"))
+        }
+        Some(std::cmp::Ordering::Greater) => Err(Unframed::Invalid(
+            "a call of this method carries one message",
+        )),
+    }
+}
+
+/// INVALID_ARGUMENT with a PARSE_ERROR: the body is not a message of the call, as a body
+/// that is not JSON is on the other bindings.
+fn parse_error(why: &str) -> Status {
+    status(&errors::dress(
+        Version::V10,
+        RpcError::parse_error(why.to_string()),
+    ))
+}
+
+/// A response that is the status alone (its code, message and details in the headers).
+fn trailers_only(status: Status) -> hyper::Response<Body> {
+    status.into_http::<Body>()
+}
+
+/// One message as a gRPC frame (not compressed).
+fn frame(message: &impl prost::Message) -> Bytes {
+    let len = message.encoded_len();
+    let mut out = Vec::with_capacity(len + 5);
+    out.push(0);
+    out.extend_from_slice(&u32::try_from(len).unwrap_or(u32::MAX).to_be_bytes());
+    message.encode_raw(&mut out);
+    Bytes::from(out)
 }
 
 struct Grpc {
@@ -146,23 +254,27 @@ tenant!(
     pb::DeleteTaskPushNotificationConfigRequest,
 );
 
-type Events = Pin<Box<dyn Stream<Item = Result<pb::StreamResponse, Status>> + Send>>;
+/// A stream's framed messages.
+pub(crate) type Frames = Pin<Box<dyn Stream<Item = Bytes> + Send>>;
 
 impl Grpc {
-    /// Admits and runs one call: the reply of the operation, or its error as a status.
-    async fn call<M: Serialize + Tenant>(
+    /// Admits and runs one call: its result in the response's form (`direct`) or framed as
+    /// ProtoJSON, or its error as a status.
+    async fn call<M: prost::Message + Default + Serialize + Tenant, T>(
         &self,
         op: Op,
-        req: tonic::Request<M>,
-    ) -> Result<Reply, Status> {
+        headers: &hyper::HeaderMap,
+        message: &[u8],
+        direct: impl FnOnce(OpResponse) -> Result<T, OpResponse>,
+    ) -> Result<Result<T, Reply>, Status> {
         let app = &*self.app;
-        let headers = req.metadata().clone().into_headers();
-        let mut msg = req.into_inner();
+        let mut msg = M::decode(message)
+            .map_err(|_| parse_error("the message is not a protobuf message of this call"))?;
         let tenant = msg.take_tenant();
         let refusal = |r: &Refusal| status(&errors::refusal(Version::V10, r));
         let caller = app
             .keys
-            .authenticate(&headers)
+            .authenticate(headers)
             .map_err(|e| refusal(&Refusal::Unauthorized(e.message())))?;
         let agent_id = AgentId::new(if tenant.is_empty() {
             default_agent(app)
@@ -175,7 +287,7 @@ impl Grpc {
         if !caller.may_use(&agent_id) {
             return Err(refusal(&Refusal::Forbidden(agent_id)));
         }
-        let base_url = super::base_url(app, &headers);
+        let base_url = super::base_url(app, headers);
         let version = headers
             .get("a2a-version")
             .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned());
@@ -209,7 +321,9 @@ impl Grpc {
                     &Refusal::RateLimited(retry_after),
                 )),
                 // Boxed: tonic moves the handler's future as it goes.
-                Ok(()) => Box::pin(rest::execute_json(&app.runtime, &cx, op, &params)).await,
+                Ok(()) => {
+                    Box::pin(rest::execute_with(&app.runtime, &cx, op, &params, direct)).await
+                }
             }
         };
         observed(app, DIALECT, Binding::Grpc, &cx, Some(op.name()), work)
@@ -217,59 +331,125 @@ impl Grpc {
             .map_err(|e| status(&e))
     }
 
-    /// A unary call: the JSON result as the response message.
-    async fn unary<M: Serialize + Tenant, R: DeserializeOwned>(
+    /// A unary call: the response message, framed.
+    async fn unary<M: prost::Message + Default + Serialize + Tenant, R: Response>(
         &self,
         op: Op,
-        req: tonic::Request<M>,
-    ) -> Result<tonic::Response<R>, Status> {
-        match self.call(op, req).await? {
-            Reply::Json { body, .. } => message(&body).map(tonic::Response::new),
-            Reply::Stream { .. } | Reply::Events { .. } => Err(Status::internal("not unary")),
-        }
-    }
-
-    /// A streaming call: each event's `StreamResponse`.
-    async fn streaming<M: Serialize + Tenant>(
-        &self,
-        op: Op,
-        req: tonic::Request<M>,
-    ) -> Result<tonic::Response<Events>, Status> {
-        let events: Events = match self.call(op, req).await? {
-            Reply::Stream {
-                id,
-                mut stream,
-                frames,
-            } => {
-                let mut first = true;
-                Box::pin(futures_util::stream::poll_fn(move |cx| {
-                    match stream.poll_next(cx) {
-                        Poll::Ready(Some(item)) => {
-                            let json = frames(&id, &item, first);
-                            first = false;
-                            Poll::Ready(Some(message(&json)))
-                        }
-                        Poll::Ready(None) => Poll::Ready(None),
-                        Poll::Pending => Poll::Pending,
-                    }
-                }))
-            }
-            // One agent message answering a streaming call: a one-item stream.
-            Reply::Events { body } => {
-                let one = sse_data(&body).map_or_else(
-                    || Err(Status::internal("event")),
-                    message::<pb::StreamResponse>,
-                );
-                Box::pin(futures_util::stream::iter([one]))
-            }
-            Reply::Json { body, .. } => {
-                let one = message::<pb::StreamResponse>(&body);
-                Box::pin(futures_util::stream::iter([one]))
+        headers: &hyper::HeaderMap,
+        message: &[u8],
+    ) -> Result<Body, Status> {
+        let response = match self.call::<M, R>(op, headers, message, R::direct).await? {
+            Ok(response) => response,
+            Err(Reply::Json { body, .. }) => json_message(&body)?,
+            Err(Reply::Stream { .. } | Reply::Events { .. }) => {
+                return Err(Status::internal("a stream answered a unary call"));
             }
         };
-        Ok(tonic::Response::new(events))
+        Ok(Body::grpc_one(frame(&response)))
+    }
+
+    /// A streaming call: each event's `StreamResponse`, framed, as it comes.
+    async fn streaming<M: prost::Message + Default + Serialize + Tenant>(
+        &self,
+        op: Op,
+        headers: &hyper::HeaderMap,
+        message: &[u8],
+    ) -> Result<Body, Status> {
+        match self.call::<M, _>(op, headers, message, events).await? {
+            Ok(events) => Ok(Body::grpc_stream(events)),
+            Err(_) => Err(Status::internal(
+                "a single result answered a streaming call",
+            )),
+        }
     }
 }
+
+/// A streaming call's events, built straight from the model (`pbout`) and framed.
+#[expect(
+    clippy::result_large_err,
+    reason = "the result given back is moved once, to be encoded as JSON; boxing it would cost every call an allocation"
+)]
+fn events(response: OpResponse) -> Result<Frames, OpResponse> {
+    use pb::stream_response::Payload;
+    match response {
+        OpResponse::Stream(mut stream) => {
+            let mut first = true;
+            Ok(Box::pin(futures_util::stream::poll_fn(move |cx| {
+                stream.poll_next(cx).map(|item| {
+                    item.map(|item| {
+                        let event = pbout::event(&item, first);
+                        first = false;
+                        frame(&event)
+                    })
+                })
+            })))
+        }
+        // One agent message answering a streaming call: a one-item stream.
+        OpResponse::MessageStream { message, context } => {
+            let one = pb::StreamResponse {
+                payload: Some(Payload::Message(pbout::message(
+                    &message,
+                    None,
+                    Some(&context),
+                    None,
+                ))),
+            };
+            Ok(Box::pin(futures_util::stream::iter([frame(&one)])))
+        }
+        other => Err(other),
+    }
+}
+
+/// A unary call's response message: built straight from the model (`pbout`) for the
+/// results of sends and task reads, read from the result's ProtoJSON for the others.
+trait Response: prost::Message + DeserializeOwned {
+    #[expect(
+        clippy::result_large_err,
+        reason = "as `events`: the result given back is moved once"
+    )]
+    fn direct(response: OpResponse) -> Result<Self, OpResponse> {
+        Err(response)
+    }
+}
+
+impl Response for pb::SendMessageResponse {
+    fn direct(response: OpResponse) -> Result<Self, OpResponse> {
+        use pb::send_message_response::Payload;
+        let payload = match response {
+            OpResponse::Task {
+                task,
+                history_length,
+                artifacts,
+            } => Payload::Task(pbout::task(&task, history_length, artifacts)),
+            OpResponse::Message { message, context } => {
+                Payload::Message(pbout::message(&message, None, Some(&context), None))
+            }
+            other => return Err(other),
+        };
+        Ok(Self {
+            payload: Some(payload),
+        })
+    }
+}
+
+impl Response for pb::Task {
+    fn direct(response: OpResponse) -> Result<Self, OpResponse> {
+        match response {
+            OpResponse::Task {
+                task,
+                history_length,
+                artifacts,
+            } => Ok(pbout::task(&task, history_length, artifacts)),
+            other => Err(other),
+        }
+    }
+}
+
+impl Response for pb::ListTasksResponse {}
+impl Response for pb::TaskPushNotificationConfig {}
+impl Response for pb::ListTaskPushNotificationConfigsResponse {}
+impl Response for pb::AgentCard {}
+impl Response for pbjson_types::Empty {}
 
 /// The agent of an empty `tenant`.
 fn default_agent(app: &App) -> String {
@@ -283,16 +463,9 @@ fn default_agent(app: &App) -> String {
 }
 
 /// A JSON result as a message (ProtoJSON, unknown fields ignored).
-fn message<R: DeserializeOwned>(json: &[u8]) -> Result<R, Status> {
+fn json_message<R: DeserializeOwned>(json: &[u8]) -> Result<R, Status> {
     serde_json::from_slice(json)
         .map_err(|e| Status::internal(format!("the result did not fit its message: {e}")))
-}
-
-/// The `data:` of a one-frame SSE body.
-fn sse_data(frame: &[u8]) -> Option<&[u8]> {
-    let text = std::str::from_utf8(frame).ok()?;
-    let at = text.find("data: ")? + "data: ".len();
-    Some(text[at..].trim_end().as_bytes())
 }
 
 /// The gRPC status of a 1.0 error (S10 v1.0.1 §5.4), its `ErrorInfo`, `BadRequest` and
@@ -354,90 +527,6 @@ pub(crate) fn status(e: &RpcError) -> Status {
         details.set_retry_info(Some(Duration::from_secs(secs)));
     }
     Status::with_error_details(code, e.message.to_string(), details)
-}
-
-#[tonic::async_trait]
-impl a2a_service_server::A2aService for Grpc {
-    async fn send_message(
-        &self,
-        request: tonic::Request<pb::SendMessageRequest>,
-    ) -> Result<tonic::Response<pb::SendMessageResponse>, Status> {
-        self.unary(Op::SendMessage, request).await
-    }
-
-    type SendStreamingMessageStream = Events;
-
-    async fn send_streaming_message(
-        &self,
-        request: tonic::Request<pb::SendMessageRequest>,
-    ) -> Result<tonic::Response<Events>, Status> {
-        self.streaming(Op::SendStreamingMessage, request).await
-    }
-
-    async fn get_task(
-        &self,
-        request: tonic::Request<pb::GetTaskRequest>,
-    ) -> Result<tonic::Response<pb::Task>, Status> {
-        self.unary(Op::GetTask, request).await
-    }
-
-    async fn list_tasks(
-        &self,
-        request: tonic::Request<pb::ListTasksRequest>,
-    ) -> Result<tonic::Response<pb::ListTasksResponse>, Status> {
-        self.unary(Op::ListTasks, request).await
-    }
-
-    async fn cancel_task(
-        &self,
-        request: tonic::Request<pb::CancelTaskRequest>,
-    ) -> Result<tonic::Response<pb::Task>, Status> {
-        self.unary(Op::CancelTask, request).await
-    }
-
-    type SubscribeToTaskStream = Events;
-
-    async fn subscribe_to_task(
-        &self,
-        request: tonic::Request<pb::SubscribeToTaskRequest>,
-    ) -> Result<tonic::Response<Events>, Status> {
-        self.streaming(Op::SubscribeToTask, request).await
-    }
-
-    async fn create_task_push_notification_config(
-        &self,
-        request: tonic::Request<pb::TaskPushNotificationConfig>,
-    ) -> Result<tonic::Response<pb::TaskPushNotificationConfig>, Status> {
-        self.unary(Op::CreatePushConfig, request).await
-    }
-
-    async fn get_task_push_notification_config(
-        &self,
-        request: tonic::Request<pb::GetTaskPushNotificationConfigRequest>,
-    ) -> Result<tonic::Response<pb::TaskPushNotificationConfig>, Status> {
-        self.unary(Op::GetPushConfig, request).await
-    }
-
-    async fn list_task_push_notification_configs(
-        &self,
-        request: tonic::Request<pb::ListTaskPushNotificationConfigsRequest>,
-    ) -> Result<tonic::Response<pb::ListTaskPushNotificationConfigsResponse>, Status> {
-        self.unary(Op::ListPushConfigs, request).await
-    }
-
-    async fn get_extended_agent_card(
-        &self,
-        request: tonic::Request<pb::GetExtendedAgentCardRequest>,
-    ) -> Result<tonic::Response<pb::AgentCard>, Status> {
-        self.unary(Op::GetExtendedCard, request).await
-    }
-
-    async fn delete_task_push_notification_config(
-        &self,
-        request: tonic::Request<pb::DeleteTaskPushNotificationConfigRequest>,
-    ) -> Result<tonic::Response<pbjson_types::Empty>, Status> {
-        self.unary(Op::DeletePushConfig, request).await
-    }
 }
 
 #[cfg(test)]

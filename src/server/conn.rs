@@ -180,11 +180,22 @@ pub(crate) async fn watchdog(activity: &Activity, limits: Timeouts, pressure: &P
 pub(crate) struct Tracked<T> {
     inner: T,
     activity: Arc<Activity>,
+    vectored: bool,
 }
 
 impl<T> Tracked<T> {
-    pub(crate) fn new(inner: T, activity: Arc<Activity>) -> Self {
-        Self { inner, activity }
+    /// `vectored: false` hides the socket's vectored writes from the protocol above. HTTP/2
+    /// (h2) then copies a DATA frame of up to 1 KiB into its write buffer instead of
+    /// chaining it, and can put the frames after it in the same write: a unary gRPC
+    /// response's headers, message and trailers leave in one `write` instead of two
+    /// `writev`s (h2 chains frames over 256 bytes on vectored I/O and buffers nothing
+    /// behind a chained frame until it is written).
+    pub(crate) fn new(inner: T, activity: Arc<Activity>, vectored: bool) -> Self {
+        Self {
+            inner,
+            activity,
+            vectored,
+        }
     }
 
     fn after_write(&self, r: &Poll<io::Result<usize>>) {
@@ -236,7 +247,7 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for Tracked<T> {
     }
 
     fn is_write_vectored(&self) -> bool {
-        self.inner.is_write_vectored()
+        self.vectored && self.inner.is_write_vectored()
     }
 
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {

@@ -310,7 +310,7 @@ pub(super) async fn serve_protocol(
     mut phase: watch::Receiver<Phase>,
 ) {
     let metrics = &app.runtime.metrics().connections;
-    let io = TokioIo::new(Tracked::new(tcp, activity.clone()));
+    let io = TokioIo::new(Tracked::new(tcp, activity.clone(), !h2));
     let service = {
         let app = app.clone();
         let activity = activity.clone();

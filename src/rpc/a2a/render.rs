@@ -2,6 +2,7 @@
 //! stream events in the 0.3 (JSON schema) and 1.0 (ProtoJSON) shapes. 1.0 omits unset
 //! optional fields and never a required one.
 
+use std::borrow::Cow;
 use std::sync::Arc;
 
 use serde::Serialize;
@@ -110,7 +111,7 @@ impl Serialize for TaskOut<'_> {
     }
 }
 
-fn is_empty_object(raw: &RawValue) -> bool {
+pub(crate) fn is_empty_object(raw: &RawValue) -> bool {
     let mut chars = raw.get().chars().filter(|c| !c.is_ascii_whitespace());
     chars.next() == Some('{') && chars.next() == Some('}') && chars.next().is_none()
 }
@@ -251,27 +252,8 @@ impl Serialize for StatusOut<'_> {
         let st = self.status;
         let mut map = s.serialize_map(None)?;
         map.serialize_entry("state", state_name(self.v, st.state))?;
-        let synthetic = match (&st.reason, &st.error) {
-            (Some(reason), _) if st.message.is_none() => {
-                let mut m = Message::agent_text([reason.to_string()]);
-                m.message_id = derived_id(&format!("{}:{}", self.task_id, st.timestamp));
-                Some((m, None))
-            }
-            (_, Some(e)) if st.message.is_none() => {
-                let mut m = Message::agent_text([e.message.clone()]);
-                m.message_id = derived_id(&format!("{}:{}", self.task_id, st.timestamp));
-                Some((
-                    m,
-                    Some(json!({"error": {"code": e.code, "message": e.message}})),
-                ))
-            }
-            _ => None,
-        };
-        let (message, metadata) = match &synthetic {
-            Some((m, meta)) => (Some(m), meta.clone()),
-            None => (st.message.as_deref(), None),
-        };
-        if let Some(message) = message {
+        let (message, metadata) = status_message(st, self.task_id);
+        if let Some(message) = &message {
             map.serialize_entry(
                 "message",
                 &MessageOut {
@@ -285,6 +267,31 @@ impl Serialize for StatusOut<'_> {
         }
         map.serialize_entry("timestamp", &iso8601(&st.timestamp))?;
         map.end()
+    }
+}
+
+/// The message a status shows: its own, or — a canceled or failed task's status without
+/// one — an agent message the server makes up saying the reason or the error (the error
+/// also in the message's `metadata.error`), with an id derived from the task and time.
+pub(crate) fn status_message<'a>(
+    st: &'a TaskStatus,
+    task_id: &TaskId,
+) -> (Option<Cow<'a, Message>>, Option<Value>) {
+    if let Some(m) = &st.message {
+        return (Some(Cow::Borrowed(&**m)), None);
+    }
+    let made_up = |text: String| {
+        let mut m = Message::agent_text([text]);
+        m.message_id = derived_id(&format!("{task_id}:{}", st.timestamp));
+        Some(Cow::Owned(m))
+    };
+    match (&st.reason, &st.error) {
+        (Some(reason), _) => (made_up(reason.to_string()), None),
+        (None, Some(e)) => (
+            made_up(e.message.clone()),
+            Some(json!({"error": {"code": e.code, "message": e.message}})),
+        ),
+        (None, None) => (None, None),
     }
 }
 

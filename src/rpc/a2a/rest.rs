@@ -7,6 +7,8 @@
 //!
 //! Auth, agent lookup, body framing and the version check happened before (in `http`).
 
+use std::convert::Infallible;
+
 use hyper::{Method, StatusCode};
 use serde_json::value::RawValue;
 use serde_json::{Map, Value, json};
@@ -18,7 +20,7 @@ use super::errors::{
     TASK_NOT_CANCELABLE, TASK_NOT_FOUND, UNAUTHENTICATED, UNAUTHORIZED, UNSUPPORTED_OPERATION,
     VERSION_NOT_SUPPORTED,
 };
-use super::ops::{self, Op, OpRequest};
+use super::ops::{self, Op, OpRequest, OpResponse};
 use crate::error::Error;
 use crate::rpc::error::{
     INTERNAL_ERROR, INVALID_PARAMS, INVALID_REQUEST, METHOD_NOT_FOUND, PARSE_ERROR,
@@ -259,20 +261,41 @@ pub(crate) async fn dispatch(
 
 /// Runs an operation on params in the JSON-RPC binding's shape, its result framed bare
 /// (the result object; stream events as `StreamResponse`s); a failure is the 1.0 error
-/// (`data` its `ErrorInfo` array) for the binding to frame. Shared by the HTTP+JSON and gRPC
-/// bindings.
+/// (`data` its `ErrorInfo` array) for the binding to frame.
 pub(crate) async fn execute_json(
     runtime: &Runtime,
     cx: &CallContext,
     op: Op,
     raw: &RawValue,
 ) -> Result<Reply, RpcError> {
-    run(runtime, cx, op, raw)
+    match execute_with(runtime, cx, op, raw, Err::<Infallible, _>).await? {
+        Ok(never) => match never {},
+        Err(reply) => Ok(reply),
+    }
+}
+
+/// [`execute_json`] for a binding that encodes some results itself: `direct` takes the
+/// operation's result and gives the binding's form (`Ok`) or gives the result back, to be
+/// framed bare (`Err`). The gRPC binding builds its messages for sends and streams this way.
+pub(crate) async fn execute_with<T>(
+    runtime: &Runtime,
+    cx: &CallContext,
+    op: Op,
+    raw: &RawValue,
+    direct: impl FnOnce(OpResponse) -> Result<T, OpResponse>,
+) -> Result<Result<T, Reply>, RpcError> {
+    run(runtime, cx, op, raw, direct)
         .await
         .map_err(|e| errors::rpc_error(Version::V10, &e))
 }
 
-async fn run(runtime: &Runtime, cx: &CallContext, op: Op, raw: &RawValue) -> Result<Reply, Error> {
+async fn run<T>(
+    runtime: &Runtime,
+    cx: &CallContext,
+    op: Op,
+    raw: &RawValue,
+    direct: impl FnOnce(OpResponse) -> Result<T, OpResponse>,
+) -> Result<Result<T, Reply>, Error> {
     let p = json::params(Some(raw))?;
     op.admit(cx)?;
     let mut request = dispatch::decode(op, Version::V10, cx, &p)?;
@@ -285,8 +308,12 @@ async fn run(runtime: &Runtime, cx: &CallContext, op: Op, raw: &RawValue) -> Res
                 .map_err(|_| Error::invalid("Last-Event-ID", "must be an event number"))?,
         );
     }
-    let response = ops::execute(runtime, cx, Version::V10, request).await?;
-    dispatch::encode(op, Version::V10, runtime, cx, Framing::Bare, &p, response)
+    match direct(ops::execute(runtime, cx, Version::V10, request).await?) {
+        Ok(done) => Ok(Ok(done)),
+        Err(response) => {
+            dispatch::encode(op, Version::V10, runtime, cx, Framing::Bare, &p, response).map(Err)
+        }
+    }
 }
 
 /// The HTTP status and `google.rpc.Code` name of an official error code (S10 §5.4 as of
