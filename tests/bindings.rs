@@ -1362,7 +1362,9 @@ async fn grpc_bad_input_gets_clear_statuses_and_holds_nothing() {
     };
     let over = padded(100 * 1024).await.expect("a response");
     assert_eq!(over.status().as_u16(), 431);
-    let flood = padded(400 * 1024).await.expect_err("the connection is closed");
+    let flood = padded(400 * 1024)
+        .await
+        .expect_err("the connection is closed");
     assert!(format!("{flood:?}").contains("GoAway"), "{flood:?}");
     // A method the service does not have: UNIMPLEMENTED (12).
     let (_, code, _) = raw_grpc(&s, "/lf.a2a.v1.A2AService/Nope", frame(&[]), ALICE).await;

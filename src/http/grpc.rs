@@ -123,25 +123,36 @@ pub(crate) async fn serve(app: Arc<App>, mut req: Request<Incoming>) -> hyper::R
     };
     let grpc = Grpc { app };
     let h = &parts.headers;
+    macro_rules! unary {
+        ($request:ty => $response:ty) => {
+            grpc.unary::<$request, $response>(op, h, message).await
+        };
+    }
+    macro_rules! streaming {
+        ($request:ty) => {
+            grpc.streaming::<$request>(op, h, message).await
+        };
+    }
     let result = match op {
-        Op::SendMessage => grpc.unary::<pb::SendMessageRequest, pb::SendMessageResponse>(op, h, message).await,
-        Op::SendStreamingMessage => grpc.streaming::<pb::SendMessageRequest>(op, h, message).await,
-        Op::GetTask => grpc.unary::<pb::GetTaskRequest, pb::Task>(op, h, message).await,
-        Op::ListTasks => grpc.unary::<pb::ListTasksRequest, pb::ListTasksResponse>(op, h, message).await,
-        Op::CancelTask => grpc.unary::<pb::CancelTaskRequest, pb::Task>(op, h, message).await,
-        Op::SubscribeToTask => grpc.streaming::<pb::SubscribeToTaskRequest>(op, h, message).await,
+        Op::SendMessage => unary!(pb::SendMessageRequest => pb::SendMessageResponse),
+        Op::SendStreamingMessage => streaming!(pb::SendMessageRequest),
+        Op::GetTask => unary!(pb::GetTaskRequest => pb::Task),
+        Op::ListTasks => unary!(pb::ListTasksRequest => pb::ListTasksResponse),
+        Op::CancelTask => unary!(pb::CancelTaskRequest => pb::Task),
+        Op::SubscribeToTask => streaming!(pb::SubscribeToTaskRequest),
         Op::CreatePushConfig => {
-            grpc.unary::<pb::TaskPushNotificationConfig, pb::TaskPushNotificationConfig>(op, h, message).await
+            unary!(pb::TaskPushNotificationConfig => pb::TaskPushNotificationConfig)
         }
         Op::GetPushConfig => {
-            grpc.unary::<pb::GetTaskPushNotificationConfigRequest, pb::TaskPushNotificationConfig>(op, h, message).await
+            unary!(pb::GetTaskPushNotificationConfigRequest => pb::TaskPushNotificationConfig)
         }
-        Op::ListPushConfigs => {
-            grpc.unary::<pb::ListTaskPushNotificationConfigsRequest, pb::ListTaskPushNotificationConfigsResponse>(op, h, message).await
-        }
-        Op::GetExtendedCard => grpc.unary::<pb::GetExtendedAgentCardRequest, pb::AgentCard>(op, h, message).await,
+        Op::ListPushConfigs => unary!(
+            pb::ListTaskPushNotificationConfigsRequest
+                => pb::ListTaskPushNotificationConfigsResponse
+        ),
+        Op::GetExtendedCard => unary!(pb::GetExtendedAgentCardRequest => pb::AgentCard),
         Op::DeletePushConfig => {
-            grpc.unary::<pb::DeleteTaskPushNotificationConfigRequest, pbjson_types::Empty>(op, h, message).await
+            unary!(pb::DeleteTaskPushNotificationConfigRequest => pbjson_types::Empty)
         }
     };
     match result {
@@ -320,7 +331,8 @@ impl Grpc {
                     Version::V10,
                     &Refusal::RateLimited(retry_after),
                 )),
-                // Boxed: tonic moves the handler's future as it goes.
+                // Boxed: the operations' futures are large (~12 KB); inline, every call's
+                // future would be that large, copied each time it moves.
                 Ok(()) => {
                     Box::pin(rest::execute_with(&app.runtime, &cx, op, &params, direct)).await
                 }
