@@ -284,36 +284,29 @@ pub(crate) async fn execute_with<T>(
     raw: &RawValue,
     direct: impl FnOnce(OpResponse) -> Result<T, OpResponse>,
 ) -> Result<Result<T, Reply>, RpcError> {
-    run(runtime, cx, op, raw, direct)
-        .await
-        .map_err(|e| errors::rpc_error(Version::V10, &e))
-}
-
-async fn run<T>(
-    runtime: &Runtime,
-    cx: &CallContext,
-    op: Op,
-    raw: &RawValue,
-    direct: impl FnOnce(OpResponse) -> Result<T, OpResponse>,
-) -> Result<Result<T, Reply>, Error> {
-    let p = json::params(Some(raw))?;
-    op.admit(cx)?;
-    let mut request = dispatch::decode(op, Version::V10, cx, &p)?;
-    if let (OpRequest::SubscribeToTask { after, .. }, Some(last)) =
-        (&mut request, &cx.last_event_id)
-    {
-        *after = Some(
-            last.trim()
-                .parse()
-                .map_err(|_| Error::invalid("Last-Event-ID", "must be an event number"))?,
-        );
-    }
-    match direct(ops::execute(runtime, cx, Version::V10, request).await?) {
-        Ok(done) => Ok(Ok(done)),
-        Err(response) => {
-            dispatch::encode(op, Version::V10, runtime, cx, Framing::Bare, &p, response).map(Err)
+    let run = async {
+        let p = json::params(Some(raw))?;
+        op.admit(cx)?;
+        let mut request = dispatch::decode(op, Version::V10, cx, &p)?;
+        if let (OpRequest::SubscribeToTask { after, .. }, Some(last)) =
+            (&mut request, &cx.last_event_id)
+        {
+            *after = Some(
+                last.trim()
+                    .parse()
+                    .map_err(|_| Error::invalid("Last-Event-ID", "must be an event number"))?,
+            );
         }
-    }
+        match direct(ops::execute(runtime, cx, Version::V10, request).await?) {
+            Ok(done) => Ok(Ok(done)),
+            Err(response) => {
+                dispatch::encode(op, Version::V10, runtime, cx, Framing::Bare, &p, response)
+                    .map(Err)
+            }
+        }
+    };
+    run.await
+        .map_err(|e: Error| errors::rpc_error(Version::V10, &e))
 }
 
 /// The HTTP status and `google.rpc.Code` name of an official error code (S10 §5.4 as of
