@@ -350,14 +350,14 @@ impl Grpc {
         headers: &hyper::HeaderMap,
         message: &[u8],
     ) -> Result<Body, Status> {
-        let response = match self.call::<M, R>(op, headers, message, R::direct).await? {
-            Ok(response) => response,
-            Err(Reply::Json { body, .. }) => json_message(&body)?,
+        let framed = match self.call::<M, _>(op, headers, message, R::direct).await? {
+            Ok(framed) => framed,
+            Err(Reply::Json { body, .. }) => frame(&json_message::<R>(&body)?),
             Err(Reply::Stream { .. } | Reply::Events { .. }) => {
                 return Err(Status::internal("a stream answered a unary call"));
             }
         };
-        Ok(Body::grpc_one(frame(&response)))
+        Ok(Body::grpc_one(framed))
     }
 
     /// A streaming call: each event's `StreamResponse`, framed, as it comes.
@@ -376,13 +376,12 @@ impl Grpc {
     }
 }
 
-/// A streaming call's events, built straight from the model (`pbout`) and framed.
+/// A streaming call's events, written straight from the model (`pbout`).
 #[expect(
     clippy::result_large_err,
     reason = "the result given back is moved once, to be encoded as JSON; boxing it would cost every call an allocation"
 )]
 fn events(response: OpResponse) -> Result<Frames, OpResponse> {
-    use pb::stream_response::Payload;
     match response {
         OpResponse::Stream(mut stream) => {
             let mut first = true;
@@ -391,67 +390,55 @@ fn events(response: OpResponse) -> Result<Frames, OpResponse> {
                     item.map(|item| {
                         let event = pbout::event(&item, first);
                         first = false;
-                        frame(&event)
+                        event
                     })
                 })
             })))
         }
         // One agent message answering a streaming call: a one-item stream.
         OpResponse::MessageStream { message, context } => {
-            let one = pb::StreamResponse {
-                payload: Some(Payload::Message(pbout::message(
-                    &message,
-                    None,
-                    Some(&context),
-                    None,
-                ))),
-            };
-            Ok(Box::pin(futures_util::stream::iter([frame(&one)])))
+            let one = pbout::stream_message(&message, &context);
+            Ok(Box::pin(futures_util::stream::iter([one])))
         }
         other => Err(other),
     }
 }
 
-/// A unary call's response message: built straight from the model (`pbout`) for the
+/// A unary call's response message: written straight from the model (`pbout`) for the
 /// results of sends and task reads, read from the result's ProtoJSON for the others.
 trait Response: prost::Message + DeserializeOwned {
+    /// The response's frame, or the result given back.
     #[expect(
         clippy::result_large_err,
         reason = "as `events`: the result given back is moved once"
     )]
-    fn direct(response: OpResponse) -> Result<Self, OpResponse> {
+    fn direct(response: OpResponse) -> Result<Bytes, OpResponse> {
         Err(response)
     }
 }
 
 impl Response for pb::SendMessageResponse {
-    fn direct(response: OpResponse) -> Result<Self, OpResponse> {
-        use pb::send_message_response::Payload;
-        let payload = match response {
-            OpResponse::Task {
-                task,
-                history_length,
-                artifacts,
-            } => Payload::Task(pbout::task(&task, history_length, artifacts)),
-            OpResponse::Message { message, context } => {
-                Payload::Message(pbout::message(&message, None, Some(&context), None))
-            }
-            other => return Err(other),
-        };
-        Ok(Self {
-            payload: Some(payload),
-        })
-    }
-}
-
-impl Response for pb::Task {
-    fn direct(response: OpResponse) -> Result<Self, OpResponse> {
+    fn direct(response: OpResponse) -> Result<Bytes, OpResponse> {
         match response {
             OpResponse::Task {
                 task,
                 history_length,
                 artifacts,
-            } => Ok(pbout::task(&task, history_length, artifacts)),
+            } => Ok(pbout::send_task(&task, history_length, artifacts)),
+            OpResponse::Message { message, context } => Ok(pbout::send_message(&message, &context)),
+            other => Err(other),
+        }
+    }
+}
+
+impl Response for pb::Task {
+    fn direct(response: OpResponse) -> Result<Bytes, OpResponse> {
+        match response {
+            OpResponse::Task {
+                task,
+                history_length,
+                artifacts,
+            } => Ok(pbout::task_alone(&task, history_length, artifacts)),
             other => Err(other),
         }
     }

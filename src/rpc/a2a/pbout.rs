@@ -1,11 +1,13 @@
-//! Official 1.0 results out as protobuf messages (the gRPC binding, docs/PROTOCOL.md
-//! §10.13): tasks, messages, parts, statuses, artifacts and stream events built straight
+//! Official 1.0 results out as protobuf (the gRPC binding, docs/PROTOCOL.md §10.13): tasks,
+//! messages, parts, statuses, artifacts and stream events written as wire bytes straight
 //! from the model, in the shapes `render.rs` gives them in ProtoJSON — the test below holds
-//! the two to the same message. The results a send or a stream carries come this way; the
-//! rarer ones (lists, push configurations, the card) go through their ProtoJSON.
+//! each to the message its ProtoJSON reads as. The results a send or a stream carries come
+//! this way (no message structs in between, no second pass for nested lengths); the rarer
+//! ones (lists, push configurations, the card) go through their ProtoJSON.
 
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD;
+use bytes::Bytes;
 use serde_json::value::RawValue;
 
 use super::pb;
@@ -15,106 +17,229 @@ use crate::model::{
 };
 use crate::runtime::StreamItem;
 
-/// A task, its last `history_length` history entries (`None`: all), its artifacts when
-/// `artifacts`.
-pub(crate) fn task(t: &TaskSnapshot, history_length: Option<usize>, artifacts: bool) -> pb::Task {
+/// A protobuf writer: fields appended in tag order, a nested message's length written in
+/// front of it once it is known (its bytes moved up when the length takes more than one
+/// byte — a few hundred bytes at most here).
+struct Wire(Vec<u8>);
+
+impl Wire {
+    /// A gRPC frame being written: the flag byte and room for the length.
+    fn framed() -> Self {
+        let mut out = Vec::with_capacity(512);
+        out.extend_from_slice(&[0; 5]);
+        Self(out)
+    }
+
+    /// The frame, its length filled in.
+    fn into_frame(mut self) -> Bytes {
+        let len = u32::try_from(self.0.len() - 5).unwrap_or(u32::MAX);
+        self.0[1..5].copy_from_slice(&len.to_be_bytes());
+        Bytes::from(self.0)
+    }
+
+    fn varint(&mut self, mut v: u64) {
+        while v >= 0x80 {
+            self.0.push((v as u8) | 0x80);
+            v >>= 7;
+        }
+        self.0.push(v as u8);
+    }
+
+    fn key(&mut self, tag: u32, wire_type: u8) {
+        self.varint(u64::from(tag << 3 | u32::from(wire_type)));
+    }
+
+    /// A varint field (0, the default, is left out).
+    fn uint(&mut self, tag: u32, v: u64) {
+        if v != 0 {
+            self.key(tag, 0);
+            self.varint(v);
+        }
+    }
+
+    /// A string or bytes field (empty, the default, is left out).
+    fn bytes(&mut self, tag: u32, v: &[u8]) {
+        if !v.is_empty() {
+            self.key(tag, 2);
+            self.varint(v.len() as u64);
+            self.0.extend_from_slice(v);
+        }
+    }
+
+    /// A nested message (written even when empty: it is set).
+    fn nested(&mut self, tag: u32, body: impl FnOnce(&mut Self)) {
+        self.key(tag, 2);
+        let at = self.0.len();
+        self.0.push(0);
+        body(self);
+        let len = self.0.len() - at - 1;
+        if len < 0x80 {
+            self.0[at] = len as u8;
+        } else {
+            let mut prefix = Wire(Vec::with_capacity(5));
+            prefix.varint(len as u64);
+            self.0.splice(at..=at, prefix.0);
+        }
+    }
+
+    /// A well-known message (a `Struct` or `Value`), through prost.
+    fn message(&mut self, tag: u32, m: &impl prost::Message) {
+        prost::encoding::message::encode(tag, m, &mut self.0);
+    }
+}
+
+/// `SendMessageResponse { task }`, framed.
+pub(crate) fn send_task(t: &TaskSnapshot, history_length: Option<usize>, artifacts: bool) -> Bytes {
+    let mut w = Wire::framed();
+    w.nested(1, |w| task(w, t, history_length, artifacts));
+    w.into_frame()
+}
+
+/// `SendMessageResponse { message }` (a bare agent message answered a send), framed.
+pub(crate) fn send_message(m: &Message, context: &ContextId) -> Bytes {
+    let mut w = Wire::framed();
+    w.nested(2, |w| message(w, m, None, Some(context), None));
+    w.into_frame()
+}
+
+/// A `Task`, framed.
+pub(crate) fn task_alone(
+    t: &TaskSnapshot,
+    history_length: Option<usize>,
+    artifacts: bool,
+) -> Bytes {
+    let mut w = Wire::framed();
+    task(&mut w, t, history_length, artifacts);
+    w.into_frame()
+}
+
+/// `StreamResponse { message }` (a bare agent message answered a streaming send), framed.
+pub(crate) fn stream_message(m: &Message, context: &ContextId) -> Bytes {
+    // The same field number as in SendMessageResponse.
+    send_message(m, context)
+}
+
+/// One stream item as a `StreamResponse`, framed: the first is the task; later ones are
+/// status or artifact updates.
+pub(crate) fn event(item: &StreamItem, first: bool) -> Bytes {
+    let t = &item.task;
+    let mut w = Wire::framed();
+    if first {
+        w.nested(1, |w| task(w, t, None, true));
+    } else if let Some(update) = &item.event.artifact {
+        w.nested(4, |w| {
+            w.bytes(1, t.id.as_str().as_bytes());
+            w.bytes(2, t.context_id.as_str().as_bytes());
+            w.nested(3, |w| artifact(w, &update.artifact));
+            w.uint(4, u64::from(update.append));
+            w.uint(5, u64::from(update.last_chunk));
+        });
+    } else {
+        w.nested(3, |w| {
+            w.bytes(1, t.id.as_str().as_bytes());
+            w.bytes(2, t.context_id.as_str().as_bytes());
+            w.nested(3, |w| status(w, &item.event.status, &t.id, &t.context_id));
+        });
+    }
+    w.into_frame()
+}
+
+/// A task's fields: its last `history_length` history entries (`None`: all), its
+/// artifacts when `artifacts`.
+fn task(w: &mut Wire, t: &TaskSnapshot, history_length: Option<usize>, artifacts: bool) {
     let history = match history_length {
         Some(n) => &t.history[t.history.len().saturating_sub(n)..],
         None => &t.history[..],
     };
-    pb::Task {
-        id: t.id.as_str().to_owned(),
-        context_id: t.context_id.as_str().to_owned(),
-        status: Some(status(&t.status, &t.id, &t.context_id)),
-        artifacts: if artifacts {
-            t.artifacts.iter().map(|a| artifact(a)).collect()
-        } else {
-            Vec::new()
-        },
-        history: history
-            .iter()
-            .map(|m| message(m, Some(&t.id), Some(&t.context_id), None))
-            .collect(),
-        metadata: t
-            .metadata
-            .as_deref()
-            .filter(|m| !is_empty_object(m))
-            .and_then(structure),
+    w.bytes(1, t.id.as_str().as_bytes());
+    w.bytes(2, t.context_id.as_str().as_bytes());
+    w.nested(3, |w| status(w, &t.status, &t.id, &t.context_id));
+    if artifacts {
+        for a in &t.artifacts {
+            w.nested(4, |w| artifact(w, a));
+        }
+    }
+    for m in history {
+        w.nested(5, |w| message(w, m, Some(&t.id), Some(&t.context_id), None));
+    }
+    if let Some(meta) = t
+        .metadata
+        .as_deref()
+        .filter(|m| !is_empty_object(m))
+        .and_then(structure)
+    {
+        w.message(6, &meta);
     }
 }
 
-/// A message, in its task and conversation when given.
-pub(crate) fn message(
+/// A message's fields, in its task and conversation when given.
+fn message(
+    w: &mut Wire,
     m: &Message,
     task_id: Option<&TaskId>,
     context_id: Option<&ContextId>,
     metadata: Option<pbjson_types::Struct>,
-) -> pb::Message {
-    pb::Message {
-        message_id: m.message_id.clone(),
-        context_id: context_id
-            .map(|c| c.as_str().to_owned())
-            .unwrap_or_default(),
-        task_id: task_id.map(|t| t.as_str().to_owned()).unwrap_or_default(),
-        role: match m.role {
-            Role::User => pb::Role::User,
-            Role::Agent => pb::Role::Agent,
-        } as i32,
-        parts: m.parts.iter().map(part).collect(),
-        metadata,
-        extensions: Vec::new(),
-        reference_task_ids: Vec::new(),
-    }
-}
-
-fn part(p: &Part) -> pb::Part {
-    use pb::part::Content;
-    let (content, filename, media_type) = match p {
-        Part::Text(t) => (Content::Text(t.clone()), None, None),
-        // Checked Base64 when it came in; the bytes themselves on this wire.
-        Part::File(f) => (
-            Content::Raw(STANDARD.decode(&f.bytes).unwrap_or_default()),
-            Some(&f.name),
-            Some(&f.mime_type),
-        ),
-        Part::Url(u) => (
-            Content::Url(u.url.clone()),
-            u.name.as_ref(),
-            u.mime_type.as_ref(),
-        ),
-        Part::Data(d) => (
-            Content::Data(serde_json::from_str(d.get()).unwrap_or_default()),
-            None,
-            None,
-        ),
+) {
+    w.bytes(1, m.message_id.as_bytes());
+    w.bytes(2, context_id.map_or("", ContextId::as_str).as_bytes());
+    w.bytes(3, task_id.map_or("", TaskId::as_str).as_bytes());
+    let role = match m.role {
+        Role::User => pb::Role::User,
+        Role::Agent => pb::Role::Agent,
     };
-    pb::Part {
-        metadata: None,
-        filename: filename.cloned().unwrap_or_default(),
-        media_type: media_type.cloned().unwrap_or_default(),
-        content: Some(content),
+    w.uint(4, role as u64);
+    for p in &m.parts {
+        w.nested(5, |w| part(w, p));
+    }
+    if let Some(meta) = metadata {
+        w.message(6, &meta);
     }
 }
 
-/// A status; its message as `render::status_message` gives it.
-fn status(st: &TaskStatus, task_id: &TaskId, context_id: &ContextId) -> pb::TaskStatus {
+fn part(w: &mut Wire, p: &Part) {
+    let (filename, media_type) = match p {
+        Part::Text(t) => {
+            w.bytes(1, t.as_bytes());
+            (None, None)
+        }
+        // Checked Base64 when it came in; the bytes themselves on this wire.
+        Part::File(f) => {
+            w.bytes(2, &STANDARD.decode(&f.bytes).unwrap_or_default());
+            (Some(&f.name), Some(&f.mime_type))
+        }
+        Part::Url(u) => {
+            w.bytes(3, u.url.as_bytes());
+            (u.name.as_ref(), u.mime_type.as_ref())
+        }
+        Part::Data(d) => {
+            let value: pbjson_types::Value = serde_json::from_str(d.get()).unwrap_or_default();
+            w.message(4, &value);
+            (None, None)
+        }
+    };
+    w.bytes(6, filename.map_or(&[][..], |f| f.as_bytes()));
+    w.bytes(7, media_type.map_or(&[][..], |m| m.as_bytes()));
+}
+
+/// A status's fields; its message as `render::status_message` gives it.
+fn status(w: &mut Wire, st: &TaskStatus, task_id: &TaskId, context_id: &ContextId) {
     let (shown, metadata) = status_message(st, task_id);
-    pb::TaskStatus {
-        state: state(st.state) as i32,
-        message: shown.map(|m| {
-            message(
-                &m,
-                Some(task_id),
-                Some(context_id),
-                metadata.and_then(|v| serde_json::from_value(v).ok()),
-            )
-        }),
-        // Milliseconds, as the JSON bindings' ISO 8601 times.
-        timestamp: Some(pbjson_types::Timestamp {
-            seconds: st.timestamp.timestamp(),
-            nanos: i32::try_from(st.timestamp.timestamp_subsec_millis() * 1_000_000).unwrap_or(0),
-        }),
+    w.uint(1, state(st.state) as u64);
+    if let Some(m) = shown {
+        let metadata = metadata.and_then(|v| serde_json::from_value(v).ok());
+        w.nested(2, |w| {
+            message(w, &m, Some(task_id), Some(context_id), metadata)
+        });
     }
+    // Milliseconds, as the JSON bindings' ISO 8601 times.
+    w.nested(3, |w| {
+        // A negative time (before 1970) is a two's-complement varint, as prost writes it.
+        w.uint(1, st.timestamp.timestamp() as u64);
+        w.uint(
+            2,
+            u64::from(st.timestamp.timestamp_subsec_millis() * 1_000_000),
+        );
+    });
 }
 
 fn state(s: TaskState) -> pb::TaskState {
@@ -130,48 +255,18 @@ fn state(s: TaskState) -> pb::TaskState {
     }
 }
 
-fn artifact(a: &Artifact) -> pb::Artifact {
-    pb::Artifact {
-        artifact_id: a.artifact_id.clone(),
-        name: a.name.clone().unwrap_or_default(),
-        description: a.description.clone().unwrap_or_default(),
-        parts: a.parts.iter().map(part).collect(),
-        metadata: None,
-        extensions: Vec::new(),
+fn artifact(w: &mut Wire, a: &Artifact) {
+    w.bytes(1, a.artifact_id.as_bytes());
+    w.bytes(2, a.name.as_deref().unwrap_or("").as_bytes());
+    w.bytes(3, a.description.as_deref().unwrap_or("").as_bytes());
+    for p in &a.parts {
+        w.nested(4, |w| part(w, p));
     }
 }
 
 /// A JSON object as a `Struct` (`None`: not an object).
 fn structure(raw: &RawValue) -> Option<pbjson_types::Struct> {
     serde_json::from_str(raw.get()).ok()
-}
-
-/// One stream item: the first is the task; later ones are status or artifact updates.
-pub(crate) fn event(item: &StreamItem, first: bool) -> pb::StreamResponse {
-    use pb::stream_response::Payload;
-    let t = &item.task;
-    let payload = if first {
-        Payload::Task(task(t, None, true))
-    } else if let Some(update) = &item.event.artifact {
-        Payload::ArtifactUpdate(pb::TaskArtifactUpdateEvent {
-            task_id: t.id.as_str().to_owned(),
-            context_id: t.context_id.as_str().to_owned(),
-            artifact: Some(artifact(&update.artifact)),
-            append: update.append,
-            last_chunk: update.last_chunk,
-            metadata: None,
-        })
-    } else {
-        Payload::StatusUpdate(pb::TaskStatusUpdateEvent {
-            task_id: t.id.as_str().to_owned(),
-            context_id: t.context_id.as_str().to_owned(),
-            status: Some(status(&item.event.status, &t.id, &t.context_id)),
-            metadata: None,
-        })
-    };
-    pb::StreamResponse {
-        payload: Some(payload),
-    }
 }
 
 #[cfg(test)]
@@ -181,15 +276,21 @@ mod tests {
     use serde::de::DeserializeOwned;
 
     use super::*;
-    use crate::model::{
-        ArtifactUpdate, FileContent, FileUrl, RawJson, TaskError, TaskEvent, iso8601,
-    };
+    use crate::model::{ArtifactUpdate, FileContent, FileUrl, RawJson, TaskError, TaskEvent};
     use crate::rpc::a2a::Version;
     use crate::rpc::a2a::render::{EventOut, SendResultOut, TaskOut, message_result};
 
     /// The message ProtoJSON `json` reads as (what the gRPC binding gave before this module).
     fn via_json<T: DeserializeOwned>(json: &impl serde::Serialize) -> T {
         serde_json::from_value(serde_json::to_value(json).expect("render")).expect("ProtoJSON")
+    }
+
+    /// The message a frame carries (its length prefix checked).
+    fn read<T: prost::Message + Default>(frame: &Bytes) -> T {
+        assert_eq!(frame[0], 0, "not compressed");
+        let len = u32::from_be_bytes(frame[1..5].try_into().expect("length"));
+        assert_eq!(len as usize, frame.len() - 5);
+        T::decode(&frame[5..]).expect("protobuf")
     }
 
     fn snapshot() -> TaskSnapshot {
@@ -205,7 +306,7 @@ mod tests {
             artifacts: Vec::new(),
             metadata: None,
         };
-        let mut reply = Message::agent_text(["hi"]);
+        let mut reply = Message::agent_text(["hi", &"long ".repeat(60)]);
         reply.parts.push(Part::File(Box::new(FileContent {
             name: "a.txt".into(),
             mime_type: "text/plain".into(),
@@ -248,33 +349,30 @@ mod tests {
                 history_length,
                 artifacts,
             };
-            assert_eq!(task(&t, history_length, artifacts), via_json(&out));
+            let expected: pb::Task = via_json(&out);
+            assert_eq!(
+                read::<pb::Task>(&task_alone(&t, history_length, artifacts)),
+                expected
+            );
+            let expected: pb::SendMessageResponse = via_json(&SendResultOut(out));
+            assert_eq!(
+                read::<pb::SendMessageResponse>(&send_task(&t, history_length, artifacts)),
+                expected
+            );
         }
-        let send: pb::SendMessageResponse =
-            via_json(&SendResultOut(TaskOut::full(Version::V10, &t)));
-        assert_eq!(
-            send.payload,
-            Some(pb::send_message_response::Payload::Task(task(
-                &t, None, true
-            )))
-        );
         // Made-up status messages: a cancel reason, an error (with its metadata).
         t.status = TaskStatus::new(TaskState::Canceled);
         t.status.reason = Some("stop".into());
-        assert_eq!(
-            task(&t, None, true),
-            via_json(&TaskOut::full(Version::V10, &t))
-        );
+        let expected: pb::Task = via_json(&TaskOut::full(Version::V10, &t));
+        assert_eq!(read::<pb::Task>(&task_alone(&t, None, true)), expected);
         t.status = TaskStatus::new(TaskState::Failed);
         t.status.error = Some(Arc::new(TaskError {
             code: -32603,
             message: "upstream failed".into(),
         }));
         t.metadata = Some(RawValue::from_string("{}".into()).expect("json").into());
-        assert_eq!(
-            task(&t, None, true),
-            via_json(&TaskOut::full(Version::V10, &t))
-        );
+        let expected: pb::Task = via_json(&TaskOut::full(Version::V10, &t));
+        assert_eq!(read::<pb::Task>(&task_alone(&t, None, true)), expected);
 
         let t = Arc::new(snapshot());
         let artifact = t.artifacts[0].clone();
@@ -305,12 +403,7 @@ mod tests {
                 event: Arc::new(ev.clone()),
                 task: t.clone(),
             };
-            assert_eq!(
-                event(&item, first),
-                expected,
-                "{}",
-                iso8601(&ev.status.timestamp)
-            );
+            assert_eq!(read::<pb::StreamResponse>(&event(&item, first)), expected);
         }
 
         let m = Message::agent_text(["bare"]);
@@ -318,13 +411,13 @@ mod tests {
         let expected: pb::SendMessageResponse =
             via_json(&message_result(Version::V10, &m, Some(&c)));
         assert_eq!(
-            expected.payload,
-            Some(pb::send_message_response::Payload::Message(message(
-                &m,
-                None,
-                Some(&c),
-                None
-            )))
+            read::<pb::SendMessageResponse>(&send_message(&m, &c)),
+            expected
+        );
+        let expected: pb::StreamResponse = via_json(&message_result(Version::V10, &m, Some(&c)));
+        assert_eq!(
+            read::<pb::StreamResponse>(&stream_message(&m, &c)),
+            expected
         );
     }
 }
