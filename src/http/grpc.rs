@@ -28,7 +28,7 @@ use tonic::{Code, Status};
 use tonic_types::{ErrorDetails, StatusExt as _};
 
 use super::{App, Body, observed, refused_by, version_refusal};
-use crate::model::AgentId;
+use crate::model::{AgentId, TaskSnapshot};
 use crate::rpc::a2a::errors::{
     self, AGENT_NOT_FOUND, CONTENT_TYPE_NOT_SUPPORTED, PUSH_NOT_SUPPORTED, RATE_LIMITED,
     TASK_NOT_CANCELABLE, TASK_NOT_FOUND, UNAUTHENTICATED, UNAUTHORIZED, UNSUPPORTED_OPERATION,
@@ -420,27 +420,34 @@ trait Response: prost::Message + DeserializeOwned {
 impl Response for pb::SendMessageResponse {
     fn direct(response: OpResponse) -> Result<Bytes, OpResponse> {
         match response {
-            OpResponse::Task {
-                task,
-                history_length,
-                artifacts,
-            } => Ok(pbout::send_task(&task, history_length, artifacts)),
             OpResponse::Message { message, context } => Ok(pbout::send_message(&message, &context)),
-            other => Err(other),
+            other => task_frame(other, pbout::send_task),
         }
     }
 }
 
 impl Response for pb::Task {
     fn direct(response: OpResponse) -> Result<Bytes, OpResponse> {
-        match response {
-            OpResponse::Task {
-                task,
-                history_length,
-                artifacts,
-            } => Ok(pbout::task_alone(&task, history_length, artifacts)),
-            other => Err(other),
-        }
+        task_frame(response, pbout::task_alone)
+    }
+}
+
+/// A task result written by `write`; any other result given back.
+#[expect(
+    clippy::result_large_err,
+    reason = "as `events`: the result given back is moved once"
+)]
+fn task_frame(
+    response: OpResponse,
+    write: fn(&TaskSnapshot, Option<usize>, bool) -> Bytes,
+) -> Result<Bytes, OpResponse> {
+    match response {
+        OpResponse::Task {
+            task,
+            history_length,
+            artifacts,
+        } => Ok(write(&task, history_length, artifacts)),
+        other => Err(other),
     }
 }
 
