@@ -60,10 +60,15 @@ impl Wire {
     /// A string or bytes field (empty, the default, is left out).
     fn bytes(&mut self, tag: u32, v: &[u8]) {
         if !v.is_empty() {
-            self.key(tag, 2);
-            self.varint(v.len() as u64);
-            self.0.extend_from_slice(v);
+            self.one_of(tag, v);
         }
+    }
+
+    /// A string or bytes field of a `oneof`: written even when empty (it is the one set).
+    fn one_of(&mut self, tag: u32, v: &[u8]) {
+        self.key(tag, 2);
+        self.varint(v.len() as u64);
+        self.0.extend_from_slice(v);
     }
 
     /// A nested message (written even when empty: it is set).
@@ -199,16 +204,16 @@ fn message(
 fn part(w: &mut Wire, p: &Part) {
     let (filename, media_type) = match p {
         Part::Text(t) => {
-            w.bytes(1, t.as_bytes());
+            w.one_of(1, t.as_bytes());
             (None, None)
         }
         // Checked Base64 when it came in; the bytes themselves on this wire.
         Part::File(f) => {
-            w.bytes(2, &STANDARD.decode(&f.bytes).unwrap_or_default());
+            w.one_of(2, &STANDARD.decode(&f.bytes).unwrap_or_default());
             (Some(&f.name), Some(&f.mime_type))
         }
         Part::Url(u) => {
-            w.bytes(3, u.url.as_bytes());
+            w.one_of(3, u.url.as_bytes());
             (u.name.as_ref(), u.mime_type.as_ref())
         }
         Part::Data(d) => {
@@ -306,7 +311,14 @@ mod tests {
             artifacts: Vec::new(),
             metadata: None,
         };
-        let mut reply = Message::agent_text(["hi", &"long ".repeat(60)]);
+        // An empty text and an empty file are parts too (a `oneof` set to its default).
+        let mut reply = Message::agent_text(["hi", &"long ".repeat(60), ""]);
+        reply.parts.push(Part::File(Box::new(FileContent {
+            name: "empty".into(),
+            mime_type: "application/octet-stream".into(),
+            bytes: String::new(),
+            size: 0,
+        })));
         reply.parts.push(Part::File(Box::new(FileContent {
             name: "a.txt".into(),
             mime_type: "text/plain".into(),
