@@ -4,7 +4,7 @@
 //! `authorization` metadata), agent (the request's `tenant`, empty: `server.default_agent`),
 //! the key's agents, `a2a-version`, rate — then its message is turned into the ProtoJSON the
 //! JSON-RPC binding decodes and run by the same operations ([`rest::execute_with`]). Sends,
-//! task reads and stream events are built as messages straight from the model (`pbout`);
+//! task reads and stream events are written as protobuf straight from the model (`pbout`);
 //! the other results are read back from their JSON. Errors are `google.rpc.Status` with the
 //! code of S10 §5.4 and the same `ErrorInfo` (in `grpc-status-details-bin`), as
 //! trailers-only responses.
