@@ -102,23 +102,21 @@ pub(crate) async fn serve(app: Arc<App>, mut req: Request<Incoming>) -> hyper::R
         .map(|rest| rest.strip_prefix(b"+proto").unwrap_or(rest))
         .is_some_and(|rest| rest.is_empty() || rest.starts_with(b";"));
     if !proto {
-        let e = errors::refusal(Version::V10, &Refusal::UnsupportedMediaType);
-        return trailers_only(status(&e));
+        return trailers_only(refusal(&Refusal::UnsupportedMediaType));
     }
     // Every method takes one message: the body is read whole first, within the body cap
     // (plus the 5 bytes of gRPC framing) and `server.body_read_timeout_seconds`, so a slow
     // or endless sender holds nothing longer than a JSON-RPC one could.
     let (parts, body) = req.into_parts();
-    let refused = |r: &Refusal| trailers_only(status(&errors::refusal(Version::V10, r)));
     let bytes =
         match super::read_limited(&app, &parts.headers, body, app.max_body.saturating_add(5)).await
         {
             Ok(b) => b,
-            Err(r) => return refused(&r),
+            Err(r) => return trailers_only(refusal(&r)),
         };
     let message = match unframe(&bytes, app.max_body) {
         Ok(m) => m,
-        Err(Unframed::TooLarge) => return refused(&Refusal::TooLarge(app.max_body)),
+        Err(Unframed::TooLarge) => return trailers_only(refusal(&Refusal::TooLarge(app.max_body))),
         Err(Unframed::Invalid(why)) => return trailers_only(parse_error(why)),
     };
     let grpc = Grpc { app };
@@ -208,6 +206,11 @@ fn unframe(body: &[u8], max: u64) -> Result<&[u8], Unframed> {
     }
 }
 
+/// The status of a refusal every binding shares (no key, no agent, too large, …).
+fn refusal(r: &Refusal) -> Status {
+    status(&errors::refusal(Version::V10, r))
+}
+
 /// INVALID_ARGUMENT with a PARSE_ERROR: the body is not a message of the call, as a body
 /// that is not JSON is on the other bindings.
 fn parse_error(why: &str) -> Status {
@@ -282,7 +285,6 @@ impl Grpc {
         let mut msg = M::decode(message)
             .map_err(|_| parse_error("the message is not a protobuf message of this call"))?;
         let tenant = msg.take_tenant();
-        let refusal = |r: &Refusal| status(&errors::refusal(Version::V10, r));
         let caller = app
             .keys
             .authenticate(headers)
