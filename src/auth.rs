@@ -1,8 +1,14 @@
-//! API keys: who is calling, and which agents they may use.
+//! API keys and client certificates: who is calling, and which agents they may use.
 //!
 //! Keys are stored as SHA-256 digests and looked up by the digest of the presented key,
 //! so no plaintext key needs to sit in memory or a file and the lookup leaks no timing
 //! about how much of a key matched.
+//!
+//! A client certificate (mTLS) is verified by the TLS handshake against
+//! `server.tls.client_ca_file`; here its names are matched against
+//! `[[auth.certificates]]` once per connection ([`KeyStore::certificate_caller`]). A
+//! request on such a connection needs no key; if it carries one anyway, the key must
+//! name the same principal (two credentials never disagree silently).
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -32,6 +38,18 @@ impl Caller {
     }
 }
 
+/// The principal of the connection's verified client certificate, carried in each of its
+/// requests' extensions.
+#[derive(Clone, Debug)]
+pub(crate) struct PeerCertificate(pub(crate) Arc<Caller>);
+
+impl PeerCertificate {
+    /// The certificate's caller, from a request's extensions.
+    pub(crate) fn of(extensions: &hyper::http::Extensions) -> Option<&Arc<Caller>> {
+        extensions.get::<Self>().map(|p| &p.0)
+    }
+}
+
 /// Why a request is not authenticated.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum AuthError {
@@ -39,8 +57,8 @@ pub(crate) enum AuthError {
     Missing,
     /// The key is not configured (or the Authorization header is not Bearer).
     Unknown,
-    /// Two credentials differ: `x-api-key` and the Bearer token, or two values of one
-    /// of those headers.
+    /// Two credentials differ: `x-api-key` and the Bearer token, two values of one of
+    /// those headers, or a key and the client certificate.
     Conflict,
 }
 
@@ -51,7 +69,7 @@ impl AuthError {
             Self::Missing => "missing credentials: send x-api-key or Authorization: Bearer",
             Self::Unknown => "invalid API key or token",
             Self::Conflict => {
-                "the request carries different credentials (x-api-key, Authorization); send one key"
+                "the request carries different credentials (x-api-key, Authorization, client certificate); send one"
             }
         }
     }
@@ -61,6 +79,8 @@ impl AuthError {
 #[derive(Debug)]
 pub(crate) struct KeyStore {
     by_digest: HashMap<[u8; 32], Arc<Caller>>,
+    /// Client certificates by identity (a subject alternative name or common name).
+    by_identity: HashMap<String, Arc<Caller>>,
     principals: usize,
     /// Principal names by index.
     names: Vec<String>,
@@ -70,26 +90,33 @@ impl KeyStore {
     /// Builds the store. With no key configured, a random development key is generated
     /// and returned so the binary can print it once: the server never runs open.
     pub(crate) fn from_config(config: &Config) -> (Self, Option<String>) {
-        let (keys, dev_key) = if config.api_keys.is_empty() {
+        let (keys, dev_key) = if config.api_keys.is_empty() && config.auth.certificates.is_empty() {
             let key = format!("a2ad-dev-{}", uuid::Uuid::new_v4().simple());
             (vec![ApiKeyConfig::new("dev", &key)], Some(key))
         } else {
             (config.api_keys.clone(), None)
         };
         let mut principal_ids: HashMap<String, usize> = HashMap::new();
-        let mut by_digest = HashMap::new();
-        for k in &keys {
+        let mut caller = |name: &str, agents: &[String]| {
             let next = principal_ids.len();
-            let index = *principal_ids.entry(k.name.clone()).or_insert(next);
-            let agents =
-                (!k.agents.iter().any(|a| a == "*")).then(|| k.agents.iter().cloned().collect());
-            let caller = Arc::new(Caller {
-                principal: Principal::new(k.name.as_str()),
+            let index = *principal_ids.entry(name.to_string()).or_insert(next);
+            Arc::new(Caller {
+                principal: Principal::new(name),
                 principal_index: index,
-                agents,
-            });
-            by_digest.insert(digest_of_configured(&k.key), caller);
-        }
+                agents: (!agents.iter().any(|a| a == "*"))
+                    .then(|| agents.iter().cloned().collect()),
+            })
+        };
+        let by_digest = keys
+            .iter()
+            .map(|k| (digest_of_configured(&k.key), caller(&k.name, &k.agents)))
+            .collect();
+        let by_identity = config
+            .auth
+            .certificates
+            .iter()
+            .map(|c| (c.identity.clone(), caller(&c.name, &c.agents)))
+            .collect();
         let principals = principal_ids.len();
         let mut names = vec![String::new(); principals];
         for (name, i) in principal_ids {
@@ -98,6 +125,7 @@ impl KeyStore {
         (
             Self {
                 by_digest,
+                by_identity,
                 principals,
                 names,
             },
@@ -115,26 +143,65 @@ impl KeyStore {
         self.principals
     }
 
-    /// Authenticates a request by `x-api-key` or `Authorization: Bearer`.
+    /// Authenticates a request by `x-api-key` or `Authorization: Bearer`, or by the
+    /// connection's client certificate (`peer`, from [`KeyStore::certificate_caller`]).
     ///
     /// # Errors
-    /// [`AuthError`] when no usable credential is present.
-    pub(crate) fn authenticate(&self, headers: &HeaderMap) -> Result<Arc<Caller>, AuthError> {
+    /// [`AuthError`] when no usable credential is present, or when a key and the
+    /// certificate name different principals.
+    pub(crate) fn authenticate(
+        &self,
+        headers: &HeaderMap,
+        peer: Option<&Arc<Caller>>,
+    ) -> Result<Arc<Caller>, AuthError> {
         let api_key = single(headers, "x-api-key")?;
         let bearer = match single(headers, "authorization")? {
             None => None,
             Some(v) => Some(bearer_token(v).ok_or(AuthError::Unknown)?),
         };
-        let key = match (api_key, bearer) {
-            (None, None) => return Err(AuthError::Missing),
-            (Some(a), Some(b)) if a != b => return Err(AuthError::Conflict),
-            (Some(k), _) | (None, Some(k)) => k,
+        let key = match (api_key, bearer, peer) {
+            (None, None, Some(peer)) => return Ok(peer.clone()),
+            (None, None, None) => return Err(AuthError::Missing),
+            (Some(a), Some(b), _) if a != b => return Err(AuthError::Conflict),
+            (Some(k), _, _) | (None, Some(k), _) => k,
         };
         let digest: [u8; 32] = Sha256::digest(key).into();
-        self.by_digest
-            .get(&digest)
-            .cloned()
-            .ok_or(AuthError::Unknown)
+        let caller = self.by_digest.get(&digest).ok_or(AuthError::Unknown)?;
+        match peer {
+            Some(peer) if peer.principal != caller.principal => Err(AuthError::Conflict),
+            _ => Ok(caller.clone()),
+        }
+    }
+
+    /// The principal a verified client certificate (DER) stands for: the first of its
+    /// subject alternative names (DNS names, e-mail addresses, URIs) that is a configured
+    /// identity, or — when it has none of those names — its subject's common name.
+    pub(crate) fn certificate_caller(&self, leaf: &[u8]) -> Option<Arc<Caller>> {
+        if self.by_identity.is_empty() {
+            return None;
+        }
+        let (_, cert) = x509_parser::parse_x509_certificate(leaf).ok()?;
+        let mut sans = Vec::new();
+        if let Ok(Some(ext)) = cert.subject_alternative_name() {
+            use x509_parser::extensions::GeneralName;
+            for name in &ext.value.general_names {
+                match name {
+                    GeneralName::DNSName(n) | GeneralName::RFC822Name(n) | GeneralName::URI(n) => {
+                        sans.push(*n);
+                    }
+                    _ => {}
+                }
+            }
+        }
+        if sans.is_empty() {
+            return cert
+                .subject()
+                .iter_common_name()
+                .filter_map(|cn| cn.as_str().ok())
+                .find_map(|cn| self.by_identity.get(cn).cloned());
+        }
+        sans.into_iter()
+            .find_map(|n| self.by_identity.get(n).cloned())
     }
 }
 
@@ -205,22 +272,22 @@ mod tests {
     fn keys_are_accepted_from_either_header_and_hashed_keys_work() {
         let s = store();
         assert_eq!(
-            s.authenticate(&headers(&[("x-api-key", "key-a")]))
+            s.authenticate(&headers(&[("x-api-key", "key-a")]), None)
                 .expect("ok")
                 .principal
                 .as_str(),
             "alice"
         );
         let bob = s
-            .authenticate(&headers(&[("authorization", "Bearer key-b")]))
+            .authenticate(&headers(&[("authorization", "Bearer key-b")]), None)
             .expect("ok");
         assert_eq!(bob.principal.as_str(), "bob");
         assert!(bob.may_use(&"echo".into()) && !bob.may_use(&"other".into()));
         assert!(
-            s.authenticate(&headers(&[
-                ("x-api-key", "key-a"),
-                ("authorization", "bearer key-a")
-            ]))
+            s.authenticate(
+                &headers(&[("x-api-key", "key-a"), ("authorization", "bearer key-a")]),
+                None
+            )
             .is_ok()
         );
     }
@@ -229,24 +296,24 @@ mod tests {
     fn missing_unknown_and_conflicting_credentials_are_refused() {
         let s = store();
         assert_eq!(
-            s.authenticate(&headers(&[])).unwrap_err(),
+            s.authenticate(&headers(&[]), None).unwrap_err(),
             AuthError::Missing
         );
         assert_eq!(
-            s.authenticate(&headers(&[("x-api-key", "nope")]))
+            s.authenticate(&headers(&[("x-api-key", "nope")]), None)
                 .unwrap_err(),
             AuthError::Unknown
         );
         assert_eq!(
-            s.authenticate(&headers(&[("authorization", "Basic a2V5LWE=")]))
+            s.authenticate(&headers(&[("authorization", "Basic a2V5LWE=")]), None)
                 .unwrap_err(),
             AuthError::Unknown
         );
         assert_eq!(
-            s.authenticate(&headers(&[
-                ("x-api-key", "key-a"),
-                ("authorization", "Bearer key-b")
-            ]))
+            s.authenticate(
+                &headers(&[("x-api-key", "key-a"), ("authorization", "Bearer key-b")]),
+                None
+            )
             .unwrap_err(),
             AuthError::Conflict
         );
@@ -259,15 +326,15 @@ mod tests {
         h.append("x-api-key", HeaderValue::from_static("key-a"));
         h.append("x-api-key", HeaderValue::from_static("key-a"));
         assert!(
-            s.authenticate(&h).is_ok(),
+            s.authenticate(&h, None).is_ok(),
             "the same value twice is one key"
         );
         h.append("x-api-key", HeaderValue::from_static("key-b"));
-        assert_eq!(s.authenticate(&h).unwrap_err(), AuthError::Conflict);
+        assert_eq!(s.authenticate(&h, None).unwrap_err(), AuthError::Conflict);
         let mut h = HeaderMap::new();
         h.append("authorization", HeaderValue::from_static("Bearer key-a"));
         h.append("authorization", HeaderValue::from_static("Bearer key-b"));
-        assert_eq!(s.authenticate(&h).unwrap_err(), AuthError::Conflict);
+        assert_eq!(s.authenticate(&h, None).unwrap_err(), AuthError::Conflict);
     }
 
     #[test]
@@ -276,6 +343,6 @@ mod tests {
         let key = key.expect("a dev key");
         let mut h = HeaderMap::new();
         h.insert("x-api-key", HeaderValue::from_str(&key).expect("ascii"));
-        assert!(s.authenticate(&h).is_ok());
+        assert!(s.authenticate(&h, None).is_ok());
     }
 }

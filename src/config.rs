@@ -17,8 +17,11 @@ mod check;
 mod server;
 mod store;
 
-pub use agents::{AgentConfig, AgentLimits, ApiKeyConfig, EchoConfig, OpenAiConfig, TckConfig};
-pub use server::{ServerConfig, WebhooksConfig};
+pub use agents::{
+    AgentConfig, AgentLimits, ApiKeyConfig, AuthConfig, CertificateConfig, EchoConfig,
+    OpenAiConfig, TckConfig,
+};
+pub use server::{ServerConfig, TlsConfig, WebhooksConfig};
 pub use store::{ClusterConfig, ClusterEngine, NodeLoss, StoreBackend, StoreConfig};
 
 /// The whole configuration: read with [`Config::load`] or [`Config::from_toml`], or built
@@ -62,6 +65,9 @@ pub struct Config {
     /// `[[api_keys]]`; empty means a development key is generated at start-up.
     #[serde(default)]
     pub api_keys: Vec<ApiKeyConfig>,
+    /// `[auth]`: client certificates as principals.
+    #[serde(default)]
+    pub auth: AuthConfig,
     /// `[[agents]]`; empty means the built-in `echo` agent.
     #[serde(default)]
     pub agents: Vec<AgentConfig>,
@@ -180,6 +186,7 @@ impl Default for Config {
             store: StoreConfig::default(),
             cluster: None,
             api_keys: Vec::new(),
+            auth: AuthConfig::default(),
             agents: vec![AgentConfig::new(Self::DEFAULT_AGENT_ID)],
         }
     }
@@ -243,7 +250,7 @@ impl ConfigError {
         }
     }
 
-    fn key(key: impl Into<String>, message: impl Into<String>) -> Self {
+    pub(crate) fn key(key: impl Into<String>, message: impl Into<String>) -> Self {
         Self::new(Some(key.into()), message)
     }
 }

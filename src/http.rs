@@ -30,7 +30,7 @@ pub(crate) use metrics::{LATENCY_BUCKETS, RequestMetrics};
 pub(crate) use respond::{cors, error_response, json, method_not_allowed, preflight_official};
 use respond::{not_found_path, preflight, unauthorized};
 
-use crate::auth::KeyStore;
+use crate::auth::{KeyStore, PeerCertificate};
 use crate::limits::RateLimiter;
 use crate::model::AgentId;
 use crate::rpc::a2a::Version;
@@ -62,6 +62,8 @@ pub(crate) struct App {
     pub ping_every: Duration,
     /// The listening address (the base URL's host when a request names none).
     pub(crate) local_addr: std::net::SocketAddr,
+    /// Whether the listener speaks TLS: the cards' URLs are then `https://`.
+    pub(crate) https: bool,
     /// When the server started (the cards' `Last-Modified`).
     pub(crate) started: chrono::DateTime<chrono::Utc>,
 }
@@ -69,8 +71,16 @@ pub(crate) struct App {
 /// Handles one request. Never fails: every problem is an HTTP response.
 pub(crate) async fn handle(
     app: Arc<App>,
-    req: Request<Incoming>,
+    mut req: Request<Incoming>,
 ) -> Result<Response<Body>, Infallible> {
+    // An HTTP/2 request names its host in `:authority`, which hyper puts in the URI: it
+    // becomes `host`, which the cards' URLs are built from, as an HTTP/1.1 request's is.
+    if !req.headers().contains_key(header::HOST)
+        && let Some(authority) = req.uri().authority()
+        && let Ok(v) = HeaderValue::from_str(authority.as_str())
+    {
+        req.headers_mut().insert(header::HOST, v);
+    }
     if grpc::is_grpc(&req) {
         // Boxed: a gRPC call's future is large, and an unboxed one would make every
         // request's future that large (moved several times per request).
@@ -158,9 +168,10 @@ pub(crate) fn base_url(app: &App, headers: &hyper::HeaderMap) -> String {
     if let Some(url) = &app.runtime.config().server.public_url {
         return url.clone();
     }
+    let scheme = if app.https { "https" } else { "http" };
     match request_host(headers) {
-        Some(h) => format!("http://{h}"),
-        None => format!("http://{}", app.local_addr),
+        Some(h) => format!("{scheme}://{h}"),
+        None => format!("{scheme}://{}", app.local_addr),
     }
 }
 
@@ -238,7 +249,10 @@ async fn endpoint(
             Dialect::A2a(_) => preflight_official("POST, OPTIONS"),
         };
     }
-    let caller = match app.keys.authenticate(req.headers()) {
+    let caller = match app
+        .keys
+        .authenticate(req.headers(), PeerCertificate::of(req.extensions()))
+    {
         Ok(c) => c,
         Err(e) => return unauthorized(dialect, e),
     };
@@ -366,7 +380,10 @@ async fn rest_endpoint(
     }
     let status = rest_error;
     let refusal = |r: &Refusal| status(&a2a_errors::refusal(Version::V10, r));
-    let caller = match app.keys.authenticate(req.headers()) {
+    let caller = match app
+        .keys
+        .authenticate(req.headers(), PeerCertificate::of(req.extensions()))
+    {
         Ok(c) => c,
         Err(e) => {
             let mut r = refusal(&Refusal::Unauthorized(e.message()));

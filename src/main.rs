@@ -16,7 +16,8 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 ///
 /// With no arguments it serves the built-in configuration: one agent `echo` (the echo
 /// backend) on 127.0.0.1:8080, with a random development API key printed once at
-/// start-up. It prints `listening on http://HOST:PORT` with the real bound port.
+/// start-up. It prints `listening on http://HOST:PORT` (`https://` with `[server.tls]`)
+/// with the real bound port; SIGHUP checks the TLS files at once.
 /// SIGINT or SIGTERM stops accepting, cancels running tasks (reason "shutdown"), lets
 /// in-flight requests finish within `server.shutdown_grace_seconds`, and exits 0.
 /// A bad configuration file prints what is wrong (file, key) and exits 2.
@@ -156,7 +157,7 @@ async fn serve() -> ExitCode {
         println!("development API key (principal \"dev\", all agents): {key}");
     }
     println!("store: {store}");
-    println!("listening on http://{addr}");
+    println!("listening on {}://{addr}", server.scheme());
     let handle = match server.serve() {
         Ok(h) => h,
         Err(e) => {
@@ -164,7 +165,7 @@ async fn serve() -> ExitCode {
             return ExitCode::from(1);
         }
     };
-    shutdown_signal().await;
+    shutdown_signal(&handle).await;
     tracing::info!("signal received; shutting down");
     handle.stop();
     let unwritten = handle.stopped().await;
@@ -190,18 +191,25 @@ fn raise_open_file_limit() {
     }
 }
 
-async fn shutdown_signal() {
+/// Waits for SIGINT or SIGTERM; meanwhile each SIGHUP checks the TLS files at once.
+async fn shutdown_signal(handle: &a2ad::ServerHandle) {
     let ctrl_c = tokio::signal::ctrl_c();
     #[cfg(unix)]
     {
         use tokio::signal::unix::{SignalKind, signal};
+        tokio::pin!(ctrl_c);
+        let mut hup = signal(SignalKind::hangup()).ok();
         match signal(SignalKind::terminate()) {
-            Ok(mut term) => {
+            Ok(mut term) => loop {
                 tokio::select! {
-                    _ = ctrl_c => {}
-                    _ = term.recv() => {}
+                    _ = ctrl_c.as_mut() => return,
+                    _ = term.recv() => return,
+                    Some(()) = async { match hup.as_mut() { Some(h) => h.recv().await, None => None } } => {
+                        tracing::info!("SIGHUP: checking the TLS files");
+                        handle.reload_tls().await;
+                    }
                 }
-            }
+            },
             Err(_) => {
                 let _ = ctrl_c.await;
             }

@@ -140,6 +140,9 @@ pub struct ConnectionMetrics {
     pub closed_idle: AtomicU64,
     /// Closed because a response write made no progress.
     pub closed_write_stalled: AtomicU64,
+    /// Closed because the TLS handshake failed (a client certificate refused, no common
+    /// protocol version or cipher, not TLS at all) or did not finish in time.
+    pub closed_tls_handshake: AtomicU64,
 }
 
 #[cfg(test)]

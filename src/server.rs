@@ -21,8 +21,10 @@ use crate::runtime::{Runtime, RuntimeBuilder};
 
 pub(crate) mod conn;
 mod serve;
+mod tls;
 
 use serve::accept_loop;
+use tls::Tls;
 
 /// A bound server, not yet serving.
 ///
@@ -43,6 +45,7 @@ pub struct Server {
     listener: TcpListener,
     app: Arc<App>,
     dev_key: Option<String>,
+    tls: Option<Arc<Tls>>,
 }
 
 /// A running server.
@@ -53,6 +56,7 @@ pub struct ServerHandle {
     /// Resolves when the accept loop and the drain are done.
     done: tokio::task::JoinHandle<u64>,
     runtime: Runtime,
+    tls: Option<Arc<Tls>>,
 }
 
 impl Server {
@@ -112,6 +116,11 @@ impl Server {
 
     async fn start(listener: TcpListener, runtime: RuntimeBuilder) -> Result<Self> {
         let config = runtime.config().clone();
+        // The certificate files first: a bad one refuses the start before anything runs.
+        let tls = match &config.server.tls {
+            Some(settings) => Some(Arc::new(Tls::load(settings)?)),
+            None => None,
+        };
         let (keys, dev_key) = KeyStore::from_config(&config);
         let per_minute: Vec<u64> = config
             .agents
@@ -134,12 +143,14 @@ impl Server {
             body_timeout: s.body_read_timeout(),
             ping_every: s.ping_interval(),
             local_addr,
+            https: tls.is_some(),
             started: chrono::Utc::now(),
         });
         Ok(Self {
             listener,
             app,
             dev_key,
+            tls,
         })
     }
 
@@ -149,6 +160,11 @@ impl Server {
     /// When the socket cannot report its address.
     pub fn local_addr(&self) -> Result<SocketAddr> {
         Ok(self.listener.local_addr()?)
+    }
+
+    /// `https` when the listener speaks TLS (`[server.tls]`), else `http`.
+    pub fn scheme(&self) -> &'static str {
+        if self.tls.is_some() { "https" } else { "http" }
     }
 
     /// The generated development key, when no key is configured.
@@ -172,12 +188,21 @@ impl Server {
         if runtime.is_clustered() {
             tokio::spawn(share_loop(self.app.clone()));
         }
-        let done = tokio::spawn(accept_loop(self.listener, self.app, stopped));
+        if let Some(tls) = &self.tls {
+            tokio::spawn(reload_loop(tls.clone(), stopped.clone()));
+        }
+        let done = tokio::spawn(accept_loop(
+            self.listener,
+            self.app,
+            self.tls.clone(),
+            stopped,
+        ));
         Ok(ServerHandle {
             addr,
             stop,
             done,
             runtime,
+            tls: self.tls,
         })
     }
 }
@@ -248,6 +273,15 @@ impl ServerHandle {
         &self.runtime
     }
 
+    /// Checks the TLS certificate, key and client CA files now (as SIGHUP does) instead of
+    /// at the next `server.tls.reload_check_seconds`: changed files that load are served to
+    /// new connections. Nothing happens without `[server.tls]`.
+    pub async fn reload_tls(&self) {
+        if let Some(tls) = self.tls.clone() {
+            let _ = tokio::task::spawn_blocking(move || tls.reload_logged()).await;
+        }
+    }
+
     /// Starts the graceful shutdown; returns at once.
     pub fn stop(&self) {
         let _ = self.stop.send(true);
@@ -258,6 +292,20 @@ impl ServerHandle {
     /// lost database) until the shutdown grace ran out.
     pub async fn stopped(self) -> u64 {
         self.done.await.unwrap_or(0)
+    }
+}
+
+/// Checks the TLS files every `reload_check_seconds` until the server stops (the files
+/// are read on a blocking thread: the check is file I/O).
+async fn reload_loop(tls: Arc<Tls>, mut stop: watch::Receiver<bool>) {
+    let every = tls.reload_check();
+    loop {
+        tokio::select! {
+            () = tokio::time::sleep(every) => {}
+            () = serve::stop_requested(&mut stop) => return,
+        }
+        let tls = tls.clone();
+        let _ = tokio::task::spawn_blocking(move || tls.reload_logged()).await;
     }
 }
 

@@ -30,4 +30,5 @@ mod store_damage;
 mod store_restart;
 mod streaming;
 mod tasks;
+mod tls;
 mod webhooks;

@@ -8,8 +8,8 @@ use std::fmt::Display;
 use std::net::SocketAddr;
 
 use super::{
-    AgentConfig, AgentLimits, ApiKeyConfig, ClusterConfig, Config, ConfigError, EchoConfig,
-    MAX_SECONDS, OpenAiConfig, ServerConfig, StoreConfig, WebhooksConfig,
+    AgentConfig, AgentLimits, ApiKeyConfig, CertificateConfig, ClusterConfig, Config, ConfigError,
+    EchoConfig, MAX_SECONDS, OpenAiConfig, ServerConfig, StoreConfig, TlsConfig, WebhooksConfig,
 };
 
 /// The largest `max_file_size` (512 MiB): its Base64 body still fits the body ceiling.
@@ -47,6 +47,16 @@ pub(super) fn config(c: &mut Config) -> Result<(), ConfigError> {
             return Err(ConfigError::key(
                 format!("api_keys[{i}].key"),
                 "the same key is configured twice",
+            ));
+        }
+    }
+    let mut identities = HashSet::new();
+    for (i, cert) in c.auth.certificates.iter().enumerate() {
+        certificate(cert, i, &ids, c.server.tls.as_ref())?;
+        if !identities.insert(cert.identity.as_str()) {
+            return Err(ConfigError::key(
+                format!("auth.certificates[{i}].identity"),
+                "the same identity is configured twice",
             ));
         }
     }
@@ -169,7 +179,62 @@ fn server(s: &mut ServerConfig) -> Result<(), ConfigError> {
     seconds_or_zero(&k("shutdown_grace_seconds"), s.shutdown_grace_seconds)?;
     int(&k("max_context_turns"), s.max_context_turns, 0, 100_000)?;
     int(&k("max_contexts"), s.max_contexts, 1, 1_000_000_000)?;
+    if let Some(tls) = &s.tls {
+        self::tls(tls)?;
+    }
     Ok(())
+}
+
+fn tls(t: &TlsConfig) -> Result<(), ConfigError> {
+    let k = |name: &str| format!("server.tls.{name}");
+    for (name, path) in [
+        ("cert_file", Some(&t.cert_file)),
+        ("key_file", Some(&t.key_file)),
+        ("client_ca_file", t.client_ca_file.as_ref()),
+    ] {
+        if path.is_some_and(|p| p.trim().is_empty()) {
+            return Err(ConfigError::key(k(name), "must name a file"));
+        }
+    }
+    // At least a second apart: each check reads two or three small files.
+    if !(t.reload_check_seconds.is_finite() && (1.0..=86_400.0).contains(&t.reload_check_seconds)) {
+        return Err(ConfigError::key(
+            k("reload_check_seconds"),
+            "must be a number from 1 to 86400",
+        ));
+    }
+    if t.client_cert_required && t.client_ca_file.is_none() {
+        return Err(ConfigError::key(
+            k("client_cert_required"),
+            "needs server.tls.client_ca_file (the authorities client certificates chain to)",
+        ));
+    }
+    Ok(())
+}
+
+fn certificate(
+    c: &CertificateConfig,
+    i: usize,
+    agent_ids: &HashSet<String>,
+    tls: Option<&TlsConfig>,
+) -> Result<(), ConfigError> {
+    let at = |name: &str| format!("auth.certificates[{i}].{name}");
+    if tls.is_none_or(|t| t.client_ca_file.is_none()) {
+        return Err(ConfigError::key(
+            at("identity"),
+            "client certificates need server.tls with a client_ca_file to be verified against",
+        ));
+    }
+    if c.name.is_empty() {
+        return Err(ConfigError::key(at("name"), "must not be empty"));
+    }
+    if c.identity.trim().is_empty() || c.identity.len() > 1024 {
+        return Err(ConfigError::key(
+            at("identity"),
+            "must be a DNS name, e-mail address, URI or common name (1 to 1024 bytes)",
+        ));
+    }
+    allowed_agents(&c.agents, &at, agent_ids)
 }
 
 fn webhooks(w: &WebhooksConfig) -> Result<(), ConfigError> {
@@ -425,13 +490,22 @@ fn api_key(k: &ApiKeyConfig, i: usize, agent_ids: &HashSet<String>) -> Result<()
             "a hashed key is \"sha256:\" followed by 64 hex digits",
         ));
     }
-    if k.agents.is_empty() {
+    allowed_agents(&k.agents, &at, agent_ids)
+}
+
+/// A credential's agent allow-list: configured agents, or `*`.
+fn allowed_agents(
+    agents: &[String],
+    at: &dyn Fn(&str) -> String,
+    agent_ids: &HashSet<String>,
+) -> Result<(), ConfigError> {
+    if agents.is_empty() {
         return Err(ConfigError::key(
             at("agents"),
-            "a key that may use no agent is useless: list agent ids, or \"*\" for all",
+            "a credential that may use no agent is useless: list agent ids, or \"*\" for all",
         ));
     }
-    for (j, agent) in k.agents.iter().enumerate() {
+    for (j, agent) in agents.iter().enumerate() {
         if agent != "*" && !agent_ids.contains(agent) {
             return Err(ConfigError::key(
                 at(&format!("agents[{j}]")),

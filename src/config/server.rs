@@ -79,6 +79,57 @@ pub struct ServerConfig {
     pub max_context_turns: usize,
     /// Conversations kept at most, whatever their age (the oldest idle ones go first).
     pub max_contexts: usize,
+    /// `[server.tls]`: serve HTTPS (and gRPC over TLS) instead of plain HTTP.
+    pub tls: Option<TlsConfig>,
+}
+
+/// `[server.tls]`: the listener speaks TLS 1.2 or 1.3 (rustls), offering `h2` and
+/// `http/1.1` by ALPN.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TlsConfig {
+    /// PEM file with the certificate chain, the server's certificate first.
+    pub cert_file: String,
+    /// PEM file with the private key (PKCS#8, PKCS#1 or SEC1).
+    pub key_file: String,
+    /// How often the files are checked for a change (modification time or size); a
+    /// changed pair is loaded and served to new connections without a restart. SIGHUP
+    /// checks at once.
+    #[serde(default = "TlsConfig::default_reload_check_seconds")]
+    pub reload_check_seconds: f64,
+    /// mTLS: PEM file with the certificate authorities that client certificates must
+    /// chain to. Unset: clients are not asked for a certificate.
+    pub client_ca_file: Option<String>,
+    /// mTLS: refuse a connection without a client certificate at the handshake. Without
+    /// this a client may present none and authenticate with a key or token instead.
+    #[serde(default)]
+    pub client_cert_required: bool,
+}
+
+impl TlsConfig {
+    /// Default interval between checks of the certificate and key files.
+    pub const DEFAULT_RELOAD_CHECK_SECONDS: f64 = 10.0;
+
+    fn default_reload_check_seconds() -> f64 {
+        Self::DEFAULT_RELOAD_CHECK_SECONDS
+    }
+
+    /// A listener serving this certificate chain and key, every other option at its
+    /// default.
+    pub fn new(cert_file: impl Into<String>, key_file: impl Into<String>) -> Self {
+        Self {
+            cert_file: cert_file.into(),
+            key_file: key_file.into(),
+            reload_check_seconds: Self::DEFAULT_RELOAD_CHECK_SECONDS,
+            client_ca_file: None,
+            client_cert_required: false,
+        }
+    }
+
+    /// `reload_check_seconds` as a [`Duration`].
+    pub fn reload_check(&self) -> Duration {
+        seconds(self.reload_check_seconds)
+    }
 }
 
 /// `[webhooks]`
@@ -238,6 +289,7 @@ impl Default for ServerConfig {
             shutdown_grace_seconds: Self::DEFAULT_SHUTDOWN_GRACE_SECONDS,
             max_context_turns: Self::DEFAULT_MAX_CONTEXT_TURNS,
             max_contexts: Self::DEFAULT_MAX_CONTEXTS,
+            tls: None,
         }
     }
 }

@@ -28,6 +28,7 @@ use tonic::{Code, Status};
 use tonic_types::{ErrorDetails, StatusExt as _};
 
 use super::{App, Body, observed, refused_by, version_refusal};
+use crate::auth::{Caller, PeerCertificate};
 use crate::model::{AgentId, TaskSnapshot};
 use crate::rpc::a2a::errors::{
     self, AGENT_NOT_FOUND, CONTENT_TYPE_NOT_SUPPORTED, PUSH_NOT_SUPPORTED, RATE_LIMITED,
@@ -74,14 +75,7 @@ const METHODS: [(&str, Op); 11] = [
 /// Serves one gRPC call: its one length-prefixed message read whole, decoded, admitted and
 /// run as the other bindings' calls are; the response message and `grpc-status: 0` in the
 /// trailers, or the error's status alone (a trailers-only response).
-pub(crate) async fn serve(app: Arc<App>, mut req: Request<Incoming>) -> hyper::Response<Body> {
-    // The `:authority` becomes `host`: the card's interfaces are built from it.
-    if !req.headers().contains_key(hyper::header::HOST)
-        && let Some(authority) = req.uri().authority()
-        && let Ok(v) = hyper::header::HeaderValue::from_str(authority.as_str())
-    {
-        req.headers_mut().insert(hyper::header::HOST, v);
-    }
+pub(crate) async fn serve(app: Arc<App>, req: Request<Incoming>) -> hyper::Response<Body> {
     let Some(op) = req.uri().path().strip_prefix(SERVICE).and_then(|m| {
         METHODS
             .iter()
@@ -119,7 +113,10 @@ pub(crate) async fn serve(app: Arc<App>, mut req: Request<Incoming>) -> hyper::R
         Err(Unframed::TooLarge) => return trailers_only(refusal(&Refusal::TooLarge(app.max_body))),
         Err(Unframed::Invalid(why)) => return trailers_only(parse_error(why)),
     };
-    let grpc = Grpc { app };
+    let grpc = Grpc {
+        app,
+        peer: PeerCertificate::of(&parts.extensions).cloned(),
+    };
     let h = &parts.headers;
     macro_rules! unary {
         ($request:ty => $response:ty) => {
@@ -237,6 +234,8 @@ fn frame(message: &impl prost::Message) -> Bytes {
 
 struct Grpc {
     app: Arc<App>,
+    /// The connection's client certificate, when it is a principal.
+    peer: Option<Arc<Caller>>,
 }
 
 /// A request message's `tenant` (the agent it names).
@@ -287,7 +286,7 @@ impl Grpc {
         let tenant = msg.take_tenant();
         let caller = app
             .keys
-            .authenticate(headers)
+            .authenticate(headers, self.peer.as_ref())
             .map_err(|e| refusal(&Refusal::Unauthorized(e.message())))?;
         let agent_id = AgentId::new(if tenant.is_empty() {
             default_agent(app)

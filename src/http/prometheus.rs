@@ -247,6 +247,10 @@ pub(crate) fn render(app: &App) -> String {
                 "reason=\"write_stalled\"",
                 c.closed_write_stalled.load(Relaxed) as f64,
             ),
+            (
+                "reason=\"tls_handshake\"",
+                c.closed_tls_handshake.load(Relaxed) as f64,
+            ),
         ],
     );
     let w = runtime.webhook_metrics();

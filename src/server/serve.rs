@@ -16,11 +16,13 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
 use tracing::Instrument as _;
 
+use crate::auth::PeerCertificate;
 use crate::config::ServerConfig;
 use crate::http::{self, App};
 
 use super::conn::{self, Activity, Closed, InFlight, Pressure, Timeouts, Tracked};
 use super::connection_cap;
+use super::tls::Tls;
 
 /// hyper's connection settings: HTTP/1.1 and HTTP/2 (prior knowledge), each with its
 /// bounds. A connection's first bytes pick one ([`choose_protocol`]).
@@ -147,6 +149,15 @@ impl Slots {
     }
 }
 
+/// What every connection of a listener shares.
+pub(super) struct Listener {
+    app: Arc<App>,
+    protocols: Protocols,
+    tls: Option<Arc<Tls>>,
+    limits: Timeouts,
+    slots: Slots,
+}
+
 /// What connections are told once the listener is closed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub(super) enum Phase {
@@ -162,22 +173,28 @@ pub(super) enum Phase {
 pub(super) async fn accept_loop(
     listener: TcpListener,
     app: Arc<App>,
+    tls: Option<Arc<Tls>>,
     mut stop: watch::Receiver<bool>,
 ) -> u64 {
     let config = app.runtime.config().clone();
     let s = &config.server;
     let max = connection_cap(s.max_connections);
-    let slots = Arc::new(Slots {
-        permits: Arc::new(Semaphore::new(max)),
-        max,
-        pressure: Pressure::default(),
+    let shared = Arc::new(Listener {
+        app: app.clone(),
+        protocols: http_builder(s),
+        tls,
+        limits: Timeouts {
+            first_byte: s.first_byte_timeout(),
+            idle: s.idle_timeout(),
+            write: s.write_timeout(),
+        },
+        slots: Slots {
+            permits: Arc::new(Semaphore::new(max)),
+            max,
+            pressure: Pressure::default(),
+        },
     });
-    let builder = Arc::new(http_builder(s));
-    let limits = Timeouts {
-        first_byte: s.first_byte_timeout(),
-        idle: s.idle_timeout(),
-        write: s.write_timeout(),
-    };
+    let slots = &shared.slots;
     let (phase, phase_rx) = watch::channel(Phase::Serve);
     let metrics = &app.runtime.metrics().connections;
     const MIN_BACKOFF: Duration = Duration::from_millis(10);
@@ -215,16 +232,8 @@ pub(super) async fn accept_loop(
         slots.update();
         let _ = tcp.set_nodelay(true);
         tokio::spawn(
-            serve_connection(
-                tcp,
-                app.clone(),
-                builder.clone(),
-                limits,
-                slots.clone(),
-                phase_rx.clone(),
-                permit,
-            )
-            .instrument(tracing::debug_span!("conn", %peer)),
+            serve_connection(tcp, shared.clone(), phase_rx.clone(), permit)
+                .instrument(tracing::debug_span!("conn", %peer)),
         );
     }
     drop(listener);
@@ -255,43 +264,94 @@ pub(super) async fn accept_loop(
 
 pub(super) async fn serve_connection(
     tcp: TcpStream,
-    app: Arc<App>,
-    builder: Arc<Protocols>,
-    limits: Timeouts,
-    slots: Arc<Slots>,
+    shared: Arc<Listener>,
     mut phase: watch::Receiver<Phase>,
     permit: OwnedSemaphorePermit,
 ) {
+    let Listener {
+        app,
+        protocols: builder,
+        tls,
+        limits,
+        slots,
+    } = &*shared;
+    let limits = *limits;
     let metrics = &app.runtime.metrics().connections;
     metrics.accepted.fetch_add(1, Relaxed);
     metrics.open.fetch_add(1, Relaxed);
     let activity = Activity::new();
     let watchdog = conn::watchdog(&activity, limits, &slots.pressure);
     tokio::pin!(watchdog);
-    let h2 = tokio::select! {
-        choice = choose_protocol(&tcp, &activity, builder.header_read) => match choice {
-            Choice::Http1 => Some(false),
-            Choice::Http2 => Some(true),
-            Choice::Closed => None,
-            Choice::TimedOut => {
-                metrics.closed_header.fetch_add(1, Relaxed);
-                tracing::debug!("connection closed: an unfinished HTTP/2 preface");
+    let closed_by = |why: Closed| {
+        let counter = match why {
+            Closed::FirstByte => &metrics.closed_first_byte,
+            Closed::WriteStalled => &metrics.closed_write_stalled,
+            Closed::Idle => &metrics.closed_idle,
+        };
+        counter.fetch_add(1, Relaxed);
+    };
+    if let Some(tls) = tls {
+        // The handshake as a whole is bounded like a request head after its first byte
+        // (the watchdog bounds the wait for that byte).
+        let handshake = tokio::time::timeout(
+            limits.first_byte + builder.header_read,
+            tls.acceptor()
+                .accept(Tracked::new(tcp, activity.clone(), true)),
+        );
+        let stream = tokio::select! {
+            r = handshake => match r {
+                Ok(Ok(stream)) => Some(stream),
+                Ok(Err(e)) => {
+                    metrics.closed_tls_handshake.fetch_add(1, Relaxed);
+                    tracing::debug!(error = %e, "connection closed: TLS handshake failed");
+                    None
+                }
+                Err(_) => {
+                    metrics.closed_tls_handshake.fetch_add(1, Relaxed);
+                    tracing::debug!("connection closed: TLS handshake too slow");
+                    None
+                }
+            },
+            why = watchdog.as_mut() => {
+                closed_by(why);
                 None
             }
-        },
-        why = watchdog.as_mut() => {
-            let counter = match why {
-                Closed::FirstByte => &metrics.closed_first_byte,
-                Closed::WriteStalled => &metrics.closed_write_stalled,
-                Closed::Idle => &metrics.closed_idle,
-            };
-            counter.fetch_add(1, Relaxed);
-            None
+            _ = phase.wait_for(|p| *p >= Phase::Drain) => None,
+        };
+        if let Some(stream) = stream {
+            let session = stream.get_ref().1;
+            // ALPN decides; a client that offers none speaks HTTP/1.1.
+            let h2 = session.alpn_protocol() == Some(b"h2");
+            let peer = session
+                .peer_certificates()
+                .and_then(|chain| chain.first())
+                .and_then(|leaf| app.keys.certificate_caller(leaf))
+                .map(PeerCertificate);
+            let io = TokioIo::new(stream);
+            serve_protocol(io, h2, peer, &shared, &activity, watchdog, phase).await;
         }
-        _ = phase.wait_for(|p| *p >= Phase::Drain) => None,
-    };
-    if let Some(h2) = h2 {
-        serve_protocol(tcp, h2, app.clone(), &builder, &activity, watchdog, phase).await;
+    } else {
+        let h2 = tokio::select! {
+            choice = choose_protocol(&tcp, &activity, builder.header_read) => match choice {
+                Choice::Http1 => Some(false),
+                Choice::Http2 => Some(true),
+                Choice::Closed => None,
+                Choice::TimedOut => {
+                    metrics.closed_header.fetch_add(1, Relaxed);
+                    tracing::debug!("connection closed: an unfinished HTTP/2 preface");
+                    None
+                }
+            },
+            why = watchdog.as_mut() => {
+                closed_by(why);
+                None
+            }
+            _ = phase.wait_for(|p| *p >= Phase::Drain) => None,
+        };
+        if let Some(h2) = h2 {
+            let io = TokioIo::new(Tracked::new(tcp, activity.clone(), !h2));
+            serve_protocol(io, h2, None, &shared, &activity, watchdog, phase).await;
+        }
     }
     metrics.open.fetch_sub(1, Relaxed);
     drop(permit);
@@ -299,24 +359,30 @@ pub(super) async fn serve_connection(
 }
 
 /// Serves a connection in the protocol it opened with until it ends, the watchdog closes
-/// it, or the server drains.
-pub(super) async fn serve_protocol(
-    tcp: TcpStream,
+/// it, or the server drains. `peer`: the connection's client certificate, when it is a
+/// principal, handed to each request.
+pub(super) async fn serve_protocol<I>(
+    io: TokioIo<I>,
     h2: bool,
-    app: Arc<App>,
-    builder: &Protocols,
+    peer: Option<PeerCertificate>,
+    shared: &Listener,
     activity: &Arc<Activity>,
     mut watchdog: Pin<&mut impl Future<Output = Closed>>,
     mut phase: watch::Receiver<Phase>,
-) {
+) where
+    I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin + 'static,
+{
+    let (app, builder) = (&shared.app, &shared.protocols);
     let metrics = &app.runtime.metrics().connections;
-    let io = TokioIo::new(Tracked::new(tcp, activity.clone(), !h2));
     let service = {
         let app = app.clone();
         let activity = activity.clone();
-        service_fn(move |req| {
+        service_fn(move |mut req: hyper::Request<hyper::body::Incoming>| {
             // Counted from the request's start to the end of its response body.
             let guard = InFlight::new(&activity);
+            if let Some(peer) = &peer {
+                req.extensions_mut().insert(peer.clone());
+            }
             let app = app.clone();
             async move {
                 // Boxed: hyper keeps room for this future for the connection's whole

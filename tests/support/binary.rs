@@ -92,7 +92,8 @@ impl Binary {
         let mut base = None;
         for line in lines.by_ref() {
             let line = line.expect("line");
-            if let Some(at) = line.find("listening on http://") {
+            // `http://…`, or `https://…` with `[server.tls]`.
+            if let Some(at) = line.find("listening on http") {
                 base = Some(line[at + "listening on ".len()..].trim().to_string());
                 break;
             }

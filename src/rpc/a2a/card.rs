@@ -4,6 +4,7 @@
 use serde_json::{Value, json};
 
 use super::Version;
+use crate::config::Config;
 use crate::runtime::AgentCard;
 
 /// The JSON-RPC URL of an agent's interface of a version.
@@ -17,8 +18,9 @@ pub(crate) fn rest_url(base: &str, agent: &str) -> String {
 }
 
 /// An agent's card in a version's shape; `base` is the public base URL (no trailing `/`),
-/// `grpc` the gRPC interface's `host:port`.
-pub(crate) fn card(v: Version, card: &AgentCard, base: &str, grpc: &str) -> Value {
+/// `grpc` the gRPC interface's `host:port`; the server's `config` says which credentials
+/// it accepts besides keys.
+pub(crate) fn card(v: Version, card: &AgentCard, base: &str, grpc: &str, config: &Config) -> Value {
     let c = &card.config;
     let mut input_modes = vec!["text/plain".to_string()];
     for t in &c.limits.supported_types {
@@ -84,6 +86,21 @@ pub(crate) fn card(v: Version, card: &AgentCard, base: &str, grpc: &str) -> Valu
             "tags": [c.backend],
         }],
     });
+    // Client certificates that are principals: one more way in.
+    let mtls = config
+        .server
+        .tls
+        .as_ref()
+        .is_some_and(|t| t.client_ca_file.is_some())
+        && !config.auth.certificates.is_empty();
+    if mtls {
+        out["securitySchemes"]["mtls"] = json!({"mtlsSecurityScheme": {
+            "description": "a client certificate issued by the server's client CA",
+        }});
+        if let Some(list) = out["securityRequirements"].as_array_mut() {
+            list.push(json!({"schemes": {"mtls": {"list": []}}}));
+        }
+    }
     if v == Version::V03 {
         out["url"] = json!(interface_url(base, &c.id, Version::V03));
         out["preferredTransport"] = json!("JSONRPC");
@@ -96,6 +113,12 @@ pub(crate) fn card(v: Version, card: &AgentCard, base: &str, grpc: &str) -> Valu
         schemes["apiKey"]["name"] = json!("x-api-key");
         schemes["bearer"]["type"] = json!("http");
         schemes["bearer"]["scheme"] = json!("bearer");
+        if mtls {
+            schemes["mtls"]["type"] = json!("mutualTLS");
+            if let Some(list) = out["security"].as_array_mut() {
+                list.push(json!({"mtls": []}));
+            }
+        }
     }
     out
 }

@@ -260,7 +260,7 @@ pub(super) fn encode(
         },
         OpResponse::Card(c) => {
             let grpc = cx.grpc_url(runtime.config().server.public_grpc_url.as_deref());
-            framing.ok(&card::card(v, &c, &cx.base_url, &grpc))
+            framing.ok(&card::card(v, &c, &cx.base_url, &grpc, runtime.config()))
         }
     })
 }
