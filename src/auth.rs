@@ -9,6 +9,14 @@
 //! `[[auth.certificates]]` once per connection ([`KeyStore::certificate_caller`]). A
 //! request on such a connection needs no key; if it carries one anyway, the key must
 //! name the same principal (two credentials never disagree silently).
+//!
+//! An `Authorization: Bearer` value shaped like a JWT, when `[[auth.oidc]]` issuers are
+//! configured, is a token, verified in `auth/oidc.rs`; any other value is a key. The
+//! configuration refuses keys shaped like a JWT then, so the two never mix up.
+
+mod oidc;
+
+pub(crate) use oidc::{Oidc, TokenError};
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -24,9 +32,10 @@ use crate::model::{AgentId, Principal};
 pub(crate) struct Caller {
     /// The owner of everything this key creates.
     pub principal: Principal,
-    /// Dense index of the principal (for per-principal tables).
-    pub principal_index: usize,
-    agents: Option<HashSet<String>>,
+    /// Dense index of a configured principal (for per-principal tables); `None` for a
+    /// token's principal, which is not known in advance.
+    pub principal_index: Option<usize>,
+    pub(crate) agents: Option<HashSet<String>>,
 }
 
 impl Caller {
@@ -60,6 +69,8 @@ pub(crate) enum AuthError {
     /// Two credentials differ: `x-api-key` and the Bearer token, two values of one of
     /// those headers, or a key and the client certificate.
     Conflict,
+    /// A bearer token (JWT) that does not verify.
+    Token(TokenError),
 }
 
 impl AuthError {
@@ -71,6 +82,7 @@ impl AuthError {
             Self::Conflict => {
                 "the request carries different credentials (x-api-key, Authorization, client certificate); send one"
             }
+            Self::Token(e) => e.message(),
         }
     }
 }
@@ -81,6 +93,8 @@ pub(crate) struct KeyStore {
     by_digest: HashMap<[u8; 32], Arc<Caller>>,
     /// Client certificates by identity (a subject alternative name or common name).
     by_identity: HashMap<String, Arc<Caller>>,
+    /// OpenID Connect issuers, when configured.
+    oidc: Option<Oidc>,
     principals: usize,
     /// Principal names by index.
     names: Vec<String>,
@@ -102,7 +116,7 @@ impl KeyStore {
             let index = *principal_ids.entry(name.to_string()).or_insert(next);
             Arc::new(Caller {
                 principal: Principal::new(name),
-                principal_index: index,
+                principal_index: Some(index),
                 agents: (!agents.iter().any(|a| a == "*"))
                     .then(|| agents.iter().cloned().collect()),
             })
@@ -126,6 +140,7 @@ impl KeyStore {
             Self {
                 by_digest,
                 by_identity,
+                oidc: Oidc::from_config(&config.auth.oidc),
                 principals,
                 names,
             },
@@ -149,7 +164,7 @@ impl KeyStore {
     /// # Errors
     /// [`AuthError`] when no usable credential is present, or when a key and the
     /// certificate name different principals.
-    pub(crate) fn authenticate(
+    pub(crate) async fn authenticate(
         &self,
         headers: &HeaderMap,
         peer: Option<&Arc<Caller>>,
@@ -159,6 +174,21 @@ impl KeyStore {
             None => None,
             Some(v) => Some(bearer_token(v).ok_or(AuthError::Unknown)?),
         };
+        if let (Some(oidc), Some(token)) = (&self.oidc, bearer)
+            && looks_like_jwt(token)
+        {
+            if api_key.is_some_and(|k| k != token) {
+                return Err(AuthError::Conflict);
+            }
+            let caller = oidc.verify(token).await.map_err(|e| {
+                tracing::debug!(reason = e.message(), "bearer token refused");
+                AuthError::Token(e)
+            })?;
+            return match peer {
+                Some(peer) if peer.principal != caller.principal => Err(AuthError::Conflict),
+                _ => Ok(caller),
+            };
+        }
         let key = match (api_key, bearer, peer) {
             (None, None, Some(peer)) => return Ok(peer.clone()),
             (None, None, None) => return Err(AuthError::Missing),
@@ -202,6 +232,23 @@ impl KeyStore {
         }
         sans.into_iter()
             .find_map(|n| self.by_identity.get(n).cloned())
+    }
+}
+
+/// Whether a credential is shaped like a JWT (compact JWS): `eyJ` (a JSON object's first
+/// bytes in base64url), three base64url segments separated by two dots.
+pub(crate) fn looks_like_jwt(value: &[u8]) -> bool {
+    value.starts_with(b"eyJ")
+        && value.iter().filter(|&&b| b == b'.').count() == 2
+        && value
+            .iter()
+            .all(|&b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
+}
+
+impl KeyStore {
+    /// The OpenID Connect issuers, when configured.
+    pub(crate) fn oidc(&self) -> Option<&Oidc> {
+        self.oidc.as_ref()
     }
 }
 
@@ -268,11 +315,12 @@ mod tests {
         h
     }
 
-    #[test]
-    fn keys_are_accepted_from_either_header_and_hashed_keys_work() {
+    #[tokio::test]
+    async fn keys_are_accepted_from_either_header_and_hashed_keys_work() {
         let s = store();
         assert_eq!(
             s.authenticate(&headers(&[("x-api-key", "key-a")]), None)
+                .await
                 .expect("ok")
                 .principal
                 .as_str(),
@@ -280,6 +328,7 @@ mod tests {
         );
         let bob = s
             .authenticate(&headers(&[("authorization", "Bearer key-b")]), None)
+            .await
             .expect("ok");
         assert_eq!(bob.principal.as_str(), "bob");
         assert!(bob.may_use(&"echo".into()) && !bob.may_use(&"other".into()));
@@ -288,24 +337,27 @@ mod tests {
                 &headers(&[("x-api-key", "key-a"), ("authorization", "bearer key-a")]),
                 None
             )
+            .await
             .is_ok()
         );
     }
 
-    #[test]
-    fn missing_unknown_and_conflicting_credentials_are_refused() {
+    #[tokio::test]
+    async fn missing_unknown_and_conflicting_credentials_are_refused() {
         let s = store();
         assert_eq!(
-            s.authenticate(&headers(&[]), None).unwrap_err(),
+            s.authenticate(&headers(&[]), None).await.unwrap_err(),
             AuthError::Missing
         );
         assert_eq!(
             s.authenticate(&headers(&[("x-api-key", "nope")]), None)
+                .await
                 .unwrap_err(),
             AuthError::Unknown
         );
         assert_eq!(
             s.authenticate(&headers(&[("authorization", "Basic a2V5LWE=")]), None)
+                .await
                 .unwrap_err(),
             AuthError::Unknown
         );
@@ -314,35 +366,42 @@ mod tests {
                 &headers(&[("x-api-key", "key-a"), ("authorization", "Bearer key-b")]),
                 None
             )
+            .await
             .unwrap_err(),
             AuthError::Conflict
         );
     }
 
-    #[test]
-    fn repeated_credential_headers_must_agree() {
+    #[tokio::test]
+    async fn repeated_credential_headers_must_agree() {
         let s = store();
         let mut h = HeaderMap::new();
         h.append("x-api-key", HeaderValue::from_static("key-a"));
         h.append("x-api-key", HeaderValue::from_static("key-a"));
         assert!(
-            s.authenticate(&h, None).is_ok(),
+            s.authenticate(&h, None).await.is_ok(),
             "the same value twice is one key"
         );
         h.append("x-api-key", HeaderValue::from_static("key-b"));
-        assert_eq!(s.authenticate(&h, None).unwrap_err(), AuthError::Conflict);
+        assert_eq!(
+            s.authenticate(&h, None).await.unwrap_err(),
+            AuthError::Conflict
+        );
         let mut h = HeaderMap::new();
         h.append("authorization", HeaderValue::from_static("Bearer key-a"));
         h.append("authorization", HeaderValue::from_static("Bearer key-b"));
-        assert_eq!(s.authenticate(&h, None).unwrap_err(), AuthError::Conflict);
+        assert_eq!(
+            s.authenticate(&h, None).await.unwrap_err(),
+            AuthError::Conflict
+        );
     }
 
-    #[test]
-    fn no_configured_key_means_a_generated_development_key() {
+    #[tokio::test]
+    async fn no_configured_key_means_a_generated_development_key() {
         let (s, key) = KeyStore::from_config(&Config::default());
         let key = key.expect("a dev key");
         let mut h = HeaderMap::new();
         h.insert("x-api-key", HeaderValue::from_str(&key).expect("ascii"));
-        assert!(s.authenticate(&h, None).is_ok());
+        assert!(s.authenticate(&h, None).await.is_ok());
     }
 }

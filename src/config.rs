@@ -13,14 +13,13 @@ use std::time::Duration;
 use serde::Deserialize;
 
 mod agents;
+mod auth;
 mod check;
 mod server;
 mod store;
 
-pub use agents::{
-    AgentConfig, AgentLimits, ApiKeyConfig, AuthConfig, CertificateConfig, EchoConfig,
-    OpenAiConfig, TckConfig,
-};
+pub use agents::{AgentConfig, AgentLimits, ApiKeyConfig, EchoConfig, OpenAiConfig, TckConfig};
+pub use auth::{AuthConfig, CertificateConfig, OidcConfig};
 pub use server::{ServerConfig, TlsConfig, WebhooksConfig};
 pub use store::{ClusterConfig, ClusterEngine, NodeLoss, StoreBackend, StoreConfig};
 
@@ -65,7 +64,7 @@ pub struct Config {
     /// `[[api_keys]]`; empty means a development key is generated at start-up.
     #[serde(default)]
     pub api_keys: Vec<ApiKeyConfig>,
-    /// `[auth]`: client certificates as principals.
+    /// `[auth]`: client certificates and OpenID Connect issuers.
     #[serde(default)]
     pub auth: AuthConfig,
     /// `[[agents]]`; empty means the built-in `echo` agent.

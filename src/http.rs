@@ -252,6 +252,7 @@ async fn endpoint(
     let caller = match app
         .keys
         .authenticate(req.headers(), PeerCertificate::of(req.extensions()))
+        .await
     {
         Ok(c) => c,
         Err(e) => return unauthorized(dialect, e),
@@ -383,6 +384,7 @@ async fn rest_endpoint(
     let caller = match app
         .keys
         .authenticate(req.headers(), PeerCertificate::of(req.extensions()))
+        .await
     {
         Ok(c) => c,
         Err(e) => {
@@ -466,10 +468,7 @@ async fn rest_endpoint(
         local_addr: app.local_addr,
     };
     let work = async {
-        match app
-            .rate
-            .try_acquire(cx.caller.principal_index, cx.agent.index)
-        {
+        match app.rate.try_acquire(&cx.caller, cx.agent.index) {
             Err(retry_after) => rest::status_reply(&a2a_errors::refusal(
                 Version::V10,
                 &Refusal::RateLimited(retry_after),
@@ -570,10 +569,7 @@ async fn one(
     let work = async {
         match &call {
             Err(r) => Reply::error(r.id.as_deref(), &dialect.dress(r.error.clone())),
-            Ok(call) => match app
-                .rate
-                .try_acquire(cx.caller.principal_index, cx.agent.index)
-            {
+            Ok(call) => match app.rate.try_acquire(&cx.caller, cx.agent.index) {
                 Err(retry_after) => Reply::error(
                     Some(&call.id),
                     &dialect.refusal(&Refusal::RateLimited(retry_after)),

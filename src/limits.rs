@@ -6,11 +6,14 @@
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
+use dashmap::DashMap;
 use tokio::sync::oneshot;
 
+use crate::auth::Caller;
 use crate::error::Error;
+use crate::model::Principal;
 
 /// One token bucket per (principal, agent).
 pub(crate) struct RateLimiter {
@@ -18,7 +21,17 @@ pub(crate) struct RateLimiter {
     agents: usize,
     /// Per agent: (capacity = requests per minute, refill per second).
     rates: Vec<(f64, f64)>,
+    /// The buckets of principals not configured in advance (tokens' subjects), made on
+    /// their first request. A bucket refills completely in a minute, so one idle for a
+    /// minute is full and can be forgotten without changing any answer: that is how the
+    /// table stays bounded.
+    dynamic: DashMap<Principal, Box<[Mutex<Bucket>]>>,
 }
+
+/// Principals with buckets of their own beyond the configured ones, at most; past it
+/// (after forgetting the full ones) the newcomers share [`OVERFLOW`]'s buckets.
+const MAX_DYNAMIC: usize = 100_000;
+const OVERFLOW: &str = "\u{0}overflow";
 
 struct Bucket {
     tokens: f64,
@@ -48,17 +61,67 @@ impl RateLimiter {
             buckets,
             agents: rates.len(),
             rates,
+            dynamic: DashMap::new(),
         }
     }
 
-    /// Takes one token, or says how many whole seconds until one is available.
+    /// Takes one token from the caller's bucket for the agent, or says how many whole
+    /// seconds until one is available.
     ///
     /// # Errors
     /// The `Retry-After` seconds (at least 1) when the bucket is empty.
-    pub(crate) fn try_acquire(&self, principal: usize, agent: usize) -> Result<(), u64> {
-        let Some(bucket) = self.buckets.get(principal * self.agents + agent) else {
+    pub(crate) fn try_acquire(&self, caller: &Caller, agent: usize) -> Result<(), u64> {
+        match caller.principal_index {
+            Some(principal) => match self.buckets.get(principal * self.agents + agent) {
+                Some(bucket) => self.take(bucket, agent),
+                None => Ok(()),
+            },
+            None => self.try_acquire_dynamic(&caller.principal, agent),
+        }
+    }
+
+    fn try_acquire_dynamic(&self, principal: &Principal, agent: usize) -> Result<(), u64> {
+        if agent >= self.agents {
             return Ok(());
-        };
+        }
+        if let Some(buckets) = self.dynamic.get(principal) {
+            return self.take(&buckets[agent], agent);
+        }
+        let mut key = principal.clone();
+        if self.dynamic.len() >= MAX_DYNAMIC {
+            let now = Instant::now();
+            self.dynamic.retain(|_, buckets| {
+                buckets
+                    .iter()
+                    .any(|b| now.duration_since(lock(b).last) < Duration::from_secs(61))
+            });
+            if self.dynamic.len() >= MAX_DYNAMIC {
+                key = Principal::new(OVERFLOW);
+            }
+        }
+        let buckets = self
+            .dynamic
+            .entry(key)
+            .or_insert_with(|| self.full_buckets());
+        self.take(&buckets[agent], agent)
+    }
+
+    /// One full bucket per agent.
+    fn full_buckets(&self) -> Box<[Mutex<Bucket>]> {
+        let now = Instant::now();
+        self.rates
+            .iter()
+            .map(|&(capacity, _)| {
+                Mutex::new(Bucket {
+                    tokens: capacity,
+                    last: now,
+                    accepted: 0,
+                })
+            })
+            .collect()
+    }
+
+    fn take(&self, bucket: &Mutex<Bucket>, agent: usize) -> Result<(), u64> {
         let (capacity, per_second) = self.rates[agent];
         let mut b = lock(bucket);
         let now = Instant::now();
@@ -264,17 +327,45 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 mod tests {
     use super::*;
 
+    fn caller(name: &str, index: Option<usize>) -> Caller {
+        Caller {
+            principal: Principal::new(name),
+            principal_index: index,
+            agents: None,
+        }
+    }
+
     #[test]
     fn the_bucket_allows_its_burst_then_says_when_to_retry() {
         let r = RateLimiter::new(2, &[3]);
+        let (a, b) = (caller("a", Some(0)), caller("b", Some(1)));
         for _ in 0..3 {
-            assert!(r.try_acquire(0, 0).is_ok());
+            assert!(r.try_acquire(&a, 0).is_ok());
         }
-        let retry = r.try_acquire(0, 0).unwrap_err();
+        let retry = r.try_acquire(&a, 0).unwrap_err();
         assert!((1..=20).contains(&retry), "{retry}");
         assert!(
-            r.try_acquire(1, 0).is_ok(),
+            r.try_acquire(&b, 0).is_ok(),
             "other principal has its own bucket"
+        );
+    }
+
+    #[test]
+    fn principals_not_configured_get_buckets_of_their_own() {
+        let r = RateLimiter::new(1, &[2, 5]);
+        let (t, u) = (caller("issuer#t", None), caller("issuer#u", None));
+        for _ in 0..2 {
+            assert!(r.try_acquire(&t, 0).is_ok());
+        }
+        assert!(
+            r.try_acquire(&t, 0).is_err(),
+            "t's bucket for agent 0 is empty"
+        );
+        assert!(r.try_acquire(&t, 1).is_ok(), "each agent has its own");
+        assert!(r.try_acquire(&u, 0).is_ok(), "u has its own");
+        assert!(
+            r.try_acquire(&caller("issuer#t", None), 0).is_err(),
+            "by name"
         );
     }
 

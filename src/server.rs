@@ -191,6 +191,15 @@ impl Server {
         if let Some(tls) = &self.tls {
             tokio::spawn(reload_loop(tls.clone(), stopped.clone()));
         }
+        if self.app.keys.oidc().is_some() {
+            // The issuers' keys, fetched before the first token needs them.
+            let app = self.app.clone();
+            tokio::spawn(async move {
+                if let Some(oidc) = app.keys.oidc() {
+                    oidc.prefetch().await;
+                }
+            });
+        }
         let done = tokio::spawn(accept_loop(
             self.listener,
             self.app,

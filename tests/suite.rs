@@ -24,6 +24,7 @@ mod faults;
 mod hostile;
 mod http_framing;
 mod metrics;
+mod oidc;
 mod openai;
 mod runtime_model;
 mod store_damage;

@@ -19,40 +19,6 @@ pub struct ApiKeyConfig {
     pub agents: Vec<String>,
 }
 
-/// `[auth]`: credentials besides `[[api_keys]]`.
-#[derive(Clone, Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct AuthConfig {
-    /// `[[auth.certificates]]`: client certificates (mTLS) that are principals.
-    pub certificates: Vec<CertificateConfig>,
-}
-
-/// `[[auth.certificates]]`: a client certificate, verified against
-/// `server.tls.client_ca_file`, whose identity names a principal.
-#[derive(Clone, Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct CertificateConfig {
-    /// The principal that owns what this certificate's requests create.
-    pub name: String,
-    /// Matched against the certificate's subject alternative names (DNS name, e-mail
-    /// address, URI) and, when it has none of those, its subject's common name.
-    pub identity: String,
-    /// Agent ids this certificate may use; `*` means all.
-    #[serde(default = "default_key_agents")]
-    pub agents: Vec<String>,
-}
-
-impl CertificateConfig {
-    /// The certificate with this identity is principal `name`, allowed every agent.
-    pub fn new(name: &str, identity: &str) -> Self {
-        Self {
-            name: name.to_string(),
-            identity: identity.to_string(),
-            agents: default_key_agents(),
-        }
-    }
-}
-
 /// `[[agents]]`
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -316,7 +282,7 @@ impl ApiKeyConfig {
     }
 }
 
-fn default_key_agents() -> Vec<String> {
+pub(super) fn default_key_agents() -> Vec<String> {
     vec!["*".to_string()]
 }
 

@@ -9,7 +9,8 @@ use std::net::SocketAddr;
 
 use super::{
     AgentConfig, AgentLimits, ApiKeyConfig, CertificateConfig, ClusterConfig, Config, ConfigError,
-    EchoConfig, MAX_SECONDS, OpenAiConfig, ServerConfig, StoreConfig, TlsConfig, WebhooksConfig,
+    EchoConfig, MAX_SECONDS, OidcConfig, OpenAiConfig, ServerConfig, StoreConfig, TlsConfig,
+    WebhooksConfig,
 };
 
 /// The largest `max_file_size` (512 MiB): its Base64 body still fits the body ceiling.
@@ -48,6 +49,34 @@ pub(super) fn config(c: &mut Config) -> Result<(), ConfigError> {
                 format!("api_keys[{i}].key"),
                 "the same key is configured twice",
             ));
+        }
+    }
+    let mut names = HashSet::new();
+    let mut issuers = HashSet::new();
+    for (i, o) in c.auth.oidc.iter().enumerate() {
+        oidc(o, i, &ids)?;
+        if !names.insert(o.name.as_str()) {
+            return Err(ConfigError::key(
+                format!("auth.oidc[{i}].name"),
+                "the same name is configured twice",
+            ));
+        }
+        if !issuers.insert(o.issuer.as_str()) {
+            return Err(ConfigError::key(
+                format!("auth.oidc[{i}].issuer"),
+                "the same issuer is configured twice",
+            ));
+        }
+    }
+    if !c.auth.oidc.is_empty() {
+        // A bearer value shaped like a JWT is taken for a token: no key may look like one.
+        for (i, k) in c.api_keys.iter().enumerate() {
+            if crate::auth::looks_like_jwt(k.key.as_bytes()) {
+                return Err(ConfigError::key(
+                    format!("api_keys[{i}].key"),
+                    "with [[auth.oidc]] configured a key must not look like a JWT (\"eyJ…\" with two dots): it would be taken for a token",
+                ));
+            }
         }
     }
     let mut identities = HashSet::new();
@@ -491,6 +520,112 @@ fn api_key(k: &ApiKeyConfig, i: usize, agent_ids: &HashSet<String>) -> Result<()
         ));
     }
     allowed_agents(&k.agents, &at, agent_ids)
+}
+
+fn oidc(o: &OidcConfig, i: usize, agent_ids: &HashSet<String>) -> Result<(), ConfigError> {
+    let at = |name: &str| format!("auth.oidc[{i}].{name}");
+    let valid_name = !o.name.is_empty()
+        && o.name.len() <= 64
+        && o.name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+        && !matches!(o.name.as_str(), "apiKey" | "bearer" | "mtls");
+    if !valid_name {
+        return Err(ConfigError::key(
+            at("name"),
+            "must be 1 to 64 letters, digits, - or _, and not apiKey, bearer or mtls (the other schemes' names)",
+        ));
+    }
+    if o.issuer.trim().is_empty() {
+        return Err(ConfigError::key(at("issuer"), "must not be empty"));
+    }
+    fetchable_url(&at("issuer"), &o.issuer)?;
+    if let Some(url) = &o.jwks_url {
+        fetchable_url(&at("jwks_url"), url)?;
+    }
+    if let Some(url) = &o.discovery_url {
+        fetchable_url(&at("discovery_url"), url)?;
+    }
+    if o.audiences.is_empty() || o.audiences.iter().any(String::is_empty) {
+        return Err(ConfigError::key(
+            at("audiences"),
+            "list the audiences a token must be for (its aud), at least one",
+        ));
+    }
+    if o.algorithms.is_empty() {
+        return Err(ConfigError::key(at("algorithms"), "must not be empty"));
+    }
+    for (j, alg) in o.algorithms.iter().enumerate() {
+        if !OidcConfig::ALGORITHMS.contains(&alg.as_str()) {
+            return Err(ConfigError::key(
+                at(&format!("algorithms[{j}]")),
+                format!(
+                    "{alg:?} is not accepted; one of {} (never none or a shared-secret HS* algorithm)",
+                    OidcConfig::ALGORITHMS.join(", ")
+                ),
+            ));
+        }
+    }
+    if !(o.leeway_seconds.is_finite() && (0.0..=600.0).contains(&o.leeway_seconds)) {
+        return Err(ConfigError::key(
+            at("leeway_seconds"),
+            "must be a number from 0 to 600",
+        ));
+    }
+    if o.principal_claim.is_empty() {
+        return Err(ConfigError::key(at("principal_claim"), "must not be empty"));
+    }
+    if o.agents_claim.as_deref().is_some_and(str::is_empty) {
+        return Err(ConfigError::key(at("agents_claim"), "must not be empty"));
+    }
+    allowed_agents(&o.agents, &at, agent_ids)?;
+    let range = |key: &str, v: f64, lo: f64, hi: f64| {
+        if v.is_finite() && (lo..=hi).contains(&v) {
+            Ok(())
+        } else {
+            Err(ConfigError::key(
+                at(key),
+                format!("must be a number from {lo} to {hi}"),
+            ))
+        }
+    };
+    range(
+        "jwks_refresh_min_seconds",
+        o.jwks_refresh_min_seconds,
+        1.0,
+        3600.0,
+    )?;
+    range(
+        "jwks_max_age_seconds",
+        o.jwks_max_age_seconds,
+        60.0,
+        86_400.0,
+    )?;
+    range("fetch_timeout_seconds", o.fetch_timeout_seconds, 0.1, 60.0)?;
+    Ok(())
+}
+
+/// A URL the server fetches keys from: `https://`, or `http://` to a loopback host only
+/// (a local identity provider in development).
+fn fetchable_url(key: &str, text: &str) -> Result<(), ConfigError> {
+    let ok = url::Url::parse(text).is_ok_and(|u| match u.scheme() {
+        "https" => u.host().is_some(),
+        "http" => match u.host() {
+            Some(url::Host::Domain(d)) => d == "localhost",
+            Some(url::Host::Ipv4(ip)) => ip.is_loopback(),
+            Some(url::Host::Ipv6(ip)) => ip.is_loopback(),
+            None => false,
+        },
+        _ => false,
+    });
+    if ok {
+        Ok(())
+    } else {
+        Err(ConfigError::key(
+            key,
+            format!("{text:?} is not an https:// URL (http:// is allowed for localhost only)"),
+        ))
+    }
 }
 
 /// A credential's agent allow-list: configured agents, or `*`.

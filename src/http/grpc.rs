@@ -287,6 +287,7 @@ impl Grpc {
         let caller = app
             .keys
             .authenticate(headers, self.peer.as_ref())
+            .await
             .map_err(|e| refusal(&Refusal::Unauthorized(e.message())))?;
         let agent_id = AgentId::new(if tenant.is_empty() {
             default_agent(app)
@@ -324,10 +325,7 @@ impl Grpc {
             local_addr: app.local_addr,
         };
         let work = async {
-            match app
-                .rate
-                .try_acquire(cx.caller.principal_index, cx.agent.index)
-            {
+            match app.rate.try_acquire(&cx.caller, cx.agent.index) {
                 Err(retry_after) => Err(errors::refusal(
                     Version::V10,
                     &Refusal::RateLimited(retry_after),

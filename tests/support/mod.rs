@@ -3,6 +3,7 @@
 #![allow(dead_code, unreachable_pub)]
 
 pub mod binary;
+pub mod idp;
 pub mod official;
 pub mod receiver;
 pub mod upstream;

@@ -101,6 +101,23 @@ pub(crate) fn card(v: Version, card: &AgentCard, base: &str, grpc: &str, config:
             list.push(json!({"schemes": {"mtls": {"list": []}}}));
         }
     }
+    // OpenID Connect issuers: each a scheme; when tokens list their agents in `scope`,
+    // the scope naming this agent is the requirement's.
+    let scopes = |o: &crate::config::OidcConfig| -> Vec<String> {
+        if o.agents_claim.as_deref() == Some("scope") {
+            vec![format!("{}{}", o.agents_prefix, c.id)]
+        } else {
+            Vec::new()
+        }
+    };
+    for o in &config.auth.oidc {
+        out["securitySchemes"][o.name.as_str()] = json!({"openIdConnectSecurityScheme": {
+            "openIdConnectUrl": o.discovery(),
+        }});
+        if let Some(list) = out["securityRequirements"].as_array_mut() {
+            list.push(json!({"schemes": {o.name.as_str(): {"list": scopes(o)}}}));
+        }
+    }
     if v == Version::V03 {
         out["url"] = json!(interface_url(base, &c.id, Version::V03));
         out["preferredTransport"] = json!("JSONRPC");
@@ -115,8 +132,18 @@ pub(crate) fn card(v: Version, card: &AgentCard, base: &str, grpc: &str, config:
         schemes["bearer"]["scheme"] = json!("bearer");
         if mtls {
             schemes["mtls"]["type"] = json!("mutualTLS");
-            if let Some(list) = out["security"].as_array_mut() {
+        }
+        for o in &config.auth.oidc {
+            schemes[o.name.as_str()]["type"] = json!("openIdConnect");
+            schemes[o.name.as_str()]["openIdConnectUrl"] = json!(o.discovery());
+        }
+        let security = out["security"].as_array_mut();
+        if let Some(list) = security {
+            if mtls {
                 list.push(json!({"mtls": []}));
+            }
+            for o in &config.auth.oidc {
+                list.push(json!({o.name.as_str(): scopes(o)}));
             }
         }
     }

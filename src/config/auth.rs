@@ -1,0 +1,187 @@
+//! `[auth]`: credentials besides `[[api_keys]]` — client certificates (mTLS) and OpenID
+//! Connect bearer tokens.
+
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use super::agents::default_key_agents;
+use super::seconds;
+
+/// `[auth]`: credentials besides `[[api_keys]]`.
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AuthConfig {
+    /// `[[auth.certificates]]`: client certificates (mTLS) that are principals.
+    pub certificates: Vec<CertificateConfig>,
+    /// `[[auth.oidc]]`: OpenID Connect issuers whose signed tokens (JWT) are accepted as
+    /// `Authorization: Bearer`.
+    pub oidc: Vec<OidcConfig>,
+}
+
+/// `[[auth.certificates]]`: a client certificate, verified against
+/// `server.tls.client_ca_file`, whose identity names a principal.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CertificateConfig {
+    /// The principal that owns what this certificate's requests create.
+    pub name: String,
+    /// Matched against the certificate's subject alternative names (DNS name, e-mail
+    /// address, URI) and, when it has none of those, its subject's common name.
+    pub identity: String,
+    /// Agent ids this certificate may use; `*` means all.
+    #[serde(default = "default_key_agents")]
+    pub agents: Vec<String>,
+}
+
+impl CertificateConfig {
+    /// The certificate with this identity is principal `name`, allowed every agent.
+    pub fn new(name: &str, identity: &str) -> Self {
+        Self {
+            name: name.to_string(),
+            identity: identity.to_string(),
+            agents: default_key_agents(),
+        }
+    }
+}
+
+/// `[[auth.oidc]]`: an OpenID Connect issuer whose bearer tokens (JWT) name principals.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OidcConfig {
+    /// The security scheme's name on the cards, and this issuer's name in logs.
+    #[serde(default = "OidcConfig::default_name")]
+    pub name: String,
+    /// The `iss` a token must carry, exactly.
+    pub issuer: String,
+    /// Where the signing keys are (a JWK Set). Unset: the `jwks_uri` of the issuer's
+    /// discovery document.
+    pub jwks_url: Option<String>,
+    /// The discovery document (announced on the cards). Unset:
+    /// `{issuer}/.well-known/openid-configuration`.
+    pub discovery_url: Option<String>,
+    /// A token's `aud` must name at least one of these.
+    pub audiences: Vec<String>,
+    /// Signature algorithms accepted: of RS256, RS384, RS512, PS256, PS384, PS512, ES256,
+    /// ES384, EdDSA. Never `none` or a shared-secret (HS*) algorithm.
+    #[serde(default = "OidcConfig::default_algorithms")]
+    pub algorithms: Vec<String>,
+    /// Clock skew allowed on `exp` and `nbf`.
+    #[serde(default = "OidcConfig::default_leeway_seconds")]
+    pub leeway_seconds: f64,
+    /// The claim naming the principal.
+    #[serde(default = "OidcConfig::default_principal_claim")]
+    pub principal_claim: String,
+    /// Put before the claim's value to make the principal's name. Unset: the issuer and
+    /// `#` (so a token's subject never names a key's principal by accident).
+    pub principal_prefix: Option<String>,
+    /// Agent ids every token of this issuer may use (`*`: all), when `agents_claim` is
+    /// unset.
+    #[serde(default = "default_key_agents")]
+    pub agents: Vec<String>,
+    /// A claim listing the agents a token may use: a space-separated string (as `scope`)
+    /// or an array of strings. Entries that start with `agents_prefix` name an agent id
+    /// (or `*`) after it; others are ignored.
+    pub agents_claim: Option<String>,
+    /// See `agents_claim`.
+    #[serde(default)]
+    pub agents_prefix: String,
+    /// A token whose `kid` is not among the cached keys makes the keys be fetched again,
+    /// at most once per this many seconds.
+    #[serde(default = "OidcConfig::default_jwks_refresh_min_seconds")]
+    pub jwks_refresh_min_seconds: f64,
+    /// Keys are fetched again when they are older than this.
+    #[serde(default = "OidcConfig::default_jwks_max_age_seconds")]
+    pub jwks_max_age_seconds: f64,
+    /// Bound on fetching the discovery document or the keys.
+    #[serde(default = "OidcConfig::default_fetch_timeout_seconds")]
+    pub fetch_timeout_seconds: f64,
+}
+
+impl OidcConfig {
+    /// The algorithms a token may be signed with.
+    pub const ALGORITHMS: [&'static str; 9] = [
+        "RS256", "RS384", "RS512", "PS256", "PS384", "PS512", "ES256", "ES384", "EdDSA",
+    ];
+
+    fn default_name() -> String {
+        "oidc".to_string()
+    }
+
+    fn default_algorithms() -> Vec<String> {
+        ["RS256", "ES256", "EdDSA"].map(String::from).to_vec()
+    }
+
+    fn default_leeway_seconds() -> f64 {
+        60.0
+    }
+
+    fn default_principal_claim() -> String {
+        "sub".to_string()
+    }
+
+    fn default_jwks_refresh_min_seconds() -> f64 {
+        30.0
+    }
+
+    fn default_jwks_max_age_seconds() -> f64 {
+        3600.0
+    }
+
+    fn default_fetch_timeout_seconds() -> f64 {
+        5.0
+    }
+
+    /// Tokens of `issuer` for `audience`, every other option at its default.
+    pub fn new(issuer: &str, audience: &str) -> Self {
+        Self {
+            name: Self::default_name(),
+            issuer: issuer.to_string(),
+            jwks_url: None,
+            discovery_url: None,
+            audiences: vec![audience.to_string()],
+            algorithms: Self::default_algorithms(),
+            leeway_seconds: Self::default_leeway_seconds(),
+            principal_claim: Self::default_principal_claim(),
+            principal_prefix: None,
+            agents: default_key_agents(),
+            agents_claim: None,
+            agents_prefix: String::new(),
+            jwks_refresh_min_seconds: Self::default_jwks_refresh_min_seconds(),
+            jwks_max_age_seconds: Self::default_jwks_max_age_seconds(),
+            fetch_timeout_seconds: Self::default_fetch_timeout_seconds(),
+        }
+    }
+
+    /// The discovery document's URL.
+    pub fn discovery(&self) -> String {
+        self.discovery_url.clone().unwrap_or_else(|| {
+            format!(
+                "{}/.well-known/openid-configuration",
+                self.issuer.trim_end_matches('/')
+            )
+        })
+    }
+
+    /// The prefix of principals' names.
+    pub fn prefix(&self) -> String {
+        self.principal_prefix
+            .clone()
+            .unwrap_or_else(|| format!("{}#", self.issuer))
+    }
+
+    /// `jwks_refresh_min_seconds` as a [`Duration`].
+    pub fn jwks_refresh_min(&self) -> Duration {
+        seconds(self.jwks_refresh_min_seconds)
+    }
+
+    /// `jwks_max_age_seconds` as a [`Duration`].
+    pub fn jwks_max_age(&self) -> Duration {
+        seconds(self.jwks_max_age_seconds)
+    }
+
+    /// `fetch_timeout_seconds` as a [`Duration`].
+    pub fn fetch_timeout(&self) -> Duration {
+        seconds(self.fetch_timeout_seconds)
+    }
+}
