@@ -19,7 +19,7 @@ mod server;
 mod store;
 
 pub use agents::{AgentConfig, AgentLimits, ApiKeyConfig, EchoConfig, OpenAiConfig, TckConfig};
-pub use auth::{AuthConfig, CertificateConfig, OidcConfig};
+pub use auth::{AuthConfig, CardSigningConfig, CardsConfig, CertificateConfig, OidcConfig};
 pub use server::{ServerConfig, TlsConfig, WebhooksConfig};
 pub use store::{ClusterConfig, ClusterEngine, NodeLoss, StoreBackend, StoreConfig};
 
@@ -67,6 +67,9 @@ pub struct Config {
     /// `[auth]`: client certificates and OpenID Connect issuers.
     #[serde(default)]
     pub auth: AuthConfig,
+    /// `[cards]`: card signing.
+    #[serde(default)]
+    pub cards: CardsConfig,
     /// `[[agents]]`; empty means the built-in `echo` agent.
     #[serde(default)]
     pub agents: Vec<AgentConfig>,
@@ -186,6 +189,7 @@ impl Default for Config {
             cluster: None,
             api_keys: Vec::new(),
             auth: AuthConfig::default(),
+            cards: CardsConfig::default(),
             agents: vec![AgentConfig::new(Self::DEFAULT_AGENT_ID)],
         }
     }

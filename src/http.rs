@@ -64,6 +64,8 @@ pub(crate) struct App {
     pub(crate) local_addr: std::net::SocketAddr,
     /// Whether the listener speaks TLS: the cards' URLs are then `https://`.
     pub(crate) https: bool,
+    /// Signs the cards (`[cards.signing]`).
+    pub(crate) card_signer: Option<Arc<crate::rpc::a2a::card::CardSigner>>,
     /// When the server started (the cards' `Last-Modified`).
     pub(crate) started: chrono::DateTime<chrono::Utc>,
 }
@@ -314,6 +316,7 @@ async fn endpoint(
         base_url,
         host,
         local_addr: app.local_addr,
+        card_signer: app.card_signer.clone(),
     };
     match decoded {
         rpc::Body::Single(call) => reply_response(app, one(app, dialect, &cx, call).await).await,
@@ -466,6 +469,7 @@ async fn rest_endpoint(
         base_url,
         host,
         local_addr: app.local_addr,
+        card_signer: app.card_signer.clone(),
     };
     let work = async {
         match app.rate.try_acquire(&cx.caller, cx.agent.index) {

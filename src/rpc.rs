@@ -282,6 +282,8 @@ pub(crate) struct CallContext {
     pub(crate) host: Option<hyper::header::HeaderValue>,
     /// The listening address.
     pub(crate) local_addr: std::net::SocketAddr,
+    /// Signs the cards a call returns (`[cards.signing]`).
+    pub(crate) card_signer: Option<Arc<a2a::card::CardSigner>>,
 }
 
 impl CallContext {

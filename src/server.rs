@@ -121,6 +121,10 @@ impl Server {
             Some(settings) => Some(Arc::new(Tls::load(settings)?)),
             None => None,
         };
+        let card_signer = match &config.cards.signing {
+            Some(settings) => Some(Arc::new(crate::rpc::a2a::card::CardSigner::load(settings)?)),
+            None => None,
+        };
         let (keys, dev_key) = KeyStore::from_config(&config);
         let per_minute: Vec<u64> = config
             .agents
@@ -144,6 +148,7 @@ impl Server {
             ping_every: s.ping_interval(),
             local_addr,
             https: tls.is_some(),
+            card_signer,
             started: chrono::Utc::now(),
         });
         Ok(Self {

@@ -300,3 +300,187 @@ async fn preflight_trailing_slashes_and_unserved_paths() {
     }
     s.stop().await;
 }
+
+/// Verifies a card's first signature: the JWS (detached payload) over the canonical form of
+/// the card's 1.0 content — without `signatures`, without the 0.3 fields, empty values
+/// removed, RFC 8785 — with `public` (the raw public key of `alg`).
+fn verify_card(card: &Value, public: &[u8]) -> Result<Value, String> {
+    use base64::Engine as _;
+    let b64 = base64::engine::general_purpose::URL_SAFE_NO_PAD;
+    let sig = &card["signatures"][0];
+    let protected = sig["protected"].as_str().ok_or("no protected header")?;
+    let header: Value = serde_json::from_slice(&b64.decode(protected).map_err(|e| e.to_string())?)
+        .map_err(|e| e.to_string())?;
+    let mut content = card.clone();
+    if let Some(o) = content.as_object_mut() {
+        for field in [
+            "signatures",
+            "url",
+            "preferredTransport",
+            "protocolVersion",
+            "supportsAuthenticatedExtendedCard",
+            "security",
+        ] {
+            o.remove(field);
+        }
+    }
+    if let Some(schemes) = content["securitySchemes"].as_object_mut() {
+        for scheme in schemes.values_mut() {
+            if let Some(s) = scheme.as_object_mut() {
+                s.retain(|k, _| k.ends_with("SecurityScheme"));
+            }
+        }
+    }
+    fn clean(v: &Value) -> Option<Value> {
+        match v {
+            Value::Null => None,
+            Value::String(s) if s.is_empty() => None,
+            Value::Array(a) => {
+                let a: Vec<Value> = a.iter().filter_map(clean).collect();
+                (!a.is_empty()).then_some(Value::Array(a))
+            }
+            Value::Object(m) => {
+                let m: serde_json::Map<String, Value> = m
+                    .iter()
+                    .filter_map(|(k, v)| clean(v).map(|v| (k.clone(), v)))
+                    .collect();
+                (!m.is_empty()).then_some(Value::Object(m))
+            }
+            other => Some(other.clone()),
+        }
+    }
+    let canonical = serde_json_canonicalizer::to_vec(&clean(&content).ok_or("empty")?)
+        .map_err(|e| e.to_string())?;
+    let message = format!("{protected}.{}", b64.encode(canonical));
+    let (alg, key) = match header["alg"].as_str() {
+        Some("EdDSA") => (
+            jsonwebtoken::Algorithm::EdDSA,
+            jsonwebtoken::DecodingKey::from_ed_der(public),
+        ),
+        Some("ES256") => (
+            jsonwebtoken::Algorithm::ES256,
+            jsonwebtoken::DecodingKey::from_ec_der(public),
+        ),
+        other => return Err(format!("alg {other:?}")),
+    };
+    let signature = sig["signature"].as_str().ok_or("no signature")?;
+    match jsonwebtoken::crypto::verify(signature, message.as_bytes(), &key, alg) {
+        Ok(true) => Ok(header),
+        Ok(false) => Err("the signature does not verify".into()),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+#[tokio::test]
+async fn signed_cards_verify_and_a_tampered_card_does_not() {
+    let dir = std::env::temp_dir().join(format!("a2ad-card-key-{}", support::new_id()));
+    std::fs::create_dir_all(&dir).expect("dir");
+    for (alg, kind) in [
+        ("EdDSA", &rcgen::PKCS_ED25519),
+        ("ES256", &rcgen::PKCS_ECDSA_P256_SHA256),
+    ] {
+        let key = rcgen::KeyPair::generate_for(kind).expect("key");
+        let path = dir.join(format!("{alg}.pem"));
+        std::fs::write(&path, key.serialize_pem()).expect("write");
+        let s = server(|c| {
+            c.server.public_url = Some("https://agents.example.com".into());
+            c.server.public_grpc_url = Some("agents.example.com:443".into());
+            c.cards.signing = Some(a2ad::config::CardSigningConfig {
+                key_file: path.display().to_string(),
+                kid: "card-key-1".into(),
+                jku: Some("https://agents.example.com/keys.json".into()),
+            });
+        })
+        .await;
+        let public = key.public_key_raw().to_vec();
+        let card: Value = get(&s, "/.well-known/agent-card.json", &[])
+            .await
+            .json()
+            .await
+            .expect("json");
+        let header = verify_card(&card, &public).unwrap_or_else(|e| panic!("{alg}: {e}: {card}"));
+        assert_eq!(header["alg"], alg);
+        assert_eq!(header["typ"], "JOSE");
+        assert_eq!(header["kid"], "card-key-1");
+        assert_eq!(header["jku"], "https://agents.example.com/keys.json");
+
+        // Tampered: a changed name, a changed URL, an added scheme.
+        for edit in [
+            |c: &mut Value| c["name"] = "Evil agent".into(),
+            |c: &mut Value| c["supportedInterfaces"][0]["url"] = "https://evil.example.com".into(),
+            |c: &mut Value| {
+                c["securitySchemes"]["open"] =
+                    serde_json::json!({"httpAuthSecurityScheme": {"scheme": "None"}})
+            },
+        ] {
+            let mut forged = card.clone();
+            edit(&mut forged);
+            assert!(
+                verify_card(&forged, &public).is_err(),
+                "{alg}: forged card verified"
+            );
+        }
+
+        // The 0.3 shape carries a signature over the same 1.0 content.
+        let v03: Value = get(
+            &s,
+            "/.well-known/agent-card.json",
+            &[("A2A-Version", "0.3")],
+        )
+        .await
+        .json()
+        .await
+        .expect("json");
+        assert_eq!(v03["protocolVersion"], "0.3");
+        verify_card(&v03, &public).unwrap_or_else(|e| panic!("{alg} 0.3: {e}: {v03}"));
+
+        // The extended card too.
+        let body = serde_json::json!({"jsonrpc": "2.0", "id": 1, "method": "GetExtendedAgentCard", "params": {}});
+        let extended: Value = s
+            .client
+            .post(format!("{}/api/v1/a2a/main/jsonrpc/v1", s.base))
+            .header("content-type", "application/json")
+            .header("a2a-version", "1.0")
+            .header("x-api-key", ALICE)
+            .body(body.to_string())
+            .send()
+            .await
+            .expect("extended")
+            .json()
+            .await
+            .expect("json");
+        verify_card(&extended["result"], &public)
+            .unwrap_or_else(|e| panic!("{alg} extended: {e}: {extended}"));
+        s.stop().await;
+    }
+
+    // Signing needs the operator's URLs, and a key that is one.
+    let mut c = config(&["echo"]);
+    c.cards.signing = Some(a2ad::config::CardSigningConfig {
+        key_file: dir.join("EdDSA.pem").display().to_string(),
+        kid: "k".into(),
+        jku: None,
+    });
+    let e = c.clone().validated().expect_err("no public_url");
+    assert_eq!(e.key.as_deref(), Some("server.public_url"));
+    c.server.public_url = Some("https://agents.example.com".into());
+    c.server.public_grpc_url = Some("agents.example.com:443".into());
+    let not_a_key = dir.join("cert.pem");
+    std::fs::write(
+        &not_a_key,
+        "-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n",
+    )
+    .expect("write");
+    if let Some(s) = &mut c.cards.signing {
+        s.key_file = not_a_key.display().to_string();
+    }
+    match a2ad::Server::bind(c.validated().expect("valid")).await {
+        Err(a2ad::Error::Config(e)) => {
+            assert_eq!(e.key.as_deref(), Some("cards.signing.key_file"), "{e}");
+            assert!(e.message.contains("cert.pem"), "{e}");
+        }
+        Err(other) => panic!("{other}"),
+        Ok(_) => panic!("started with no signing key"),
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -185,3 +185,25 @@ impl OidcConfig {
         seconds(self.fetch_timeout_seconds)
     }
 }
+
+/// `[cards]`: how agent cards are presented.
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct CardsConfig {
+    /// `[cards.signing]`: sign the cards (A2A 1.0 `AgentCard.signatures`).
+    pub signing: Option<CardSigningConfig>,
+}
+
+/// `[cards.signing]`: the key the public and extended cards are signed with (JWS, RFC 7515,
+/// over the card's RFC 8785 canonical form).
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CardSigningConfig {
+    /// PEM file with the private key: Ed25519 (signs `EdDSA`) or P-256 (signs `ES256`),
+    /// PKCS#8.
+    pub key_file: String,
+    /// The key's id, in each signature's protected header (`kid`).
+    pub kid: String,
+    /// Where verifiers find the public key (a JWK Set URL), in the protected header (`jku`).
+    pub jku: Option<String>,
+}

@@ -79,6 +79,33 @@ pub(super) fn config(c: &mut Config) -> Result<(), ConfigError> {
             }
         }
     }
+    if let Some(signing) = &c.cards.signing {
+        let k = |name: &str| format!("cards.signing.{name}");
+        if signing.key_file.trim().is_empty() {
+            return Err(ConfigError::key(k("key_file"), "must name a file"));
+        }
+        if signing.kid.is_empty() || signing.kid.len() > 256 {
+            return Err(ConfigError::key(k("kid"), "must be 1 to 256 bytes"));
+        }
+        if let Some(jku) = &signing.jku
+            && !url::Url::parse(jku).is_ok_and(|u| u.scheme() == "https")
+        {
+            return Err(ConfigError::key(k("jku"), "must be an https:// URL"));
+        }
+        // A signed card vouches for its URLs: they must be the operator's, never built from
+        // a request's Host header.
+        for (key, set) in [
+            ("server.public_url", c.server.public_url.is_some()),
+            ("server.public_grpc_url", c.server.public_grpc_url.is_some()),
+        ] {
+            if !set {
+                return Err(ConfigError::key(
+                    key,
+                    "must be set when [cards.signing] is: a signed card's URLs are not taken from the request's Host",
+                ));
+            }
+        }
+    }
     let mut identities = HashSet::new();
     for (i, cert) in c.auth.certificates.iter().enumerate() {
         certificate(cert, i, &ids, c.server.tls.as_ref())?;

@@ -54,8 +54,15 @@ pub(crate) fn response(
     }
     .unwrap_or_else(|| default_version(&config.server.card_default_version));
     let (base, grpc) = (base_url(app, req.headers()), grpc_url(app, req.headers()));
-    let body =
-        serde_json::to_vec(&card::card(version, &found, &base, &grpc, config)).unwrap_or_default();
+    let body = serde_json::to_vec(&card::card(
+        version,
+        &found,
+        &base,
+        &grpc,
+        config,
+        app.card_signer.as_deref(),
+    ))
+    .unwrap_or_default();
     let etag = format!("W/\"{}\"", hex_prefix(&Sha256::digest(&body)));
     let fresh = req
         .headers()

@@ -323,6 +323,7 @@ impl Grpc {
             base_url,
             host: headers.get(hyper::header::HOST).cloned(),
             local_addr: app.local_addr,
+            card_signer: app.card_signer.clone(),
         };
         let work = async {
             match app.rate.try_acquire(&cx.caller, cx.agent.index) {

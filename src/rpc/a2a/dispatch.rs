@@ -260,7 +260,14 @@ pub(super) fn encode(
         },
         OpResponse::Card(c) => {
             let grpc = cx.grpc_url(runtime.config().server.public_grpc_url.as_deref());
-            framing.ok(&card::card(v, &c, &cx.base_url, &grpc, runtime.config()))
+            framing.ok(&card::card(
+                v,
+                &c,
+                &cx.base_url,
+                &grpc,
+                runtime.config(),
+                cx.card_signer.as_deref(),
+            ))
         }
     })
 }
