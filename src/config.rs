@@ -19,7 +19,10 @@ mod server;
 mod store;
 
 pub use agents::{AgentConfig, AgentLimits, ApiKeyConfig, EchoConfig, OpenAiConfig, TckConfig};
-pub use auth::{AuthConfig, CardSigningConfig, CardsConfig, CertificateConfig, OidcConfig};
+pub use auth::{
+    AuthConfig, CardSigningConfig, CardsConfig, CertificateConfig, OidcConfig, SecretKeys,
+    SecretsConfig,
+};
 pub use server::{ServerConfig, TlsConfig, WebhooksConfig};
 pub use store::{ClusterConfig, ClusterEngine, NodeLoss, StoreBackend, StoreConfig};
 
@@ -70,6 +73,9 @@ pub struct Config {
     /// `[cards]`: card signing.
     #[serde(default)]
     pub cards: CardsConfig,
+    /// `[secrets]`: the key that seals secrets at rest.
+    #[serde(default)]
+    pub secrets: SecretsConfig,
     /// `[[agents]]`; empty means the built-in `echo` agent.
     #[serde(default)]
     pub agents: Vec<AgentConfig>,
@@ -190,6 +196,7 @@ impl Default for Config {
             api_keys: Vec::new(),
             auth: AuthConfig::default(),
             cards: CardsConfig::default(),
+            secrets: SecretsConfig::default(),
             agents: vec![AgentConfig::new(Self::DEFAULT_AGENT_ID)],
         }
     }

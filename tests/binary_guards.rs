@@ -205,3 +205,104 @@ async fn a_low_open_file_limit_caps_connections_and_silent_ones_cannot_take_the_
     assert_eq!(code, 0);
     assert!(log.contains("max_connections lowered"), "{log}");
 }
+
+/// TLS, OpenID Connect and sealed secrets at `trace`: no private key, bearer token (valid,
+/// expired or with an unknown key), sealed value's key or notification token in the log.
+#[tokio::test]
+async fn no_token_key_or_certificate_key_reaches_the_logs_even_at_trace() {
+    use support::idp::{Idp, SigningKey};
+    let dir = TempDir::new();
+    let tls_key = rcgen::KeyPair::generate().expect("key");
+    let cert = rcgen::CertificateParams::new(vec!["localhost".to_string()])
+        .expect("params")
+        .self_signed(&tls_key)
+        .expect("cert");
+    let cert_file = dir.path.join("cert.pem");
+    let key_file = dir.path.join("key.pem");
+    std::fs::write(&cert_file, cert.pem()).expect("write");
+    std::fs::write(&key_file, tls_key.serialize_pem()).expect("write");
+    let signing = SigningKey::new("k1", jsonwebtoken::Algorithm::ES256);
+    let idp = Idp::start(&[&signing]).await;
+    let rx = Receiver::ok().await;
+    const SEALING_KEY: &str = "AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8=";
+    const NOTIFY_TOKEN: &str = "NotifyToken-Secret-0123";
+    let config = format!(
+        "[server.tls]\ncert_file = {:?}\nkey_file = {:?}\n[webhooks]\nallow_private_networks = true\n\
+         [secrets]\nkey = \"{SEALING_KEY}\"\n[[auth.oidc]]\nissuer = \"{}\"\naudiences = [\"a2ad\"]\n\
+         fetch_timeout_seconds = 1\njwks_refresh_min_seconds = 1\n[[agents]]\nid = \"echo\"\n",
+        cert_file.display().to_string(),
+        key_file.display().to_string(),
+        idp.issuer
+    );
+    let bin = Binary::start(&config, &[("RUST_LOG", "trace")], &[]);
+    assert!(bin.base.starts_with("https://"), "{}", bin.base);
+    let port = bin.base.rsplit(':').next().unwrap_or_default().to_string();
+    let client = reqwest::Client::builder()
+        .tls_certs_only([reqwest::Certificate::from_pem(cert.pem().as_bytes()).expect("cert")])
+        .build()
+        .expect("client");
+    let now = chrono::Utc::now().timestamp();
+    let claims = |exp: i64| json!({"iss": idp.issuer, "sub": "user-1", "aud": "a2ad", "exp": exp});
+    let valid = signing.sign(&claims(now + 600));
+    let expired = signing.sign(&claims(now - 3600));
+    let stranger = SigningKey::new("k9", jsonwebtoken::Algorithm::ES256).sign(&claims(now + 600));
+    let call = |token: String, method: &str, params: Value| {
+        let client = client.clone();
+        let url = format!("https://localhost:{port}/api/v1/a2a/echo/jsonrpc/v1");
+        let body = json!({"jsonrpc": "2.0", "id": 1, "method": method, "params": params});
+        async move {
+            let resp = client
+                .post(url)
+                .header("authorization", format!("Bearer {token}"))
+                .header("a2a-version", "1.0")
+                .header("content-type", "application/json")
+                .body(body.to_string())
+                .send()
+                .await
+                .expect("request");
+            (resp.status().as_u16(), resp.bytes().await.expect("body"))
+        }
+    };
+    let msg = support::official::message(support::official::V::V10, "hi", None);
+    let (status, body) = call(valid.clone(), "SendMessage", json!({"message": msg})).await;
+    assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
+    let task: Value = serde_json::from_slice(&body).expect("json");
+    let task = task["result"]["task"]["id"]
+        .as_str()
+        .expect("id")
+        .to_string();
+    let (status, _) = call(
+        valid.clone(),
+        "CreateTaskPushNotificationConfig",
+        json!({"taskId": task, "url": rx.url, "token": NOTIFY_TOKEN}),
+    )
+    .await;
+    assert_eq!(status, 200);
+    for token in [expired.clone(), stranger.clone()] {
+        assert_eq!(call(token, "GetTask", json!({"id": task})).await.0, 401);
+    }
+    let (code, log) = bin.stop();
+    assert_eq!(code, 0);
+    assert!(log.contains("TRACE"), "the log is at trace level");
+    assert!(
+        log.contains("bearer token refused"),
+        "the refusals were logged"
+    );
+    let mut secrets = vec![SEALING_KEY.to_string(), NOTIFY_TOKEN.to_string()];
+    // Each line of the TLS private key's PEM body.
+    secrets.extend(
+        tls_key
+            .serialize_pem()
+            .lines()
+            .filter(|l| !l.starts_with("-----") && l.len() >= 16)
+            .map(String::from),
+    );
+    for token in [&valid, &expired, &stranger] {
+        // The whole token, and its signature on its own.
+        secrets.push(token.clone());
+        secrets.push(token.rsplit('.').next().unwrap_or_default().to_string());
+    }
+    for secret in secrets {
+        assert!(!log.contains(&secret), "{secret} leaked into the log");
+    }
+}

@@ -27,6 +27,7 @@ mod metrics;
 mod oidc;
 mod openai;
 mod runtime_model;
+mod sealed;
 mod store_damage;
 mod store_restart;
 mod streaming;

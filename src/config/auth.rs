@@ -207,3 +207,111 @@ pub struct CardSigningConfig {
     /// Where verifiers find the public key (a JWK Set URL), in the protected header (`jku`).
     pub jku: Option<String>,
 }
+
+/// `[secrets]`: the key that seals push-configuration secrets, tokens and header values in
+/// the store (AES-256-GCM). Without it (and without `A2AD_SECRETS_KEY` in the
+/// environment) they are stored in clear, and the server says so once at start-up.
+#[derive(Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SecretsConfig {
+    /// The key new values are sealed with: 32 bytes in standard Base64, or `env:NAME` to
+    /// read that from the environment variable `NAME`. Unset: `env:A2AD_SECRETS_KEY` if
+    /// that variable is set.
+    pub key: Option<String>,
+    /// Earlier keys, the same way: values sealed with them are still read (rotation).
+    pub old_keys: Vec<String>,
+}
+
+impl std::fmt::Debug for SecretsConfig {
+    /// Keys may be written inline: never shown.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SecretsConfig")
+            .field("key", &self.key.as_ref().map(|_| "…"))
+            .field("old_keys", &self.old_keys.len())
+            .finish()
+    }
+}
+
+impl SecretsConfig {
+    /// The environment variable read when no key is configured.
+    pub const DEFAULT_ENV: &'static str = "A2AD_SECRETS_KEY";
+
+    /// The keys as bytes.
+    ///
+    /// # Errors
+    /// A [`ConfigError`] naming the key (`secrets.key`, `secrets.old_keys[1]`) and what is
+    /// wrong with it — never its value.
+    pub fn resolve(&self) -> Result<SecretKeys, super::ConfigError> {
+        self.resolved()
+            .map_err(|(key, message)| super::ConfigError::key(key, message))
+    }
+
+    fn resolved(&self) -> Result<SecretKeys, (String, String)> {
+        let current = match &self.key {
+            Some(k) => Some(resolve_key("secrets.key", k)?),
+            None => match std::env::var(Self::DEFAULT_ENV) {
+                Ok(v) if !v.is_empty() => Some(decode_key("secrets.key", &v, Self::DEFAULT_ENV)?),
+                _ => None,
+            },
+        };
+        let old = self
+            .old_keys
+            .iter()
+            .enumerate()
+            .map(|(i, k)| resolve_key(&format!("secrets.old_keys[{i}]"), k))
+            .collect::<Result<Vec<_>, _>>()?;
+        if current.is_none() && !old.is_empty() {
+            return Err((
+                "secrets.key".into(),
+                "old_keys without a current key: set key too".into(),
+            ));
+        }
+        Ok(SecretKeys { current, old })
+    }
+}
+
+/// The keys of `[secrets]` as bytes (never printed).
+pub struct SecretKeys {
+    /// The key new values are sealed with.
+    pub current: Option<[u8; 32]>,
+    /// Earlier keys, still read.
+    pub old: Vec<[u8; 32]>,
+}
+
+impl std::fmt::Debug for SecretKeys {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SecretKeys")
+            .field("current", &self.current.is_some())
+            .field("old", &self.old.len())
+            .finish()
+    }
+}
+
+fn resolve_key(name: &str, value: &str) -> Result<[u8; 32], (String, String)> {
+    match value.strip_prefix("env:") {
+        Some(var) => match std::env::var(var) {
+            Ok(v) if !v.is_empty() => decode_key(name, &v, var),
+            _ => Err((
+                name.to_string(),
+                format!("the environment variable {var} is not set"),
+            )),
+        },
+        None => decode_key(name, value, "the configuration"),
+    }
+}
+
+fn decode_key(name: &str, text: &str, from: &str) -> Result<[u8; 32], (String, String)> {
+    use base64::Engine as _;
+    base64::engine::general_purpose::STANDARD
+        .decode(text.trim())
+        .ok()
+        .and_then(|b| <[u8; 32]>::try_from(b.as_slice()).ok())
+        .ok_or_else(|| {
+            (
+                name.to_string(),
+                format!(
+                    "the key from {from} is not 32 bytes in standard Base64 (make one with `openssl rand -base64 32`)"
+                ),
+            )
+        })
+}

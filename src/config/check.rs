@@ -79,6 +79,7 @@ pub(super) fn config(c: &mut Config) -> Result<(), ConfigError> {
             }
         }
     }
+    c.secrets.resolve()?;
     if let Some(signing) = &c.cards.signing {
         let k = |name: &str| format!("cards.signing.{name}");
         if signing.key_file.trim().is_empty() {

@@ -12,6 +12,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 
 use super::TurnId;
+use super::seal::{Sealer, Unsealed};
 use crate::model::{
     AgentId, Artifact, ArtifactUpdate, ContextId, FileContent, FileUrl, Message, Part, Principal,
     RawJson, Role, TaskError, TaskEvent, TaskId, TaskKey, TaskSnapshot, TaskState, TaskStatus,
@@ -359,8 +360,9 @@ struct PushRec {
     fails: u32,
 }
 
-/// Encodes a push configuration with its delivery bookkeeping.
-pub(crate) fn encode_push(c: &StoredPushConfig) -> Vec<u8> {
+/// Encodes a push configuration with its delivery bookkeeping; its secret, token,
+/// credentials and header values sealed (`store/seal.rs`).
+pub(crate) fn encode_push(c: &StoredPushConfig, sealer: &Sealer) -> Vec<u8> {
     use std::sync::atomic::Ordering::Relaxed;
     let cfg = &c.config;
     let rec = PushRec {
@@ -371,7 +373,11 @@ pub(crate) fn encode_push(c: &StoredPushConfig) -> Vec<u8> {
         named: c.namespace == Namespace::Named,
         f: c.format.to_string(),
         url: cfg.url.clone(),
-        h: cfg.headers.clone(),
+        h: cfg
+            .headers
+            .iter()
+            .map(|(name, value)| (name.clone(), sealer.seal(&format!("h:{name}"), value)))
+            .collect(),
         ev: match &cfg.events {
             Events::All => None,
             Events::StateChanges(names) => {
@@ -383,12 +389,14 @@ pub(crate) fn encode_push(c: &StoredPushConfig) -> Vec<u8> {
             cfg.retry.backoff_multiplier,
             cfg.retry.initial_delay,
         ),
-        sec: cfg.secret.clone(),
-        tok: cfg.token.clone(),
-        auth: cfg
-            .authorization
-            .as_ref()
-            .map(|a| (a.scheme.clone(), a.credentials.clone())),
+        sec: cfg.secret.as_deref().map(|v| sealer.seal("sec", v)),
+        tok: cfg.token.as_deref().map(|v| sealer.seal("tok", v)),
+        auth: cfg.authorization.as_ref().map(|a| {
+            (
+                a.scheme.clone(),
+                a.credentials.as_deref().map(|v| sealer.seal("auth", v)),
+            )
+        }),
         ca: micros(&c.created_at),
         lu: c.last_used().as_ref().map(micros),
         on: c.is_active(),
@@ -397,12 +405,41 @@ pub(crate) fn encode_push(c: &StoredPushConfig) -> Vec<u8> {
     serde_json::to_vec(&rec).unwrap_or_default()
 }
 
-/// Decodes a push configuration.
-pub(crate) fn decode_push(bytes: &[u8]) -> Option<Arc<StoredPushConfig>> {
-    let rec: PushRec = serde_json::from_slice(bytes).ok()?;
+/// Decodes a push configuration (`None`: not one, or sealed with a key not configured).
+pub(crate) fn decode_push(bytes: &[u8], sealer: &Sealer) -> Option<Arc<StoredPushConfig>> {
+    decode_push_checked(bytes, sealer).ok().flatten()
+}
+
+/// Decodes a push configuration: `Ok(None)` when the bytes are not one, an error when its
+/// secrets are sealed with a key that is not configured.
+pub(crate) fn decode_push_checked(
+    bytes: &[u8],
+    sealer: &Sealer,
+) -> Result<Option<Arc<StoredPushConfig>>, Unsealed> {
+    let Ok(rec) = serde_json::from_slice::<PushRec>(bytes) else {
+        return Ok(None);
+    };
+    let open = |field: &str, v: Option<String>| v.map(|v| sealer.open(field, &v)).transpose();
+    let headers = rec
+        .h
+        .into_iter()
+        .map(|(name, value)| {
+            let value = sealer.open(&format!("h:{name}"), &value)?;
+            Ok((name, value))
+        })
+        .collect::<Result<Vec<_>, Unsealed>>()?;
+    let secret = open("sec", rec.sec)?;
+    let token = open("tok", rec.tok)?;
+    let authorization = match rec.auth {
+        None => None,
+        Some((scheme, credentials)) => Some(PushAuth {
+            scheme,
+            credentials: open("auth", credentials)?,
+        }),
+    };
     let config = PushConfig {
         url: rec.url,
-        headers: rec.h,
+        headers,
         events: match rec.ev {
             None => Events::All,
             Some(names) => Events::StateChanges(
@@ -417,12 +454,9 @@ pub(crate) fn decode_push(bytes: &[u8]) -> Option<Arc<StoredPushConfig>> {
             backoff_multiplier: rec.rt.1,
             initial_delay: rec.rt.2,
         },
-        secret: rec.sec,
-        token: rec.tok,
-        authorization: rec.auth.map(|(scheme, credentials)| PushAuth {
-            scheme,
-            credentials,
-        }),
+        secret,
+        token,
+        authorization,
     };
     let scope = PushScope {
         principal: Principal::new(rec.p),
@@ -434,7 +468,7 @@ pub(crate) fn decode_push(bytes: &[u8]) -> Option<Arc<StoredPushConfig>> {
     } else {
         Namespace::Scoped
     };
-    Some(StoredPushConfig::restore(
+    Ok(Some(StoredPushConfig::restore(
         rec.id,
         scope,
         namespace,
@@ -444,7 +478,7 @@ pub(crate) fn decode_push(bytes: &[u8]) -> Option<Arc<StoredPushConfig>> {
         rec.lu.map(time),
         rec.on,
         rec.fails,
-    ))
+    )))
 }
 
 #[derive(Serialize, Deserialize)]

@@ -503,6 +503,7 @@ mod tests {
             Arc::new(Indexes {
                 tasks: TaskIndex::new(Duration::from_secs(3600), 1000, 1 << 30),
                 push: PushIndex::default(),
+                sealer: Default::default(),
             })
         };
         for round in 0..2 {

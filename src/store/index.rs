@@ -23,6 +23,8 @@ pub(crate) type Evicted = (TaskKey, i64);
 pub(crate) struct Indexes {
     pub(crate) tasks: TaskIndex,
     pub(crate) push: PushIndex,
+    /// Seals push configurations' secrets as they are written (`store/seal.rs`).
+    pub(crate) sealer: super::seal::Sealer,
 }
 
 impl Indexes {
@@ -36,6 +38,7 @@ impl Indexes {
                 server.max_retained_bytes,
             ),
             push: PushIndex::default(),
+            sealer: super::seal::Sealer::for_config(config),
         }
     }
 

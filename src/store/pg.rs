@@ -94,6 +94,8 @@ enum Msg {
 
 struct Inner {
     cfg: ClusterConfig,
+    /// Seals push configurations' secrets (`store/seal.rs`).
+    sealer: super::seal::Sealer,
     schema: String,
     node: String,
     incarnation: Mutex<Uuid>,
@@ -261,6 +263,23 @@ impl PgStore {
             .await
             .map_err(|e| open_error(cfg, format!("cannot connect: {e}")))?;
         migrate(&setup, cfg).await?;
+        // Secrets sealed with a key this node does not have: refuse to join (exit 2)
+        // rather than serve configurations whose deliveries would go out unsigned. The
+        // newest configurations are the ones checked: a wrong key shows in any of them.
+        let sealer = super::seal::Sealer::for_config(config);
+        let sample = bounded(setup.query(
+            &format!(
+                "SELECT body FROM {}.push ORDER BY created_us DESC LIMIT 100",
+                cfg.schema
+            ),
+            &[],
+        ))
+        .await?;
+        for row in &sample {
+            if let Err(e) = codec::decode_push_checked(row.get::<_, &[u8]>(0), &sealer) {
+                return Err(open_error(cfg, e.to_string()));
+            }
+        }
 
         let manager = deadpool_postgres::Manager::from_config(
             pg.clone(),
@@ -307,6 +326,7 @@ impl PgStore {
         };
         let inner = Arc::new(Inner {
             cfg: cfg.clone(),
+            sealer,
             schema: cfg.schema.clone(),
             node,
             incarnation: Mutex::new(incarnation),

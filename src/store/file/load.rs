@@ -94,6 +94,7 @@ pub(super) fn guarded_load(
     match load() {
         Ok(loaded) => Ok(loaded),
         Err(DiskError::Damaged(why)) => Err(damaged(path, &why)),
+        Err(DiskError::Key(why)) => Err(open_error(path, why)),
         Err(DiskError::Io(e)) => Err(open_error(path, format!("could not be read: {e}"))),
     }
 }
@@ -234,15 +235,24 @@ fn load_tasks(
     let mut bad = |table: Table, k: &[u8], v: &[u8]| {
         damaged.push(Damaged::new(table.name(), k, v));
     };
+    let mut unsealed = None;
     read.each(Table::Push, &mut |k, v| {
-        match codec::decode_push(v) {
-            Some(c) => {
+        match codec::decode_push_checked(v, &indexes.sealer) {
+            Ok(Some(c)) => {
                 let _ = indexes.push.set(c, usize::MAX);
             }
-            None => bad(Table::Push, k, v),
+            Ok(None) => bad(Table::Push, k, v),
+            // Not damage: the key is wrong. Nothing is set aside; the start is refused.
+            Err(e) => {
+                unsealed = Some(e.to_string());
+                return false;
+            }
         }
         true
     })?;
+    if let Some(why) = unsealed {
+        return Err(DiskError::Key(why));
+    }
     if !read.events_checked() {
         read.each(Table::Events, &mut |k, v| {
             if !codec::event_row_is_valid(k, v) {

@@ -66,6 +66,8 @@ impl Table {
 pub(crate) enum DiskError {
     /// Part of the file cannot be read as what it should be.
     Damaged(String),
+    /// Secrets in the file are sealed with a key that is not configured.
+    Key(String),
     /// The operating system refused (a full disk, an I/O error).
     Io(String),
 }
@@ -73,7 +75,7 @@ pub(crate) enum DiskError {
 impl std::fmt::Display for DiskError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            DiskError::Damaged(why) | DiskError::Io(why) => f.write_str(why),
+            DiskError::Damaged(why) | DiskError::Key(why) | DiskError::Io(why) => f.write_str(why),
         }
     }
 }
@@ -196,7 +198,8 @@ pub(crate) fn apply(
                 t.remove_range(Table::Turns, &prefix, &codec::prefix_end(&prefix))?;
             }
             Write::PushSet(c) | Write::PushStats(c) => {
-                t.put(Table::Push, &codec::push_key(c), &codec::encode_push(c))?;
+                let body = codec::encode_push(c, &indexes.sealer);
+                t.put(Table::Push, &codec::push_key(c), &body)?;
             }
             Write::PushRemove(scope) => t.remove(Table::Push, &codec::scoped_key(scope))?,
             Write::PushRemoveNamed { task, id } => {

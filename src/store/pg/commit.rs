@@ -182,7 +182,7 @@ pub(super) async fn commit(
     })?;
     let mut configs: Vec<Arc<StoredPushConfig>> = rows
         .iter()
-        .filter_map(|r| codec::decode_push(r.get::<_, &[u8]>(0)))
+        .filter_map(|r| codec::decode_push(r.get::<_, &[u8]>(0), &inner.sealer))
         .map(|c| inner.config(c))
         .collect();
 
@@ -275,7 +275,7 @@ pub(super) async fn commit(
     let statements = try_join_all(
         planned
             .iter()
-            .map(|p| execute(tx, prepared, p, me, &inner.node)),
+            .map(|p| execute(tx, prepared, p, me, &inner.node, &inner.sealer)),
     );
 
     touched.sort_unstable();
@@ -329,6 +329,7 @@ pub(super) async fn execute(
     p: &Planned,
     me: Uuid,
     node: &str,
+    sealer: &super::super::seal::Sealer,
 ) -> std::result::Result<Executed, tokio_postgres::Error> {
     match p {
         Planned::Task {
@@ -445,7 +446,7 @@ pub(super) async fn execute(
                     let owner = owner_id(&c.scope.principal, &c.scope.agent);
                     let task = c.scope.task.as_ref().map(|t| t.as_str().to_string());
                     let named = c.namespace == Namespace::Named;
-                    let body = codec::encode_push(c);
+                    let body = codec::encode_push(c, sealer);
                     if matches!(w, Write::PushStats(_)) {
                         tx.execute(
                             prepared.other(Other::PushStats),

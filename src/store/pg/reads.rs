@@ -158,7 +158,7 @@ impl Inner {
         };
         Ok(rows
             .iter()
-            .filter_map(|r| codec::decode_push(r.get::<_, &[u8]>(0)))
+            .filter_map(|r| codec::decode_push(r.get::<_, &[u8]>(0), &self.sealer))
             .map(|c| self.config(c))
             .collect())
     }

@@ -272,7 +272,7 @@ impl Inner {
         ))
         .await?
         {
-            if let Some(c) = codec::decode_push(row.get::<_, &[u8]>(1)) {
+            if let Some(c) = codec::decode_push(row.get::<_, &[u8]>(1), &self.sealer) {
                 configs.entry(row.get(0)).or_default().push(self.config(c));
             }
         }

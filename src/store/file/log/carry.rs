@@ -80,6 +80,7 @@ pub(super) fn carry_over(
     .and_then(|()| out.flush())
     .map_err(|e| match e {
         DiskError::Damaged(why) => super::super::load::damaged(&redb, &why),
+        DiskError::Key(why) => super::super::open_error(&redb, why),
         DiskError::Io(why) => io_at(&staging, "cannot be written", &std::io::Error::other(why)),
     })?;
     drop(disk);
