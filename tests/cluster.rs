@@ -1384,3 +1384,88 @@ async fn a_node_back_within_its_lease_after_a_self_fence_takes_its_tasks_up_agai
     assert_eq!(all.last().map(|(_, d)| state(d)), Some("failed".into()));
     c.finish().await;
 }
+
+/// A node reaches PostgreSQL over TLS when its URL says `sslmode=require`, verifying the
+/// server's certificate against `cluster.ca_file` (here the local server's own,
+/// self-signed certificate) and refusing a server its CA did not sign.
+#[tokio::test]
+async fn a_node_speaks_tls_to_postgresql_verified_against_a_ca_file() {
+    let Some(url) = pg_url() else { return };
+    let _turn = TURN.lock().await;
+    let (client, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+        .await
+        .expect("connect");
+    tokio::spawn(conn);
+    let setting = |name: &'static str| {
+        let client = &client;
+        async move {
+            client
+                .query_one(&format!("SHOW {name}"), &[])
+                .await
+                .map(|r| r.get::<_, String>(0))
+                .unwrap_or_default()
+        }
+    };
+    let cert_file = setting("ssl_cert_file").await;
+    let Ok(cert) = std::fs::read_to_string(&cert_file) else {
+        eprintln!("SKIPPED: PostgreSQL's certificate ({cert_file:?}) cannot be read here");
+        return;
+    };
+    if setting("ssl").await != "on" {
+        eprintln!("SKIPPED: PostgreSQL at {url} does not serve TLS (ssl = off)");
+        return;
+    }
+    let dir = support::binary::TempDir::new();
+    let ca_file = dir.path.join("pg-ca.pem");
+    std::fs::write(&ca_file, &cert).expect("write");
+    let pg: tokio_postgres::Config = url.parse().expect("url");
+    let user = pg.get_user().unwrap_or("postgres");
+    let db = pg.get_dbname().unwrap_or("test");
+    let port = pg.get_ports().first().copied().unwrap_or(5432);
+    // By the name the local server's certificate carries (Debian's: localhost).
+    let tls_url = format!("postgres://{user}@localhost:{port}/{db}?sslmode=require");
+    let schema = format!(
+        "a2ad_tls_{}",
+        &uuid::Uuid::new_v4().simple().to_string()[..12]
+    );
+    let config = |ca: &std::path::Path| {
+        let mut c = support::config(&["echo"]);
+        let mut cluster = a2ad::config::ClusterConfig::postgres(&tls_url);
+        cluster.schema = schema.clone();
+        cluster.ca_file = Some(ca.display().to_string());
+        c.cluster = Some(cluster);
+        c
+    };
+
+    let s = support::TestServer::start(config(&ca_file)).await;
+    let done = s.send("echo", "over TLS to PostgreSQL", json!({})).await;
+    assert_eq!(done["status"]["state"], "completed", "{done}");
+    let tls_sessions: i64 = client
+        .query_one(
+            "SELECT count(*) FROM pg_stat_ssl s JOIN pg_stat_activity a USING (pid)
+             WHERE s.ssl AND a.application_name = 'a2ad'",
+            &[],
+        )
+        .await
+        .expect("pg_stat_ssl")
+        .get(0);
+    assert!(tls_sessions > 0, "a2ad's sessions use TLS");
+    s.stop().await;
+
+    // A CA that did not sign the server's certificate: the node does not start.
+    let other = dir.path.join("other-ca.pem");
+    let key = rcgen::KeyPair::generate().expect("key");
+    let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).expect("params");
+    params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    std::fs::write(&other, params.self_signed(&key).expect("ca").pem()).expect("write");
+    match a2ad::Server::bind(config(&other).validated().expect("valid")).await {
+        Err(e @ a2ad::Error::Store { .. }) => {
+            assert!(e.to_string().contains("cannot connect"), "{e}");
+        }
+        Err(other) => panic!("not a store error: {other}"),
+        Ok(_) => panic!("trusted a server its CA did not sign"),
+    }
+    let _ = client
+        .batch_execute(&format!("DROP SCHEMA IF EXISTS {schema} CASCADE"))
+        .await;
+}

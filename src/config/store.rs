@@ -75,6 +75,12 @@ pub struct ClusterConfig {
     /// What a working task of a dead node becomes.
     #[serde(default)]
     pub on_node_loss: NodeLoss,
+    /// PEM file with the certificate authorities PostgreSQL's certificate must chain to.
+    /// Set (or `sslmode=require` in the URL), connections use TLS (rustls); the server's
+    /// certificate is verified against these authorities — else the system's — and its name
+    /// against the URL's host.
+    #[serde(default)]
+    pub ca_file: Option<String>,
 }
 
 /// Which shared engine.
@@ -135,6 +141,7 @@ impl ClusterConfig {
             pool_size: Self::DEFAULT_POOL_SIZE,
             max_followers: Self::DEFAULT_MAX_FOLLOWERS,
             on_node_loss: NodeLoss::Fail,
+            ca_file: None,
         }
     }
 }

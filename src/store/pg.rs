@@ -29,6 +29,7 @@ use dashmap::DashMap;
 use futures_util::future::{BoxFuture, FutureExt as _};
 use tokio::sync::mpsc;
 use tokio_postgres::{AsyncMessage, NoTls};
+use tokio_postgres_rustls::MakeRustlsConnect;
 use uuid::Uuid;
 
 mod commit;
@@ -96,6 +97,8 @@ struct Inner {
     cfg: ClusterConfig,
     /// Seals push configurations' secrets (`store/seal.rs`).
     sealer: super::seal::Sealer,
+    /// TLS to PostgreSQL, when asked for (`sslmode=require` or `ca_file`).
+    tls: Option<MakeRustlsConnect>,
     schema: String,
     node: String,
     incarnation: Mutex<Uuid>,
@@ -212,9 +215,25 @@ async fn bounded<T>(
 /// `notes`.
 async fn connect(
     pg: &tokio_postgres::Config,
+    tls: Option<&MakeRustlsConnect>,
     notes: Option<mpsc::UnboundedSender<tokio_postgres::Notification>>,
 ) -> std::result::Result<tokio_postgres::Client, String> {
-    let (client, mut conn) = tokio::time::timeout(CONNECT_TIMEOUT, pg.connect(NoTls))
+    match tls {
+        Some(tls) => connect_with(pg, tls.clone(), notes).await,
+        None => connect_with(pg, NoTls, notes).await,
+    }
+}
+
+async fn connect_with<T>(
+    pg: &tokio_postgres::Config,
+    tls: T,
+    notes: Option<mpsc::UnboundedSender<tokio_postgres::Notification>>,
+) -> std::result::Result<tokio_postgres::Client, String>
+where
+    T: tokio_postgres::tls::MakeTlsConnect<tokio_postgres::Socket>,
+    T::Stream: Send + 'static,
+{
+    let (client, mut conn) = tokio::time::timeout(CONNECT_TIMEOUT, pg.connect(tls))
         .await
         .map_err(|_| "connecting timed out".to_string())?
         .map_err(|e| e.to_string())?;
@@ -239,6 +258,55 @@ async fn connect(
     Ok(client)
 }
 
+/// The TLS connector to PostgreSQL: when the URL says `sslmode=require` or `ca_file` is
+/// set (otherwise plain TCP, as before). The server's certificate must chain to the
+/// authorities of `ca_file` (else the system's) and name the URL's host.
+fn tls_connector(
+    pg: &tokio_postgres::Config,
+    cfg: &ClusterConfig,
+) -> Result<Option<MakeRustlsConnect>> {
+    use rustls_pki_types::pem::PemObject as _;
+    if cfg.ca_file.is_none() && pg.get_ssl_mode() != tokio_postgres::config::SslMode::Require {
+        return Ok(None);
+    }
+    let mut roots = rustls::RootCertStore::empty();
+    match &cfg.ca_file {
+        Some(path) => {
+            let certs = rustls_pki_types::CertificateDer::pem_file_iter(path)
+                .and_then(Iterator::collect::<std::result::Result<Vec<_>, _>>)
+                .map_err(|e| {
+                    open_error(
+                        cfg,
+                        format!("cluster.ca_file {path}: cannot read PEM certificates: {e}"),
+                    )
+                })?;
+            if certs.is_empty() {
+                return Err(open_error(
+                    cfg,
+                    format!("cluster.ca_file {path}: holds no PEM certificate"),
+                ));
+            }
+            for cert in certs {
+                roots
+                    .add(cert)
+                    .map_err(|e| open_error(cfg, format!("cluster.ca_file {path}: {e}")))?;
+            }
+        }
+        None => {
+            for cert in rustls_native_certs::load_native_certs().certs {
+                let _ = roots.add(cert);
+            }
+        }
+    }
+    let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
+    let config = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| open_error(cfg, e.to_string()))?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    Ok(Some(MakeRustlsConnect::new(config)))
+}
+
 // === impl PgStore ===
 
 impl PgStore {
@@ -259,7 +327,8 @@ impl PgStore {
         let mut pg = pg;
         pg.connect_timeout(CONNECT_TIMEOUT);
         pg.application_name("a2ad");
-        let setup = connect(&pg, None)
+        let tls = tls_connector(&pg, cfg)?;
+        let setup = connect(&pg, tls.as_ref(), None)
             .await
             .map_err(|e| open_error(cfg, format!("cannot connect: {e}")))?;
         migrate(&setup, cfg).await?;
@@ -281,13 +350,15 @@ impl PgStore {
             }
         }
 
-        let manager = deadpool_postgres::Manager::from_config(
-            pg.clone(),
-            NoTls,
-            deadpool_postgres::ManagerConfig {
-                recycling_method: deadpool_postgres::RecyclingMethod::Fast,
-            },
-        );
+        let manager_config = deadpool_postgres::ManagerConfig {
+            recycling_method: deadpool_postgres::RecyclingMethod::Fast,
+        };
+        let manager = match &tls {
+            Some(tls) => {
+                deadpool_postgres::Manager::from_config(pg.clone(), tls.clone(), manager_config)
+            }
+            None => deadpool_postgres::Manager::from_config(pg.clone(), NoTls, manager_config),
+        };
         let pool = deadpool_postgres::Pool::builder(manager)
             .max_size(cfg.pool_size)
             .runtime(deadpool_postgres::Runtime::Tokio1)
@@ -327,6 +398,7 @@ impl PgStore {
         let inner = Arc::new(Inner {
             cfg: cfg.clone(),
             sealer,
+            tls,
             schema: cfg.schema.clone(),
             node,
             incarnation: Mutex::new(incarnation),

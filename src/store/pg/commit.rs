@@ -68,7 +68,7 @@ pub(super) async fn committer(
         let mut delay = Duration::from_millis(50);
         let outcomes = loop {
             if client.as_ref().is_none_or(|(c, _)| c.is_closed()) {
-                client = match connect(&inner.pg, None).await {
+                client = match connect(&inner.pg, inner.tls.as_ref(), None).await {
                     Ok(c) => {
                         match tokio::time::timeout(CONNECT_TIMEOUT, prepare(&c, &inner.schema))
                             .await

@@ -15,7 +15,7 @@ pub(super) async fn listener(inner: Arc<Inner>) {
     let mut delay = Duration::from_millis(100);
     while !inner.stop.is_cancelled() {
         let (tx, mut rx) = mpsc::unbounded_channel();
-        let client = match connect(&inner.pg, Some(tx)).await {
+        let client = match connect(&inner.pg, inner.tls.as_ref(), Some(tx)).await {
             Ok(c) => c,
             Err(e) => {
                 tracing::warn!(error = %e, "postgres listener cannot connect; retrying");
