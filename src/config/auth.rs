@@ -239,7 +239,7 @@ impl SecretsConfig {
     /// The keys as bytes.
     ///
     /// # Errors
-    /// A [`ConfigError`] naming the key (`secrets.key`, `secrets.old_keys[1]`) and what is
+    /// A [`ConfigError`](super::ConfigError) naming the key (`secrets.key`, `secrets.old_keys[1]`) and what is
     /// wrong with it — never its value.
     pub fn resolve(&self) -> Result<SecretKeys, super::ConfigError> {
         self.resolved()
