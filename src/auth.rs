@@ -16,6 +16,7 @@
 
 mod oidc;
 
+pub(crate) use crate::config::looks_like_jwt;
 pub(crate) use oidc::{Oidc, TokenError};
 
 use std::collections::{HashMap, HashSet};
@@ -233,16 +234,6 @@ impl KeyStore {
         sans.into_iter()
             .find_map(|n| self.by_identity.get(n).cloned())
     }
-}
-
-/// Whether a credential is shaped like a JWT (compact JWS): `eyJ` (a JSON object's first
-/// bytes in base64url), three base64url segments separated by two dots.
-pub(crate) fn looks_like_jwt(value: &[u8]) -> bool {
-    value.starts_with(b"eyJ")
-        && value.iter().filter(|&&b| b == b'.').count() == 2
-        && value
-            .iter()
-            .all(|&b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
 }
 
 impl KeyStore {

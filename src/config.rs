@@ -19,9 +19,10 @@ mod server;
 mod store;
 
 pub use agents::{AgentConfig, AgentLimits, ApiKeyConfig, EchoConfig, OpenAiConfig, TckConfig};
+pub(crate) use auth::looks_like_jwt;
 pub use auth::{
     AuthConfig, CardSigningConfig, CardsConfig, CertificateConfig, OidcConfig, SecretKeys,
-    SecretsConfig,
+    SecretsConfig, TelemetryConfig,
 };
 pub use server::{ServerConfig, TlsConfig, WebhooksConfig};
 pub use store::{ClusterConfig, ClusterEngine, NodeLoss, StoreBackend, StoreConfig};
@@ -76,6 +77,9 @@ pub struct Config {
     /// `[secrets]`: the key that seals secrets at rest.
     #[serde(default)]
     pub secrets: SecretsConfig,
+    /// `[telemetry]`: OpenTelemetry trace export.
+    #[serde(default)]
+    pub telemetry: TelemetryConfig,
     /// `[[agents]]`; empty means the built-in `echo` agent.
     #[serde(default)]
     pub agents: Vec<AgentConfig>,
@@ -197,6 +201,7 @@ impl Default for Config {
             auth: AuthConfig::default(),
             cards: CardsConfig::default(),
             secrets: SecretsConfig::default(),
+            telemetry: TelemetryConfig::default(),
             agents: vec![AgentConfig::new(Self::DEFAULT_AGENT_ID)],
         }
     }

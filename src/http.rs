@@ -83,13 +83,23 @@ pub(crate) async fn handle(
     {
         req.headers_mut().insert(header::HOST, v);
     }
+    if crate::telemetry::on() {
+        // Traced: the whole request in a span whose parent is the caller's `traceparent`.
+        let span = crate::telemetry::request_span(req.headers(), req.uri().path());
+        return Ok(Box::pin(routed(app, req)).instrument(span).await);
+    }
+    Ok(routed(app, req).await)
+}
+
+/// Routes one request: gRPC by its content type, the rest by path.
+async fn routed(app: Arc<App>, req: Request<Incoming>) -> Response<Body> {
     if grpc::is_grpc(&req) {
         // Boxed: a gRPC call's future is large, and an unboxed one would make every
         // request's future that large (moved several times per request).
-        return Ok(Box::pin(grpc::serve(app, req)).await);
+        return Box::pin(grpc::serve(app, req)).await;
     }
     let path = req.uri().path();
-    let response = if path == "/metrics" {
+    if path == "/metrics" {
         match *req.method() {
             Method::GET | Method::HEAD => prometheus::response(&app),
             _ => method_not_allowed("GET, HEAD"),
@@ -125,8 +135,7 @@ pub(crate) async fn handle(
         }
     } else {
         not_found_path()
-    };
-    Ok(response)
+    }
 }
 
 /// What a path under the endpoint prefix names.
@@ -600,6 +609,14 @@ async fn observed<T: Outcome>(
     cx.agent.metrics.requests(1);
     let started = std::time::Instant::now();
     let slot = app.requests.slot(dialect, binding, method);
+    // Traced: the request's span (made in `handle`) learns what the call was.
+    let traced = crate::telemetry::on().then(|| {
+        let request = tracing::Span::current();
+        request.record("rpc.system", binding.name());
+        request.record("rpc.method", method.unwrap_or("-"));
+        request.record("a2a.agent.id", cx.agent_id.as_str());
+        request
+    });
     let span = tracing::debug_span!(
         "rpc",
         dialect = dialect.name(),
@@ -611,6 +628,15 @@ async fn observed<T: Outcome>(
     );
     let reply = work.instrument(span.clone()).await;
     let code = reply.code();
+    if let Some(request) = traced {
+        match code {
+            None => request.record("otel.status_code", "OK"),
+            Some(c) => {
+                request.record("a2a.error.code", c);
+                request.record("otel.status_code", "ERROR")
+            }
+        };
+    }
     match code {
         None => span.record("outcome", "ok"),
         Some(c) => span.record("outcome", c),

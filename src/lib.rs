@@ -60,6 +60,7 @@ pub mod proto {
 mod server;
 mod store;
 mod stream;
+pub mod telemetry;
 mod validate;
 mod webhook;
 

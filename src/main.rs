@@ -93,13 +93,6 @@ fn tune_allocator() {
 
 async fn serve() -> ExitCode {
     let cli = Cli::parse();
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
-        )
-        .with_writer(std::io::stderr)
-        .init();
-
     let loaded = match &cli.config {
         Some(path) => Config::load(path),
         None => Ok(Config::default()),
@@ -121,7 +114,39 @@ async fn serve() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    // Logs to stderr (`RUST_LOG`), and — with `[telemetry] otlp_endpoint` — the trace
+    // spans to the collector (docs/CONFIG.md): each layer with its own filter.
+    let telemetry = match a2ad::telemetry::Telemetry::start(&config.telemetry) {
+        Ok(t) => t,
+        Err(e) => {
+            eprintln!("a2ad: configuration error: key `telemetry.otlp_endpoint`: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    {
+        use tracing_subscriber::Layer as _;
+        use tracing_subscriber::layer::SubscriberExt as _;
+        use tracing_subscriber::util::SubscriberInitExt as _;
+        let logs = tracing_subscriber::fmt::layer()
+            .with_writer(std::io::stderr)
+            .with_filter(
+                tracing_subscriber::EnvFilter::try_from_default_env()
+                    .unwrap_or_else(|_| "info".into()),
+            );
+        tracing_subscriber::registry()
+            .with(logs)
+            .with(telemetry.as_ref().map(a2ad::telemetry::Telemetry::layer))
+            .init();
+    }
+    let code = run(config).await;
+    if let Some(t) = telemetry {
+        // The last spans go out before the process ends (the exporter's own thread).
+        let _ = tokio::task::spawn_blocking(move || t.shutdown()).await;
+    }
+    code
+}
 
+async fn run(config: a2ad::Config) -> ExitCode {
     raise_open_file_limit();
     let store = match (&config.cluster, config.store.backend) {
         (Some(c), _) => format!(

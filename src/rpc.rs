@@ -303,7 +303,11 @@ impl CallContext {
 
     /// Names the call's task in the request's span (for following it through the logs).
     pub(crate) fn task(&self, task: &TaskId) {
-        tracing::Span::current().record("task", task.as_str());
+        let span = tracing::Span::current();
+        span.record("task", task.as_str());
+        if crate::telemetry::on() {
+            span.record("a2a.task.id", task.as_str());
+        }
     }
 }
 

@@ -121,13 +121,6 @@ impl Server {
             Some(settings) => Some(Arc::new(Tls::load(settings)?)),
             None => None,
         };
-        let durable =
-            config.cluster.is_some() || config.store.backend != crate::config::StoreBackend::Memory;
-        if durable && config.secrets.resolve().is_ok_and(|k| k.current.is_none()) {
-            tracing::warn!(
-                "no [secrets] key (or A2AD_SECRETS_KEY): push-configuration secrets, tokens and header values are stored in clear"
-            );
-        }
         let card_signer = match &config.cards.signing {
             Some(settings) => Some(Arc::new(crate::rpc::a2a::card::CardSigner::load(settings)?)),
             None => None,
@@ -143,6 +136,14 @@ impl Server {
             .renderers(crate::rpc::payload_renderers())
             .start()
             .await?;
+        // Said once the store is open (a store that refuses the start says only that).
+        let durable =
+            config.cluster.is_some() || config.store.backend != crate::config::StoreBackend::Memory;
+        if durable && config.secrets.resolve().is_ok_and(|k| k.current.is_none()) {
+            tracing::warn!(
+                "no [secrets] key (or A2AD_SECRETS_KEY): push-configuration secrets, tokens and header values are stored in clear"
+            );
+        }
         let s = &config.server;
         let local_addr = listener.local_addr()?;
         let app = Arc::new(App {

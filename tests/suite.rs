@@ -32,5 +32,6 @@ mod store_damage;
 mod store_restart;
 mod streaming;
 mod tasks;
+mod telemetry;
 mod tls;
 mod webhooks;

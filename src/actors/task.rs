@@ -155,6 +155,8 @@ pub(crate) struct TaskArgs {
     pub(crate) restored: Option<(Arc<TaskSnapshot>, Vec<Arc<TaskEvent>>)>,
     /// Why it was read back (what a restored working task becomes).
     pub(crate) why: Orphan,
+    /// The task's trace span (`crate::telemetry`), when traces are exported.
+    pub(crate) span: Option<tracing::Span>,
 }
 
 /// A reply that waits until every event emitted before it is durable.
@@ -215,6 +217,8 @@ pub(crate) struct TaskActorState {
     /// The agent answered during this turn and its answer is next in the mailbox: this
     /// turn's writes wait for it, so that they go to the store in one batch.
     hold: bool,
+    /// The task's trace span, from submit to the end of the actor (`crate::telemetry`).
+    span: Option<tracing::Span>,
 }
 
 // === impl TaskActor ===
@@ -264,6 +268,7 @@ impl Actor for TaskActor {
             flow_events: VecDeque::new(),
             pending: Vec::with_capacity(4),
             hold: false,
+            span: args.span,
         };
         state.follow(args.follow);
         let submitted = || std::sync::atomic::Ordering::Relaxed;
@@ -466,6 +471,9 @@ impl Actor for TaskActor {
     ) -> Result<(), ActorProcessingErr> {
         state.cancel.cancel();
         state.link.flow.close();
+        if let Some(span) = state.span.take() {
+            span.record("a2a.task.state", state.status.state.as_str());
+        }
         Ok(())
     }
 }

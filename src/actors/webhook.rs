@@ -340,6 +340,25 @@ async fn send(args: &WebhookArgs, d: &Delivery) -> Outcome {
         };
         req = req.header("authorization", value);
     }
+    // Traced: the attempt is a span of its task's trace, and its request carries it.
+    let traced = crate::telemetry::on().then(|| {
+        let span = tracing::trace_span!(
+            target: crate::telemetry::TARGET,
+            "a2a.webhook.delivery",
+            otel.kind = "client",
+            a2a.task.id = d.key.task.task.as_str(),
+            a2a.webhook.delivery.id = %d.id,
+            a2a.webhook.event = payload.event.as_str(),
+            a2a.webhook.attempt = d.attempt,
+            http.response.status_code = tracing::field::Empty,
+        );
+        crate::telemetry::child_of(crate::telemetry::task_trace(&d.key.task), span)
+    });
+    if let Some(span) = &traced {
+        let mut headers = hyper::HeaderMap::new();
+        crate::telemetry::inject(span, &mut headers);
+        req = req.headers(headers);
+    }
     let body = payload.body;
     if let Some(secret) = &config.secret {
         req = req.header(
@@ -349,6 +368,9 @@ async fn send(args: &WebhookArgs, d: &Delivery) -> Outcome {
     }
     match req.body(body).send().await {
         Ok(resp) => {
+            if let Some(span) = &traced {
+                span.record("http.response.status_code", resp.status().as_u16());
+            }
             let retry_after = resp
                 .headers()
                 .get("retry-after")

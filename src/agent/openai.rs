@@ -111,6 +111,12 @@ impl OpenAiAgent {
         if let Some(key) = &self.key {
             req = req.bearer_auth(key);
         }
+        if crate::telemetry::on() {
+            // The run's span (`a2a.agent.run`) travels with the upstream call.
+            let mut headers = hyper::HeaderMap::new();
+            crate::telemetry::inject_current(&mut headers);
+            req = req.headers(headers);
+        }
         let mut resp = req.send().await.map_err(|e| {
             if e.is_connect() {
                 AgentError::new("upstream connection failed: the model server is unreachable")

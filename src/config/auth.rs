@@ -1,5 +1,6 @@
 //! `[auth]`: credentials besides `[[api_keys]]` — client certificates (mTLS) and OpenID
-//! Connect bearer tokens.
+//! Connect bearer tokens; and the other production settings: `[cards]` (signing),
+//! `[secrets]` (sealing at rest), `[telemetry]` (OpenTelemetry).
 
 use std::time::Duration;
 
@@ -314,4 +315,39 @@ fn decode_key(name: &str, text: &str, from: &str) -> Result<[u8; 32], (String, S
                 ),
             )
         })
+}
+
+/// `[telemetry]`: OpenTelemetry traces exported over OTLP. Off (and free) unless
+/// `otlp_endpoint` is set.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TelemetryConfig {
+    /// The collector's OTLP/HTTP base URL (`http://host:4318`); traces go to
+    /// `{otlp_endpoint}/v1/traces` as protobuf.
+    pub otlp_endpoint: Option<String>,
+    /// `service.name` of the exported spans.
+    pub service_name: String,
+    /// The share of traces started here that are sampled (0 to 1); a request that carries
+    /// a `traceparent` follows its caller's decision.
+    pub sampling_ratio: f64,
+}
+
+impl Default for TelemetryConfig {
+    fn default() -> Self {
+        Self {
+            otlp_endpoint: None,
+            service_name: "a2ad".to_string(),
+            sampling_ratio: 1.0,
+        }
+    }
+}
+
+/// Whether a credential is shaped like a JWT (compact JWS): `eyJ` (a JSON object's first
+/// bytes in base64url), three base64url segments separated by two dots.
+pub(crate) fn looks_like_jwt(value: &[u8]) -> bool {
+    value.starts_with(b"eyJ")
+        && value.iter().filter(|&&b| b == b'.').count() == 2
+        && value
+            .iter()
+            .all(|&b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
 }

@@ -71,7 +71,7 @@ pub(super) fn config(c: &mut Config) -> Result<(), ConfigError> {
     if !c.auth.oidc.is_empty() {
         // A bearer value shaped like a JWT is taken for a token: no key may look like one.
         for (i, k) in c.api_keys.iter().enumerate() {
-            if crate::auth::looks_like_jwt(k.key.as_bytes()) {
+            if super::looks_like_jwt(k.key.as_bytes()) {
                 return Err(ConfigError::key(
                     format!("api_keys[{i}].key"),
                     "with [[auth.oidc]] configured a key must not look like a JWT (\"eyJ…\" with two dots): it would be taken for a token",
@@ -80,6 +80,28 @@ pub(super) fn config(c: &mut Config) -> Result<(), ConfigError> {
         }
     }
     c.secrets.resolve()?;
+    let t = &c.telemetry;
+    if let Some(endpoint) = &t.otlp_endpoint
+        && !url::Url::parse(endpoint)
+            .is_ok_and(|u| matches!(u.scheme(), "http" | "https") && u.host().is_some())
+    {
+        return Err(ConfigError::key(
+            "telemetry.otlp_endpoint",
+            format!("{endpoint:?} is not an http(s) URL such as \"http://127.0.0.1:4318\""),
+        ));
+    }
+    if t.service_name.is_empty() || t.service_name.len() > 256 {
+        return Err(ConfigError::key(
+            "telemetry.service_name",
+            "must be 1 to 256 bytes",
+        ));
+    }
+    if !(t.sampling_ratio.is_finite() && (0.0..=1.0).contains(&t.sampling_ratio)) {
+        return Err(ConfigError::key(
+            "telemetry.sampling_ratio",
+            "must be a number from 0 to 1",
+        ));
+    }
     if let Some(signing) = &c.cards.signing {
         let k = |name: &str| format!("cards.signing.{name}");
         if signing.key_file.trim().is_empty() {

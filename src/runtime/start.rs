@@ -263,6 +263,7 @@ impl Runtime {
             follow: Follow::Nobody,
             restored: Some((r.task.clone(), r.events)),
             why: r.why,
+            span: None,
         };
         match Actor::spawn_linked(None, TaskActor, args, self.supervisor.get_cell()).await {
             Ok((actor, _)) => {

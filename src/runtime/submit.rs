@@ -97,6 +97,8 @@ impl Runtime {
             follow,
             restored: None,
             why: crate::store::Orphan::Restart,
+            span: crate::telemetry::on()
+                .then(|| crate::telemetry::task_span(&key, context_id.as_str())),
         };
         let mut push = InlinePush::checked(
             &self.shared.store,

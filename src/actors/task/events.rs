@@ -64,7 +64,12 @@ impl TaskActorState {
         let writes = std::mem::take(&mut self.pending);
         let seq = self.events.len() as u64;
         let me = myself.clone();
+        // Traced: a span from the append to durability, ended as the continuation runs.
+        let commit = self.span.as_ref().map(|task| {
+            tracing::trace_span!(target: crate::telemetry::TARGET, parent: task, "a2a.store.commit", a2a.store.writes = writes.len())
+        });
         let then = Box::new(move |committed: Committed| {
+            drop(commit);
             let _ = me.cast(TaskMsg::Durable(seq, committed));
         });
         if let Durable::Now(committed) = self.shared.store.append(writes, Some(then)) {

@@ -84,14 +84,24 @@ impl TaskActorState {
             Instant::now()
         };
         let deadline = tokio::time::Instant::from_std(from) + timeout;
-        let mut driver = Box::pin(drive(
+        let driver = drive(
             self.link.clone(),
             self.agent.clone(),
             admission,
             request,
             deadline,
             self.generation,
-        ));
+        );
+        // Traced: the run in a span of its own, so the backend's upstream calls carry it.
+        let mut driver: std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>> =
+            match &self.span {
+                Some(task) => {
+                    use tracing::Instrument as _;
+                    let run = tracing::trace_span!(target: crate::telemetry::TARGET, parent: task, "a2a.agent.run", a2a.agent.id = self.agent.config.id.as_str());
+                    Box::pin(driver.instrument(run))
+                }
+                None => Box::pin(driver),
+            };
         // The driver's first poll runs here, in this turn of the actor: an agent that
         // answers at once has its `Ran` in the mailbox before this turn ends, with no task
         // spawned and no wake-up. One that does not is handed to tokio, whose first poll

@@ -1,0 +1,249 @@
+//! OpenTelemetry traces end to end: the real binary with `[telemetry] otlp_endpoint` set to
+//! a local OTLP/HTTP receiver (decoded with the OTLP protobuf types), a client that sends a
+//! `traceparent`, an OpenAI-compatible upstream and a webhook receiver. One trace must run
+//! from the client's span through the request, the task, a store commit, the agent's run
+//! (whose upstream call carries the trace) and a webhook delivery (whose request carries
+//! it too).
+
+use crate::support;
+
+use std::convert::Infallible;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::{BodyExt as _, Full};
+use hyper::service::service_fn;
+use hyper::{Request, Response};
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
+use prost::Message as _;
+use serde_json::json;
+use support::binary::Binary;
+use support::receiver::Receiver;
+use support::upstream::{Mode, Upstream};
+
+/// One exported span: name, trace id, span id, parent span id (hex), attributes.
+#[derive(Clone, Debug)]
+struct Exported {
+    name: String,
+    trace: String,
+    id: String,
+    parent: String,
+    attributes: Vec<(String, String)>,
+}
+
+impl Exported {
+    fn attribute(&self, key: &str) -> Option<&str> {
+        self.attributes
+            .iter()
+            .find(|(k, _)| k == key)
+            .map(|(_, v)| v.as_str())
+    }
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// A local OTLP/HTTP receiver: decodes every `POST /v1/traces` it gets.
+async fn otlp_receiver() -> (String, Arc<Mutex<Vec<Exported>>>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let url = format!("http://{}", listener.local_addr().expect("addr"));
+    let spans: Arc<Mutex<Vec<Exported>>> = Arc::default();
+    let kept = spans.clone();
+    tokio::spawn(async move {
+        loop {
+            let Ok((tcp, _)) = listener.accept().await else {
+                return;
+            };
+            let kept = kept.clone();
+            tokio::spawn(async move {
+                let svc = service_fn(move |req: Request<hyper::body::Incoming>| {
+                    let kept = kept.clone();
+                    async move {
+                        let path = req.uri().path().to_string();
+                        let body = req.into_body().collect().await.map(|b| b.to_bytes());
+                        if path == "/v1/traces"
+                            && let Ok(body) = body
+                            && let Ok(export) = ExportTraceServiceRequest::decode(body)
+                        {
+                            let mut kept = kept.lock().expect("lock");
+                            for rs in export.resource_spans {
+                                for ss in rs.scope_spans {
+                                    for s in ss.spans {
+                                        let attributes = s
+                                            .attributes
+                                            .iter()
+                                            .map(|kv| {
+                                                let v = kv
+                                                    .value
+                                                    .as_ref()
+                                                    .and_then(|v| v.value.as_ref())
+                                                    .map(|v| {
+                                                        use opentelemetry_proto::tonic::common::v1::any_value::Value as V;
+                                                        match v {
+                                                            V::StringValue(s) => s.clone(),
+                                                            V::IntValue(i) => i.to_string(),
+                                                            V::BoolValue(b) => b.to_string(),
+                                                            other => format!("{other:?}"),
+                                                        }
+                                                    })
+                                                    .unwrap_or_default();
+                                                (kv.key.clone(), v)
+                                            })
+                                            .collect();
+                                        kept.push(Exported {
+                                            name: s.name,
+                                            trace: hex(&s.trace_id),
+                                            id: hex(&s.span_id),
+                                            parent: hex(&s.parent_span_id),
+                                            attributes,
+                                        });
+                                    }
+                                }
+                            }
+                        }
+                        Ok::<_, Infallible>(Response::new(Full::new(Bytes::new())))
+                    }
+                });
+                let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
+                    .serve_connection(TokioIo::new(tcp), svc)
+                    .await;
+            });
+        }
+    });
+    (url, spans)
+}
+
+#[tokio::test]
+async fn one_trace_runs_from_the_client_through_task_store_webhook_and_upstream() {
+    let (otlp, spans) = otlp_receiver().await;
+    let upstream = Upstream::start(Mode::Json("traced reply".into())).await;
+    let hooks = Receiver::ok().await;
+    let key = "key-telemetry-0123456789";
+    let config = format!(
+        "[telemetry]\notlp_endpoint = \"{otlp}\"\nservice_name = \"a2ad-test\"\n\
+         [webhooks]\nallow_private_networks = true\n\
+         [[api_keys]]\nname = \"alice\"\nkey = \"{key}\"\n\
+         [[agents]]\nid = \"llm\"\nbackend = \"openai\"\n\
+         [agents.openai]\nbase_url = \"{}\"\nmodel = \"m\"\n",
+        upstream.base_url
+    );
+    let bin = Binary::start(&config, &[], &[]);
+    let client = reqwest::Client::new();
+    let post = |body: serde_json::Value, traceparent: Option<&str>| {
+        let mut req = client
+            .post(format!("{}/api/v1/a2a/llm", bin.base))
+            .header("x-api-key", key)
+            .header("content-type", "application/json")
+            .body(body.to_string());
+        if let Some(tp) = traceparent {
+            req = req.header("traceparent", tp);
+        }
+        req.send()
+    };
+    let set = post(
+        json!({"jsonrpc": "2.0", "id": 1, "method": "tasks/pushNotificationConfig/set",
+               "params": {"config": {"url": hooks.url}}}),
+        None,
+    )
+    .await
+    .expect("set");
+    assert_eq!(set.status(), 200);
+
+    let trace = "4bf92f3577b34da6a3ce929d0e0e4736";
+    let client_span = "00f067aa0ba902b7";
+    let sent: serde_json::Value = post(
+        json!({"jsonrpc": "2.0", "id": 2, "method": "message/send",
+               "params": support::send_params("trace me", json!({}))}),
+        Some(&format!("00-{trace}-{client_span}-01")),
+    )
+    .await
+    .expect("send")
+    .json()
+    .await
+    .expect("json");
+    assert_eq!(sent["result"]["status"]["state"], "completed", "{sent}");
+    let task = sent["result"]["id"].as_str().expect("id").to_string();
+    let deliveries = hooks.wait_for(3).await;
+    let (code, _log) = bin.stop();
+    assert_eq!(code, 0);
+
+    // The upstream call and every webhook delivery carried the trace.
+    let upstream_seen = upstream.requests.lock().expect("lock").clone();
+    assert!(
+        upstream_seen.iter().any(|(h, _)| h
+            .get("traceparent")
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|v| v.contains(trace))),
+        "the upstream call carries the trace"
+    );
+    for d in &deliveries {
+        assert!(
+            d.header("traceparent").contains(trace),
+            "a delivery carries the trace"
+        );
+    }
+
+    // The exporter flushed at exit; the receiver may still be decoding the last batch.
+    let spans = support::poll_until(Duration::from_secs(30), || {
+        let spans = spans.clone();
+        async move {
+            let all = spans.lock().expect("lock").clone();
+            let names: Vec<&str> = all
+                .iter()
+                .filter(|s| s.trace == trace)
+                .map(|s| s.name.as_str())
+                .collect();
+            [
+                "a2a.request",
+                "a2a.task",
+                "a2a.store.commit",
+                "a2a.agent.run",
+                "a2a.webhook.delivery",
+            ]
+            .iter()
+            .all(|n| names.contains(n))
+            .then_some(all)
+        }
+    })
+    .await;
+    let ours: Vec<&Exported> = spans.iter().filter(|s| s.trace == trace).collect();
+    let one = |name: &str| {
+        *ours
+            .iter()
+            .find(|s| s.name == name)
+            .unwrap_or_else(|| panic!("no {name} span: {ours:?}"))
+    };
+    let request = one("a2a.request");
+    assert_eq!(
+        request.parent, client_span,
+        "the request's parent is the client's span"
+    );
+    assert_eq!(request.attribute("rpc.method"), Some("message/send"));
+    assert_eq!(request.attribute("a2a.agent.id"), Some("llm"));
+    let task_span = one("a2a.task");
+    assert_eq!(
+        task_span.parent, request.id,
+        "the task is a child of the request"
+    );
+    assert_eq!(task_span.attribute("a2a.task.id"), Some(task.as_str()));
+    assert_eq!(task_span.attribute("a2a.task.state"), Some("completed"));
+    for name in ["a2a.store.commit", "a2a.agent.run", "a2a.webhook.delivery"] {
+        assert!(
+            ours.iter()
+                .any(|s| s.name == name && s.parent == task_span.id),
+            "a {name} span under the task: {ours:?}"
+        );
+    }
+    // The configuration's own request (no traceparent) is a trace of its own.
+    assert!(
+        spans
+            .iter()
+            .any(|s| s.name == "a2a.request" && s.trace != trace && s.parent.is_empty()),
+        "a request without traceparent starts its own trace"
+    );
+}
