@@ -614,6 +614,7 @@ async fn observed<T: Outcome>(
         let request = tracing::Span::current();
         request.record("rpc.system", binding.name());
         request.record("rpc.method", method.unwrap_or("-"));
+        request.record("a2a.protocol.dialect", dialect.name());
         request.record("a2a.agent.id", cx.agent_id.as_str());
         request
     });
@@ -630,9 +631,12 @@ async fn observed<T: Outcome>(
     let code = reply.code();
     if let Some(request) = traced {
         match code {
-            None => request.record("otel.status_code", "OK"),
+            None => {
+                request.record("rpc.response.status_code", "OK");
+                request.record("otel.status_code", "OK")
+            }
             Some(c) => {
-                request.record("a2a.error.code", c);
+                request.record("rpc.response.status_code", c.to_string());
                 request.record("otel.status_code", "ERROR")
             }
         };

@@ -307,6 +307,11 @@ impl CallContext {
         span.record("task", task.as_str());
         if crate::telemetry::on() {
             span.record("a2a.task.id", task.as_str());
+            crate::telemetry::link_current_to_task(&crate::model::TaskKey {
+                principal: self.caller.principal.clone(),
+                agent: self.agent_id.clone(),
+                task: task.clone(),
+            });
         }
     }
 }

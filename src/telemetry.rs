@@ -9,7 +9,7 @@
 //! - `a2a.request` — each request on every dialect and binding, its parent the caller's
 //!   `traceparent`/`tracestate`; the method, agent and task once known, and the outcome;
 //! - `a2a.task` — one task from submit to its final state, a child of the request that
-//!   submitted it;
+//!   submitted it; the later requests about the task (get, cancel, subscribe) link to it;
 //! - `a2a.store.commit` — a task's write from the append to durability;
 //! - `a2a.webhook.delivery` — each delivery attempt, a child of its task, its request
 //!   carrying the trace (`traceparent`);
@@ -140,10 +140,11 @@ pub(crate) fn request_span(headers: &HeaderMap, path: &str) -> tracing::Span {
         url.path = path,
         rpc.system = tracing::field::Empty,
         rpc.method = tracing::field::Empty,
+        rpc.response.status_code = tracing::field::Empty,
+        a2a.protocol.dialect = tracing::field::Empty,
         a2a.agent.id = tracing::field::Empty,
         a2a.task.id = tracing::field::Empty,
         otel.status_code = tracing::field::Empty,
-        a2a.error.code = tracing::field::Empty,
     );
     let parent =
         opentelemetry::global::get_text_map_propagator(|p| p.extract(&HeaderExtractor(headers)));
@@ -203,6 +204,13 @@ pub(crate) fn task_span(key: &crate::model::TaskKey, context: &str) -> tracing::
 /// The trace context of a task's span, if it is known.
 pub(crate) fn task_trace(key: &crate::model::TaskKey) -> Option<opentelemetry::Context> {
     TASKS.get(&task_key(key)).map(|c| c.clone())
+}
+
+/// Links the current span (a request about a task) to the task's span, when known.
+pub(crate) fn link_current_to_task(key: &crate::model::TaskKey) {
+    if let Some(cx) = task_trace(key) {
+        tracing::Span::current().add_link(cx.span().span_context().clone());
+    }
 }
 
 /// A span whose parent is a task's trace context (or none: a trace of its own).

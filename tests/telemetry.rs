@@ -31,6 +31,8 @@ struct Exported {
     id: String,
     parent: String,
     attributes: Vec<(String, String)>,
+    /// The spans it links to: (trace id, span id).
+    links: Vec<(String, String)>,
 }
 
 impl Exported {
@@ -95,7 +97,13 @@ async fn otlp_receiver() -> (String, Arc<Mutex<Vec<Exported>>>) {
                                                 (kv.key.clone(), v)
                                             })
                                             .collect();
+                                        let links = s
+                                            .links
+                                            .iter()
+                                            .map(|l| (hex(&l.trace_id), hex(&l.span_id)))
+                                            .collect();
                                         kept.push(Exported {
+                                            links,
                                             name: s.name,
                                             trace: hex(&s.trace_id),
                                             id: hex(&s.span_id),
@@ -169,6 +177,15 @@ async fn one_trace_runs_from_the_client_through_task_store_webhook_and_upstream(
     assert_eq!(sent["result"]["status"]["state"], "completed", "{sent}");
     let task = sent["result"]["id"].as_str().expect("id").to_string();
     let deliveries = hooks.wait_for(3).await;
+    // A later request about the task, in a trace of its own: linked to the task's span.
+    let later = "0af7651916cd43dd8448eb211c80319c";
+    let got = post(
+        json!({"jsonrpc": "2.0", "id": 3, "method": "tasks/get", "params": {"id": task}}),
+        Some(&format!("00-{later}-b7ad6b7169203331-01")),
+    )
+    .await
+    .expect("get");
+    assert_eq!(got.status(), 200);
     let (code, _log) = bin.stop();
     assert_eq!(code, 0);
 
@@ -198,7 +215,8 @@ async fn one_trace_runs_from_the_client_through_task_store_webhook_and_upstream(
                 .filter(|s| s.trace == trace)
                 .map(|s| s.name.as_str())
                 .collect();
-            [
+            let later_seen = all.iter().any(|s| s.trace == later);
+            ([
                 "a2a.request",
                 "a2a.task",
                 "a2a.store.commit",
@@ -207,7 +225,8 @@ async fn one_trace_runs_from_the_client_through_task_store_webhook_and_upstream(
             ]
             .iter()
             .all(|n| names.contains(n))
-            .then_some(all)
+                && later_seen)
+                .then_some(all)
         }
     })
     .await;
@@ -225,6 +244,7 @@ async fn one_trace_runs_from_the_client_through_task_store_webhook_and_upstream(
     );
     assert_eq!(request.attribute("rpc.method"), Some("message/send"));
     assert_eq!(request.attribute("a2a.agent.id"), Some("llm"));
+    assert_eq!(request.attribute("rpc.response.status_code"), Some("OK"));
     let task_span = one("a2a.task");
     assert_eq!(
         task_span.parent, request.id,
@@ -239,6 +259,16 @@ async fn one_trace_runs_from_the_client_through_task_store_webhook_and_upstream(
             "a {name} span under the task: {ours:?}"
         );
     }
+    let get = spans
+        .iter()
+        .find(|s| s.trace == later && s.name == "a2a.request")
+        .expect("the later request's span");
+    assert_eq!(get.attribute("a2a.task.id"), Some(task.as_str()));
+    assert!(
+        get.links
+            .contains(&(trace.to_string(), task_span.id.clone())),
+        "the later request links to the task's span: {get:?}"
+    );
     // The configuration's own request (no traceparent) is a trace of its own.
     assert!(
         spans
