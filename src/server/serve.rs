@@ -282,14 +282,6 @@ pub(super) async fn serve_connection(
     let activity = Activity::new();
     let watchdog = conn::watchdog(&activity, limits, &slots.pressure);
     tokio::pin!(watchdog);
-    let closed_by = |why: Closed| {
-        let counter = match why {
-            Closed::FirstByte => &metrics.closed_first_byte,
-            Closed::WriteStalled => &metrics.closed_write_stalled,
-            Closed::Idle => &metrics.closed_idle,
-        };
-        counter.fetch_add(1, Relaxed);
-    };
     if let Some(tls) = tls {
         // The handshake as a whole is bounded like a request head after its first byte
         // (the watchdog bounds the wait for that byte).
@@ -298,8 +290,8 @@ pub(super) async fn serve_connection(
             tls.acceptor()
                 .accept(Tracked::new(tcp, activity.clone(), true)),
         );
-        let stream = tokio::select! {
-            r = handshake => match r {
+        let handshake = async {
+            match handshake.await {
                 Ok(Ok(stream)) => Some(stream),
                 Ok(Err(e)) => {
                     metrics.closed_tls_handshake.fetch_add(1, Relaxed);
@@ -311,13 +303,9 @@ pub(super) async fn serve_connection(
                     tracing::debug!("connection closed: TLS handshake too slow");
                     None
                 }
-            },
-            why = watchdog.as_mut() => {
-                closed_by(why);
-                None
             }
-            _ = phase.wait_for(|p| *p >= Phase::Drain) => None,
         };
+        let stream = opening(handshake, watchdog.as_mut(), &mut phase, metrics).await;
         if let Some(stream) = stream {
             let session = stream.get_ref().1;
             // ALPN decides; a client that offers none speaks HTTP/1.1.
@@ -331,8 +319,8 @@ pub(super) async fn serve_connection(
             serve_protocol(io, h2, peer, &shared, &activity, watchdog, phase).await;
         }
     } else {
-        let h2 = tokio::select! {
-            choice = choose_protocol(&tcp, &activity, builder.header_read) => match choice {
+        let choice = async {
+            match choose_protocol(&tcp, &activity, builder.header_read).await {
                 Choice::Http1 => Some(false),
                 Choice::Http2 => Some(true),
                 Choice::Closed => None,
@@ -341,13 +329,9 @@ pub(super) async fn serve_connection(
                     tracing::debug!("connection closed: an unfinished HTTP/2 preface");
                     None
                 }
-            },
-            why = watchdog.as_mut() => {
-                closed_by(why);
-                None
             }
-            _ = phase.wait_for(|p| *p >= Phase::Drain) => None,
         };
+        let h2 = opening(choice, watchdog.as_mut(), &mut phase, metrics).await;
         if let Some(h2) = h2 {
             let io = TokioIo::new(Tracked::new(tcp, activity.clone(), !h2));
             serve_protocol(io, h2, None, &shared, &activity, watchdog, phase).await;
@@ -356,6 +340,29 @@ pub(super) async fn serve_connection(
     metrics.open.fetch_sub(1, Relaxed);
     drop(permit);
     slots.update();
+}
+
+/// A connection's opening (the TLS handshake, the protocol choice), unless the watchdog
+/// closes the connection (counted by its reason) or the server drains first.
+async fn opening<T>(
+    open: impl Future<Output = Option<T>>,
+    watchdog: Pin<&mut impl Future<Output = Closed>>,
+    phase: &mut watch::Receiver<Phase>,
+    metrics: &crate::metrics::ConnectionMetrics,
+) -> Option<T> {
+    tokio::select! {
+        opened = open => opened,
+        why = watchdog => {
+            let counter = match why {
+                Closed::FirstByte => &metrics.closed_first_byte,
+                Closed::WriteStalled => &metrics.closed_write_stalled,
+                Closed::Idle => &metrics.closed_idle,
+            };
+            counter.fetch_add(1, Relaxed);
+            None
+        }
+        _ = phase.wait_for(|p| *p >= Phase::Drain) => None,
+    }
 }
 
 /// Serves a connection in the protocol it opened with until it ends, the watchdog closes
