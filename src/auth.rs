@@ -181,7 +181,9 @@ impl KeyStore {
             if api_key.is_some_and(|k| k != token) {
                 return Err(AuthError::Conflict);
             }
-            let caller = oidc.verify(token).await.map_err(|e| {
+            // Boxed: a verification may wait for the issuer's keys, and its state must
+            // not make every request's future (keys included) that large.
+            let caller = Box::pin(oidc.verify(token)).await.map_err(|e| {
                 tracing::debug!(reason = e.message(), "bearer token refused");
                 AuthError::Token(e)
             })?;
