@@ -24,7 +24,7 @@ pub use auth::{
     AuthConfig, CardSigningConfig, CardsConfig, CertificateConfig, OidcConfig, SecretKeys,
     SecretsConfig, TelemetryConfig,
 };
-pub use server::{ServerConfig, TlsConfig, WebhooksConfig};
+pub use server::{ServerConfig, TlsConfig, UiConfig, WebhooksConfig};
 pub use store::{ClusterConfig, ClusterEngine, NodeLoss, StoreBackend, StoreConfig};
 
 /// The whole configuration: read with [`Config::load`] or [`Config::from_toml`], or built
@@ -80,6 +80,9 @@ pub struct Config {
     /// `[telemetry]`: OpenTelemetry trace export.
     #[serde(default)]
     pub telemetry: TelemetryConfig,
+    /// `[ui]`: the inspector at `/ui`.
+    #[serde(default)]
+    pub ui: UiConfig,
     /// `[[agents]]`; empty means the built-in `echo` agent.
     #[serde(default)]
     pub agents: Vec<AgentConfig>,
@@ -202,6 +205,7 @@ impl Default for Config {
             cards: CardsConfig::default(),
             secrets: SecretsConfig::default(),
             telemetry: TelemetryConfig::default(),
+            ui: UiConfig::default(),
             agents: vec![AgentConfig::new(Self::DEFAULT_AGENT_ID)],
         }
     }

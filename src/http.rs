@@ -19,16 +19,19 @@ use tracing::Instrument as _;
 
 mod body;
 mod card;
+mod ext;
 mod grpc;
 mod metrics;
 pub(crate) mod prometheus;
 mod respond;
 pub(crate) mod sse;
+mod ui;
 
 pub(crate) use body::Body;
 pub(crate) use metrics::{LATENCY_BUCKETS, RequestMetrics};
 pub(crate) use respond::{cors, error_response, json, method_not_allowed, preflight_official};
 use respond::{not_found_path, preflight, unauthorized};
+pub(crate) use ui::BUILT as UI_BUILT;
 
 use crate::auth::{KeyStore, PeerCertificate};
 use crate::limits::RateLimiter;
@@ -68,6 +71,8 @@ pub(crate) struct App {
     pub(crate) card_signer: Option<Arc<crate::rpc::a2a::card::CardSigner>>,
     /// When the server started (the cards' `Last-Modified`).
     pub(crate) started: chrono::DateTime<chrono::Utc>,
+    /// Serve the inspector at `/ui` (`[ui] enabled`).
+    pub(crate) ui: bool,
 }
 
 /// Handles one request. Never fails: every problem is an HTTP response.
@@ -120,6 +125,10 @@ async fn routed(app: Arc<App>, req: Request<Incoming>) -> Response<Body> {
             Method::OPTIONS => preflight(),
             _ => method_not_allowed("GET, HEAD"),
         }
+    } else if path == ext::AGENTS_PATH {
+        ext::agents(&app, req).await
+    } else if path == ui::PATH || path.starts_with(ui::PREFIX) {
+        ui::response(&app, &req)
     } else if path == card::WELL_KNOWN || path == card::WELL_KNOWN_SLASH {
         card::response(&app, None, &req)
     } else if let Some(rest) = path.strip_prefix(ENDPOINT_PREFIX) {
@@ -413,6 +422,13 @@ async fn rest_endpoint(
     };
     if !caller.may_use(&agent_id) {
         return refusal(&Refusal::Forbidden(agent_id));
+    }
+    if sub == ext::DELIVERIES_PATH {
+        // a2ad's own read (docs/PROTOCOL.md §11), rate-limited as every call.
+        if let Err(retry_after) = app.rate.try_acquire(&caller, agent.index) {
+            return refusal(&Refusal::RateLimited(retry_after));
+        }
+        return ext::deliveries(app, &caller, &agent_id, req.method(), req.uri().query());
     }
     let call = match rest::route(req.method(), sub, agent_id.as_str()) {
         RestRoute::Call(call) => call,

@@ -183,6 +183,9 @@ async fn run(config: a2ad::Config) -> ExitCode {
     }
     println!("store: {store}");
     println!("listening on {}://{addr}", server.scheme());
+    if server.serves_ui() {
+        println!("inspector: {}://{addr}/ui/", server.scheme());
+    }
     let handle = match server.serve() {
         Ok(h) => h,
         Err(e) => {

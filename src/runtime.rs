@@ -111,6 +111,20 @@ impl Runtime {
         self.webhooks.metrics()
     }
 
+    /// `principal`'s latest webhook attempts on `agent` (of `task` when given), newest
+    /// first, at most `limit`: this node's, since it started.
+    pub(crate) fn recent_deliveries(
+        &self,
+        principal: &Principal,
+        agent: &AgentId,
+        task: Option<&str>,
+        limit: usize,
+    ) -> Vec<Arc<crate::webhook::AttemptRecord>> {
+        self.webhooks
+            .recent()
+            .of(&(principal.clone(), agent.clone()), task, limit)
+    }
+
     /// The store's commits are failing: nothing new is acknowledged until they succeed.
     pub(crate) fn store_failing(&self) -> bool {
         self.shared.store.failing()

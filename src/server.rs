@@ -158,6 +158,7 @@ impl Server {
             https: tls.is_some(),
             card_signer,
             started: chrono::Utc::now(),
+            ui: config.ui.enabled,
         });
         Ok(Self {
             listener,
@@ -178,6 +179,12 @@ impl Server {
     /// `https` when the listener speaks TLS (`[server.tls]`), else `http`.
     pub fn scheme(&self) -> &'static str {
         if self.tls.is_some() { "https" } else { "http" }
+    }
+
+    /// Whether the inspector is served at `/ui/` (`[ui] enabled` and a build with the `ui`
+    /// feature).
+    pub fn serves_ui(&self) -> bool {
+        self.app.ui && crate::http::UI_BUILT
     }
 
     /// The generated development key, when no key is configured.

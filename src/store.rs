@@ -352,6 +352,8 @@ pub(crate) struct StoreStats {
     pub commits: u64,
     /// Writes committed.
     pub committed_writes: u64,
+    /// Time spent in committed batches (from the commit's start to durable), microseconds.
+    pub commit_micros: u64,
     /// The store file's size in bytes (0 in memory).
     pub file_bytes: u64,
     /// Commits are failing (and being retried); nothing new is acknowledged meanwhile.

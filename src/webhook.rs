@@ -2,6 +2,7 @@
 //! are retried, and the seam through which dialects render payloads. The delivering
 //! actors live in `actors::webhook`.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use hmac::{KeyInit, Mac};
@@ -141,6 +142,134 @@ pub(crate) struct Payload {
 pub(crate) trait PayloadRenderer: Send + Sync + 'static {
     /// The body of one attempt.
     fn render(&self, input: &PayloadInput<'_>) -> Payload;
+}
+
+/// How one attempt ended, as the recent-deliveries read shows it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum AttemptEnd {
+    /// The receiver took it (2xx).
+    Delivered,
+    /// It failed and will be tried again.
+    Retrying,
+    /// It failed for good (no attempts left, or not worth retrying).
+    Failed,
+    /// Not attempted: the configuration was deactivated.
+    Skipped,
+}
+
+impl AttemptEnd {
+    /// Its name on the wire.
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            Self::Delivered => "delivered",
+            Self::Retrying => "retrying",
+            Self::Failed => "failed",
+            Self::Skipped => "skipped",
+        }
+    }
+}
+
+/// One delivery attempt, kept for its owner's recent-deliveries read.
+#[derive(Clone, Debug)]
+pub(crate) struct AttemptRecord {
+    /// When the attempt ended.
+    pub at: chrono::DateTime<chrono::Utc>,
+    /// `X-Webhook-Delivery`: the same on every attempt of one delivery.
+    pub delivery: uuid::Uuid,
+    /// The task, as its owner names it.
+    pub task: String,
+    /// The push configuration's id.
+    pub config: String,
+    /// The target, redacted as reads show it.
+    pub url: String,
+    /// `X-Webhook-Event`.
+    pub event: String,
+    /// This attempt's number, from 1.
+    pub attempt: u32,
+    /// Attempts in all.
+    pub max_attempts: u32,
+    /// How it ended.
+    pub end: AttemptEnd,
+    /// The receiver's HTTP status, when it answered.
+    pub status: Option<u16>,
+    /// Why it failed without an answer (time-out, connection, refused address).
+    pub error: Option<String>,
+    /// From the request's start to its answer (or failure).
+    pub latency: Duration,
+    /// When the next attempt is due (`Retrying` only).
+    pub next_attempt: Option<chrono::DateTime<chrono::Utc>>,
+}
+
+impl AttemptRecord {
+    /// The status and error of an outcome.
+    pub(crate) fn outcome_fields(outcome: &Outcome) -> (Option<u16>, Option<String>) {
+        match outcome {
+            Outcome::Status(s, _) => (Some(*s), None),
+            Outcome::Timeout => (None, Some("timeout".into())),
+            Outcome::Connect(e) => (None, Some(format!("connection failed: {e}"))),
+            Outcome::Refused(e) => (None, Some(format!("address refused: {e}"))),
+        }
+    }
+}
+
+/// The latest delivery attempts of each owner (principal and agent), in memory, bounded:
+/// at most [`RecentDeliveries::PER_OWNER`] attempts an owner (the oldest go first) and
+/// [`RecentDeliveries::OWNERS`] owners (the one whose latest attempt is oldest goes
+/// first). Written by the webhook actors (a short lock, no I/O), read by the owner's
+/// recent-deliveries request. Not kept across restarts; on a cluster, each node keeps the
+/// attempts it made.
+#[derive(Default)]
+pub(crate) struct RecentDeliveries {
+    owners: std::sync::Mutex<
+        std::collections::HashMap<
+            (crate::model::Principal, AgentId),
+            std::collections::VecDeque<Arc<AttemptRecord>>,
+        >,
+    >,
+}
+
+impl RecentDeliveries {
+    /// Attempts kept per owner.
+    pub(crate) const PER_OWNER: usize = 200;
+    /// Owners kept.
+    pub(crate) const OWNERS: usize = 4096;
+
+    /// Keeps one attempt of `owner`.
+    pub(crate) fn record(&self, owner: (crate::model::Principal, AgentId), record: AttemptRecord) {
+        let mut owners = self.owners.lock().unwrap_or_else(|e| e.into_inner());
+        if !owners.contains_key(&owner) && owners.len() >= Self::OWNERS {
+            let stalest = owners
+                .iter()
+                .min_by_key(|(_, q)| q.back().map(|r| r.at))
+                .map(|(k, _)| k.clone());
+            if let Some(k) = stalest {
+                owners.remove(&k);
+            }
+        }
+        let q = owners.entry(owner).or_default();
+        if q.len() >= Self::PER_OWNER {
+            q.pop_front();
+        }
+        q.push_back(Arc::new(record));
+    }
+
+    /// `owner`'s attempts, newest first, at most `limit`, only of `task` when given.
+    pub(crate) fn of(
+        &self,
+        owner: &(crate::model::Principal, AgentId),
+        task: Option<&str>,
+        limit: usize,
+    ) -> Vec<Arc<AttemptRecord>> {
+        let owners = self.owners.lock().unwrap_or_else(|e| e.into_inner());
+        owners.get(owner).map_or_else(Vec::new, |q| {
+            q.iter()
+                .rev()
+                .filter(|r| task.is_none_or(|t| r.task == t))
+                .take(limit)
+                .cloned()
+                .collect()
+        })
+    }
 }
 
 #[cfg(test)]

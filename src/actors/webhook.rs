@@ -28,7 +28,10 @@ use crate::metrics::WebhookMetrics;
 use crate::model::{AgentId, TaskKey};
 use crate::push::{StoredPushConfig, address_allowed, redact_url};
 use crate::store::{Delivery, Store, Write};
-use crate::webhook::{self, Outcome, PayloadInput, PayloadRenderer, Verdict};
+use crate::webhook::{
+    self, AttemptEnd, AttemptRecord, Outcome, PayloadInput, PayloadRenderer, RecentDeliveries,
+    Verdict,
+};
 
 type LaneKey = (TaskKey, String);
 
@@ -36,8 +39,8 @@ type LaneKey = (TaskKey, String);
 pub(crate) enum WebhookMsg {
     /// Deliveries of this worker's tasks, in event order.
     Deliver(Vec<Delivery>),
-    /// An attempt ended.
-    AttemptDone(LaneKey, Delivery, Outcome),
+    /// An attempt ended, after this long.
+    AttemptDone(LaneKey, Delivery, Outcome, Duration),
     /// A retry's wait is over.
     Retry(LaneKey, Delivery),
     /// Shutdown: log and drop what is left (it stays in a durable outbox); replies with
@@ -58,6 +61,7 @@ pub(crate) struct WebhookArgs {
     agents: Arc<HashMap<AgentId, Arc<AgentEntry>>>,
     renderers: Arc<HashMap<String, Arc<dyn PayloadRenderer>>>,
     max_pending: i64,
+    recent: Arc<RecentDeliveries>,
 }
 
 /// A worker's lanes.
@@ -101,11 +105,12 @@ impl Actor for WebhookActor {
                     state.queue(&myself, d);
                 }
             }
-            WebhookMsg::AttemptDone(lane, mut delivery, outcome) => {
+            WebhookMsg::AttemptDone(lane, mut delivery, outcome, took) => {
                 let m = &state.args.metrics;
                 let attempts = webhook::max_attempts(&delivery.config.config.retry);
                 match webhook::verdict(&outcome) {
                     Verdict::Delivered => {
+                        state.note(&delivery, &outcome, took, AttemptEnd::Delivered, None);
                         delivery.config.consecutive_failures.store(0, Relaxed);
                         m.delivered.fetch_add(1, Relaxed);
                         m.pending.fetch_sub(1, Relaxed);
@@ -121,6 +126,7 @@ impl Actor for WebhookActor {
                         m.retries.fetch_add(1, Relaxed);
                         let due = chrono::Utc::now()
                             + chrono::Duration::from_std(wait).unwrap_or_default();
+                        state.note(&delivery, &outcome, took, AttemptEnd::Retrying, Some(due));
                         let _ = state.args.store.append(
                             vec![Write::OutboxRetry {
                                 key: delivery.key.clone(),
@@ -132,6 +138,7 @@ impl Actor for WebhookActor {
                         state.later(&myself, lane, delivery, wait);
                     }
                     Verdict::Retry(_) | Verdict::Fail => {
+                        state.note(&delivery, &outcome, took, AttemptEnd::Failed, None);
                         let c = &delivery.config;
                         let failures = c.consecutive_failures.fetch_add(1, Relaxed) + 1;
                         if failures >= StoredPushConfig::DEACTIVATE_AFTER {
@@ -177,6 +184,49 @@ impl Actor for WebhookActor {
 }
 
 impl WebhookState {
+    /// Keeps an attempt for its owner's recent-deliveries read (`next`: the retry's time).
+    fn note(
+        &self,
+        delivery: &Delivery,
+        outcome: &Outcome,
+        took: Duration,
+        end: AttemptEnd,
+        next: Option<chrono::DateTime<chrono::Utc>>,
+    ) {
+        let (status, error) = AttemptRecord::outcome_fields(outcome);
+        self.record(delivery, end, status, error, took, next);
+    }
+
+    fn record(
+        &self,
+        delivery: &Delivery,
+        end: AttemptEnd,
+        status: Option<u16>,
+        error: Option<String>,
+        latency: Duration,
+        next_attempt: Option<chrono::DateTime<chrono::Utc>>,
+    ) {
+        let task = &delivery.key.task;
+        self.args.recent.record(
+            (task.principal.clone(), task.agent.clone()),
+            AttemptRecord {
+                at: chrono::Utc::now(),
+                delivery: delivery.id,
+                task: task.task.as_str().to_string(),
+                config: delivery.config.id.clone(),
+                url: redact_url(&delivery.config.config.url),
+                event: delivery.event.name(),
+                attempt: delivery.attempt,
+                max_attempts: webhook::max_attempts(&delivery.config.config.retry),
+                end,
+                status,
+                error,
+                latency,
+                next_attempt,
+            },
+        );
+    }
+
     /// Queues one delivery in its lane (the pool full: discarded, logged and counted).
     fn queue(&mut self, myself: &ActorRef<WebhookMsg>, delivery: Delivery) {
         let m = self.args.metrics.clone();
@@ -265,6 +315,14 @@ impl WebhookState {
     fn attempt(&mut self, myself: &ActorRef<WebhookMsg>, key: LaneKey, delivery: Delivery) {
         if !delivery.config.is_active() {
             tracing::warn!(delivery = %delivery.id, "webhook configuration deactivated; delivery skipped");
+            self.record(
+                &delivery,
+                AttemptEnd::Skipped,
+                None,
+                Some("configuration deactivated".into()),
+                Duration::ZERO,
+                None,
+            );
             let m = &self.args.metrics;
             m.skipped.fetch_add(1, Relaxed);
             m.pending.fetch_sub(1, Relaxed);
@@ -278,8 +336,10 @@ impl WebhookState {
         let args = self.args.clone();
         let me = myself.clone();
         tokio::spawn(async move {
+            let started = std::time::Instant::now();
             let outcome = send(&args, &delivery).await;
-            let _ = me.cast(WebhookMsg::AttemptDone(key, delivery, outcome));
+            let took = started.elapsed();
+            let _ = me.cast(WebhookMsg::AttemptDone(key, delivery, outcome, took));
         });
     }
 }
@@ -465,6 +525,7 @@ impl reqwest::dns::Resolve for GuardedResolver {
 pub(crate) struct WebhookPool {
     workers: Vec<ActorRef<WebhookMsg>>,
     metrics: Arc<WebhookMetrics>,
+    recent: Arc<RecentDeliveries>,
 }
 
 impl WebhookPool {
@@ -489,7 +550,9 @@ impl WebhookPool {
                 crate::Error::Internal
             })?;
         let metrics = Arc::new(WebhookMetrics::default());
+        let recent = Arc::new(RecentDeliveries::default());
         let args = WebhookArgs {
+            recent: recent.clone(),
             client,
             metrics: metrics.clone(),
             allow_private,
@@ -511,7 +574,13 @@ impl WebhookPool {
         Ok(Self {
             workers: refs,
             metrics,
+            recent,
         })
+    }
+
+    /// The latest attempts, by owner.
+    pub(crate) fn recent(&self) -> &RecentDeliveries {
+        &self.recent
     }
 
     /// The counters.

@@ -147,6 +147,21 @@ pub struct WebhooksConfig {
     pub max_configs_per_task: usize,
 }
 
+/// `[ui]`: the inspector served at `/ui` (docs/CONFIG.md).
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct UiConfig {
+    /// Serve the inspector (static files; every call it makes goes through the normal
+    /// authenticated endpoints). Ignored when the crate is built without its `ui` feature.
+    pub enabled: bool,
+}
+
+impl Default for UiConfig {
+    fn default() -> Self {
+        Self { enabled: true }
+    }
+}
+
 /// The settings given in seconds, as [`Duration`]s: each converted here, in one place.
 impl ServerConfig {
     /// `body_read_timeout_seconds` as a [`Duration`].

@@ -166,6 +166,12 @@ pub(crate) fn render(app: &App) -> String {
     );
     counter(
         &mut out,
+        "a2ad_store_commit_seconds_total",
+        "Time spent in committed store transactions, from a batch's start to durable (divide by a2ad_store_commits_total for the mean).",
+        &[("", store.commit_micros as f64 / 1e6)],
+    );
+    counter(
+        &mut out,
         "a2ad_store_writes_total",
         "Writes made durable.",
         &[("", store.committed_writes as f64)],

@@ -119,6 +119,8 @@ struct Counters {
     /// An append that finds this many queued yields the core to the committer.
     yield_at: AtomicU64,
     commits: AtomicU64,
+    /// Time spent committing, microseconds.
+    commit_micros: AtomicU64,
     committed: AtomicU64,
     failing: AtomicBool,
     /// Set when shutdown gave up waiting: the committer stops retrying and exits.
@@ -213,6 +215,7 @@ impl Journal {
             queued: AtomicU64::new(0),
             yield_at: AtomicU64::new(u64::MAX),
             commits: AtomicU64::new(0),
+            commit_micros: AtomicU64::new(0),
             committed: AtomicU64::new(0),
             failing: AtomicBool::new(false),
             abandon: AtomicBool::new(false),
@@ -299,6 +302,7 @@ impl Journal {
         StoreStats {
             pending_writes: self.counters.pending.load(Relaxed),
             commits: self.counters.commits.load(Relaxed),
+            commit_micros: self.counters.commit_micros.load(Relaxed),
             committed_writes: self.counters.committed.load(Relaxed),
             file_bytes: self.disk.bytes(),
             failing: self.counters.failing.load(Relaxed),

@@ -734,6 +734,7 @@ impl Store for PgStore {
             pending_writes: i.backlog.load(Relaxed),
             commits: i.commits.load(Relaxed),
             committed_writes: i.committed_writes.load(Relaxed),
+            commit_micros: i.append_sum.load(Relaxed),
             file_bytes: 0,
             failing: i.failing.load(Relaxed),
         }

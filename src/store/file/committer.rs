@@ -99,6 +99,7 @@ impl Committer {
         let mut pause = Duration::from_millis(100);
         let mut failure: Option<Failure> = None;
         let parks = super::PARKS.load(Relaxed);
+        let started = std::time::Instant::now();
         let applied = loop {
             match self.disk.commit(&batch.writes, &self.indexes) {
                 Ok(a) => break a,
@@ -135,6 +136,8 @@ impl Committer {
         );
         self.counters.failing.store(false, Relaxed);
         self.counters.commits.fetch_add(1, Relaxed);
+        let took = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX);
+        self.counters.commit_micros.fetch_add(took, Relaxed);
         self.counters
             .committed
             .fetch_add(batch.writes_count, Relaxed);

@@ -1,0 +1,197 @@
+// Chat: talk to an agent on the wire of your choice (seed, A2A 1.0 JSON-RPC, A2A 1.0
+// HTTP+JSON), streamed or not, multi-turn through the contextId the agent returned, with
+// files (size and type checked against the agent's limits before sending) and a cancel for
+// the running task. Every request and response/SSE frame shows in the "On the wire" panel.
+
+import { cancel, el, fillAgents, onRaw, send, sendParams, showError } from './wire.js';
+
+let app;
+let contextId = null;
+let running = null; // {wire, agent, taskId}
+let files = [];
+const $ = (id) => document.getElementById(id);
+
+export function mount(a) {
+  app = a;
+  fillAgents($('chat-agent'), app.agents);
+  if (mount.done) return;
+  mount.done = true;
+  $('chat-agent').addEventListener('change', () => { newConversation(); syncStream(); });
+  $('chat-wire').addEventListener('change', newConversation);
+  $('chat-new').addEventListener('click', newConversation);
+  $('compose').addEventListener('submit', (ev) => { ev.preventDefault(); submit(); });
+  $('message').addEventListener('keydown', (ev) => {
+    if (ev.key === 'Enter' && (ev.ctrlKey || ev.metaKey)) { ev.preventDefault(); submit(); }
+  });
+  $('cancel').addEventListener('click', cancelRunning);
+  $('raw-clear').addEventListener('click', () => $('raw').replaceChildren());
+  onRaw(rawEntry);
+  const zone = $('dropzone');
+  const input = $('file-input');
+  zone.addEventListener('click', () => input.click());
+  zone.addEventListener('keydown', (ev) => {
+    if (ev.key === 'Enter' || ev.key === ' ') { ev.preventDefault(); input.click(); }
+  });
+  zone.addEventListener('dragover', (ev) => { ev.preventDefault(); zone.classList.add('over'); });
+  zone.addEventListener('dragleave', () => zone.classList.remove('over'));
+  zone.addEventListener('drop', (ev) => {
+    ev.preventDefault();
+    zone.classList.remove('over');
+    attach([...ev.dataTransfer.files]);
+  });
+  input.addEventListener('change', () => { attach([...input.files]); input.value = ''; });
+  syncStream();
+}
+
+export function show() {
+  $('message').focus();
+}
+
+const agent = () => app.agents.find((a) => a.id === $('chat-agent').value);
+
+function syncStream() {
+  const a = agent();
+  const box = $('chat-stream');
+  box.disabled = !a?.streaming;
+  if (!a?.streaming) box.checked = false;
+}
+
+function newConversation() {
+  contextId = null;
+  $('chat-context').textContent = 'new';
+  $('transcript').replaceChildren();
+  files = [];
+  renderFiles();
+}
+
+/** A file's type against the agent's accepted types (`type/*` matches the family). */
+function typeAccepted(type, accepted) {
+  const base = type.split(';')[0].trim().toLowerCase();
+  return accepted.some((t) => {
+    const a = t.toLowerCase();
+    return a.endsWith('/*') ? base.startsWith(a.slice(0, -1)) : base === a;
+  });
+}
+
+async function attach(list) {
+  const a = agent();
+  const err = $('compose-error');
+  showError(err, null);
+  for (const f of list) {
+    const limits = a.limits;
+    if (files.length + 1 >= limits.maxParts) {
+      showError(err, new Error(`At most ${limits.maxParts} parts in one message.`));
+      break;
+    }
+    if (!f.type) {
+      showError(err, new Error(`${f.name}: the browser does not know this file's type; ${a.id} accepts ${limits.supportedTypes.join(', ') || 'no files'}.`));
+      continue;
+    }
+    if (!typeAccepted(f.type, limits.supportedTypes)) {
+      showError(err, new Error(`${f.name}: ${f.type} is not accepted by ${a.id} (accepted: ${limits.supportedTypes.join(', ') || 'no files'}).`));
+      continue;
+    }
+    if (f.size > limits.maxFileSize) {
+      showError(err, new Error(`${f.name}: ${f.size} bytes is over ${a.id}'s limit of ${limits.maxFileSize} bytes.`));
+      continue;
+    }
+    const base64 = await new Promise((resolve, reject) => {
+      const r = new FileReader();
+      r.onload = () => resolve(String(r.result).split(',')[1] ?? '');
+      r.onerror = () => reject(r.error);
+      r.readAsDataURL(f);
+    });
+    files.push({ name: f.name, type: f.type, size: f.size, base64 });
+  }
+  renderFiles();
+}
+
+function renderFiles() {
+  $('attachments').replaceChildren(...files.map((f, i) =>
+    el('li', {}, `${f.name} (${f.type}, ${f.size} B)`,
+      el('button', { type: 'button', 'aria-label': `Remove ${f.name}`, text: '×', onclick: () => { files.splice(i, 1); renderFiles(); } }))));
+}
+
+function bubble(kind, text) {
+  const b = el(`li.bubble.${kind}`, {}, el('span.body', { text }), el('span.state'));
+  $('transcript').append(b);
+  b.scrollIntoView({ block: 'end' });
+  return b;
+}
+
+async function submit() {
+  const text = $('message').value.trim();
+  const a = agent();
+  if (!a || (!text && !files.length) || running?.busy) return;
+  showError($('compose-error'), null);
+  const wire = $('chat-wire').value;
+  const stream = $('chat-stream').checked;
+  const params = sendParams(wire, { text, files, contextId });
+  bubble('user', text + (files.length ? `\n${files.map((f) => `[file ${f.name}]`).join(' ')}` : ''));
+  $('message').value = '';
+  files = [];
+  renderFiles();
+  const reply = bubble('agent', '…');
+  const body = reply.querySelector('.body');
+  const state = reply.querySelector('.state');
+  const deltas = a.backend === 'openai';
+  let streamed = '';
+  running = { wire, agent: a.id, taskId: null, busy: true };
+  $('send').disabled = true;
+  const onEvent = (v, id) => {
+    if (v.contextId) setContext(v.contextId);
+    if (v.taskId) {
+      running.taskId = v.taskId;
+      reply.dataset.task = v.taskId;
+    }
+    $('cancel').disabled = v.final || !running.taskId;
+    state.textContent = `${v.state}${id !== null && id !== undefined ? ` · event ${id}` : ''}${v.taskId ? ` · task ${v.taskId}` : ''}`;
+    reply.dataset.state = v.state;
+    if (v.text) {
+      if (v.final) body.textContent = v.text;
+      else if (deltas && v.state === 'working') body.textContent = (streamed += v.text);
+      else body.textContent = v.text;
+    }
+    reply.scrollIntoView({ block: 'end' });
+  };
+  try {
+    const last = await send(wire, a.id, params, { stream, onEvent });
+    if (last && !last.final && !stream) {
+      state.textContent += ' · still running: see Tasks';
+    }
+  } catch (e) {
+    reply.remove();
+    bubble('error', e.message);
+  } finally {
+    running.busy = false;
+    $('send').disabled = false;
+    $('cancel').disabled = reply.dataset.state ? ['completed', 'failed', 'canceled', 'rejected'].includes(reply.dataset.state) : true;
+    if ($('cancel').disabled) running = null;
+  }
+}
+
+function setContext(id) {
+  contextId = id;
+  $('chat-context').textContent = id;
+}
+
+async function cancelRunning() {
+  if (!running?.taskId) return;
+  $('cancel').disabled = true;
+  try {
+    await cancel(running.wire, running.agent, running.taskId);
+  } catch (e) {
+    bubble('error', e.message);
+  }
+}
+
+function rawEntry(e) {
+  const list = $('raw');
+  if (!list) return;
+  list.append(el(`li.${e.kind}`, {},
+    el('div.head', { text: `${e.at.toLocaleTimeString()} ${e.kind === 'out' ? '→' : e.kind === 'in' ? '←' : '⇠'} ${e.head}` }),
+    e.body ? el('pre', { text: e.body }) : null));
+  while (list.children.length > 300) list.firstChild.remove();
+  const panel = list.parentElement;
+  panel.scrollTop = panel.scrollHeight;
+}

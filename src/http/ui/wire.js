@@ -1,0 +1,352 @@
+// How the inspector talks to a2ad: the user's credential on every call, the three wires a
+// chat can use (seed JSON-RPC, A2A 1.0 JSON-RPC, A2A 1.0 HTTP+JSON), an SSE reader over
+// fetch (EventSource cannot send a key or a body), and a log of every request, response and
+// stream frame exactly as sent (the chat's "On the wire" panel).
+
+const listeners = new Set();
+const quiet = new WeakSet(); // responses to polls, kept out of the raw log
+let credential = null;
+let nextId = 1;
+
+/** Calls `fn(entry)` for every request, response and frame; returns an unsubscribe. */
+export function onRaw(fn) {
+  listeners.add(fn);
+  return () => listeners.delete(fn);
+}
+
+function raw(kind, head, body) {
+  for (const fn of listeners) fn({ kind, head, body, at: new Date() });
+}
+
+export function setCredential(value) {
+  credential = value;
+}
+
+/** An error a2ad answered, in any dialect's shape, as one readable sentence. */
+export class ApiError extends Error {
+  constructor(message, status, code) {
+    super(message);
+    this.status = status;
+    this.code = code;
+  }
+}
+
+/** A UUID v4 (the seed dialect requires one as messageId); works without a secure context. */
+export function uuid4() {
+  const b = crypto.getRandomValues(new Uint8Array(16));
+  b[6] = (b[6] & 0x0f) | 0x40;
+  b[8] = (b[8] & 0x3f) | 0x80;
+  const h = [...b].map((x) => x.toString(16).padStart(2, '0')).join('');
+  return `${h.slice(0, 8)}-${h.slice(8, 12)}-${h.slice(12, 16)}-${h.slice(16, 20)}-${h.slice(20)}`;
+}
+
+export const agentBase = (agent) => `/api/v1/a2a/${encodeURIComponent(agent)}`;
+
+const WIRE_PATH = { seed: '', v1: '/jsonrpc/v1', rest: '/rest' };
+
+function headersFor(wire, extra) {
+  const h = { ...extra };
+  if (credential) h.authorization = `Bearer ${credential}`;
+  if (wire !== 'seed') h['a2a-version'] = '1.0';
+  return h;
+}
+
+function shown(headers) {
+  const out = { ...headers };
+  if (out.authorization) out.authorization = 'Bearer ••••••';
+  return Object.entries(out).map(([k, v]) => `${k}: ${v}`).join('\n');
+}
+
+/** One HTTP request, logged as sent. */
+export async function request(method, url, { wire = 'rest', body, headers = {}, signal, poll = false } = {}) {
+  const h = headersFor(wire, headers);
+  let text;
+  if (body !== undefined) {
+    h['content-type'] = 'application/json';
+    text = JSON.stringify(body);
+  }
+  if (!poll) raw('out', `${method} ${url}\n${shown(h)}`, text ? pretty(text) : '');
+  let res;
+  try {
+    res = await fetch(url, { method, headers: h, body: text, signal, cache: 'no-store' });
+  } catch (e) {
+    if (e.name === 'AbortError') throw e;
+    if (!poll) raw('in', 'network error', String(e));
+    throw new ApiError(`The server did not answer (${e.message}).`, 0, null);
+  }
+  if (poll) quiet.add(res);
+  return res;
+}
+
+function pretty(text) {
+  try {
+    return JSON.stringify(JSON.parse(text), null, 2);
+  } catch {
+    return text;
+  }
+}
+
+function responseHead(res) {
+  const type = res.headers.get('content-type') || '';
+  return `${res.status} ${res.statusText}  ${type}`;
+}
+
+/** The body of a JSON answer; an error answer (any dialect's shape) becomes an ApiError. */
+export async function readJson(res) {
+  const text = await res.text();
+  if (!quiet.has(res)) raw('in', responseHead(res), pretty(text));
+  let value = null;
+  try {
+    value = text ? JSON.parse(text) : {};
+  } catch {
+    throw new ApiError(`Unexpected answer (HTTP ${res.status}): ${text.slice(0, 200)}`, res.status, null);
+  }
+  if (value && value.error) throw errorOf(value.error, res.status);
+  if (!res.ok) throw new ApiError(`HTTP ${res.status}`, res.status, null);
+  return value;
+}
+
+/** JSON-RPC errors (seed: data object; 1.0: data array of google.rpc details) and
+ *  google.rpc.Status errors (HTTP+JSON) as one sentence with their reason. */
+export function errorOf(err, status) {
+  const reasons = [];
+  const look = (d) => {
+    if (!d || typeof d !== 'object') return;
+    if (typeof d.reason === 'string' && !/^[A-Z_]+$/.test(d.reason)) reasons.push(d.reason);
+    if (d.metadata && typeof d.metadata.reason === 'string') reasons.push(d.metadata.reason);
+    if (d.metadata && d.metadata.field) reasons.push(`field ${d.metadata.field}`);
+    if (Array.isArray(d.fieldViolations)) {
+      for (const v of d.fieldViolations) reasons.push(`${v.field}: ${v.description}`);
+    }
+    if (typeof d.field === 'string' && !d.metadata) reasons.push(`field ${d.field}`);
+  };
+  const data = err.data ?? err.details;
+  if (Array.isArray(data)) data.forEach(look);
+  else look(data);
+  const unique = [...new Set(reasons)];
+  const what = err.message || err.status || 'Error';
+  const code = err.status && typeof err.code === 'number' ? `${err.status}` : `${err.code}`;
+  return new ApiError(`${what}${unique.length ? ': ' + unique.join('; ') : ''} (${code})`, status, err.code);
+}
+
+/** The frames of an SSE answer: `{id, data}` with `data` parsed; `: ping` comments skipped. */
+export async function* frames(res, signal) {
+  raw('in', responseHead(res), '(stream)');
+  const reader = res.body.getReader();
+  const decoder = new TextDecoder();
+  let buffer = '';
+  const abort = () => reader.cancel().catch(() => {});
+  signal?.addEventListener('abort', abort);
+  try {
+    for (;;) {
+      const { value, done } = await reader.read();
+      if (done) break;
+      buffer += decoder.decode(value, { stream: true }).replace(/\r\n?/g, '\n');
+      let cut;
+      while ((cut = buffer.indexOf('\n\n')) >= 0) {
+        const block = buffer.slice(0, cut);
+        buffer = buffer.slice(cut + 2);
+        let id = null;
+        const data = [];
+        for (const line of block.split('\n')) {
+          if (line.startsWith(':')) continue;
+          const [field, ...rest] = line.split(':');
+          const v = rest.join(':').replace(/^ /, '');
+          if (field === 'id') id = v;
+          else if (field === 'data') data.push(v);
+        }
+        if (!data.length) continue;
+        const text = data.join('\n');
+        raw('frame', `id: ${id ?? '—'}`, pretty(text));
+        let parsed;
+        try {
+          parsed = JSON.parse(text);
+        } catch {
+          continue;
+        }
+        yield { id: id === null ? null : Number(id), data: parsed };
+      }
+    }
+  } finally {
+    signal?.removeEventListener('abort', abort);
+  }
+}
+
+/** A JSON-RPC call on the seed or 1.0 path; `stream` asks for SSE. Returns the result, or
+ *  (streaming) an async iterator of `{id, data: result}`. */
+export async function rpc(wire, agent, method, params, { stream = false, headers = {}, signal } = {}) {
+  const url = agentBase(agent) + WIRE_PATH[wire];
+  const id = nextId++;
+  const extra = { ...headers };
+  if (stream) extra.accept = 'text/event-stream';
+  const res = await request('POST', url, {
+    wire, body: { jsonrpc: '2.0', id, method, params }, headers: extra, signal,
+  });
+  const type = res.headers.get('content-type') || '';
+  if (stream && type.startsWith('text/event-stream')) {
+    return (async function* results() {
+      for await (const f of frames(res, signal)) {
+        if (f.data.error) throw errorOf(f.data.error, res.status);
+        yield { id: f.id, data: f.data.result };
+      }
+    })();
+  }
+  const body = await readJson(res);
+  return body.result;
+}
+
+/** A call of the HTTP+JSON binding (`path` under `{agent}/rest`). */
+export async function rest(agent, method, path, { body, stream = false, headers = {}, signal, poll = false } = {}) {
+  const url = agentBase(agent) + '/rest' + path;
+  const extra = { ...headers };
+  if (stream) extra.accept = 'text/event-stream';
+  const res = await request(method, url, { wire: 'rest', body, headers: extra, signal, poll });
+  const type = res.headers.get('content-type') || '';
+  if (stream && type.startsWith('text/event-stream')) return frames(res, signal);
+  return readJson(res);
+}
+
+// === What the three wires say, in one shape ===
+
+const ENDS = new Set(['completed', 'failed', 'canceled', 'rejected', 'input-required', 'auth-required']);
+
+/** `TASK_STATE_INPUT_REQUIRED` → `input-required`; seed names stay. */
+export function stateName(s) {
+  return String(s ?? '').replace(/^TASK_STATE_/, '').toLowerCase().replace(/_/g, '-');
+}
+
+export const isEnd = (state) => ENDS.has(state);
+
+/** The text of a message or artifact (files named), in any dialect's part shape. */
+export function textOf(m) {
+  if (!m || !Array.isArray(m.parts)) return '';
+  return m.parts
+    .map((p) => {
+      if (typeof p.text === 'string') return p.text;
+      const name = p.filename ?? p.file?.name ?? p.name;
+      if (p.raw !== undefined || p.file) return `[file ${name ?? 'unnamed'}]`;
+      if (p.data !== undefined) return JSON.stringify(p.data);
+      return '';
+    })
+    .filter(Boolean)
+    .join('\n');
+}
+
+/** One result or stream event of any wire as `{taskId, contextId, state, text, final}`. */
+export function eventView(wire, r) {
+  if (!r || typeof r !== 'object') return { state: '', text: '' };
+  if (wire === 'seed') {
+    const state = stateName(r.status?.state);
+    const text = textOf(r.status?.message) || r.status?.reason || r.status?.error?.message || '';
+    return { taskId: r.id, contextId: r.contextId, state, text, final: Boolean(r.final) || isEnd(state) };
+  }
+  const t = r.task ?? r.statusUpdate ?? null;
+  if (t) {
+    const state = stateName(t.status?.state);
+    return {
+      taskId: t.id ?? t.taskId, contextId: t.contextId, state,
+      text: textOf(t.status?.message), final: isEnd(state),
+    };
+  }
+  if (r.artifactUpdate) {
+    const a = r.artifactUpdate;
+    return { taskId: a.taskId, contextId: a.contextId, state: 'artifact', text: textOf(a.artifact), final: false };
+  }
+  if (r.message) {
+    return { contextId: r.message.contextId, state: 'message', text: textOf(r.message), final: true };
+  }
+  return { state: '', text: '' };
+}
+
+/** The params of a send on a wire: text, files `{name, type, base64}`, conversation. */
+export function sendParams(wire, { text, files = [], contextId }) {
+  if (wire === 'seed') {
+    const parts = [];
+    if (text) parts.push({ type: 'text', text });
+    for (const f of files) parts.push({ type: 'file', file: { name: f.name, mimeType: f.type, bytes: f.base64 } });
+    const params = { message: { role: 'user', messageId: uuid4(), parts } };
+    if (contextId) params.contextId = contextId;
+    return params;
+  }
+  const parts = [];
+  if (text) parts.push({ text });
+  for (const f of files) parts.push({ raw: f.base64, filename: f.name, mediaType: f.type });
+  const message = { messageId: uuid4(), role: 'ROLE_USER', parts };
+  if (contextId) message.contextId = contextId;
+  return { message };
+}
+
+/** Sends on a wire. Streaming: calls `onEvent(view)` per event and returns the last view;
+ *  else returns the result's view. */
+export async function send(wire, agent, params, { stream, onEvent, signal }) {
+  let answer;
+  if (wire === 'rest') {
+    answer = await rest(agent, 'POST', stream ? '/message:stream' : '/message:send', { body: params, stream, signal });
+  } else {
+    const method = wire === 'seed'
+      ? (stream ? 'message/stream' : 'message/send')
+      : (stream ? 'SendStreamingMessage' : 'SendMessage');
+    answer = await rpc(wire, agent, method, params, { stream, signal });
+  }
+  if (answer && typeof answer[Symbol.asyncIterator] === 'function') {
+    let last = null;
+    for await (const f of answer) {
+      last = eventView(wire, f.data);
+      onEvent?.(last, f.id);
+    }
+    return last;
+  }
+  const view = eventView(wire, answer);
+  onEvent?.(view, null);
+  return view;
+}
+
+/** Cancels a task on a wire. */
+export async function cancel(wire, agent, taskId) {
+  if (wire === 'rest') return rest(agent, 'POST', `/tasks/${encodeURIComponent(taskId)}:cancel`, { body: {} });
+  if (wire === 'seed') return rpc('seed', agent, 'tasks/cancel', { taskId });
+  return rpc('v1', agent, 'CancelTask', { id: taskId });
+}
+
+/** GET of a path of a2ad's own (`/api/v1/agents`, `/metrics`). */
+export async function getJson(url) {
+  return readJson(await request('GET', url, { wire: 'rest' }));
+}
+
+// Small DOM helpers shared by the views.
+
+/** `el('tag.class', {attr: v, onclick: f}, ...children)` */
+export function el(spec, attrs = {}, ...children) {
+  const [tag, ...classes] = spec.split('.');
+  const e = document.createElement(tag);
+  if (classes.length) e.className = classes.join(' ');
+  for (const [k, v] of Object.entries(attrs)) {
+    if (v === undefined || v === null || v === false) continue;
+    if (k.startsWith('on')) e.addEventListener(k.slice(2), v);
+    else if (k === 'text') e.textContent = v;
+    else e.setAttribute(k, v === true ? '' : v);
+  }
+  for (const c of children.flat()) {
+    if (c === null || c === undefined || c === false) continue;
+    e.append(c instanceof Node ? c : document.createTextNode(String(c)));
+  }
+  return e;
+}
+
+export function when(iso) {
+  if (!iso) return '';
+  const d = new Date(iso);
+  return Number.isNaN(d.getTime()) ? iso : d.toLocaleTimeString();
+}
+
+export function showError(node, e) {
+  node.textContent = e ? (e.message || String(e)) : '';
+  node.hidden = !e;
+}
+
+/** Fills a <select> with the agents, keeping its choice when it still exists. */
+export function fillAgents(select, agents) {
+  const keep = select.value;
+  select.replaceChildren(...agents.map((a) => el('option', { value: a.id, text: a.name === a.id ? a.id : `${a.name} (${a.id})` })));
+  if (agents.some((a) => a.id === keep)) select.value = keep;
+}

@@ -1,0 +1,350 @@
+"""The inspector (/ui) in a real browser: Debian's headless Chromium driven over WebDriver
+(chromium-driver) by Selenium, against a real a2ad and a real local webhook receiver.
+
+    inspector_check.py BASE_URL ALICE_KEY BOB_KEY SCREENSHOT_DIR
+
+The server (tests/browser/run starts it) has the keys of two principals, alice (every
+agent) and bob (echo only), the agents `echo` and `slow` (20 s, 10 progress steps), and
+webhooks to 127.0.0.1 allowed. Every wait polls a condition up to a generous deadline.
+Prints one line per check and closes with 'inspector: N passed, N failed'.
+"""
+
+import base64
+import json
+import os
+import sys
+import tempfile
+import threading
+import time
+import traceback
+import urllib.request
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from selenium import webdriver
+from selenium.common.exceptions import StaleElementReferenceException, WebDriverException
+from selenium.webdriver.chrome.service import Service
+from selenium.webdriver.common.by import By
+from selenium.webdriver.support.ui import Select, WebDriverWait
+
+BASE, ALICE, BOB, SHOTS = sys.argv[1:5]
+DEADLINE = 45  # seconds for any one condition on a busy 2-core machine
+
+passed = 0
+failed = 0
+
+
+def check(name):
+    def run(fn):
+        global passed, failed
+        try:
+            fn()
+            passed += 1
+            print(f"ok   {name}", flush=True)
+        except Exception:  # noqa: BLE001 - every failure is reported and counted
+            failed += 1
+            print(f"FAIL {name}", flush=True)
+            traceback.print_exc()
+            shot(f"failed-{name.replace(' ', '-')}")
+        return fn
+
+    return run
+
+
+# --- a webhook receiver ---------------------------------------------------------------
+
+received = []
+
+
+class Receiver(BaseHTTPRequestHandler):
+    def do_POST(self):  # noqa: N802 - the http.server name
+        length = int(self.headers.get("content-length", "0"))
+        body = self.rfile.read(length)
+        received.append({"event": self.headers.get("x-webhook-event"), "body": body})
+        self.send_response(200)
+        self.end_headers()
+
+    def log_message(self, *args):
+        pass
+
+
+receiver = ThreadingHTTPServer(("127.0.0.1", 0), Receiver)
+threading.Thread(target=receiver.serve_forever, daemon=True).start()
+HOOK_URL = f"http://127.0.0.1:{receiver.server_address[1]}/hook"
+
+
+def http(method, path, key, body=None):
+    req = urllib.request.Request(BASE + path, method=method)
+    req.add_header("x-api-key", key)
+    req.add_header("A2A-Version", "1.0")
+    data = None
+    if body is not None:
+        data = json.dumps(body).encode()
+        req.add_header("content-type", "application/json")
+    with urllib.request.urlopen(req, data, timeout=30) as r:
+        return json.loads(r.read() or b"{}")
+
+
+# --- the browser ----------------------------------------------------------------------
+
+options = webdriver.ChromeOptions()
+options.binary_location = os.environ.get("CHROMIUM", "/usr/bin/chromium")
+for arg in ["--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu",
+            "--window-size=1366,900", "--no-first-run", "--disable-extensions"]:
+    options.add_argument(arg)
+options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+service = Service(executable_path=os.environ.get("CHROMEDRIVER", "/usr/bin/chromedriver"))
+driver = webdriver.Chrome(service=service, options=options)
+driver.set_page_load_timeout(60)
+
+
+def shot(name):
+    try:
+        driver.save_screenshot(os.path.join(SHOTS, f"{name}.png"))
+    except WebDriverException:
+        pass
+
+
+def wait(cond, what):
+    def safe(d):
+        try:
+            return cond(d)
+        except (StaleElementReferenceException, WebDriverException):
+            return False
+
+    return WebDriverWait(driver, DEADLINE, poll_frequency=0.2).until(safe, message=what)
+
+
+def by_id(i):
+    return driver.find_element(By.ID, i)
+
+
+def nav(view):
+    driver.find_element(By.CSS_SELECTOR, f'#nav button[data-view="{view}"]').click()
+    wait(lambda d: by_id(f"view-{view}").is_displayed(), f"the {view} view shows")
+
+
+def bubbles():
+    return driver.find_elements(By.CSS_SELECTOR, "#transcript .bubble.agent")
+
+
+def send_chat(text, state="completed"):
+    before = len(bubbles())
+    box = by_id("message")
+    box.clear()
+    box.send_keys(text)
+    by_id("send").click()
+    wait(lambda d: len(bubbles()) > before, "an agent bubble appears")
+    reply = bubbles()[-1]
+    if state:
+        wait(lambda d: reply.get_attribute("data-state") == state, f"the reply reaches {state}")
+    return reply
+
+
+def severe_logs():
+    return [e for e in driver.get_log("browser") if e.get("level") == "SEVERE"]
+
+
+try:
+    @check("a wrong key gets a clear message and no access")
+    def _():
+        driver.get(BASE + "/ui/")
+        wait(lambda d: by_id("credential").is_displayed(), "the sign-in form")
+        by_id("credential").send_keys("not-a-valid-key-at-all")
+        driver.find_element(By.CSS_SELECTOR, "#signin-form button").click()
+        wait(lambda d: by_id("signin-error").is_displayed(), "the error")
+        msg = by_id("signin-error").text
+        assert "not accepted" in msg and "invalid API key" in msg, msg
+        assert not by_id("nav").is_displayed()
+        shot("signin-refused")
+
+    @check("sign in with a key: agents listed with their cards checked and live metrics")
+    def _():
+        box = by_id("credential")
+        box.clear()
+        box.send_keys(ALICE)
+        driver.find_element(By.CSS_SELECTOR, "#signin-form button").click()
+        wait(lambda d: by_id("nav").is_displayed(), "signed in")
+        assert "alice" in by_id("principal").text
+        names = [b.get_attribute("data-agent") for b in driver.find_elements(By.CSS_SELECTOR, "#agent-list button")]
+        assert names == ["echo", "slow"], names
+        wait(lambda d: "checks pass" in by_id("agent-detail").text, "the card check")
+        wait(lambda d: "totalRequests" in by_id("agent-detail").text, "live metrics")
+        detail = by_id("agent-detail").text
+        assert "JSONRPC 1.0" in detail, detail
+        stored = driver.execute_script("return sessionStorage.getItem('a2ad.credential')")
+        assert stored == ALICE
+        assert driver.execute_script("return localStorage.length") == 0
+        shot("agents")
+
+    # Bob's task, which alice must never see.
+    bob_task = http("POST", "/api/v1/a2a/echo/rest/message:send", BOB, {
+        "message": {"messageId": "bob-m-1", "role": "ROLE_USER", "parts": [{"text": "bob's secret"}]}})["task"]["id"]
+
+    @check("chat streams a reply and continues the conversation (seed wire)")
+    def _():
+        nav("chat")
+        Select(by_id("chat-agent")).select_by_value("echo")
+        Select(by_id("chat-wire")).select_by_value("seed")
+        assert by_id("chat-stream").is_selected()
+        reply = send_chat("hello inspector")
+        assert "echo: hello inspector" in reply.text and "turn 1" in reply.text, reply.text
+        context = by_id("chat-context").text
+        assert context != "new"
+        reply = send_chat("and again")
+        assert "turn 2" in reply.text, reply.text
+        assert by_id("chat-context").text == context
+        frames = driver.find_elements(By.CSS_SELECTOR, "#raw li.frame")
+        assert len(frames) >= 3, "the raw panel shows the SSE frames"
+        raw = by_id("raw").text
+        assert "message/stream" in raw and "Bearer ••••••" in raw and ALICE not in raw
+
+    @check("chat over A2A 1.0 JSON-RPC and HTTP+JSON, streamed and not")
+    def _():
+        for wire in ["v1", "rest"]:
+            Select(by_id("chat-wire")).select_by_value(wire)
+            reply = send_chat(f"over {wire}")
+            assert f"echo: over {wire}" in reply.text, reply.text
+            reply = send_chat(f"more {wire}")
+            assert "turn 2" in reply.text, reply.text
+        by_id("chat-stream").click()  # off: a blocking send
+        reply = send_chat("not streamed")
+        assert "echo: not streamed" in reply.text
+        by_id("chat-stream").click()
+        raw = by_id("raw").text
+        assert "SendStreamingMessage" in raw and "/rest/message:stream" in raw and "/rest/message:send" in raw
+
+    @check("a small file is checked and sent; a refused type never leaves the browser")
+    def _():
+        Select(by_id("chat-wire")).select_by_value("seed")
+        folder = tempfile.mkdtemp()
+        good = os.path.join(folder, "notes.txt")
+        with open(good, "w") as f:
+            f.write("a small text file\n")
+        bad = os.path.join(folder, "archive.zip")
+        with open(bad, "wb") as f:
+            f.write(b"PK\x03\x04" + b"\x00" * 26)
+        driver.execute_script("arguments[0].hidden = false", by_id("file-input"))
+        by_id("file-input").send_keys(bad)
+        wait(lambda d: by_id("compose-error").is_displayed(), "the type refusal")
+        assert "application/zip" in by_id("compose-error").text, by_id("compose-error").text
+        by_id("file-input").send_keys(good)
+        wait(lambda d: "notes.txt" in by_id("attachments").text, "the attachment")
+        reply = send_chat("with a file")
+        assert "file notes.txt (text/plain, 18 bytes)" in reply.text, reply.text
+        driver.execute_script("arguments[0].hidden = true", by_id("file-input"))
+        shot("chat")
+
+    @check("a slow task streams progress and is canceled from the chat")
+    def _():
+        Select(by_id("chat-agent")).select_by_value("slow")
+        reply = send_chat("take your time", state=None)
+        wait(lambda d: "progress" in reply.text, "a progress update")
+        wait(lambda d: by_id("cancel").is_enabled(), "cancel enabled")
+        by_id("cancel").click()
+        wait(lambda d: reply.get_attribute("data-state") == "canceled", "canceled")
+
+    slow = {}
+
+    @check("a webhook configuration on a running task, and its deliveries to a local receiver")
+    def _():
+        reply = send_chat("webhook me", state=None)
+        wait(lambda d: reply.get_attribute("data-task"), "the task id")
+        wait(lambda d: reply.get_attribute("data-state") == "working", "working")
+        slow["id"] = reply.get_attribute("data-task")
+        nav("hooks")
+        Select(by_id("hook-agent")).select_by_value("slow")
+        for field, value in [("hook-task", slow["id"]), ("hook-url", HOOK_URL), ("hook-token", "tok-123")]:
+            by_id(field).clear()
+            by_id(field).send_keys(value)
+        driver.find_element(By.CSS_SELECTOR, "#hook-form button[type=submit]").click()
+        wait(lambda d: len(d.find_elements(By.CSS_SELECTOR, "#hook-rows tr[data-config]")) == 1, "the configuration listed")
+        assert HOOK_URL in by_id("hook-rows").text
+        wait(lambda d: d.find_elements(By.CSS_SELECTOR, '#delivery-rows tr[data-outcome="delivered"]'), "a delivery shown")
+        row = driver.find_element(By.CSS_SELECTOR, '#delivery-rows tr[data-outcome="delivered"]')
+        assert "task.working" in row.text and "200" in row.text and slow["id"] in row.text, row.text
+        assert received and received[0]["event"] == "task.working", received[:1]
+        shot("webhooks")
+
+    @check("the task list shows the caller's tasks only, live, with a timeline; cancel from it")
+    def _():
+        nav("tasks")
+        Select(by_id("task-agent")).select_by_value("slow")
+        wait(lambda d: d.find_elements(By.CSS_SELECTOR, f'#task-rows tr[data-task="{slow["id"]}"]'), "the slow task listed")
+        row = driver.find_element(By.CSS_SELECTOR, f'#task-rows tr[data-task="{slow["id"]}"]')
+        assert "working" in row.text, row.text
+        row.find_element(By.CSS_SELECTOR, "button").click()
+        wait(lambda d: len(d.find_elements(By.CSS_SELECTOR, "#task-detail .timeline li")) >= 3, "a timeline")
+        first = driver.find_element(By.CSS_SELECTOR, "#task-detail .timeline li")
+        assert first.get_attribute("data-event") == "1" and "submitted" in first.text, first.text
+        wait(lambda d: by_id("task-cancel").is_enabled(), "cancel enabled")
+        shot("tasks")
+        by_id("task-cancel").click()
+        wait(lambda d: "canceled" in d.find_elements(By.CSS_SELECTOR, "#task-detail .timeline li")[-1].text, "canceled on the timeline")
+        wait(lambda d: "canceled" in d.find_element(By.CSS_SELECTOR, f'#task-rows tr[data-task="{slow["id"]}"]').text, "the list updates")
+        wait(lambda d: any(r["event"] == "task.canceled" for r in received), "the receiver hears the end")
+        numbers = [li.get_attribute("data-event") for li in driver.find_elements(By.CSS_SELECTOR, "#task-detail .timeline li")]
+        assert numbers == [str(i) for i in range(1, len(numbers) + 1)], numbers
+        Select(by_id("task-agent")).select_by_value("echo")
+        wait(lambda d: len(d.find_elements(By.CSS_SELECTOR, "#task-rows tr[data-task]")) >= 5, "alice's echo tasks")
+        ids = [r.get_attribute("data-task") for r in driver.find_elements(By.CSS_SELECTOR, "#task-rows tr[data-task]")]
+        assert bob_task not in ids, "bob's task shows to alice"
+
+    @check("the pulse charts draw from /metrics")
+    def _():
+        nav("pulse")
+        wait(lambda d: int(by_id("chart-rps").find_element(By.CSS_SELECTOR, "canvas").get_attribute("data-points")) >= 3, "samples")
+        for i in range(5):
+            http("POST", "/api/v1/a2a/echo/rest/message:send", ALICE, {
+                "message": {"messageId": f"pulse-{i}", "role": "ROLE_USER", "parts": [{"text": "beat"}]}})
+        wait(lambda d: float(by_id("chart-rps").find_element(By.CSS_SELECTOR, ".now").text.split("/")[0]) > 0, "a request rate")
+        blank = driver.execute_script("""
+            const c = document.querySelector('#chart-rps canvas');
+            const g = c.getContext('2d').getImageData(0, 0, c.width, c.height).data;
+            let blue = 0;
+            for (let i = 0; i < g.length; i += 4) if (g[i] < 40 && g[i + 2] > 150) blue++;
+            return blue;""")
+        assert blank > 20, f"the line is drawn ({blank} line pixels)"
+        for c in ["p50", "p99", "working", "streams", "commit", "batch", "hooks"]:
+            assert int(by_id(f"chart-{c}").find_element(By.CSS_SELECTOR, "canvas").get_attribute("data-points")) >= 2, c
+        shot("pulse")
+
+    @check("bob signed in sees none of alice's tasks and only his agent")
+    def _():
+        by_id("signout").click()
+        wait(lambda d: by_id("credential").is_displayed(), "signed out")
+        by_id("credential").send_keys(BOB)
+        driver.find_element(By.CSS_SELECTOR, "#signin-form button").click()
+        wait(lambda d: by_id("nav").is_displayed(), "signed in as bob")
+        names = [b.get_attribute("data-agent") for b in driver.find_elements(By.CSS_SELECTOR, "#agent-list button")]
+        assert names == ["echo"], names
+        nav("tasks")
+        wait(lambda d: d.find_elements(By.CSS_SELECTOR, f'#task-rows tr[data-task="{bob_task}"]'), "bob's own task")
+        assert len(driver.find_elements(By.CSS_SELECTOR, "#task-rows tr[data-task]")) == 1
+        nav("hooks")
+        wait(lambda d: "No deliveries yet." in by_id("delivery-rows").text, "no deliveries of alice's")
+
+    @check("keyboard and phone width: every view reachable, labels present")
+    def _():
+        driver.set_window_size(390, 844)
+        nav("chat")
+        shot("chat-phone")
+        for inp in driver.find_elements(By.CSS_SELECTOR, "input:not([type=file]), select, textarea"):
+            labelled = driver.execute_script(
+                "const e = arguments[0]; return Boolean(e.labels && e.labels.length) || e.hasAttribute('aria-label');", inp)
+            assert labelled, inp.get_attribute("id")
+        body = driver.find_element(By.TAG_NAME, "body")
+        width = driver.execute_script("return document.documentElement.scrollWidth")
+        assert width <= 400, f"no sideways scrolling at phone width ({width})"
+        driver.set_window_size(1366, 900)
+        body.click()
+
+    @check("no script or policy errors in the console")
+    def _():
+        errors = [e for e in severe_logs() if "401" not in e.get("message", "")]
+        assert not errors, errors
+finally:
+    driver.quit()
+    receiver.shutdown()
+
+print(f"inspector: {passed} passed, {failed} failed")
+sys.exit(1 if failed else 0)
