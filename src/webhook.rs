@@ -2,6 +2,7 @@
 //! are retried, and the seam through which dialects render payloads. The delivering
 //! actors live in `actors::webhook`.
 
+use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -220,13 +221,11 @@ impl AttemptRecord {
 /// attempts it made.
 #[derive(Default)]
 pub(crate) struct RecentDeliveries {
-    owners: std::sync::Mutex<
-        std::collections::HashMap<
-            (crate::model::Principal, AgentId),
-            std::collections::VecDeque<Arc<AttemptRecord>>,
-        >,
-    >,
+    owners: std::sync::Mutex<std::collections::HashMap<Owner, VecDeque<Arc<AttemptRecord>>>>,
 }
+
+/// Whose attempts: a principal on an agent.
+type Owner = (crate::model::Principal, AgentId);
 
 impl RecentDeliveries {
     /// Attempts kept per owner.
@@ -256,7 +255,7 @@ impl RecentDeliveries {
     /// `owner`'s attempts, newest first, at most `limit`, only of `task` when given.
     pub(crate) fn of(
         &self,
-        owner: &(crate::model::Principal, AgentId),
+        owner: &Owner,
         task: Option<&str>,
         limit: usize,
     ) -> Vec<Arc<AttemptRecord>> {
@@ -275,6 +274,72 @@ impl RecentDeliveries {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn attempt(task: &str, n: u32) -> AttemptRecord {
+        AttemptRecord {
+            at: chrono::Utc::now(),
+            delivery: uuid::Uuid::new_v4(),
+            task: task.into(),
+            config: "c".into(),
+            url: "http://example.com/hook".into(),
+            event: "task.completed".into(),
+            attempt: n,
+            max_attempts: 4,
+            end: AttemptEnd::Delivered,
+            status: Some(200),
+            error: None,
+            latency: Duration::from_millis(1),
+            next_attempt: None,
+        }
+    }
+
+    fn owner(p: &str) -> (crate::model::Principal, AgentId) {
+        (crate::model::Principal::new(p), AgentId::new("echo"))
+    }
+
+    #[test]
+    fn recent_deliveries_are_kept_per_owner_newest_first_and_bounded() {
+        let recent = RecentDeliveries::default();
+        for n in 0..(RecentDeliveries::PER_OWNER as u32 + 10) {
+            recent.record(
+                owner("alice"),
+                attempt(if n % 2 == 0 { "even" } else { "odd" }, n),
+            );
+        }
+        recent.record(owner("bob"), attempt("bobs", 1));
+        let all = recent.of(&owner("alice"), None, usize::MAX);
+        assert_eq!(
+            all.len(),
+            RecentDeliveries::PER_OWNER,
+            "the oldest went first"
+        );
+        assert_eq!(
+            all[0].attempt,
+            RecentDeliveries::PER_OWNER as u32 + 9,
+            "newest first"
+        );
+        assert!(all.iter().all(|r| r.task != "bobs"), "only the owner's");
+        let odd = recent.of(&owner("alice"), Some("odd"), 3);
+        assert_eq!(odd.len(), 3);
+        assert!(odd.iter().all(|r| r.task == "odd"));
+        assert!(recent.of(&owner("carol"), None, 10).is_empty());
+
+        // Past the owner bound, the owner whose latest attempt is oldest is forgotten.
+        // (Their times are later than alice's and bob's, and distinct.)
+        let later = chrono::Utc::now() + chrono::Duration::seconds(60);
+        for i in 0..RecentDeliveries::OWNERS {
+            let mut a = attempt("t", 1);
+            a.at = later + chrono::Duration::milliseconds(i as i64);
+            recent.record(owner(&format!("p{i}")), a);
+        }
+        assert!(
+            recent.of(&owner("alice"), None, 1).is_empty(),
+            "alice was the stalest"
+        );
+        assert_eq!(recent.of(&owner("p0"), None, 1).len(), 1);
+        let owners = recent.owners.lock().map(|o| o.len()).unwrap_or(0);
+        assert_eq!(owners, RecentDeliveries::OWNERS);
+    }
 
     #[test]
     fn the_signature_is_lowercase_hex_hmac_sha256() {

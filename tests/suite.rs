@@ -23,6 +23,7 @@ mod evo_clients;
 mod faults;
 mod hostile;
 mod http_framing;
+mod inspector;
 mod metrics;
 mod oidc;
 mod openai;

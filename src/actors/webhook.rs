@@ -122,11 +122,11 @@ impl Actor for WebhookActor {
                             webhook::backoff(&delivery.config.config.retry, delivery.attempt)
                         });
                         tracing::debug!(delivery = %delivery.id, attempt = delivery.attempt, ?outcome, ?wait, "webhook attempt failed; retrying");
-                        delivery.attempt += 1;
-                        m.retries.fetch_add(1, Relaxed);
                         let due = chrono::Utc::now()
                             + chrono::Duration::from_std(wait).unwrap_or_default();
                         state.note(&delivery, &outcome, took, AttemptEnd::Retrying, Some(due));
+                        delivery.attempt += 1;
+                        m.retries.fetch_add(1, Relaxed);
                         let _ = state.args.store.append(
                             vec![Write::OutboxRetry {
                                 key: delivery.key.clone(),
