@@ -388,3 +388,49 @@ fn oidc_settings_are_checked() {
     let ok = format!("{base}{issuer}");
     assert!(a2ad::Config::from_toml(&ok).is_ok());
 }
+
+/// The inspector signs in with whatever is pasted, sent as `Authorization: Bearer`: a token
+/// lists the agents its scope names and the recent-deliveries read is the token
+/// principal's (docs/PROTOCOL.md §11).
+#[tokio::test]
+async fn a_token_signs_in_to_the_inspectors_reads() {
+    let es = SigningKey::new("es-1", Algorithm::ES256);
+    let idp = Idp::start(&[&es]).await;
+    let s = TestServer::start(oidc_config(&idp, &["echo", "other"])).await;
+    let token = es.sign(&claims(&idp, "user-1", "openid a2ad:echo"));
+    let get = |path: &'static str, credential: String| {
+        let req = s
+            .client
+            .get(format!("{}{path}", s.base))
+            .header("authorization", format!("Bearer {credential}"));
+        async move {
+            let r = req.send().await.expect("request");
+            (r.status().as_u16(), r.json::<Value>().await.expect("json"))
+        }
+    };
+    let (status, body) = get("/api/v1/agents", token.clone()).await;
+    assert_eq!(status, 200, "{body}");
+    assert!(
+        body["principal"]
+            .as_str()
+            .is_some_and(|p| p.ends_with("#user-1")),
+        "{body}"
+    );
+    assert_eq!(body["agents"].as_array().map(Vec::len), Some(1), "{body}");
+    assert_eq!(body["agents"][0]["id"], "echo");
+    let (status, body) = get("/api/v1/a2a/echo/rest/x-a2ad/deliveries", token.clone()).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["deliveries"], json!([]));
+    let (status, _) = get("/api/v1/a2a/other/rest/x-a2ad/deliveries", token.clone()).await;
+    assert_eq!(status, 403, "the token's scope does not name `other`");
+    let expired = es.sign(&json!({"iss": idp.issuer, "sub": "user-1", "aud": AUDIENCE,
+                                  "exp": now() - 3600, "scope": "a2ad:echo"}));
+    let (status, body) = get("/api/v1/agents", expired).await;
+    assert_eq!(status, 401, "{body}");
+    assert!(body.to_string().contains("expired"), "{body}");
+    // A key pasted into the same field works the same way.
+    let (status, body) = get("/api/v1/agents", ALICE.to_string()).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["principal"], "alice");
+    s.stop().await;
+}

@@ -140,6 +140,37 @@ def send_chat(text, state="completed"):
     return reply
 
 
+CUT_FIRST_RESUBSCRIBE = r"""
+window.__resubscribes = [];
+const original = window.fetch;
+window.fetch = async (url, init) => {
+  const res = await original(url, init);
+  if (!String(init && init.body).includes('tasks/resubscribe')) return res;
+  window.__resubscribes.push(init.headers['last-event-id']);
+  if (window.__resubscribes.length > 1) return res;
+  const reader = res.body.getReader();
+  const decoder = new TextDecoder();
+  let buffer = '';
+  let frames = 0;
+  const cut = new ReadableStream({ async pull(c) {
+    // Cut once the two frames were read (an error drops what is still queued).
+    if (frames === 2) { reader.cancel(); c.error(new TypeError('network error (cut by the test)')); return; }
+    const { value, done } = await reader.read();
+    if (done) { c.close(); return; }
+    buffer += decoder.decode(value, { stream: true });
+    let at;
+    while (frames < 2 && (at = buffer.indexOf('\n\n')) >= 0) {
+      const frame = buffer.slice(0, at + 2);
+      buffer = buffer.slice(at + 2);
+      c.enqueue(new TextEncoder().encode(frame));
+      if (frame.includes('data:')) frames += 1;
+    }
+  } });
+  return new Response(cut, { status: res.status, headers: res.headers });
+};
+"""
+
+
 def severe_logs():
     return [e for e in driver.get_log("browser") if e.get("level") == "SEVERE"]
 
@@ -234,6 +265,25 @@ try:
         driver.execute_script("arguments[0].hidden = true", by_id("file-input"))
         shot("chat")
 
+    @check("files dropped on the chat: over the agent's size limit refused, a small one sent")
+    def _():
+        drop = """
+            const [name, type, size] = arguments;
+            const dt = new DataTransfer();
+            const bytes = size === null ? new TextEncoder().encode('{"a":1}') : new Uint8Array(size);
+            dt.items.add(new File([bytes], name, { type }));
+            const zone = document.getElementById('dropzone');
+            for (const kind of ['dragover', 'drop']) {
+              zone.dispatchEvent(new DragEvent(kind, { dataTransfer: dt, bubbles: true, cancelable: true }));
+            }"""
+        driver.execute_script(drop, "big.png", "image/png", 5000)
+        wait(lambda d: "over echo's limit of 4096 bytes" in by_id("compose-error").text, "the size refusal")
+        assert "big.png" not in by_id("attachments").text
+        driver.execute_script(drop, "data.json", "application/json", None)
+        wait(lambda d: "data.json" in by_id("attachments").text, "the dropped file attached")
+        reply = send_chat("dropped")
+        assert "file data.json (application/json, 7 bytes)" in reply.text, reply.text
+
     @check("a slow task streams progress and is canceled from the chat")
     def _():
         Select(by_id("chat-agent")).select_by_value("slow")
@@ -264,6 +314,17 @@ try:
         assert "task.working" in row.text and "200" in row.text and slow["id"] in row.text, row.text
         assert received and received[0]["event"] == "task.working", received[:1]
         shot("webhooks")
+        # A second configuration, then deleted: the list follows.
+        by_id("hook-token").clear()
+        by_id("hook-url").clear()
+        by_id("hook-url").send_keys(HOOK_URL + "?second=1")
+        driver.find_element(By.CSS_SELECTOR, "#hook-form button[type=submit]").click()
+        wait(lambda d: len(d.find_elements(By.CSS_SELECTOR, "#hook-rows tr[data-config]")) == 2, "two configurations")
+        second = [r for r in driver.find_elements(By.CSS_SELECTOR, "#hook-rows tr[data-config]") if "second" in r.text][0]
+        gone = second.get_attribute("data-config")
+        second.find_element(By.CSS_SELECTOR, "button").click()
+        wait(lambda d: len(d.find_elements(By.CSS_SELECTOR, "#hook-rows tr[data-config]")) == 1, "one left")
+        assert not driver.find_elements(By.CSS_SELECTOR, f'#hook-rows tr[data-config="{gone}"]')
 
     @check("the task list shows the caller's tasks only, live, with a timeline; cancel from it")
     def _():
@@ -272,8 +333,15 @@ try:
         wait(lambda d: d.find_elements(By.CSS_SELECTOR, f'#task-rows tr[data-task="{slow["id"]}"]'), "the slow task listed")
         row = driver.find_element(By.CSS_SELECTOR, f'#task-rows tr[data-task="{slow["id"]}"]')
         assert "working" in row.text, row.text
+        # The first timeline stream is cut after two events (in the page, as a dropped
+        # connection would be): the inspector resubscribes with Last-Event-ID and the
+        # server replays what was missed — no gap, no duplicate (checked below).
+        driver.execute_script(CUT_FIRST_RESUBSCRIBE)
         row.find_element(By.CSS_SELECTOR, "button").click()
         wait(lambda d: len(d.find_elements(By.CSS_SELECTOR, "#task-detail .timeline li")) >= 3, "a timeline")
+        wait(lambda d: len(d.execute_script("return window.__resubscribes")) >= 2, "a resubscribe")
+        sent = driver.execute_script("return window.__resubscribes")
+        assert sent[0] == "0" and sent[1] == "2", sent
         first = driver.find_element(By.CSS_SELECTOR, "#task-detail .timeline li")
         assert first.get_attribute("data-event") == "1" and "submitted" in first.text, first.text
         wait(lambda d: by_id("task-cancel").is_enabled(), "cancel enabled")
