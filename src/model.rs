@@ -423,9 +423,23 @@ impl TaskEvent {
     /// The name of the event for webhooks and logs: `task.<state>` for a status event
     /// (progress updates too), `task.artifact` for an artifact event.
     pub fn name(&self) -> String {
-        match self.artifact {
-            Some(_) => "task.artifact".to_string(),
-            None => format!("task.{}", self.status.state.as_str()),
+        self.static_name().to_string()
+    }
+
+    /// [`TaskEvent::name`] without an allocation.
+    pub fn static_name(&self) -> &'static str {
+        if self.artifact.is_some() {
+            return "task.artifact";
+        }
+        match self.status.state {
+            TaskState::Submitted => "task.submitted",
+            TaskState::Working => "task.working",
+            TaskState::Completed => "task.completed",
+            TaskState::Failed => "task.failed",
+            TaskState::Canceled => "task.canceled",
+            TaskState::InputRequired => "task.input-required",
+            TaskState::AuthRequired => "task.auth-required",
+            TaskState::Rejected => "task.rejected",
         }
     }
 }
@@ -507,6 +521,23 @@ pub fn iso8601(t: &DateTime<Utc>) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_events_name_is_task_and_its_state() {
+        for state in [
+            TaskState::Submitted,
+            TaskState::Working,
+            TaskState::Completed,
+            TaskState::Failed,
+            TaskState::Canceled,
+            TaskState::InputRequired,
+            TaskState::AuthRequired,
+            TaskState::Rejected,
+        ] {
+            let e = TaskEvent::status(1, TaskStatus::new(state));
+            assert_eq!(e.name(), format!("task.{}", state.as_str()));
+        }
+    }
 
     #[test]
     fn only_completed_failed_canceled_and_rejected_are_terminal() {

@@ -205,6 +205,8 @@ pub struct StoredPushConfig {
     pub active: AtomicBool,
     /// Deliveries in a row that finally failed.
     pub consecutive_failures: AtomicU32,
+    /// The URL as reads show it (masked, at most 512 characters), made at first use.
+    shown_url: std::sync::OnceLock<Arc<str>>,
 }
 
 impl StoredPushConfig {
@@ -261,6 +263,7 @@ impl StoredPushConfig {
             last_used: Mutex::new(last_used),
             active: AtomicBool::new(active),
             consecutive_failures: AtomicU32::new(consecutive_failures),
+            shown_url: std::sync::OnceLock::new(),
         })
     }
 
@@ -287,6 +290,20 @@ impl StoredPushConfig {
     /// Whether deliveries still go out.
     pub fn is_active(&self) -> bool {
         self.active.load(Ordering::Relaxed)
+    }
+
+    /// The URL as reads and logs show it ([`redact_url`]), cut to 512 characters: made
+    /// once per configuration, shared by every record of its deliveries.
+    pub(crate) fn shown_url(&self) -> Arc<str> {
+        self.shown_url
+            .get_or_init(|| {
+                let url = redact_url(&self.config.url);
+                match url.char_indices().nth(512) {
+                    Some((cut, _)) => format!("{}…", &url[..cut]).into(),
+                    None => url.into(),
+                }
+            })
+            .clone()
     }
 
     /// The time of the last delivery attempt.

@@ -178,13 +178,13 @@ pub(crate) struct AttemptRecord {
     /// `X-Webhook-Delivery`: the same on every attempt of one delivery.
     pub delivery: uuid::Uuid,
     /// The task, as its owner names it.
-    pub task: String,
+    pub task: crate::model::TaskId,
     /// The push configuration's id.
     pub config: String,
-    /// The target, redacted as reads show it.
-    pub url: String,
+    /// The target, masked as reads show it (shared with the configuration).
+    pub url: Arc<str>,
     /// `X-Webhook-Event`.
-    pub event: String,
+    pub event: &'static str,
     /// This attempt's number, from 1.
     pub attempt: u32,
     /// Attempts in all.
@@ -231,7 +231,7 @@ impl RecentDeliveries {
     /// Attempts kept per owner.
     pub(crate) const PER_OWNER: usize = 200;
     /// Owners kept.
-    pub(crate) const OWNERS: usize = 4096;
+    pub(crate) const OWNERS: usize = 1024;
 
     /// Keeps one attempt of `owner`.
     pub(crate) fn record(&self, owner: (crate::model::Principal, AgentId), record: AttemptRecord) {
@@ -263,7 +263,7 @@ impl RecentDeliveries {
         owners.get(owner).map_or_else(Vec::new, |q| {
             q.iter()
                 .rev()
-                .filter(|r| task.is_none_or(|t| r.task == t))
+                .filter(|r| task.is_none_or(|t| r.task.as_str() == t))
                 .take(limit)
                 .cloned()
                 .collect()
@@ -282,7 +282,7 @@ mod tests {
             task: task.into(),
             config: "c".into(),
             url: "http://example.com/hook".into(),
-            event: "task.completed".into(),
+            event: "task.completed",
             attempt: n,
             max_attempts: 4,
             end: AttemptEnd::Delivered,
@@ -318,10 +318,13 @@ mod tests {
             RecentDeliveries::PER_OWNER as u32 + 9,
             "newest first"
         );
-        assert!(all.iter().all(|r| r.task != "bobs"), "only the owner's");
+        assert!(
+            all.iter().all(|r| r.task.as_str() != "bobs"),
+            "only the owner's"
+        );
         let odd = recent.of(&owner("alice"), Some("odd"), 3);
         assert_eq!(odd.len(), 3);
-        assert!(odd.iter().all(|r| r.task == "odd"));
+        assert!(odd.iter().all(|r| r.task.as_str() == "odd"));
         assert!(recent.of(&owner("carol"), None, 10).is_empty());
 
         // Past the owner bound, the owner whose latest attempt is oldest is forgotten.

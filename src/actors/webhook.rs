@@ -212,10 +212,10 @@ impl WebhookState {
             AttemptRecord {
                 at: chrono::Utc::now(),
                 delivery: delivery.id,
-                task: task.task.as_str().to_string(),
+                task: task.task.clone(),
                 config: delivery.config.id.clone(),
-                url: redact_url(&delivery.config.config.url),
-                event: delivery.event.name(),
+                url: delivery.config.shown_url(),
+                event: delivery.event.static_name(),
                 attempt: delivery.attempt,
                 max_attempts: webhook::max_attempts(&delivery.config.config.retry),
                 end,

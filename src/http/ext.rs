@@ -98,9 +98,9 @@ pub(crate) fn deliveries(
         .map(|r| {
             let mut v = json!({
                 "deliveryId": r.delivery.to_string(),
-                "taskId": r.task,
+                "taskId": r.task.as_str(),
                 "configId": r.config,
-                "url": r.url,
+                "url": &*r.url,
                 "event": r.event,
                 "attempt": r.attempt,
                 "maxAttempts": r.max_attempts,
