@@ -203,3 +203,105 @@ async fn sigterm_ends_open_streams_and_exits_zero() {
     );
     assert_eq!(wait_exit(&mut child), 0);
 }
+
+/// Starts the binary and returns its stdout lines as they come (all of them, read on a
+/// thread into a shared list).
+fn start_collecting(
+    dir: &tempdir::Dir,
+    args: &[&str],
+) -> (
+    Child,
+    std::sync::Arc<std::sync::Mutex<Vec<String>>>,
+    std::thread::JoinHandle<()>,
+) {
+    let mut child = Command::new(BIN)
+        .args(args)
+        .current_dir(&dir.path)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn a2ad");
+    let stdout = child.stdout.take().expect("stdout");
+    let lines = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let l = lines.clone();
+    let reader = std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            l.lock().expect("lock").push(line);
+        }
+    });
+    (child, lines, reader)
+}
+
+fn wait_line(lines: &std::sync::Mutex<Vec<String>>, prefix: &str) -> String {
+    let end = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        if let Some(l) = lines
+            .lock()
+            .expect("lock")
+            .iter()
+            .find(|l| l.starts_with(prefix))
+        {
+            return l.clone();
+        }
+        assert!(std::time::Instant::now() < end, "no `{prefix}` line");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[tokio::test]
+async fn the_inspectors_address_is_printed_and_the_printed_key_signs_in() {
+    let dir = tempdir::Dir::new();
+    let (mut child, lines, _) = start_collecting(&dir, &["--listen", "127.0.0.1:0"]);
+    let listening = wait_line(&lines, "listening on ");
+    let base = listening
+        .trim_start_matches("listening on ")
+        .trim()
+        .to_string();
+    let ui = wait_line(&lines, "inspector: ");
+    assert_eq!(ui, format!("inspector: {base}/ui/"));
+    let key = wait_line(&lines, "development API key")
+        .split_whitespace()
+        .last()
+        .expect("key")
+        .to_string();
+    let client = reqwest::Client::new();
+    let page = client.get(format!("{base}/ui/")).send().await.expect("ui");
+    assert_eq!(page.status().as_u16(), 200);
+    let agents = client
+        .get(format!("{base}/api/v1/agents"))
+        .header("authorization", format!("Bearer {key}"))
+        .send()
+        .await
+        .expect("agents");
+    assert_eq!(agents.status().as_u16(), 200);
+    let body: serde_json::Value = agents.json().await.expect("json");
+    assert_eq!(body["principal"], "dev");
+    assert_eq!(body["agents"][0]["id"], "echo");
+    terminate(&child);
+    assert_eq!(wait_exit(&mut child), 0);
+
+    // Turned off: no address printed, nothing served.
+    let (dir, path) = write_config(
+        "[server]\nlisten = \"127.0.0.1:0\"\n[store]\nbackend = \"memory\"\n[ui]\nenabled = false\n",
+    );
+    let (mut child, lines, reader) = start_collecting(&dir, &["--config", &path]);
+    let listening = wait_line(&lines, "listening on ");
+    let base = listening
+        .trim_start_matches("listening on ")
+        .trim()
+        .to_string();
+    let page = client.get(format!("{base}/ui/")).send().await.expect("ui");
+    assert_eq!(page.status().as_u16(), 404);
+    terminate(&child);
+    assert_eq!(wait_exit(&mut child), 0);
+    reader.join().expect("every line read");
+    assert!(
+        !lines
+            .lock()
+            .expect("lock")
+            .iter()
+            .any(|l| l.starts_with("inspector:")),
+        "{:?}",
+        lines.lock().expect("lock")
+    );
+}
