@@ -522,18 +522,21 @@ pub fn iso8601(t: &DateTime<Utc>) -> String {
 mod tests {
     use super::*;
 
+    /// Every state.
+    const ALL: [TaskState; 8] = [
+        TaskState::Submitted,
+        TaskState::Working,
+        TaskState::Completed,
+        TaskState::Failed,
+        TaskState::Canceled,
+        TaskState::InputRequired,
+        TaskState::AuthRequired,
+        TaskState::Rejected,
+    ];
+
     #[test]
     fn an_events_name_is_task_and_its_state() {
-        for state in [
-            TaskState::Submitted,
-            TaskState::Working,
-            TaskState::Completed,
-            TaskState::Failed,
-            TaskState::Canceled,
-            TaskState::InputRequired,
-            TaskState::AuthRequired,
-            TaskState::Rejected,
-        ] {
+        for state in ALL {
             let e = TaskEvent::status(1, TaskStatus::new(state));
             assert_eq!(e.name(), format!("task.{}", state.as_str()));
         }
@@ -541,19 +544,7 @@ mod tests {
 
     #[test]
     fn only_completed_failed_canceled_and_rejected_are_terminal() {
-        let terminal: Vec<_> = [
-            TaskState::Submitted,
-            TaskState::Working,
-            TaskState::Completed,
-            TaskState::Failed,
-            TaskState::Canceled,
-            TaskState::InputRequired,
-            TaskState::AuthRequired,
-            TaskState::Rejected,
-        ]
-        .into_iter()
-        .filter(|s| s.is_terminal())
-        .collect();
+        let terminal: Vec<_> = ALL.into_iter().filter(|s| s.is_terminal()).collect();
         assert_eq!(
             terminal,
             vec![

@@ -39,13 +39,7 @@ mod tempdir {
 /// Starts the binary in `dir` (where its default store file goes) and reads stdout up to
 /// the listening line; returns (child, base url, lines seen before it).
 fn start(dir: &tempdir::Dir, args: &[&str]) -> (Child, String, Vec<String>) {
-    let mut child = Command::new(BIN)
-        .args(args)
-        .current_dir(&dir.path)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("spawn a2ad");
+    let mut child = spawn(dir, args);
     let stdout = child.stdout.take().expect("stdout");
     let mut lines = BufReader::new(stdout).lines();
     let mut seen = Vec::new();
@@ -62,6 +56,17 @@ fn start(dir: &tempdir::Dir, args: &[&str]) -> (Child, String, Vec<String>) {
     let _ = child.kill();
     let status = child.wait();
     panic!("a2ad exited before listening ({status:?}); stdout: {seen:?}");
+}
+
+/// The binary in `dir` with its stdout piped.
+fn spawn(dir: &tempdir::Dir, args: &[&str]) -> Child {
+    Command::new(BIN)
+        .args(args)
+        .current_dir(&dir.path)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn a2ad")
 }
 
 fn terminate(child: &Child) {
@@ -214,13 +219,7 @@ fn start_collecting(
     std::sync::Arc<std::sync::Mutex<Vec<String>>>,
     std::thread::JoinHandle<()>,
 ) {
-    let mut child = Command::new(BIN)
-        .args(args)
-        .current_dir(&dir.path)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("spawn a2ad");
+    let mut child = spawn(dir, args);
     let stdout = child.stdout.take().expect("stdout");
     let lines = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
     let l = lines.clone();
