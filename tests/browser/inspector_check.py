@@ -391,7 +391,28 @@ try:
         nav("hooks")
         wait(lambda d: "No deliveries yet." in by_id("delivery-rows").text, "no deliveries of alice's")
 
-    @check("keyboard and phone width: every view reachable, labels present")
+    @check("keyboard: views open from the keyboard and focus survives the live refresh")
+    def _():
+        from selenium.webdriver.common.keys import Keys
+
+        button = driver.find_element(By.CSS_SELECTOR, '#nav button[data-view="tasks"]')
+        driver.execute_script("arguments[0].focus()", button)
+        button.send_keys(Keys.ENTER)
+        wait(lambda d: by_id("view-tasks").is_displayed(), "tasks opened with Enter")
+        wait(lambda d: d.find_elements(By.CSS_SELECTOR, "#task-rows tr[data-task] button"), "a task to focus")
+        driver.execute_script("""
+            window.__focused = document.querySelector('#task-rows tr[data-task] button');
+            window.__focused.focus();
+            window.__polls = Number(document.getElementById('task-rows').dataset.polls);""")
+        wait(lambda d: d.execute_script(
+            "return Number(document.getElementById('task-rows').dataset.polls) >= window.__polls + 2"),
+            "two refreshes")
+        assert driver.execute_script("return document.activeElement === window.__focused"), \
+            "the focused task kept its focus across refreshes"
+        driver.switch_to.active_element.send_keys(Keys.ENTER)
+        wait(lambda d: d.find_elements(By.CSS_SELECTOR, "#task-detail .timeline li"), "the task opened with Enter")
+
+    @check("phone width: every view fits, labels present")
     def _():
         driver.set_window_size(390, 844)
         nav("chat")

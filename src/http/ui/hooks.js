@@ -89,6 +89,9 @@ async function deliveries() {
   const body = $('delivery-rows');
   try {
     const r = await rest(agent, 'GET', '/x-a2ad/deliveries?pageSize=50', { poll: true });
+    const seen = JSON.stringify([agent, (r.deliveries ?? []).map((d) => [d.deliveryId, d.attempt, d.at])]);
+    if (seen === body.dataset.seen) return;
+    body.dataset.seen = seen;
     const rows = (r.deliveries ?? []).map((d) =>
       el('tr', { 'data-delivery': d.deliveryId, 'data-outcome': d.outcome },
         el('td', { text: when(d.at) }),
@@ -102,6 +105,7 @@ async function deliveries() {
         el('td', { text: when(d.nextAttemptAt) })));
     body.replaceChildren(...(rows.length ? rows : [el('tr', {}, el('td', { colspan: '9', text: 'No deliveries yet.' }))]));
   } catch (e) {
+    delete body.dataset.seen;
     body.replaceChildren(el('tr', {}, el('td.error', { colspan: '9', text: e.message })));
   }
 }

@@ -47,9 +47,14 @@ async function refresh() {
   const rows = $('task-rows');
   try {
     const r = await rest(agent, 'GET', `/tasks?${q}`, { poll: true });
+    rows.dataset.polls = String(Number(rows.dataset.polls ?? 0) + 1);
     page.next = r.nextPageToken || '';
     $('task-next').disabled = !page.next;
     $('task-count').textContent = `${r.totalSize} task${r.totalSize === 1 ? '' : 's'}`;
+    // Unchanged rows stay as they are (a keyboard user's focus stays where it was).
+    const seen = JSON.stringify((r.tasks ?? []).map((t) => [t.id, t.status?.state, t.status?.timestamp, openTask?.id]));
+    if (seen === rows.dataset.seen) return;
+    rows.dataset.seen = seen;
     rows.replaceChildren(...(r.tasks ?? []).map((t) => {
       const state = stateName(t.status?.state);
       return el('tr', { 'data-task': t.id, 'aria-selected': String(openTask?.id === t.id) },
@@ -60,6 +65,7 @@ async function refresh() {
     }));
     if (!r.tasks?.length) rows.replaceChildren(el('tr', {}, el('td', { colspan: '4', text: 'No tasks.' })));
   } catch (e) {
+    delete rows.dataset.seen;
     rows.replaceChildren(el('tr', {}, el('td.error', { colspan: '4', text: e.message })));
   }
 }
@@ -132,12 +138,18 @@ async function follow(agent, id, timeline, note, signal, reload) {
         timeline.append(entry(null, stream));
         ended = true;
       } else {
+        let state = null;
         for await (const f of stream) {
           if (f.id !== null && f.id <= last) continue;
           if (f.id !== null) last = f.id;
           timeline.append(entry(f.id, f.data));
           if (f.data?.final) ended = true;
-          reload();
+          // The task's history and state are read again when its state changes, not on
+          // every progress update or token.
+          if (f.data?.status?.state !== state || ended) {
+            state = f.data?.status?.state;
+            reload();
+          }
         }
       }
     } catch (e) {
