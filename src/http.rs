@@ -424,11 +424,9 @@ async fn rest_endpoint(
         return refusal(&Refusal::Forbidden(agent_id));
     }
     if sub == ext::DELIVERIES_PATH {
-        // a2ad's own read (docs/PROTOCOL.md §11), rate-limited as every call.
-        if let Err(retry_after) = app.rate.try_acquire(&caller, agent.index) {
-            return refusal(&Refusal::RateLimited(retry_after));
-        }
-        return ext::deliveries(app, &caller, &agent_id, req.method(), req.uri().query());
+        // a2ad's own read (docs/PROTOCOL.md §11.2).
+        let (method, query) = (req.method(), req.uri().query());
+        return ext::deliveries(app, &caller, (&agent_id, agent.index), method, query);
     }
     let call = match rest::route(req.method(), sub, agent_id.as_str()) {
         RestRoute::Call(call) => call,

@@ -327,6 +327,25 @@ async fn recent_deliveries_are_the_owners_own_with_each_attempt() {
         .await
         .expect("delete");
     assert_eq!(r.status(), 405);
+    assert_eq!(r.headers()["allow"], "GET, HEAD, OPTIONS");
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn recent_deliveries_reads_take_the_agents_rate() {
+    let mut c = support::config(&["echo"]);
+    c.agents[0].limits.requests_per_minute = 2;
+    let s = TestServer::start(c).await;
+    for _ in 0..2 {
+        assert_eq!(deliveries(&s, ALICE, "").await.0, 200);
+    }
+    let r = get(&s, "/api/v1/a2a/echo/rest/x-a2ad/deliveries", Some(ALICE)).await;
+    assert_eq!(r.status(), 429);
+    assert!(r.headers().contains_key("retry-after"));
+    let body: Value = r.json().await.expect("json");
+    assert_eq!(body["error"]["status"], "RESOURCE_EXHAUSTED", "{body}");
+    // Another principal has its own bucket.
+    assert_eq!(deliveries(&s, BOB, "").await.0, 200);
     s.stop().await;
 }
 

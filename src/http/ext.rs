@@ -76,12 +76,19 @@ pub(crate) async fn agents(app: &App, req: Request<Incoming>) -> Response<Body> 
 pub(crate) fn deliveries(
     app: &App,
     caller: &Caller,
-    agent: &AgentId,
+    agent: (&AgentId, usize),
     method: &Method,
     query: Option<&str>,
 ) -> Response<Body> {
     if method != Method::GET && method != Method::HEAD {
-        return wrong_method("GET, OPTIONS");
+        return wrong_method("GET, HEAD, OPTIONS");
+    }
+    // Each read takes a token, as every call on the agent does.
+    if let Err(retry_after) = app.rate.try_acquire(caller, agent.1) {
+        return rest_error(&a2a_errors::refusal(
+            Version::V10,
+            &Refusal::RateLimited(retry_after),
+        ));
     }
     let (task, limit) = match page_query(query) {
         Ok(q) => q,
@@ -89,7 +96,7 @@ pub(crate) fn deliveries(
     };
     let records = app
         .runtime
-        .recent_deliveries(&caller.principal, agent, task.as_deref(), limit);
+        .recent_deliveries(&caller.principal, agent.0, task.as_deref(), limit);
     let millis = |d: std::time::Duration| (d.as_secs_f64() * 1000.0 * 10.0).round() / 10.0;
     let time =
         |t: chrono::DateTime<chrono::Utc>| t.to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
