@@ -1,11 +1,12 @@
 """The inspector (/ui) in a real browser: Debian's headless Chromium driven over WebDriver
 (chromium-driver) by Selenium, against a real a2ad and a real local webhook receiver.
 
-    inspector_check.py BASE_URL ALICE_KEY BOB_KEY SCREENSHOT_DIR
+    inspector_check.py BASE_URL ALICE_KEY BOB_KEY SCREENSHOT_DIR UPSTREAM_PORT
 
 The server (tests/browser/run starts it) has the keys of two principals, alice (every
-agent) and bob (echo only), the agents `echo` and `slow` (20 s, 10 progress steps), and
-webhooks to 127.0.0.1 allowed. Every wait polls a condition up to a generous deadline.
+agent) and bob (echo only), the agents `echo`, `slow` (20 s, 10 progress steps) and `llm`
+(the openai backend, against the OpenAI-compatible upstream this check runs on
+UPSTREAM_PORT, which streams its answer token by token), and webhooks to 127.0.0.1 allowed. Every wait polls a condition up to a generous deadline.
 Prints one line per check and closes with 'inspector: N passed, N failed'.
 """
 
@@ -27,6 +28,7 @@ from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import Select, WebDriverWait
 
 BASE, ALICE, BOB, SHOTS = sys.argv[1:5]
+UPSTREAM_PORT = int(sys.argv[5])
 DEADLINE = 45  # seconds for any one condition on a busy 2-core machine
 
 passed = 0
@@ -70,6 +72,37 @@ class Receiver(BaseHTTPRequestHandler):
 receiver = ThreadingHTTPServer(("127.0.0.1", 0), Receiver)
 threading.Thread(target=receiver.serve_forever, daemon=True).start()
 HOOK_URL = f"http://127.0.0.1:{receiver.server_address[1]}/hook"
+
+
+# --- an OpenAI-compatible upstream that streams its answer ----------------------------
+
+TOKENS = ["Hello", " from", " a", " streaming", " model"]
+
+
+class Upstream(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+
+    def do_POST(self):  # noqa: N802 - the http.server name
+        self.rfile.read(int(self.headers.get("content-length", "0")))
+        self.send_response(200)
+        self.send_header("content-type", "text/event-stream")
+        self.send_header("connection", "close")
+        self.end_headers()
+        for token in TOKENS:
+            chunk = {"choices": [{"index": 0, "delta": {"content": token}}]}
+            self.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
+            self.wfile.flush()
+            time.sleep(0.3)
+        self.wfile.write(b"data: [DONE]\n\n")
+        self.wfile.flush()
+        self.close_connection = True
+
+    def log_message(self, *args):
+        pass
+
+
+upstream = ThreadingHTTPServer(("127.0.0.1", UPSTREAM_PORT), Upstream)
+threading.Thread(target=upstream.serve_forever, daemon=True).start()
 
 
 def http(method, path, key, body=None):
@@ -197,7 +230,7 @@ try:
         wait(lambda d: by_id("nav").is_displayed(), "signed in")
         assert "alice" in by_id("principal").text
         names = [b.get_attribute("data-agent") for b in driver.find_elements(By.CSS_SELECTOR, "#agent-list button")]
-        assert names == ["echo", "slow"], names
+        assert names == ["echo", "slow", "llm"], names
         wait(lambda d: "checks pass" in by_id("agent-detail").text, "the card check")
         wait(lambda d: "totalRequests" in by_id("agent-detail").text, "live metrics")
         detail = by_id("agent-detail").text
@@ -283,6 +316,25 @@ try:
         wait(lambda d: "data.json" in by_id("attachments").text, "the dropped file attached")
         reply = send_chat("dropped")
         assert "file data.json (application/json, 7 bytes)" in reply.text, reply.text
+
+    @check("an LLM's tokens show as they arrive, then the whole reply")
+    def _():
+        Select(by_id("chat-agent")).select_by_value("llm")
+        Select(by_id("chat-wire")).select_by_value("v1")
+        driver.execute_script("""
+            window.__seen = [];
+            new MutationObserver(() => {
+              const b = [...document.querySelectorAll('#transcript .bubble.agent .body')].pop();
+              if (b) window.__seen.push(b.textContent);
+            }).observe(document.getElementById('transcript'), { subtree: true, childList: true, characterData: true });""")
+        reply = send_chat("say something")
+        whole = "".join(TOKENS)
+        assert reply.find_element(By.CSS_SELECTOR, ".body").text == whole, reply.text
+        seen = driver.execute_script("return window.__seen")
+        partial = [t for t in seen if t and t != whole and whole.startswith(t) and t != "…"]
+        assert len(partial) >= 2, f"tokens shown as they came: {seen}"
+        frames = by_id("raw").text
+        assert "SendStreamingMessage" in frames
 
     @check("a slow task streams progress and is canceled from the chat")
     def _():
@@ -434,6 +486,7 @@ try:
 finally:
     driver.quit()
     receiver.shutdown()
+    upstream.shutdown()
 
 print(f"inspector: {passed} passed, {failed} failed")
 sys.exit(1 if failed else 0)
