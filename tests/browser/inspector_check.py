@@ -4,7 +4,7 @@
     inspector_check.py BASE_URL ALICE_KEY BOB_KEY SCREENSHOT_DIR UPSTREAM_PORT
 
 The server (tests/browser/run starts it) has the keys of two principals, alice (every
-agent) and bob (echo only), the agents `echo`, `slow` (20 s, 10 progress steps) and `llm`
+agent) and bob (echo only), the agents `echo`, `slow` (40 s, 20 progress steps) and `llm`
 (the openai backend, against the OpenAI-compatible upstream this check runs on
 UPSTREAM_PORT, which streams its answer token by token), and webhooks to 127.0.0.1 allowed. Every wait polls a condition up to a generous deadline.
 Prints one line per check and closes with 'inspector: N passed, N failed'.

@@ -107,7 +107,7 @@ async function openDetail(agent, id) {
         el('dl.kv', {},
           el('dt', { text: 'state' }), el('dd', {}, el(`span.st.st-${state}`, { text: state })),
           el('dt', { text: 'context' }), el('dd', { text: t.contextId ?? '' }),
-          el('dt', { text: 'updated' }), el('dd', { text: t.status?.timestamp ?? '' })),
+          el('dt', { text: 'updated' }), el('dd', { title: t.status?.timestamp ?? '', text: when(t.status?.timestamp) })),
         el('h3', { text: 'History' }),
         el('ol', {}, (t.history ?? []).map((m) => el('li', {}, el('strong', { text: m.role === 'ROLE_USER' ? 'user: ' : 'agent: ' }), textOf(m)))),
         ...((t.artifacts ?? []).length ? [
