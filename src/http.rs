@@ -415,14 +415,7 @@ async fn rest_endpoint(
         .await
     {
         Ok(c) => c,
-        Err(e) => {
-            let mut r = refusal(&Refusal::Unauthorized(e.message()));
-            r.headers_mut().insert(
-                header::WWW_AUTHENTICATE,
-                HeaderValue::from_static(respond::WWW_AUTHENTICATE),
-            );
-            return r;
-        }
+        Err(e) => return rest_unauthorized(e),
     };
     let Some(agent) = app.runtime.agent(&agent_id).cloned() else {
         return refusal(&Refusal::AgentNotFound(agent_id));
@@ -439,13 +432,7 @@ async fn rest_endpoint(
         RestRoute::Call(call) => call,
         RestRoute::WrongMethod(allow) => {
             refused_by(app, DIALECT, Binding::Rest, &agent, INVALID_REQUEST);
-            let e =
-                RpcError::invalid_request(&format!("HTTP method not allowed here; use {allow}"))
-                    .with_status(StatusCode::METHOD_NOT_ALLOWED);
-            let mut r = status(&a2a_errors::dress(Version::V10, e));
-            r.headers_mut()
-                .insert(header::ALLOW, HeaderValue::from_static(allow));
-            return r;
+            return rest_wrong_method(allow);
         }
         RestRoute::WrongTenant(tenant) => {
             refused_by(app, DIALECT, Binding::Rest, &agent, INVALID_PARAMS);
@@ -540,6 +527,29 @@ fn rest_response(mut r: Response<Body>) -> Response<Body> {
 /// An error of the HTTP+JSON binding: its `google.rpc.Status` response.
 fn rest_error(e: &RpcError) -> Response<Body> {
     rest_response(json_reply(rest::status_reply(e)))
+}
+
+/// The HTTP+JSON binding's 401, with the challenge.
+fn rest_unauthorized(e: crate::auth::AuthError) -> Response<Body> {
+    let mut r = rest_error(&a2a_errors::refusal(
+        Version::V10,
+        &Refusal::Unauthorized(e.message()),
+    ));
+    r.headers_mut().insert(
+        header::WWW_AUTHENTICATE,
+        HeaderValue::from_static(respond::WWW_AUTHENTICATE),
+    );
+    r
+}
+
+/// The HTTP+JSON binding's 405, naming what is allowed.
+fn rest_wrong_method(allow: &'static str) -> Response<Body> {
+    let e = RpcError::invalid_request(&format!("HTTP method not allowed here; use {allow}"))
+        .with_status(StatusCode::METHOD_NOT_ALLOWED);
+    let mut r = rest_error(&a2a_errors::dress(Version::V10, e));
+    r.headers_mut()
+        .insert(header::ALLOW, HeaderValue::from_static(allow));
+    r
 }
 
 /// The bytes a batch's answer may still take (`server.max_batch_response_bytes`).

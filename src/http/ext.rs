@@ -5,11 +5,12 @@
 //! inspector (`/ui`) reads them with the user's own key, as any client may.
 
 use hyper::body::Incoming;
-use hyper::header::{self, HeaderValue};
 use hyper::{Method, Request, Response, StatusCode};
 use serde_json::{Value, json};
 
-use super::{App, Body, preflight_official, rest_error, rest_response};
+use super::{
+    App, Body, preflight_official, rest_error, rest_response, rest_unauthorized, rest_wrong_method,
+};
 use crate::auth::{Caller, PeerCertificate};
 use crate::model::AgentId;
 use crate::rpc::a2a::Version;
@@ -32,7 +33,7 @@ pub(crate) async fn agents(app: &App, req: Request<Incoming>) -> Response<Body> 
     match *req.method() {
         Method::OPTIONS => return preflight_official("GET, HEAD, OPTIONS"),
         Method::GET | Method::HEAD => {}
-        _ => return wrong_method("GET, HEAD, OPTIONS"),
+        _ => return rest_wrong_method("GET, HEAD, OPTIONS"),
     }
     let caller = match authenticate(app, &req).await {
         Ok(c) => c,
@@ -81,7 +82,7 @@ pub(crate) fn deliveries(
     query: Option<&str>,
 ) -> Response<Body> {
     if method != Method::GET && method != Method::HEAD {
-        return wrong_method("GET, HEAD, OPTIONS");
+        return rest_wrong_method("GET, HEAD, OPTIONS");
     }
     // Each read takes a token, as every call on the agent does.
     if let Err(retry_after) = app.rate.try_acquire(caller, agent.1) {
@@ -139,7 +140,10 @@ fn page_query(query: Option<&str>) -> Result<(Option<String>, usize), RpcError> 
         match k.as_ref() {
             "taskId" if task.is_none() => {
                 if v.is_empty() || v.chars().count() > 256 {
-                    return Err(invalid("taskId", "must be 1 to 256 characters"));
+                    return Err(RpcError::invalid_params(
+                        "taskId",
+                        "must be 1 to 256 characters",
+                    ));
                 }
                 task = Some(v.into_owned());
             }
@@ -148,16 +152,14 @@ fn page_query(query: Option<&str>) -> Result<(Option<String>, usize), RpcError> 
                     .parse::<usize>()
                     .ok()
                     .filter(|n| (1..=MAX_PAGE).contains(n))
-                    .ok_or_else(|| invalid("pageSize", "must be an integer from 1 to 200"))?;
+                    .ok_or_else(|| {
+                        RpcError::invalid_params("pageSize", "must be an integer from 1 to 200")
+                    })?;
             }
             _ => {}
         }
     }
     Ok((task, limit))
-}
-
-fn invalid(field: &str, reason: &str) -> RpcError {
-    RpcError::invalid_params(field, reason)
 }
 
 async fn authenticate(
@@ -167,26 +169,7 @@ async fn authenticate(
     app.keys
         .authenticate(req.headers(), PeerCertificate::of(req.extensions()))
         .await
-        .map_err(|e| {
-            let mut r = rest_error(&a2a_errors::refusal(
-                Version::V10,
-                &Refusal::Unauthorized(e.message()),
-            ));
-            r.headers_mut().insert(
-                header::WWW_AUTHENTICATE,
-                HeaderValue::from_static(super::respond::WWW_AUTHENTICATE),
-            );
-            r
-        })
-}
-
-fn wrong_method(allow: &'static str) -> Response<Body> {
-    let e = RpcError::invalid_request(&format!("HTTP method not allowed here; use {allow}"))
-        .with_status(StatusCode::METHOD_NOT_ALLOWED);
-    let mut r = rest_error(&a2a_errors::dress(Version::V10, e));
-    r.headers_mut()
-        .insert(header::ALLOW, HeaderValue::from_static(allow));
-    r
+        .map_err(rest_unauthorized)
 }
 
 #[cfg(test)]
