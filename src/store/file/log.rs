@@ -393,9 +393,7 @@ impl LogDisk {
         let payload_at = w.len + frame::FRAME_HEADER as u64;
         {
             let mut keydir = self.keydir.write().unwrap_or_else(|e| e.into_inner());
-            frame::each_op(&bytes[frame::FRAME_HEADER..], |op| {
-                keydir.apply(w.seg, payload_at, &op);
-            });
+            keydir.apply_frame(w.seg, payload_at, &bytes[frame::FRAME_HEADER..]);
         }
         w.len += bytes.len() as u64;
         w.sizes.insert(w.seg, w.len);
@@ -602,9 +600,10 @@ impl LogDisk {
 /// Reads arbitrary bytes as a restart reads a segment's frames (the fuzz target
 /// `log_frame`): whatever they hold, no panic, each frame ends after it starts and within
 /// the bytes, every payload that decodes encodes back to the same bytes, and its
-/// operations apply to a keydir.
+/// operations apply to a keydir — frame by frame the same as one by one.
 pub(crate) fn check_any(bytes: &[u8]) {
     let mut keydir = Keydir::default();
+    let mut grouped = Keydir::default();
     let mut at = 0;
     while let Next::Frame { payload, next: end } = frame::next(bytes, at) {
         assert!(end > at && end <= bytes.len(), "a frame within the bytes");
@@ -632,6 +631,11 @@ pub(crate) fn check_any(bytes: &[u8]) {
                 &again.seal()[frame::FRAME_HEADER..],
                 payload,
                 "a payload round trip"
+            );
+            assert!(grouped.apply_frame(1, (at + frame::FRAME_HEADER) as u64, payload));
+            assert!(
+                grouped == keydir,
+                "a frame applied as its operations one by one"
             );
         }
         at = end;
@@ -690,10 +694,7 @@ impl Scanned {
     /// Points the keydir at the rows of every frame.
     fn apply(&self, keydir: &mut Keydir) {
         for payload in &self.frames {
-            let at = payload.start as u64;
-            frame::each_op(&self.bytes[payload.clone()], |op| {
-                keydir.apply(self.seg, at, &op);
-            });
+            keydir.apply_frame(self.seg, payload.start as u64, &self.bytes[payload.clone()]);
         }
     }
 }

@@ -151,6 +151,10 @@ pub(crate) fn apply(
             last[i] = seen.insert(key);
         }
     }
+    // A task's row key, made once for its consecutive writes (an echo task's three); the
+    // event's key is the row key and its number.
+    let mut rows: Option<(&TaskKey, Vec<u8>)> = None;
+    let mut event_row = Vec::new();
     for (i, write) in writes.iter().enumerate() {
         match write {
             Write::Task {
@@ -161,9 +165,12 @@ pub(crate) fn apply(
                 turn,
             } => {
                 let created = codec::created(task);
-                let row = codec::task_key(key, created);
-                let mut event_row = Vec::with_capacity(row.len() + 8);
-                event_row.extend_from_slice(&row);
+                let row = match &mut rows {
+                    Some((k, row)) if *k == key => row,
+                    other => &mut other.insert((key, codec::task_key(key, created))).1,
+                };
+                event_row.clear();
+                event_row.extend_from_slice(row);
                 event_row.extend_from_slice(&event.seq.to_be_bytes());
                 t.put(Table::Events, &event_row, &codec::encode_event(event))?;
                 for d in indexes.plan(key, task, event, *changed) {
@@ -175,7 +182,7 @@ pub(crate) fn apply(
                     planned.push((i, d));
                 }
                 if last[i] {
-                    t.put(Table::Tasks, &row, &codec::encode_task(task, *turn))?;
+                    t.put(Table::Tasks, row, &codec::encode_task(task, *turn))?;
                 }
             }
             Write::Turn {
