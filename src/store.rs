@@ -398,6 +398,29 @@ impl PageToken {
     }
 }
 
+/// A configuration's delivery bookkeeping is written once per batch: walked from the
+/// batch's end, [`superseded`](Self::superseded) says of each write whether a later one
+/// in the batch writes the same configuration (the same object, so the later write
+/// stores its newest state, and the result is the same as writing both). Every delivery
+/// of an agent-wide configuration ends with a `PushStats` of it; a batch at 64
+/// connections carries dozens.
+#[derive(Default)]
+pub(crate) struct StatsOnce(std::collections::HashSet<usize, foldhash::fast::RandomState>);
+
+impl StatsOnce {
+    /// Call with a batch's writes from the last to the first.
+    pub(crate) fn superseded(&mut self, w: &Write) -> bool {
+        match w {
+            Write::PushStats(c) => !self.0.insert(Arc::as_ptr(c).addr()),
+            Write::PushSet(c) => {
+                self.0.insert(Arc::as_ptr(c).addr());
+                false
+            }
+            _ => false,
+        }
+    }
+}
+
 /// One page of tasks.
 #[derive(Clone, Debug, Default)]
 pub struct ListPage {

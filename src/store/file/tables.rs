@@ -6,7 +6,7 @@ use std::collections::HashSet;
 
 use super::super::codec;
 use super::super::index::Indexes;
-use super::super::{Delivery, Write};
+use super::super::{Delivery, StatsOnce, Write};
 use crate::model::TaskKey;
 
 /// A table of the store.
@@ -130,11 +130,13 @@ pub(crate) trait TableRead {
 pub(crate) struct Applied {
     /// The planned deliveries, each with the index of the write that planned it.
     pub(crate) planned: Vec<(usize, Delivery)>,
-    /// Per write: it is its task's last in the batch (the record it leaves is the task's).
+    /// Per write: it is its task's last in the batch (the record it leaves is the task's),
+    /// or its configuration's last bookkeeping ([`StatsOnce`]).
     pub(crate) last: Vec<bool>,
 }
 
-/// Applies one batch to the tables. A task's record is written once per batch (its last).
+/// Applies one batch to the tables. A task's record is written once per batch (its last),
+/// and so is a push configuration's bookkeeping.
 pub(crate) fn apply(
     writes: &[Write],
     indexes: &Indexes,
@@ -145,11 +147,13 @@ pub(crate) fn apply(
     // the first seen walking back.
     let mut seen: HashSet<&TaskKey, foldhash::fast::RandomState> =
         HashSet::with_capacity_and_hasher(writes.len(), Default::default());
+    let mut stats = StatsOnce::default();
     let mut last = vec![false; writes.len()];
     for (i, write) in writes.iter().enumerate().rev() {
-        if let Write::Task { key, .. } = write {
-            last[i] = seen.insert(key);
-        }
+        last[i] = match write {
+            Write::Task { key, .. } => seen.insert(key),
+            w => !stats.superseded(w),
+        };
     }
     // A task's row key, made once for its consecutive writes (an echo task's three); the
     // event's key is the row key and its number.
@@ -204,6 +208,7 @@ pub(crate) fn apply(
                 let prefix = codec::context_prefix(principal, context, *since);
                 t.remove_range(Table::Turns, &prefix, &codec::prefix_end(&prefix))?;
             }
+            Write::PushStats(_) if !last[i] => {}
             Write::PushSet(c) | Write::PushStats(c) => {
                 let body = codec::encode_push(c, &indexes.sealer);
                 t.put(Table::Push, &codec::push_key(c), &body)?;

@@ -19,7 +19,7 @@ use crate::model::TaskKey;
 use crate::push::{Namespace, StoredPushConfig};
 use crate::store::cluster::Signal;
 use crate::store::codec;
-use crate::store::{Committed, Delivery, Then, Write, deliveries_for, delivery_id};
+use crate::store::{Committed, Delivery, StatsOnce, Then, Write, deliveries_for, delivery_id};
 
 /// What one job's writes came to.
 pub(super) enum Outcome {
@@ -265,11 +265,15 @@ pub(super) async fn commit(
         plans.push(mine);
     }
 
-    // Only a task's last event of the batch writes its record.
+    // Only a task's last event of the batch writes its record, and only a configuration's
+    // last bookkeeping is written.
     let mut seen = HashSet::new();
+    let mut stats = StatsOnce::default();
     for p in planned.iter_mut().rev() {
-        if let Planned::Task { id, last, .. } = p {
-            *last = seen.insert(*id);
+        match p {
+            Planned::Task { id, last, .. } => *last = seen.insert(*id),
+            Planned::Other(w) if stats.superseded(w) => *p = Planned::Nothing,
+            _ => {}
         }
     }
     let statements = try_join_all(
@@ -408,6 +412,7 @@ pub(super) async fn execute(
                 executed(&row)
             })
         }
+        Planned::Nothing => Ok(Some(Vec::new())),
         Planned::Other(w) => {
             match w {
                 Write::Turn {

@@ -204,6 +204,8 @@ pub(super) enum Planned {
         last: bool,
     },
     Other(Write),
+    /// A write the batch's later one supersedes (a configuration's bookkeeping).
+    Nothing,
 }
 
 /// What one statement did: `None` when a task append was fenced, else the deliveries it

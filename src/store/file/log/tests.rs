@@ -556,3 +556,49 @@ fn the_next_segment_is_written_in_advance_and_its_zeros_end_the_log() {
     assert!(refusal(&config).contains("is damaged"), "refused");
     SEGMENT.with(|s| s.set(SEGMENT_BYTES));
 }
+
+#[test]
+fn a_configurations_bookkeeping_is_written_once_per_batch_with_its_newest_state() {
+    use std::sync::atomic::Ordering::Relaxed;
+
+    use crate::push::{PushConfig, PushScope, StoredPushConfig};
+    use crate::store::Write;
+    use crate::store::contract::commit;
+
+    let dir = Dir::new();
+    let config = dir.config();
+    let store = open(&config);
+    let scope = PushScope {
+        principal: "alice".into(),
+        agent: "echo".into(),
+        task: None,
+    };
+    let c = StoredPushConfig::scoped(
+        scope.clone(),
+        PushConfig::new("https://hooks.example.com/a"),
+        "seed",
+    );
+    store.push_reserve(&c, 10).expect("reserved");
+    commit(&store, vec![Write::PushSet(c.clone())]);
+    let bytes = || store.stats().file_bytes;
+    let before = bytes();
+    commit(&store, vec![Write::PushStats(c.clone())]);
+    let one = bytes() - before;
+    // Three deliveries of one agent-wide configuration ended in the same batch.
+    c.consecutive_failures.store(4, Relaxed);
+    let before = bytes();
+    let stats = || Write::PushStats(c.clone());
+    commit(&store, vec![stats(), stats(), stats()]);
+    assert_eq!(bytes() - before, one, "one row, not three");
+    close(store);
+    let store = open(&config);
+    let kept = block(store.push_scope(&scope))
+        .expect("read")
+        .expect("kept");
+    assert_eq!(
+        kept.consecutive_failures.load(Relaxed),
+        4,
+        "the newest state"
+    );
+    close(store);
+}
