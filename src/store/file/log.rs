@@ -561,11 +561,7 @@ impl LogDisk {
                     at,
                 } = op
                 {
-                    let here = Loc {
-                        seg,
-                        at: payload_at + at as u64,
-                        len: u32::try_from(value.len()).unwrap_or(u32::MAX),
-                    };
+                    let here = Loc::in_payload(seg, payload_at, at, value);
                     if keydir.get(table, key) == Some(here) {
                         out.put(table, key, value);
                     }
@@ -770,9 +766,8 @@ fn scan_segment(
                     } = *op
                         && !codec::event_row_is_valid(key, value)
                     {
-                        let len = u32::try_from(value.len()).unwrap_or(u32::MAX);
-                        let at = (payload_at + at) as u64;
-                        suspects.push((key.to_vec(), Loc { seg, at, len }));
+                        let here = Loc::in_payload(seg, payload_at as u64, at, value);
+                        suspects.push((key.to_vec(), here));
                     }
                 }
                 frames.push(payload_at..payload_at + payload.len());

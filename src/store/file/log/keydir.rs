@@ -22,6 +22,18 @@ pub(crate) struct Loc {
     pub len: u32,
 }
 
+impl Loc {
+    /// The place of a value that starts `at` bytes into a frame's payload, which starts at
+    /// `payload_at` in segment `seg`.
+    pub(crate) fn in_payload(seg: u32, payload_at: u64, at: usize, value: &[u8]) -> Self {
+        Loc {
+            seg,
+            at: payload_at + at as u64,
+            len: u32::try_from(value.len()).unwrap_or(u32::MAX),
+        }
+    }
+}
+
 /// The bytes a row keeps alive in its segment: key, value and the op's framing.
 fn weight(key_len: usize, loc: &Loc) -> u64 {
     key_len as u64 + u64::from(loc.len) + 10
@@ -264,11 +276,7 @@ impl Keydir {
                 at,
             } = op
             {
-                let loc = Loc {
-                    seg,
-                    at: payload_at + at as u64,
-                    len: u32::try_from(value.len()).unwrap_or(u32::MAX),
-                };
+                let loc = Loc::in_payload(seg, payload_at, at, value);
                 let row = match table {
                     Table::Tasks => Some((key, None)),
                     Table::Events => split_event(key).map(|(task, seq)| (task, Some(seq))),
@@ -323,15 +331,7 @@ impl Keydir {
                 key,
                 value,
                 at,
-            } => self.put(
-                table,
-                key,
-                Loc {
-                    seg,
-                    at: payload_at + at as u64,
-                    len: u32::try_from(value.len()).unwrap_or(u32::MAX),
-                },
-            ),
+            } => self.put(table, key, Loc::in_payload(seg, payload_at, at, value)),
             frame::Op::Remove { table, key } => self.remove(table, key),
             frame::Op::RemoveRange { table, start, end } => self.remove_range(table, start, end),
         }
