@@ -36,7 +36,7 @@ pub(super) struct Batch {
 
 impl Committer {
     pub(super) fn run(mut self) {
-        yield_to_requests();
+        let adapt = set_policy(Policy::YieldToRequests);
         loop {
             if self.counters.abandon.load(Relaxed) {
                 return;
@@ -80,8 +80,19 @@ impl Committer {
                     }
                 }
             }
-            if !batch.appends.is_empty() && !self.commit(batch) {
-                return;
+            if !batch.appends.is_empty() {
+                // A small batch waits on its disk at the normal policy (see `Policy`).
+                let normal = adapt && batch.appends.len() <= Policy::LIGHT;
+                if normal {
+                    set_policy(Policy::Normal);
+                }
+                let committed = self.commit(batch);
+                if normal {
+                    set_policy(Policy::YieldToRequests);
+                }
+                if !committed {
+                    return;
+                }
             }
             self.between();
         }
@@ -229,30 +240,63 @@ fn next_yield_at(now: u64, appends: u64, dry: bool) -> u64 {
     }
 }
 
-/// Puts the committer under `SCHED_BATCH` (Linux): the same share of the CPU, but no
-/// wake-up preemption. Woken by the first append of a burst, a normal thread preempts the
-/// request path on a shared core and commits a batch of one or two tasks, and every commit
-/// costs an fdatasync (~100 µs of system CPU on the reference machine); under `SCHED_BATCH`
-/// it starts the batch once the request path pauses or its time slice ends, so batches
-/// grow with the load. Measured: send at 256 connections on one core, 16.1k → 22.6k
-/// requests/s, 8 → 126 tasks per commit, p99 24.7 → 18.6 ms; at 32 connections unchanged
-/// (docs/PERFORMANCE.md). On an idle core it changes nothing. A system that refuses is
-/// logged and served as it is.
-fn yield_to_requests() {
+/// The committer's scheduling policy (Linux; elsewhere nothing changes).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Policy {
+    /// `SCHED_BATCH`: the same share of the CPU, but no wake-up preemption. Woken by the
+    /// first append of a burst, a normal thread preempts the request path on a shared core
+    /// and commits a batch of one or two tasks, and every commit costs an fdatasync (~100 µs
+    /// of system CPU on the reference machine); under `SCHED_BATCH` it starts the batch
+    /// once the request path pauses or its time slice ends, so batches grow with the load.
+    /// Measured: send at 256 connections on one core, 16.1k → 22.6k requests/s, 8 → 126
+    /// tasks per commit, p99 24.7 → 18.6 ms; at 32 connections unchanged
+    /// (docs/PERFORMANCE.md). Held while the committer waits for work.
+    YieldToRequests,
+    /// The normal policy, while a small batch (a light load) is written and synced: woken
+    /// by the completion of its write or its flush, the committer runs at once, where under
+    /// `SCHED_BATCH` it waited for the running thread's slice to end — beside a CPU-bound
+    /// process on its core, a scheduler tick each time (one connection: 86 → ~2,900
+    /// requests/s). Not for large batches: there the later wake-up lets the next batch
+    /// grow, and taking the core at once cost 5–19% at 32–256 connections; and not while
+    /// waiting for work, so that batches form as before (docs/PERFORMANCE.md, fifth slice).
+    Normal,
+}
+
+impl Policy {
+    /// Batches of at most this many appends are a light load.
+    const LIGHT: usize = 4;
+}
+
+/// Sets the calling thread's policy; false where the system refused (logged once, at the
+/// start: the committer then keeps the policy it has).
+fn set_policy(policy: Policy) -> bool {
     #[cfg(target_os = "linux")]
     {
         use thread_priority::{
             NormalThreadSchedulePolicy, ThreadPriority, ThreadSchedulePolicy,
             set_thread_priority_and_policy, thread_native_id,
         };
-        if let Err(e) = set_thread_priority_and_policy(
+        let normal = match policy {
+            Policy::YieldToRequests => NormalThreadSchedulePolicy::Batch,
+            Policy::Normal => NormalThreadSchedulePolicy::Other,
+        };
+        match set_thread_priority_and_policy(
             thread_native_id(),
             // Niceness 0: the share of the CPU stays what it was.
             ThreadPriority::Os(Default::default()),
-            ThreadSchedulePolicy::Normal(NormalThreadSchedulePolicy::Batch),
+            ThreadSchedulePolicy::Normal(normal),
         ) {
-            tracing::debug!(error = ?e, "the store's committer keeps the normal scheduling policy");
+            Ok(()) => true,
+            Err(e) => {
+                tracing::debug!(error = ?e, "the store's committer keeps its scheduling policy");
+                false
+            }
         }
+    }
+    #[cfg(not(target_os = "linux"))]
+    {
+        let _ = policy;
+        false
     }
 }
 
