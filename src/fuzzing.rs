@@ -276,13 +276,14 @@ pub fn store_record(data: &[u8]) {
     };
     match which % 8 {
         0 => {
-            if let Some((task, turn)) = codec::decode_task(&key, bytes) {
-                let once = codec::encode_task(&task, turn);
-                let (again, turn_again) = codec::decode_task(&key, &once).expect("re-decodes");
-                assert_eq!(turn, turn_again);
+            if let Some((task, turn, carries)) = codec::decode_record(&key, bytes) {
+                let once = codec::encode_record(&task, turn, carries);
+                let (again, turn_again, carries_again) =
+                    codec::decode_record(&key, &once).expect("re-decodes");
+                assert_eq!((turn, carries), (turn_again, carries_again));
                 assert_eq!(
                     once,
-                    codec::encode_task(&again, turn_again),
+                    codec::encode_record(&again, turn_again, carries_again),
                     "a task round trip"
                 );
             }

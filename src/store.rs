@@ -219,6 +219,60 @@ pub(crate) enum Write {
     },
 }
 
+impl Write {
+    /// Whether `writes[i]` is a task's write whose record can carry the conversation turn
+    /// that `writes[i + 1]` records: the turn of the task's end (a task's terminal event is
+    /// followed by its turn in the same append), with exactly the messages the record
+    /// holds ([`record_turn`]). The embedded store then writes no row of its own for the
+    /// turn: the record is read back as the turn, and the task's eviction writes the row.
+    pub(crate) fn carries_turn(writes: &[Write], i: usize) -> bool {
+        let (
+            Some(Write::Task {
+                key,
+                task,
+                turn: id,
+                ..
+            }),
+            Some(Write::Turn {
+                principal,
+                context,
+                turn,
+                user,
+                reply,
+            }),
+        ) = (writes.get(i), writes.get(i + 1))
+        else {
+            return false;
+        };
+        let same = |a: Option<&Arc<Message>>, b: Option<&Arc<Message>>| match (a, b) {
+            (Some(a), Some(b)) => Arc::ptr_eq(a, b),
+            (None, None) => true,
+            _ => false,
+        };
+        id.number > 0
+            && id == turn
+            && key.principal == *principal
+            && task.context_id == *context
+            && record_turn(task)
+                .is_some_and(|(u, r)| Arc::ptr_eq(u, user) && same(r, reply.as_ref()))
+    }
+}
+
+/// The conversation turn a finished task's record holds: its user message (the first of
+/// its history) and, if it completed, the reply (its status message) — what the task's
+/// end recorded as the turn.
+pub(crate) fn record_turn(task: &TaskSnapshot) -> Option<(&Arc<Message>, Option<&Arc<Message>>)> {
+    if !task.status.state.is_terminal() {
+        return None;
+    }
+    let user = task.history.first()?;
+    let reply = match task.status.state {
+        crate::model::TaskState::Completed => task.status.message.as_ref(),
+        _ => None,
+    };
+    Some((user, reply))
+}
+
 /// A task's place in its conversation: the turn's number, and when the conversation began
 /// (µs since the epoch) — the embedded store files a conversation's turns under that time,
 /// so the turns of new conversations are appended at the end of their table.

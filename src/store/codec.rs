@@ -22,8 +22,9 @@ use crate::push::{
 };
 
 /// The version of the file layout this build reads and writes: 3 writes the hot rows in
-/// the compact form of codec/binary.rs (2's JSON rows still read).
-pub(crate) const SCHEMA_VERSION: u32 = 3;
+/// the compact form of codec/binary.rs (2's JSON rows still read); 4 lets a task's record
+/// carry its conversation turn and leaves tombstones of forgotten conversations.
+pub(crate) const SCHEMA_VERSION: u32 = 4;
 
 mod binary;
 mod keys;
@@ -260,11 +261,24 @@ struct TaskRec {
 
 /// Encodes a task's record (the compact form).
 pub(crate) fn encode_task(task: &TaskSnapshot, turn: TurnId) -> Vec<u8> {
-    binary::encode_task(task, turn)
+    binary::encode_task(task, turn, false)
+}
+
+/// Encodes a task's record that carries its conversation turn, or not: the embedded
+/// store writes no row of its own for the turn of a task that finished in the batch
+/// ([`crate::store::Write::carries_turn`]).
+pub(crate) fn encode_record(task: &TaskSnapshot, turn: TurnId, carries_turn: bool) -> Vec<u8> {
+    binary::encode_task(task, turn, carries_turn)
 }
 
 /// Decodes a task's record: the task and its conversation turn.
 pub(crate) fn decode_task(key: &TaskKey, bytes: &[u8]) -> Option<(TaskSnapshot, TurnId)> {
+    decode_record(key, bytes).map(|(task, turn, _)| (task, turn))
+}
+
+/// Decodes a task's record: the task, its conversation turn, and whether the record
+/// carries the turn ([`encode_record`]).
+pub(crate) fn decode_record(key: &TaskKey, bytes: &[u8]) -> Option<(TaskSnapshot, TurnId, bool)> {
     if bytes.first() == Some(&binary::TAG) {
         return binary::decode_task(key, bytes);
     }
@@ -287,6 +301,7 @@ pub(crate) fn decode_task(key: &TaskKey, bytes: &[u8]) -> Option<(TaskSnapshot, 
             number: rec.turn,
             since: rec.cs,
         },
+        false,
     ))
 }
 
@@ -526,6 +541,32 @@ pub(crate) fn decode_turn(bytes: &[u8]) -> Option<(Arc<Message>, Option<Arc<Mess
         rec.r.map(|r| Arc::new(r.into_message())),
     ))
 }
+
+/// The key of a forgotten conversation's tombstone: turn number 0 of the conversation
+/// (turns are numbered from 1), so that it sorts before the turns and goes with them.
+pub(crate) fn tombstone_key(principal: &Principal, context: &ContextId, since: i64) -> Vec<u8> {
+    turn_key(principal, context, TurnId { number: 0, since })
+}
+
+/// A tombstone's value: a tag no turn begins with, then when it was written (µs since the
+/// epoch, big-endian).
+pub(crate) fn encode_tombstone(at: i64) -> Vec<u8> {
+    let mut out = Vec::with_capacity(9);
+    out.push(TOMBSTONE);
+    out.extend_from_slice(&at.to_be_bytes());
+    out
+}
+
+/// When a tombstone was written.
+pub(crate) fn decode_tombstone(bytes: &[u8]) -> Option<i64> {
+    match bytes {
+        [TOMBSTONE, at @ ..] => Some(i64::from_be_bytes(at.try_into().ok()?)),
+        _ => None,
+    }
+}
+
+/// A tombstone's tag (a compact row begins with [`binary::TAG`], a JSON row with `{`).
+const TOMBSTONE: u8 = 0xd7;
 
 /// The JSON rows of schema 2, as that schema wrote them: the tests check they still read.
 #[cfg(test)]

@@ -68,12 +68,7 @@ trait Disk: Send + Sync + 'static {
 
     /// Deletes evicted tasks (their records, events, outbox entries, configurations).
     fn forget(&self, chunk: &[Evicted]) -> std::result::Result<(), DiskError> {
-        self.write(&mut |t| {
-            for (key, created) in chunk {
-                tables::delete_task(t, key, *created)?;
-            }
-            Ok(())
-        })
+        self.write(&mut |t| tables::forget(t, chunk))
     }
 
     /// Gets ready to retry after a failed commit.
@@ -201,6 +196,13 @@ impl Journal {
             })
             .unwrap_or_else(|panic| Err(damaged(&path, &panic)))?;
         let recovered = loaded.recovered;
+        let mut tombstones = committer::Tombstones::new(
+            config.server.task_retention(),
+            config.server.max_finished_tasks,
+        );
+        for (key, age) in loaded.tombstones {
+            tombstones.add(key, age);
+        }
         tracing::info!(
             path = %path.display(),
             tasks = indexes.tasks.len(),
@@ -228,6 +230,7 @@ impl Journal {
             max_batch: config.store.max_batch,
             forget: Vec::new(),
             more: false,
+            tombstones,
         };
         let thread = std::thread::Builder::new()
             .name("a2ad-store".into())
@@ -533,7 +536,7 @@ mod tests {
     }
 
     #[test]
-    fn a_schema_2_file_of_json_rows_reads_and_becomes_schema_3() {
+    fn a_schema_2_file_of_json_rows_reads_and_becomes_the_current_schema() {
         let Finished {
             dir,
             path,
@@ -606,7 +609,7 @@ mod tests {
         assert_eq!(events[1].status.message.as_deref(), Some(&*reply));
         journal.close(Duration::from_secs(30));
         drop(journal);
-        assert_eq!(schema_of(&path), 3);
+        assert_eq!(schema_of(&path), SCHEMA_VERSION);
         let _ = std::fs::remove_dir_all(&dir);
     }
 }

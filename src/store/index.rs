@@ -11,13 +11,22 @@ use std::time::{Duration, Instant};
 use dashmap::DashMap;
 use foldhash::fast::RandomState;
 
-use super::{Delivery, ListPage, ListQuery, PageToken, Write, deliveries_for};
+use super::{Delivery, ListPage, ListQuery, PageToken, TurnId, Write, deliveries_for};
 use crate::error::Error;
 use crate::model::{AgentId, Principal, TaskEvent, TaskId, TaskKey, TaskSnapshot};
 use crate::push::{Namespace, PushScope, StoredPushConfig};
 
-/// An evicted task: its key and its creation time (µs), where the file keeps its rows.
-pub(crate) type Evicted = (TaskKey, i64);
+/// An evicted task: where the file keeps its rows, and the conversation turn its record
+/// carries, which the file writes as a row of its own as it deletes the record.
+#[derive(Clone, Debug)]
+pub(crate) struct Evicted {
+    /// The task.
+    pub(crate) key: TaskKey,
+    /// Its creation time (µs): its rows are filed under it.
+    pub(crate) created: i64,
+    /// The turn its record carries, with the record ([`super::record_turn`]).
+    pub(crate) turn: Option<(TurnId, Arc<TaskSnapshot>)>,
+}
 
 /// What the embedded stores serve reads from, shared with the file's committer.
 pub(crate) struct Indexes {
@@ -70,12 +79,17 @@ impl Indexes {
         }
     }
 
-    /// Puts a durable task record; returns the tasks evicted to make room (their push
-    /// configurations go with them).
-    pub(crate) fn put_task(&self, key: &TaskKey, task: Arc<TaskSnapshot>) -> Vec<Evicted> {
-        let evicted = self.tasks.put(key, task);
-        for (gone, _) in &evicted {
-            self.push.remove_task(gone);
+    /// Puts a durable task record (carrying conversation turn `turn`; number 0: none);
+    /// returns the tasks evicted to make room (their push configurations go with them).
+    pub(crate) fn put_task(
+        &self,
+        key: &TaskKey,
+        task: Arc<TaskSnapshot>,
+        turn: TurnId,
+    ) -> Vec<Evicted> {
+        let evicted = self.tasks.put(key, task, turn);
+        for gone in &evicted {
+            self.push.remove_task(&gone.key);
         }
         evicted
     }
@@ -102,7 +116,8 @@ pub(crate) struct TaskIndex {
 
 #[derive(Default)]
 struct Finished {
-    queue: VecDeque<(Instant, TaskKey)>,
+    /// Expiry, task, the conversation turn its record carries.
+    queue: VecDeque<(Instant, TaskKey, TurnId)>,
     count: usize,
     bytes: u64,
 }
@@ -137,17 +152,15 @@ impl TaskIndex {
     fn evict_while(&self, expired: impl Fn(&Instant) -> bool) -> Vec<Evicted> {
         let mut evicted = Vec::new();
         loop {
-            let key = {
+            let next = {
                 let mut f = self.lock();
                 let over = self.over(&f);
                 match f.queue.front() {
-                    Some((expires, _)) if over || expired(expires) => {
-                        f.queue.pop_front().map(|(_, k)| k)
-                    }
+                    Some((expires, ..)) if over || expired(expires) => f.queue.pop_front(),
                     _ => None,
                 }
             };
-            let Some(key) = key else { break };
+            let Some((_, key, turn)) = next else { break };
             let Some((_, gone)) = self
                 .records
                 .remove_if(&key, |_, t| t.status.state.is_terminal())
@@ -163,16 +176,20 @@ impl TaskIndex {
             f.count = f.count.saturating_sub(1);
             f.bytes = f.bytes.saturating_sub(gone.approx_bytes() as u64);
             drop(f);
-            evicted.push((key, gone.created_at.timestamp_micros()));
+            evicted.push(Evicted {
+                created: gone.created_at.timestamp_micros(),
+                turn: (turn.number > 0).then_some((turn, gone)),
+                key,
+            });
         }
         evicted
     }
 }
 
 impl TaskIndex {
-    /// Stores the task as it stands (replacing its earlier record). Returns the tasks
-    /// evicted to make room.
-    pub(crate) fn put(&self, key: &TaskKey, task: Arc<TaskSnapshot>) -> Vec<Evicted> {
+    /// Stores the task as it stands (replacing its earlier record), whose record carries
+    /// conversation turn `turn` (number 0: none). Returns the tasks evicted to make room.
+    pub(crate) fn put(&self, key: &TaskKey, task: Arc<TaskSnapshot>, turn: TurnId) -> Vec<Evicted> {
         let finished = task.status.state.is_terminal();
         let at = micros(&task);
         let size = if finished {
@@ -198,7 +215,7 @@ impl TaskIndex {
                 Some(p) => f.bytes = f.bytes.saturating_sub(p.approx_bytes() as u64),
                 None => {
                     f.queue
-                        .push_back((Instant::now() + self.retention, key.clone()));
+                        .push_back((Instant::now() + self.retention, key.clone(), turn));
                     f.count += 1;
                 }
             }
@@ -208,13 +225,15 @@ impl TaskIndex {
         self.evict_if(over)
     }
 
-    /// Puts a finished record read back from a store file, `age` after it finished: it
-    /// expires when it would have had the server kept running. Call in finish order.
+    /// Puts a finished record read back from a store file, `age` after it finished (and
+    /// carrying conversation turn `turn`): it expires when it would have had the server
+    /// kept running. Call in finish order.
     pub(crate) fn put_restored(
         &self,
         key: &TaskKey,
         task: Arc<TaskSnapshot>,
         age: Duration,
+        turn: TurnId,
     ) -> Vec<Evicted> {
         let expires = Instant::now() + self.retention.saturating_sub(age);
         let size = task.approx_bytes() as u64;
@@ -226,7 +245,7 @@ impl TaskIndex {
             .insert((at, key.task.clone()));
         let over = {
             let mut f = self.lock();
-            f.queue.push_back((expires, key.clone()));
+            f.queue.push_back((expires, key.clone(), turn));
             f.count += 1;
             f.bytes += size;
             self.over(&f)
@@ -505,13 +524,17 @@ mod tests {
     fn finished_records_expire_after_retention_and_running_ones_never() {
         let s = store(10, 100, u64::MAX);
         let t0 = Instant::now();
-        s.put(&key(1), task(1, TaskState::Completed, "c"));
-        s.put(&key(2), task(2, TaskState::Working, "c"));
+        s.put(
+            &key(1),
+            task(1, TaskState::Completed, "c"),
+            TurnId::default(),
+        );
+        s.put(&key(2), task(2, TaskState::Working, "c"), TurnId::default());
         assert!(s.evict(t0).is_empty());
         assert_eq!(s.len(), 1);
         let evicted = s.evict(t0 + Duration::from_secs(11));
         assert_eq!(
-            evicted.into_iter().map(|(k, _)| k).collect::<Vec<_>>(),
+            evicted.into_iter().map(|e| e.key).collect::<Vec<_>>(),
             vec![key(1)]
         );
         assert!(s.get(&key(1)).is_none());
@@ -522,14 +545,22 @@ mod tests {
     fn the_count_cap_and_byte_budget_evict_the_oldest_as_records_arrive() {
         let s = store(1000, 2, u64::MAX);
         for n in 0..5 {
-            s.put(&key(n), task(n, TaskState::Completed, "c"));
+            s.put(
+                &key(n),
+                task(n, TaskState::Completed, "c"),
+                TurnId::default(),
+            );
         }
         assert_eq!(s.len(), 2);
         assert!(s.get(&key(2)).is_none() && s.get(&key(4)).is_some());
         let one = task(0, TaskState::Completed, "c").approx_bytes() as u64;
         let s = store(1000, 1000, one * 3);
         for n in 0..10 {
-            s.put(&key(n), task(n, TaskState::Completed, "c"));
+            s.put(
+                &key(n),
+                task(n, TaskState::Completed, "c"),
+                TurnId::default(),
+            );
         }
         assert_eq!(s.len(), 3);
         assert!(s.bytes() <= one * 3);
@@ -545,7 +576,11 @@ mod tests {
             } else {
                 TaskState::Working
             };
-            s.put(&key(n), task(n, state, if n < 4 { "a" } else { "b" }));
+            s.put(
+                &key(n),
+                task(n, state, if n < 4 { "a" } else { "b" }),
+                TurnId::default(),
+            );
         }
         let q = ListQuery {
             principal: "p".into(),

@@ -10,7 +10,9 @@ use futures_util::future::{BoxFuture, FutureExt as _, ready};
 
 use super::file::Journal;
 use super::index::Indexes;
-use super::{Committed, Durable, ListPage, ListQuery, Recovered, Store, StoreStats, Then, Write};
+use super::{
+    Committed, Durable, ListPage, ListQuery, Recovered, Store, StoreStats, Then, TurnId, Write,
+};
 use crate::config::{Config, StoreBackend};
 use crate::error::Result;
 use crate::model::{AgentId, Principal, TaskEvent, TaskKey, TaskSnapshot};
@@ -71,7 +73,7 @@ impl Store for LocalStore {
                 committed
                     .deliveries
                     .extend(self.indexes.plan(&key, &task, &event, changed));
-                self.indexes.put_task(&key, task);
+                self.indexes.put_task(&key, task, TurnId::default());
             }
         }
         Durable::Now(committed)
@@ -130,8 +132,8 @@ impl Store for LocalStore {
 
     fn sweep(&self, now: Instant) {
         let evicted = self.indexes.tasks.evict(now);
-        for (gone, _) in &evicted {
-            self.indexes.push.remove_task(gone);
+        for gone in &evicted {
+            self.indexes.push.remove_task(&gone.key);
         }
         if let Some(journal) = &self.journal
             && !evicted.is_empty()

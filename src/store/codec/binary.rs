@@ -288,8 +288,10 @@ impl<'a> R<'a> {
     }
 }
 
-/// A task's record.
-pub(crate) fn encode_task(task: &TaskSnapshot, turn: TurnId) -> Vec<u8> {
+/// A task's record; `carries_turn`: its conversation turn has no row of its own (a
+/// trailing `1`; records that do not carry their turn end after the turn's id, as they
+/// did before).
+pub(crate) fn encode_task(task: &TaskSnapshot, turn: TurnId, carries_turn: bool) -> Vec<u8> {
     let mut w = W::new();
     w.str(task.context_id.as_str());
     w.u64(task.seq);
@@ -307,11 +309,15 @@ pub(crate) fn encode_task(task: &TaskSnapshot, turn: TurnId) -> Vec<u8> {
     w.opt_str(task.metadata.as_deref().map(RawValue::get));
     w.u32(turn.number);
     w.i64(turn.since);
+    if carries_turn {
+        w.u8(1);
+    }
     w.0
 }
 
-/// Reads a task's record written by [`encode_task`].
-pub(crate) fn decode_task(key: &TaskKey, bytes: &[u8]) -> Option<(TaskSnapshot, TurnId)> {
+/// Reads a task's record written by [`encode_task`]: the task, its turn, and whether the
+/// record carries the turn.
+pub(crate) fn decode_task(key: &TaskKey, bytes: &[u8]) -> Option<(TaskSnapshot, TurnId, bool)> {
     let mut r = R::open(bytes)?;
     let context_id = ContextId::new(r.str()?);
     let seq = r.u64()?;
@@ -337,6 +343,10 @@ pub(crate) fn decode_task(key: &TaskKey, bytes: &[u8]) -> Option<(TaskSnapshot, 
         number: r.u32()?,
         since: r.i64()?,
     };
+    let carries_turn = !r.done();
+    if carries_turn && r.u8()? != 1 {
+        return None;
+    }
     r.done().then_some((
         TaskSnapshot {
             id: key.task.clone(),
@@ -350,6 +360,7 @@ pub(crate) fn decode_task(key: &TaskKey, bytes: &[u8]) -> Option<(TaskSnapshot, 
             metadata,
         },
         turn,
+        carries_turn,
     ))
 }
 

@@ -1,6 +1,7 @@
 //! The committer thread: batches of writes, one durable commit (one fdatasync) per batch,
 //! the indexes and continuations after; retries (reopening the file) while the disk fails.
 
+use std::collections::VecDeque;
 use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::mpsc::{Receiver, RecvTimeoutError, TryRecvError};
@@ -8,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use super::{Counters, Disk, FORGET_CHUNK, Job};
 use crate::store::index::{Evicted, Indexes};
-use crate::store::{Committed, Then, Write};
+use crate::store::{Committed, Then, TurnId, Write};
 
 /// Past this many waiting appends the request path never yields to the committer.
 const MAX_YIELD_AT: u64 = 1024;
@@ -23,6 +24,78 @@ pub(super) struct Committer {
     pub(super) forget: Vec<Evicted>,
     /// The disk has upkeep left to do between batches.
     pub(super) more: bool,
+    /// Tombstones of forgotten conversations, dropped in time between batches.
+    pub(super) tombstones: Tombstones,
+}
+
+/// The tombstones of forgotten conversations (`tables::apply`), oldest first, with when
+/// each may go. One is wanted while a task's record that carries a turn of its
+/// conversation may be retained: the conversation was forgotten after all its tasks had
+/// finished, so at most the task retention — kept twice that and a minute more, so that
+/// an eviction that runs late still finds it. At most `max` are kept (the retained records
+/// that could need them), the oldest going first past that.
+pub(super) struct Tombstones {
+    queue: VecDeque<(Instant, Vec<u8>)>,
+    life: Duration,
+    max: usize,
+}
+
+impl Tombstones {
+    /// None yet; each lives twice `retention` and a minute more, at most `max` of them.
+    pub(super) fn new(retention: Duration, max: usize) -> Self {
+        Self {
+            queue: VecDeque::new(),
+            life: Self::life(retention),
+            max: max.max(1),
+        }
+    }
+
+    /// How long a tombstone is kept.
+    pub(super) fn life(retention: Duration) -> Duration {
+        retention
+            .saturating_mul(2)
+            .saturating_add(Duration::from_secs(60))
+    }
+
+    /// A tombstone written `age` ago.
+    pub(super) fn add(&mut self, key: Vec<u8>, age: Duration) {
+        let now = Instant::now();
+        let expires = now
+            .checked_add(self.life.saturating_sub(age))
+            .unwrap_or(now + Duration::from_secs(1 << 30));
+        self.queue.push_back((expires, key));
+    }
+
+    /// Tombstones whose removal failed: tried again in a second.
+    fn retry(&mut self, keys: Vec<Vec<u8>>) {
+        let at = Instant::now() + Duration::from_secs(1);
+        for key in keys.into_iter().rev() {
+            self.queue.push_front((at, key));
+        }
+    }
+
+    /// When the oldest may go.
+    fn next(&self) -> Option<Instant> {
+        self.queue.front().map(|(at, _)| *at)
+    }
+
+    /// Up to `n` that may go now (expired, or over the cap).
+    fn due(&mut self, now: Instant, n: usize) -> Vec<Vec<u8>> {
+        let mut out = Vec::new();
+        while out.len() < n {
+            match self.queue.front() {
+                Some((at, _)) if *at <= now || self.queue.len() > self.max => {}
+                _ => break,
+            }
+            if let Some((_, key)) = self.queue.pop_front() {
+                out.push(key);
+            }
+        }
+        if self.queue.capacity() > 1024 && self.queue.len() < self.queue.capacity() / 4 {
+            self.queue.shrink_to_fit();
+        }
+        out
+    }
 }
 
 /// What one batch writes, collected before the transaction so repeated records of one
@@ -41,7 +114,21 @@ impl Committer {
             if self.counters.abandon.load(Relaxed) {
                 return;
             }
-            let first = if self.forget.is_empty() && !self.more {
+            let idle = self.forget.is_empty() && !self.more;
+            let first = if let (true, Some(at)) = (idle, self.tombstones.next()) {
+                // Nothing else to do: wait for work until the oldest tombstone may go.
+                match self
+                    .rx
+                    .recv_timeout(at.saturating_duration_since(Instant::now()))
+                {
+                    Ok(job) => job,
+                    Err(RecvTimeoutError::Timeout) => {
+                        self.between();
+                        continue;
+                    }
+                    Err(RecvTimeoutError::Disconnected) => break,
+                }
+            } else if idle {
                 match self.rx.recv() {
                     Ok(job) => job,
                     Err(_) => break,
@@ -155,11 +242,26 @@ impl Committer {
         self.counters.pending.fetch_sub(batch.writes_count, Relaxed);
         // Visible to readers only now that it is durable; a task's earlier records in the
         // batch were never visible, and are not put only to be replaced.
-        for (w, last) in batch.writes.iter().zip(&applied.last) {
-            if let (Write::Task { key, task, .. }, true) = (w, last) {
-                let evicted = self.indexes.put_task(key, task.clone());
+        for (i, (w, last)) in batch.writes.iter().zip(&applied.last).enumerate() {
+            if let (
+                Write::Task {
+                    key, task, turn, ..
+                },
+                true,
+            ) = (w, last)
+            {
+                // The turn the record carries, which its eviction writes as a row.
+                let carried = if Write::carries_turn(&batch.writes, i) {
+                    *turn
+                } else {
+                    TurnId::default()
+                };
+                let evicted = self.indexes.put_task(key, task.clone(), carried);
                 self.forget.extend(evicted);
             }
+        }
+        for key in applied.tombstones {
+            self.tombstones.add(key, Duration::ZERO);
         }
         let mut deliveries = applied.planned.into_iter().peekable();
         let mut end = 0;
@@ -199,6 +301,19 @@ impl Committer {
     fn between(&mut self) {
         if !self.forget.is_empty() {
             self.forget_chunk();
+        }
+        let due = self.tombstones.due(Instant::now(), FORGET_CHUNK);
+        if !due.is_empty() {
+            let removed = self.disk.write(&mut |t| {
+                for key in &due {
+                    t.remove(super::tables::Table::Turns, key)?;
+                }
+                Ok(())
+            });
+            if let Err(e) = removed {
+                tracing::error!(error = %e, "store: dropping tombstones failed; retried later");
+                self.tombstones.retry(due);
+            }
         }
         self.more = match self.disk.maintain() {
             Ok(more) => more,
@@ -343,7 +458,52 @@ impl Failure {
 
 #[cfg(test)]
 mod tests {
-    use super::next_yield_at;
+    use std::time::{Duration, Instant};
+
+    use super::{Tombstones, next_yield_at};
+
+    #[test]
+    fn tombstones_go_oldest_first_when_their_time_is_up_or_past_the_cap() {
+        let retention = Duration::from_secs(10);
+        let life = Tombstones::life(retention);
+        assert_eq!(
+            life,
+            Duration::from_secs(80),
+            "twice the retention and a minute"
+        );
+        let mut t = Tombstones::new(retention, 3);
+        // Written 70 s ago, 5 s ago, now.
+        t.add(b"a".to_vec(), Duration::from_secs(70));
+        t.add(b"b".to_vec(), Duration::from_secs(5));
+        t.add(b"c".to_vec(), Duration::ZERO);
+        let now = Instant::now();
+        assert!(t.due(now, 10).is_empty(), "none is due yet");
+        assert_eq!(
+            t.due(now + Duration::from_secs(11), 10),
+            vec![b"a".to_vec()]
+        );
+        // Past the cap, the oldest goes at once, at most `n` at a time.
+        t.add(b"d".to_vec(), Duration::ZERO);
+        t.add(b"e".to_vec(), Duration::ZERO);
+        assert_eq!(t.due(now, 1), vec![b"b".to_vec()]);
+        assert!(t.due(now, 10).is_empty(), "three left: at the cap");
+        assert_eq!(t.next(), Some(t.queue[0].0));
+        assert_eq!(
+            t.due(now + life + Duration::from_secs(1), 2),
+            vec![b"c".to_vec(), b"d".to_vec()]
+        );
+        assert_eq!(
+            t.due(now + life + Duration::from_secs(1), 10),
+            vec![b"e".to_vec()]
+        );
+        // A removal that failed is tried again a second later, before the rest.
+        t.retry(vec![b"f".to_vec()]);
+        assert!(t.due(Instant::now(), 10).is_empty());
+        assert_eq!(
+            t.due(Instant::now() + Duration::from_secs(2), 10),
+            vec![b"f".to_vec()]
+        );
+    }
 
     #[test]
     fn a_dry_commit_starts_the_next_earlier_and_busy_ones_let_batches_grow_until_off() {

@@ -1,20 +1,23 @@
 //! Reading the file at start: every unfinished task, its events, conversations, push
 //! configurations and pending deliveries, with damaged records set aside or refused.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::path::Path;
 use std::sync::Arc;
+use std::time::Duration;
 
+use super::committer::Tombstones;
 use super::open_error;
-use super::tables::{DiskError, Table, TableRead, TableWrite, delete_task};
+use super::tables::{self, DiskError, Table, TableRead, TableWrite};
 use crate::config::Config;
 use crate::error::Error;
-use crate::model::{AgentId, Message, Principal, TaskEvent, TaskKey, TaskSnapshot};
+use crate::model::{AgentId, ContextId, Message, Principal, TaskEvent, TaskKey, TaskSnapshot};
 use crate::store::codec::{self, Created};
 use crate::store::damage::{self, Damaged};
 use crate::store::index::{Evicted, Indexes};
 use crate::store::{
     Delivery, Recovered, RecoveredContext, RecoveredTask, TurnId, TurnMessages, delivery_id,
+    record_turn,
 };
 
 pub(super) fn read_events(
@@ -51,28 +54,153 @@ pub(super) struct Loaded {
     pub(super) stale: Vec<(crate::store::OutboxKey, Created)>,
     /// Rows that cannot be read.
     pub(super) damaged: Vec<Damaged>,
+    /// The turns finished tasks' records carry (retained or not), until the conversations
+    /// are put together ([`Self::add_turns`]).
+    carried: Vec<Carried>,
+    /// Tombstones of forgotten conversations still wanted: key, and how long ago each was
+    /// written (the committer drops them in time).
+    pub(super) tombstones: Vec<(Vec<u8>, Duration)>,
+    /// Tombstones past their time: deleted once the file is writable.
+    dead_tombstones: Vec<Vec<u8>>,
+}
+
+/// A conversation turn a task's record carries.
+struct Carried {
+    principal: Principal,
+    context: ContextId,
+    turn: TurnId,
+    task: Arc<TaskSnapshot>,
+}
+
+/// What the turns table held: conversations from their rows, the rows that cannot be
+/// read, and the tombstones of forgotten conversations.
+struct Turns {
+    contexts: Vec<RecoveredContext>,
+    damaged: Vec<Damaged>,
+    tombstones: Vec<Tombstone>,
+}
+
+struct Tombstone {
+    key: Vec<u8>,
+    principal: Principal,
+    context: ContextId,
+    since: i64,
+    /// When it was written, µs since the epoch.
+    at: i64,
 }
 
 impl Loaded {
-    /// Deletes the expired tasks and stale outbox entries.
+    /// Deletes the expired tasks (writing the turns their records carry), stale outbox
+    /// entries and tombstones past their time.
     pub(super) fn tidy(&self, t: &mut (impl TableWrite + ?Sized)) -> Result<(), DiskError> {
-        for (key, created) in &self.expired {
-            delete_task(t, key, *created)?;
-        }
+        tables::forget(t, &self.expired)?;
         for (key, created) in &self.stale {
             t.remove(Table::Outbox, &codec::outbox_key(key, *created))?;
+        }
+        for key in &self.dead_tombstones {
+            t.remove(Table::Turns, key)?;
         }
         Ok(())
     }
 
-    fn add_turns(&mut self, contexts: Vec<RecoveredContext>, damaged: Vec<Damaged>) {
-        self.recovered.contexts = contexts;
+    /// Puts the conversations together: their rows' turns and the turns records carry,
+    /// but none of a forgotten conversation (its tombstone is there).
+    fn add_turns(&mut self, turns: Turns, retention: Duration) {
+        let Turns {
+            mut contexts,
+            damaged,
+            tombstones,
+        } = turns;
         self.damaged.extend(damaged);
+        let life = Tombstones::life(retention);
+        let now = chrono::Utc::now().timestamp_micros();
+        let mut forgotten = HashSet::with_capacity(tombstones.len());
+        for t in tombstones {
+            let age = Duration::from_micros(now.saturating_sub(t.at).max(0) as u64);
+            forgotten.insert((t.principal, t.context, t.since));
+            if age >= life {
+                self.dead_tombstones.push(t.key);
+            } else {
+                self.tombstones.push((t.key, age));
+            }
+        }
+        // Oldest first, as the committer drops them.
+        self.tombstones
+            .sort_by_key(|(_, age)| std::cmp::Reverse(*age));
+        let mut carried = std::mem::take(&mut self.carried);
+        carried.retain(|c| {
+            !forgotten.contains(&(c.principal.clone(), c.context.clone(), c.turn.since))
+        });
+        if carried.is_empty() {
+            self.recovered.contexts = contexts;
+            return;
+        }
+        // A conversation's turns one after the other (records come in creation order,
+        // nearly the order of their conversations: the sort has little to do).
+        carried.sort_by(|a, b| {
+            (a.turn.since, &a.principal, &a.context, a.turn.number).cmp(&(
+                b.turn.since,
+                &b.principal,
+                &b.context,
+                b.turn.number,
+            ))
+        });
+        let mut by_rows: HashMap<(Principal, ContextId, i64), usize, foldhash::fast::RandomState> =
+            HashMap::with_capacity_and_hasher(contexts.len(), Default::default());
+        for (i, c) in contexts.iter().enumerate() {
+            by_rows.insert((c.principal.clone(), c.context.clone(), c.since), i);
+        }
+        let mut merged = Vec::new();
+        let mut current: Option<usize> = None;
+        for c in carried {
+            let Some((user, reply)) = record_turn(&c.task) else {
+                continue;
+            };
+            let turn = (
+                c.turn.number,
+                TurnMessages::Shared(user.clone(), reply.cloned()),
+            );
+            let same = current.is_some_and(|i| {
+                let k = &contexts[i];
+                k.since == c.turn.since && k.principal == c.principal && k.context == c.context
+            });
+            let i = match current {
+                Some(i) if same => i,
+                _ => {
+                    let key = (c.principal, c.context, c.turn.since);
+                    let i = match by_rows.get(&key) {
+                        Some(&i) => {
+                            merged.push(i);
+                            i
+                        }
+                        None => {
+                            contexts.push(RecoveredContext {
+                                principal: key.0,
+                                context: key.1,
+                                since: key.2,
+                                turns: Vec::new(),
+                            });
+                            contexts.len() - 1
+                        }
+                    };
+                    current = Some(i);
+                    i
+                }
+            };
+            contexts[i].turns.push(turn);
+        }
+        // Conversations with rows and carried turns: their turns in order, each once.
+        for i in merged {
+            let turns = &mut contexts[i].turns;
+            turns.sort_by_key(|(n, _)| *n);
+            turns.dedup_by_key(|(n, _)| *n);
+        }
+        self.recovered.contexts = contexts;
     }
 
     /// Nothing to tidy.
     pub(super) fn tidy_nothing(&self) -> bool {
-        self.expired.is_empty() && self.stale.is_empty()
+        self.expired.is_empty() && self.stale.is_empty() && self.dead_tombstones.is_empty()
     }
 }
 
@@ -127,8 +255,7 @@ pub(super) fn load(
     config: &Config,
 ) -> Result<Loaded, DiskError> {
     let mut loaded = load_tasks(read, indexes, config)?;
-    let (contexts, damaged) = load_turns(read)?;
-    loaded.add_turns(contexts, damaged);
+    loaded.add_turns(load_turns(read)?, config.server.task_retention());
     Ok(loaded)
 }
 
@@ -156,23 +283,36 @@ pub(super) fn load_beside<T: TableRead + Send>(
             Err(_) => (load_tasks(read, indexes, config), load_turns(read)),
         };
         let mut loaded = loaded?;
-        let (contexts, damaged) = turns?;
-        loaded.add_turns(contexts, damaged);
+        loaded.add_turns(turns?, config.server.task_retention());
         Ok(loaded)
     })
 }
 
-/// The conversations, from their turns, and the turns that cannot be read.
-fn load_turns(read: &impl TableRead) -> Result<(Vec<RecoveredContext>, Vec<Damaged>), DiskError> {
+/// The conversations, from their turns' rows; the rows that cannot be read; the
+/// tombstones.
+fn load_turns(read: &impl TableRead) -> Result<Turns, DiskError> {
     let mut damaged = Vec::new();
+    let mut tombstones = Vec::new();
     // Turns come in key order: a conversation's turns one after the other.
     let mut contexts: Vec<RecoveredContext> = Vec::new();
     let mut names = Names::default();
     read.each(Table::Turns, &mut |k, v| {
+        let parsed = codec::parse_turn_key(k);
+        if let Some((principal, context, TurnId { number: 0, since })) = parsed {
+            match codec::decode_tombstone(v) {
+                Some(at) => tombstones.push(Tombstone {
+                    key: k.to_vec(),
+                    principal: names.principal(principal),
+                    context,
+                    since,
+                    at,
+                }),
+                None => damaged.push(Damaged::new(Table::Turns.name(), k, v)),
+            }
+            return true;
+        }
         // Checked here; kept as written, decoded when the conversation goes on.
-        let (Some((principal, context, turn)), Some(_)) =
-            (codec::parse_turn_key(k), codec::decode_turn(v))
-        else {
+        let (Some((principal, context, turn)), Some(_)) = (parsed, codec::decode_turn(v)) else {
             damaged.push(Damaged::new(Table::Turns.name(), k, v));
             return true;
         };
@@ -190,7 +330,11 @@ fn load_turns(read: &impl TableRead) -> Result<(Vec<RecoveredContext>, Vec<Damag
         }
         true
     })?;
-    Ok((contexts, damaged))
+    Ok(Turns {
+        contexts,
+        damaged,
+        tombstones,
+    })
 }
 
 /// The principals and agents a load meets, each kept once: the running server's keys share
@@ -263,27 +407,45 @@ fn load_tasks(
     }
     let retention = config.server.task_retention();
     let now = chrono::Utc::now();
-    let mut finished: Vec<(TaskKey, Arc<TaskSnapshot>)> = Vec::new();
+    let mut finished: Vec<(TaskKey, Arc<TaskSnapshot>, TurnId)> = Vec::new();
     let mut expired: Vec<Evicted> = Vec::new();
+    let mut carried: Vec<Carried> = Vec::new();
     let mut unfinished: Vec<(TaskKey, Created, Arc<TaskSnapshot>, TurnId)> = Vec::new();
     let mut names = Names::default();
     read.each(Table::Tasks, &mut |k, v| {
         let decoded = codec::parse_task_key(k).and_then(|(created, mut key)| {
             key.principal = names.principal(key.principal);
             key.agent = names.agent(key.agent);
-            Some((created, codec::decode_task(&key, v)?, key))
+            Some((created, codec::decode_record(&key, v)?, key))
         });
-        let Some((created, (task, turn), key)) = decoded else {
+        let Some((created, (task, turn, carries), key)) = decoded else {
             bad(Table::Tasks, k, v);
             return true;
         };
         let task = Arc::new(task);
         if task.status.state.is_terminal() {
+            // The turn the record carries: its conversation's, whether the record stays
+            // or goes (its eviction writes the turn as a row).
+            let turn = if carries && turn.number > 0 {
+                carried.push(Carried {
+                    principal: key.principal.clone(),
+                    context: task.context_id.clone(),
+                    turn,
+                    task: task.clone(),
+                });
+                turn
+            } else {
+                TurnId::default()
+            };
             let age = (now - task.updated_at).to_std().unwrap_or_default();
             if age >= retention {
-                expired.push((key, created));
+                expired.push(Evicted {
+                    key,
+                    created,
+                    turn: (turn.number > 0).then_some((turn, task)),
+                });
             } else {
-                finished.push((key, task));
+                finished.push((key, task, turn));
             }
         } else {
             unfinished.push((key, created, task, turn));
@@ -305,18 +467,18 @@ fn load_tasks(
         });
     }
     // Oldest first, so eviction order stays finish order.
-    finished.sort_by_key(|(_, t)| t.updated_at);
+    finished.sort_by_key(|(_, t, _)| t.updated_at);
     let mut evicted = Vec::new();
-    for (key, task) in finished {
+    for (key, task, turn) in finished {
         let age = (now - task.updated_at).to_std().unwrap_or_default();
-        evicted.extend(indexes.tasks.put_restored(&key, task, age));
+        evicted.extend(indexes.tasks.put_restored(&key, task, age, turn));
     }
-    for (key, _) in &evicted {
-        indexes.push.remove_task(key);
+    for e in &evicted {
+        indexes.push.remove_task(&e.key);
     }
     expired.extend(evicted);
     for t in &live {
-        indexes.tasks.put(&t.key, t.task.clone());
+        indexes.tasks.put(&t.key, t.task.clone(), TurnId::default());
     }
     live.sort_by_key(|t| t.task.created_at);
 
@@ -370,6 +532,9 @@ fn load_tasks(
         expired,
         stale,
         damaged,
+        carried,
+        tombstones: Vec::new(),
+        dead_tombstones: Vec::new(),
     })
 }
 

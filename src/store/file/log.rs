@@ -313,6 +313,8 @@ impl LogDisk {
             loaded
         };
         refuse_damage(&dir, &loaded.damaged, config.store.set_aside_damaged)?;
+        upgrade_header(&file)
+            .map_err(|e| io_at(&dir.join(segment_name(seg)), "cannot be written", &e))?;
         let bytes = sizes.values().sum();
         // A segment written in advance runs on in zeros past its last frame.
         let ahead = file.metadata().is_ok_and(|m| m.len() > len);
@@ -639,6 +641,20 @@ pub(crate) fn check_any(bytes: &[u8]) {
 }
 
 /// A new file at `path` (replacing one a crash left there) holding a segment's header.
+/// The newest segment, written by an older format this build reads, goes on in this
+/// build's: its header says so from now on, so that an a2ad of the older format refuses
+/// the directory (as written by a newer a2ad) instead of misreading what this one adds.
+fn upgrade_header(file: &File) -> std::io::Result<()> {
+    use std::os::unix::fs::FileExt as _;
+    let mut header = [0u8; frame::HEADER];
+    file.read_exact_at(&mut header, 0)?;
+    if header == frame::header() {
+        return Ok(());
+    }
+    file.write_all_at(&frame::header(), 0)?;
+    file.sync_data()
+}
+
 fn headed_file(path: &Path) -> std::io::Result<File> {
     let _ = std::fs::remove_file(path);
     let file = File::options()

@@ -5,8 +5,8 @@
 use std::collections::HashSet;
 
 use super::super::codec;
-use super::super::index::Indexes;
-use super::super::{Delivery, StatsOnce, Write};
+use super::super::index::{Evicted, Indexes};
+use super::super::{Delivery, StatsOnce, Write, record_turn};
 use crate::model::TaskKey;
 
 /// A table of the store.
@@ -20,7 +20,8 @@ pub(crate) enum Table {
     Outbox,
     /// Push configurations with their bookkeeping.
     Push,
-    /// Conversation turns: owner, conversation (with when it began), turn.
+    /// Conversation turns: owner, conversation (with when it began), turn — those that no
+    /// task's record carries — and, as turn 0, the tombstones of forgotten conversations.
     Turns,
 }
 
@@ -133,10 +134,15 @@ pub(crate) struct Applied {
     /// Per write: it is its task's last in the batch (the record it leaves is the task's),
     /// or its configuration's last bookkeeping ([`StatsOnce`]).
     pub(crate) last: Vec<bool>,
+    /// The keys of the tombstones written (conversations forgotten), to drop in time.
+    pub(crate) tombstones: Vec<Vec<u8>>,
 }
 
 /// Applies one batch to the tables. A task's record is written once per batch (its last),
-/// and so is a push configuration's bookkeeping.
+/// and so is a push configuration's bookkeeping. A task's conversation turn that comes
+/// with its end is carried by its record ([`Write::carries_turn`]) instead of a row.
+/// Forgetting a conversation removes its turns' rows and writes its tombstone, which
+/// tells the eviction of a task that carries one of its turns not to write that turn.
 pub(crate) fn apply(
     writes: &[Write],
     indexes: &Indexes,
@@ -159,6 +165,8 @@ pub(crate) fn apply(
     // event's key is the row key and its number.
     let mut rows: Option<(&TaskKey, Vec<u8>)> = None;
     let mut event_row = Vec::new();
+    let mut tombstones = Vec::new();
+    let carries = |i: usize| last[i] && Write::carries_turn(writes, i);
     for (i, write) in writes.iter().enumerate() {
         match write {
             Write::Task {
@@ -186,9 +194,12 @@ pub(crate) fn apply(
                     planned.push((i, d));
                 }
                 if last[i] {
-                    t.put(Table::Tasks, row, &codec::encode_task(task, *turn))?;
+                    let record = codec::encode_record(task, *turn, carries(i));
+                    t.put(Table::Tasks, row, &record)?;
                 }
             }
+            // The record before it carries it.
+            Write::Turn { .. } if i > 0 && carries(i - 1) => {}
             Write::Turn {
                 principal,
                 context,
@@ -207,6 +218,10 @@ pub(crate) fn apply(
             } => {
                 let prefix = codec::context_prefix(principal, context, *since);
                 t.remove_range(Table::Turns, &prefix, &codec::prefix_end(&prefix))?;
+                let tombstone = codec::tombstone_key(principal, context, *since);
+                let at = chrono::Utc::now().timestamp_micros();
+                t.put(Table::Turns, &tombstone, &codec::encode_tombstone(at))?;
+                tombstones.push(tombstone);
             }
             Write::PushStats(_) if !last[i] => {}
             Write::PushSet(c) | Write::PushStats(c) => {
@@ -243,7 +258,45 @@ pub(crate) fn apply(
             }
         }
     }
-    Ok(Applied { planned, last })
+    Ok(Applied {
+        planned,
+        last,
+        tombstones,
+    })
+}
+
+/// Deletes evicted tasks: the turn each record carries becomes a row of its own, unless
+/// its conversation was forgotten (its tombstone is there); then each task's rows go
+/// ([`delete_task`]). The tombstones are looked at before anything is deleted, so that
+/// the log's look-up of this batch's own operations meets no ranges (it would scan them
+/// all for each look-up).
+pub(crate) fn forget(
+    t: &mut (impl TableWrite + ?Sized),
+    evicted: &[Evicted],
+) -> Result<(), DiskError> {
+    let mut turns = Vec::new();
+    for e in evicted {
+        let Some((turn, task)) = &e.turn else {
+            continue;
+        };
+        let Some((user, reply)) = record_turn(task) else {
+            continue;
+        };
+        let tombstone = codec::tombstone_key(&e.key.principal, &task.context_id, turn.since);
+        if !t.contains(Table::Turns, &tombstone)? {
+            turns.push((
+                codec::turn_key(&e.key.principal, &task.context_id, *turn),
+                codec::encode_turn(user, reply.map(|r| &**r)),
+            ));
+        }
+    }
+    for (key, value) in turns {
+        t.put(Table::Turns, &key, &value)?;
+    }
+    for e in evicted {
+        delete_task(t, &e.key, e.created)?;
+    }
+    Ok(())
 }
 
 /// Deletes a task's record, events, outbox entries and push configurations.

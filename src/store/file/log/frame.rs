@@ -20,8 +20,11 @@ use super::super::tables::Table;
 
 /// The first bytes of every segment.
 pub(crate) const MAGIC: &[u8; 8] = b"A2ADLOG\n";
-/// The format this build writes (and the newest it reads).
-pub(crate) const VERSION: u32 = 1;
+/// The format this build writes (and the newest it reads). 2: a task's record may carry
+/// its conversation turn, and a forgotten conversation leaves a tombstone (turn 0) — rows
+/// an a2ad of format 1 would misread, so it is told to refuse the directory. Format 1
+/// segments read as they are.
+pub(crate) const VERSION: u32 = 2;
 /// A segment's header: magic, version, reserved.
 pub(crate) const HEADER: usize = 16;
 /// A frame's header: payload length, CRC-32.

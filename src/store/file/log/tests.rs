@@ -3,6 +3,7 @@
 //! time.
 
 use std::cell::Cell;
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -10,7 +11,7 @@ use super::{SEGMENT_BYTES, segment_name};
 use crate::config::{Config, StoreConfig};
 use crate::model::TaskState;
 use crate::store::contract::{block, key, run_to_completion};
-use crate::store::{LocalStore, Store};
+use crate::store::{LocalStore, Store, Write};
 
 thread_local! {
     /// The segment size of stores this thread opens.
@@ -562,7 +563,6 @@ fn a_configurations_bookkeeping_is_written_once_per_batch_with_its_newest_state(
     use std::sync::atomic::Ordering::Relaxed;
 
     use crate::push::{PushConfig, PushScope, StoredPushConfig};
-    use crate::store::Write;
     use crate::store::contract::commit;
 
     let dir = Dir::new();
@@ -601,4 +601,235 @@ fn a_configurations_bookkeeping_is_written_once_per_batch_with_its_newest_state(
         "the newest state"
     );
     close(store);
+}
+
+/// A task of `key` finishing in one append, as the task actor writes it: its completed
+/// event, then its conversation turn (the record's own user message and reply).
+fn finish(key: &crate::model::TaskKey, context: &str, turn: crate::store::TurnId) -> Vec<Write> {
+    let Write::Task {
+        task,
+        event,
+        changed,
+        ..
+    } = crate::store::contract::event(key, context, 3, TaskState::Completed)
+    else {
+        panic!("a task's write");
+    };
+    let (user, reply) = (task.history[0].clone(), task.status.message.clone());
+    vec![
+        Write::Task {
+            key: key.clone(),
+            task,
+            event,
+            changed,
+            turn,
+        },
+        Write::Turn {
+            principal: key.principal.clone(),
+            context: crate::model::ContextId::new(context),
+            turn,
+            user,
+            reply,
+        },
+    ]
+}
+
+/// The turns table as the segments leave it, their operations replayed in order.
+fn turn_rows(dir: &Dir) -> BTreeMap<Vec<u8>, Vec<u8>> {
+    use super::frame::{self, Op};
+    use crate::store::file::tables::Table;
+    let mut rows = BTreeMap::new();
+    for segment in dir.segments() {
+        let bytes = std::fs::read(&segment).expect("segment");
+        let mut at = frame::HEADER;
+        while let frame::Next::Frame { payload, next } = frame::next(&bytes, at) {
+            frame::each_op(payload, |op| match op {
+                Op::Put {
+                    table: Table::Turns,
+                    key,
+                    value,
+                    ..
+                } => {
+                    rows.insert(key.to_vec(), value.to_vec());
+                }
+                Op::Remove {
+                    table: Table::Turns,
+                    key,
+                } => {
+                    rows.remove(key);
+                }
+                Op::RemoveRange {
+                    table: Table::Turns,
+                    start,
+                    end,
+                } => rows.retain(|k: &Vec<u8>, _| !(start <= &k[..] && &k[..] < end)),
+                _ => {}
+            });
+            at = next;
+        }
+    }
+    rows
+}
+
+/// The conversations a store read back: (context, since, [(turn, user text, reply)]),
+/// in context order.
+fn conversations(store: &LocalStore) -> Vec<(String, i64, Vec<(u32, String, bool)>)> {
+    let text = |m: &crate::model::Message| match m.parts.first() {
+        Some(crate::model::Part::Text(t)) => t.clone(),
+        _ => String::new(),
+    };
+    let mut out: Vec<_> = store
+        .recovered()
+        .contexts
+        .into_iter()
+        .map(|mut c| {
+            let turns = c
+                .turns
+                .iter_mut()
+                .map(|(n, t)| {
+                    let (user, reply) = t.messages().expect("the turn reads");
+                    (*n, text(user), reply.is_some())
+                })
+                .collect();
+            (c.context.to_string(), c.since, turns)
+        })
+        .collect();
+    out.sort();
+    out
+}
+
+#[test]
+fn a_finished_tasks_record_carries_its_turn_and_its_eviction_writes_it_unless_the_conversation_was_forgotten()
+ {
+    use crate::model::ContextId;
+    use crate::store::contract::commit;
+    use crate::store::{TurnId, codec};
+
+    let dir = Dir::new();
+    let mut config = dir.config();
+    config.server.max_finished_tasks = 3;
+    let turn = |number, since| TurnId { number, since };
+    let store = open(&config);
+    // Two turns of one conversation, one of another: each task finishes in one append.
+    commit(&store, finish(&key("alice", "t-1"), "kept", turn(1, 10)));
+    commit(&store, finish(&key("alice", "t-2"), "kept", turn(2, 10)));
+    commit(&store, finish(&key("alice", "t-3"), "gone", turn(1, 20)));
+    assert!(turn_rows(&dir).is_empty(), "the records carry the turns");
+    close(store);
+
+    // A restart reads them back from the records.
+    let store = open(&config);
+    let turns = |tasks: &[(u32, &str)]| {
+        tasks
+            .iter()
+            .map(|(n, t)| (*n, format!("hello from {t}"), true))
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(
+        conversations(&store),
+        vec![
+            ("gone".to_string(), 20, turns(&[(1, "t-3")])),
+            ("kept".to_string(), 10, turns(&[(1, "t-1"), (2, "t-2")])),
+        ]
+    );
+    // "gone" is forgotten while its task is retained; three more tasks then evict the
+    // first three (at most 3 finished tasks are retained).
+    commit(
+        &store,
+        vec![Write::ForgetContext {
+            principal: "alice".into(),
+            context: ContextId::new("gone"),
+            since: 20,
+        }],
+    );
+    for n in 4..=6 {
+        let task = format!("t-{n}");
+        commit(&store, finish(&key("alice", &task), &task, turn(1, 30 + n)));
+    }
+    close(store);
+    let rows = turn_rows(&dir);
+    let alice = crate::model::Principal::new("alice");
+    let row = |context: &str, t: TurnId| codec::turn_key(&alice, &ContextId::new(context), t);
+    assert_eq!(
+        rows.keys().cloned().collect::<Vec<_>>(),
+        vec![
+            row("kept", turn(1, 10)),
+            row("kept", turn(2, 10)),
+            codec::tombstone_key(&alice, &ContextId::new("gone"), 20),
+        ],
+        "the evicted tasks' turns became rows, but not the forgotten conversation's"
+    );
+
+    // And a restart brings back every conversation but the forgotten one.
+    let store = open(&config);
+    assert_eq!(
+        conversations(&store),
+        vec![
+            ("kept".to_string(), 10, turns(&[(1, "t-1"), (2, "t-2")])),
+            ("t-4".to_string(), 34, turns(&[(1, "t-4")])),
+            ("t-5".to_string(), 35, turns(&[(1, "t-5")])),
+            ("t-6".to_string(), 36, turns(&[(1, "t-6")])),
+        ]
+    );
+    // A turn that is not the record's own messages is written as a row of its own.
+    let mut writes = finish(&key("alice", "t-7"), "apart", turn(1, 40));
+    if let Some(Write::Turn { reply, .. }) = writes.last_mut() {
+        *reply = Some(std::sync::Arc::new(crate::model::Message::agent_text([
+            "another reply",
+        ])));
+    }
+    commit(&store, writes);
+    close(store);
+    assert!(turn_rows(&dir).contains_key(&row("apart", turn(1, 40))));
+}
+
+#[test]
+fn a_tombstone_past_its_time_is_dropped_at_the_start_and_a_recent_one_kept() {
+    use crate::model::ContextId;
+    use crate::store::codec;
+    use crate::store::file::tables::Table;
+
+    let dir = Dir::new();
+    let config = dir.config();
+    close(open(&config));
+    let alice = crate::model::Principal::new("alice");
+    let old = codec::tombstone_key(&alice, &ContextId::new("old"), 5);
+    let recent = codec::tombstone_key(&alice, &ContextId::new("recent"), 6);
+    // Two tombstones, written in 1970 and now, as a batch of the store would write them.
+    let mut frame = super::frame::FrameBuf::default();
+    frame.put(Table::Turns, &old, &codec::encode_tombstone(0));
+    let now = chrono::Utc::now().timestamp_micros();
+    frame.put(Table::Turns, &recent, &codec::encode_tombstone(now));
+    let segment = dir.segments().pop().expect("a segment");
+    append(&segment, frame.seal());
+    assert_eq!(turn_rows(&dir).len(), 2);
+    let store = open(&config);
+    assert!(store.recovered().contexts.is_empty(), "no turns of either");
+    close(store);
+    assert_eq!(
+        turn_rows(&dir).into_keys().collect::<Vec<_>>(),
+        vec![recent],
+        "the old one went"
+    );
+}
+
+#[test]
+fn an_older_formats_newest_segment_goes_on_in_this_one() {
+    let dir = Dir::new();
+    let config = dir.config();
+    let store = open(&config);
+    run_to_completion(&store, &key("alice", "t-1"), "ctx");
+    close(store);
+    let segment = dir.segments().pop().expect("a segment");
+    let mut bytes = std::fs::read(&segment).expect("segment");
+    bytes[8..12].copy_from_slice(&1u32.to_le_bytes());
+    std::fs::write(&segment, &bytes).expect("format 1");
+    let store = open(&config);
+    assert!(
+        store.task_now(&key("alice", "t-1")).is_some(),
+        "read as it was"
+    );
+    close(store);
+    let header = std::fs::read(&segment).expect("segment");
+    assert_eq!(header[..super::frame::HEADER], super::frame::header());
 }
