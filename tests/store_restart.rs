@@ -440,6 +440,58 @@ async fn conversations_go_on_after_a_crash_with_their_turns() {
     assert_eq!(code, 0);
 }
 
+/// A finished task's record carries its conversation turn; evicted (here by
+/// `max_finished_tasks`), it leaves the turn behind as a row of its own — on the redb file
+/// as on the log.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_conversation_goes_on_after_a_crash_when_its_tasks_were_evicted() {
+    let dir = TempDir::new();
+    for store in [dir.path.join("log"), dir.path.join("a2ad.redb")] {
+        let text = config(&format!("max_finished_tasks = 1\n{}", store_at(&store)));
+        let server = Binary::start(&text, &[], &[]);
+        let mut turns = Vec::new();
+        for text in ["one", "two"] {
+            let v = call(&server.base, "echo", "message/send", seed_message(text), "").await;
+            assert!(reply_text(&v).contains("turn 1"), "{v}");
+            let task = v["result"]["id"].as_str().expect("id").to_string();
+            let context = v["result"]["contextId"].as_str().expect("context");
+            turns.push((task, context.to_string()));
+        }
+        // The second task evicted the first (one finished task is retained).
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let v = call(
+                &server.base,
+                "echo",
+                "tasks/get",
+                json!({"taskId": turns[0].0}),
+                "",
+            )
+            .await;
+            if v["error"]["code"] == -32000 {
+                break;
+            }
+            assert!(Instant::now() < deadline, "the first task stays: {v}");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let _ = server.kill9();
+
+        let server = Binary::start(&text, &[], &[]);
+        for (_, context) in &turns {
+            let mut m = seed_message("after the crash");
+            m["contextId"] = json!(context);
+            let v = call(&server.base, "echo", "message/send", m, "").await;
+            assert!(
+                reply_text(&v).contains("turn 2"),
+                "the conversation went on ({}): {v}",
+                store.display()
+            );
+        }
+        let (code, _) = server.stop();
+        assert_eq!(code, 0);
+    }
+}
+
 #[test]
 fn an_unreachable_postgresql_at_start_up_exits_2_naming_it_without_its_password() {
     // Port 1 on loopback: nothing listens (connection refused at once).
