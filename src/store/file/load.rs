@@ -54,9 +54,6 @@ pub(super) struct Loaded {
     pub(super) stale: Vec<(crate::store::OutboxKey, Created)>,
     /// Rows that cannot be read.
     pub(super) damaged: Vec<Damaged>,
-    /// The turns finished tasks' records carry (retained or not), until the conversations
-    /// are put together ([`Self::add_turns`]).
-    carried: Vec<Carried>,
     /// Tombstones of forgotten conversations still wanted: key, and how long ago each was
     /// written (the committer drops them in time).
     pub(super) tombstones: Vec<(Vec<u8>, Duration)>,
@@ -72,12 +69,14 @@ struct Carried {
     task: Arc<TaskSnapshot>,
 }
 
-/// What the turns table held: conversations from their rows, the rows that cannot be
-/// read, and the tombstones of forgotten conversations.
+/// The conversations: their turns' rows and the turns records carry; the rows that cannot
+/// be read; the tombstones still wanted (how long ago each was written) and those past
+/// their time.
 struct Turns {
     contexts: Vec<RecoveredContext>,
     damaged: Vec<Damaged>,
-    tombstones: Vec<Tombstone>,
+    tombstones: Vec<(Vec<u8>, Duration)>,
+    dead_tombstones: Vec<Vec<u8>>,
 }
 
 struct Tombstone {
@@ -103,99 +102,11 @@ impl Loaded {
         Ok(())
     }
 
-    /// Puts the conversations together: their rows' turns and the turns records carry,
-    /// but none of a forgotten conversation (its tombstone is there).
-    fn add_turns(&mut self, turns: Turns, retention: Duration) {
-        let Turns {
-            mut contexts,
-            damaged,
-            tombstones,
-        } = turns;
-        self.damaged.extend(damaged);
-        let life = Tombstones::life(retention);
-        let now = chrono::Utc::now().timestamp_micros();
-        let mut forgotten = HashSet::with_capacity(tombstones.len());
-        for t in tombstones {
-            let age = Duration::from_micros(now.saturating_sub(t.at).max(0) as u64);
-            forgotten.insert((t.principal, t.context, t.since));
-            if age >= life {
-                self.dead_tombstones.push(t.key);
-            } else {
-                self.tombstones.push((t.key, age));
-            }
-        }
-        // Oldest first, as the committer drops them.
-        self.tombstones
-            .sort_by_key(|(_, age)| std::cmp::Reverse(*age));
-        let mut carried = std::mem::take(&mut self.carried);
-        carried.retain(|c| {
-            !forgotten.contains(&(c.principal.clone(), c.context.clone(), c.turn.since))
-        });
-        if carried.is_empty() {
-            self.recovered.contexts = contexts;
-            return;
-        }
-        // A conversation's turns one after the other (records come in creation order,
-        // nearly the order of their conversations: the sort has little to do).
-        carried.sort_by(|a, b| {
-            (a.turn.since, &a.principal, &a.context, a.turn.number).cmp(&(
-                b.turn.since,
-                &b.principal,
-                &b.context,
-                b.turn.number,
-            ))
-        });
-        let mut by_rows: HashMap<(Principal, ContextId, i64), usize, foldhash::fast::RandomState> =
-            HashMap::with_capacity_and_hasher(contexts.len(), Default::default());
-        for (i, c) in contexts.iter().enumerate() {
-            by_rows.insert((c.principal.clone(), c.context.clone(), c.since), i);
-        }
-        let mut merged = Vec::new();
-        let mut current: Option<usize> = None;
-        for c in carried {
-            let Some((user, reply)) = record_turn(&c.task) else {
-                continue;
-            };
-            let turn = (
-                c.turn.number,
-                TurnMessages::Shared(user.clone(), reply.cloned()),
-            );
-            let same = current.is_some_and(|i| {
-                let k = &contexts[i];
-                k.since == c.turn.since && k.principal == c.principal && k.context == c.context
-            });
-            let i = match current {
-                Some(i) if same => i,
-                _ => {
-                    let key = (c.principal, c.context, c.turn.since);
-                    let i = match by_rows.get(&key) {
-                        Some(&i) => {
-                            merged.push(i);
-                            i
-                        }
-                        None => {
-                            contexts.push(RecoveredContext {
-                                principal: key.0,
-                                context: key.1,
-                                since: key.2,
-                                turns: Vec::new(),
-                            });
-                            contexts.len() - 1
-                        }
-                    };
-                    current = Some(i);
-                    i
-                }
-            };
-            contexts[i].turns.push(turn);
-        }
-        // Conversations with rows and carried turns: their turns in order, each once.
-        for i in merged {
-            let turns = &mut contexts[i].turns;
-            turns.sort_by_key(|(n, _)| *n);
-            turns.dedup_by_key(|(n, _)| *n);
-        }
-        self.recovered.contexts = contexts;
+    fn add_turns(&mut self, turns: Turns) {
+        self.recovered.contexts = turns.contexts;
+        self.damaged.extend(turns.damaged);
+        self.tombstones = turns.tombstones;
+        self.dead_tombstones = turns.dead_tombstones;
     }
 
     /// Nothing to tidy.
@@ -254,8 +165,9 @@ pub(super) fn load(
     indexes: &Indexes,
     config: &Config,
 ) -> Result<Loaded, DiskError> {
-    let mut loaded = load_tasks(read, indexes, config)?;
-    loaded.add_turns(load_turns(read)?, config.server.task_retention());
+    let mut carried = Vec::new();
+    let mut loaded = load_tasks(read, indexes, config, &mut |c| carried.push(c))?;
+    loaded.add_turns(load_turns(read, [carried], config.server.task_retention())?);
     Ok(loaded)
 }
 
@@ -267,30 +179,56 @@ pub(super) fn load_beside<T: TableRead + Send>(
     indexes: &Indexes,
     config: &Config,
 ) -> Result<Loaded, DiskError> {
+    let retention = config.server.task_retention();
     std::thread::scope(|s| {
+        // The turns records carry go to the conversations' thread in chunks as the
+        // records are read, and are put together there, beside the rest of the load.
+        let (tx, rx) = std::sync::mpsc::sync_channel::<Vec<Carried>>(16);
         let thread = std::thread::Builder::new()
             .name("a2ad-load".into())
-            .spawn_scoped(s, move || load_turns(&turns));
+            .spawn_scoped(s, move || load_turns(&turns, rx, retention));
         let (loaded, turns) = match thread {
             Ok(thread) => {
-                let loaded = load_tasks(read, indexes, config);
+                const CHUNK: usize = 4096;
+                let loaded = {
+                    let mut chunk = Vec::with_capacity(CHUNK);
+                    let loaded = load_tasks(read, indexes, config, &mut |c| {
+                        chunk.push(c);
+                        if chunk.len() == CHUNK {
+                            // A thread that failed has stopped listening: its error tells.
+                            let _ =
+                                tx.send(std::mem::replace(&mut chunk, Vec::with_capacity(CHUNK)));
+                        }
+                    });
+                    let _ = tx.send(chunk);
+                    drop(tx);
+                    loaded
+                };
                 let turns = thread
                     .join()
                     .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
                 (loaded, turns)
             }
             // No thread to be had: one after the other.
-            Err(_) => (load_tasks(read, indexes, config), load_turns(read)),
+            Err(_) => {
+                let mut carried = Vec::new();
+                let loaded = load_tasks(read, indexes, config, &mut |c| carried.push(c));
+                (loaded, load_turns(read, [carried], retention))
+            }
         };
         let mut loaded = loaded?;
-        loaded.add_turns(turns?, config.server.task_retention());
+        loaded.add_turns(turns?);
         Ok(loaded)
     })
 }
 
-/// The conversations, from their turns' rows; the rows that cannot be read; the
-/// tombstones.
-fn load_turns(read: &impl TableRead) -> Result<Turns, DiskError> {
+/// The conversations, from their turns' rows and the turns records carry (`carried`, in
+/// chunks as the records are read); the rows that cannot be read; the tombstones.
+fn load_turns(
+    read: &impl TableRead,
+    carried: impl IntoIterator<Item = Vec<Carried>>,
+    retention: Duration,
+) -> Result<Turns, DiskError> {
     let mut damaged = Vec::new();
     let mut tombstones = Vec::new();
     // Turns come in key order: a conversation's turns one after the other.
@@ -330,11 +268,105 @@ fn load_turns(read: &impl TableRead) -> Result<Turns, DiskError> {
         }
         true
     })?;
-    Ok(Turns {
+    let carried = carried.into_iter().flatten().collect();
+    Ok(merge(contexts, damaged, tombstones, carried, retention))
+}
+
+/// Puts the conversations together: their rows' turns and the turns records carry, but
+/// none of a forgotten conversation (its tombstone is there).
+fn merge(
+    mut contexts: Vec<RecoveredContext>,
+    damaged: Vec<Damaged>,
+    tombstones: Vec<Tombstone>,
+    mut carried: Vec<Carried>,
+    retention: Duration,
+) -> Turns {
+    let life = Tombstones::life(retention);
+    let now = chrono::Utc::now().timestamp_micros();
+    let mut forgotten = HashSet::with_capacity(tombstones.len());
+    let (mut wanted, mut dead) = (Vec::new(), Vec::new());
+    for t in tombstones {
+        let age = Duration::from_micros(now.saturating_sub(t.at).max(0) as u64);
+        forgotten.insert((t.principal, t.context, t.since));
+        if age >= life {
+            dead.push(t.key);
+        } else {
+            wanted.push((t.key, age));
+        }
+    }
+    // Oldest first, as the committer drops them.
+    wanted.sort_by_key(|(_, age)| std::cmp::Reverse(*age));
+    if !forgotten.is_empty() {
+        carried.retain(|c| {
+            !forgotten.contains(&(c.principal.clone(), c.context.clone(), c.turn.since))
+        });
+    }
+    // A conversation's turns one after the other (records come in creation order,
+    // nearly the order of their conversations: the sort has little to do).
+    carried.sort_unstable_by(|a, b| {
+        (a.turn.since, &a.principal, &a.context, a.turn.number).cmp(&(
+            b.turn.since,
+            &b.principal,
+            &b.context,
+            b.turn.number,
+        ))
+    });
+    let mut by_rows: HashMap<(Principal, ContextId, i64), usize, foldhash::fast::RandomState> =
+        HashMap::with_capacity_and_hasher(contexts.len(), Default::default());
+    for (i, c) in contexts.iter().enumerate() {
+        by_rows.insert((c.principal.clone(), c.context.clone(), c.since), i);
+    }
+    let mut merged = Vec::new();
+    let mut current: Option<usize> = None;
+    for c in carried {
+        let Some((user, reply)) = record_turn(&c.task) else {
+            continue;
+        };
+        let turn = (
+            c.turn.number,
+            TurnMessages::Shared(user.clone(), reply.cloned()),
+        );
+        let same = current.is_some_and(|i| {
+            let k = &contexts[i];
+            k.since == c.turn.since && k.principal == c.principal && k.context == c.context
+        });
+        let i = match current {
+            Some(i) if same => i,
+            _ => {
+                let key = (c.principal, c.context, c.turn.since);
+                let i = match by_rows.get(&key) {
+                    Some(&i) => {
+                        merged.push(i);
+                        i
+                    }
+                    None => {
+                        contexts.push(RecoveredContext {
+                            principal: key.0,
+                            context: key.1,
+                            since: key.2,
+                            turns: Vec::new(),
+                        });
+                        contexts.len() - 1
+                    }
+                };
+                current = Some(i);
+                i
+            }
+        };
+        contexts[i].turns.push(turn);
+    }
+    // Conversations with rows and carried turns: their turns in order, each once.
+    for i in merged {
+        let turns = &mut contexts[i].turns;
+        turns.sort_by_key(|(n, _)| *n);
+        turns.dedup_by_key(|(n, _)| *n);
+    }
+    Turns {
         contexts,
         damaged,
-        tombstones,
-    })
+        tombstones: wanted,
+        dead_tombstones: dead,
+    }
 }
 
 /// The principals and agents a load meets, each kept once: the running server's keys share
@@ -374,6 +406,7 @@ fn load_tasks(
     read: &impl TableRead,
     indexes: &Indexes,
     config: &Config,
+    carry: &mut dyn FnMut(Carried),
 ) -> Result<Loaded, DiskError> {
     let mut damaged = Vec::new();
     let mut bad = |table: Table, k: &[u8], v: &[u8]| {
@@ -409,7 +442,6 @@ fn load_tasks(
     let now = chrono::Utc::now();
     let mut finished: Vec<(TaskKey, Arc<TaskSnapshot>, TurnId)> = Vec::new();
     let mut expired: Vec<Evicted> = Vec::new();
-    let mut carried: Vec<Carried> = Vec::new();
     let mut unfinished: Vec<(TaskKey, Created, Arc<TaskSnapshot>, TurnId)> = Vec::new();
     let mut names = Names::default();
     read.each(Table::Tasks, &mut |k, v| {
@@ -427,7 +459,7 @@ fn load_tasks(
             // The turn the record carries: its conversation's, whether the record stays
             // or goes (its eviction writes the turn as a row).
             let turn = if carries && turn.number > 0 {
-                carried.push(Carried {
+                carry(Carried {
                     principal: key.principal.clone(),
                     context: task.context_id.clone(),
                     turn,
@@ -532,7 +564,6 @@ fn load_tasks(
         expired,
         stale,
         damaged,
-        carried,
         tombstones: Vec::new(),
         dead_tombstones: Vec::new(),
     })

@@ -671,9 +671,11 @@ fn turn_rows(dir: &Dir) -> BTreeMap<Vec<u8>, Vec<u8>> {
     rows
 }
 
-/// The conversations a store read back: (context, since, [(turn, user text, reply)]),
-/// in context order.
-fn conversations(store: &LocalStore) -> Vec<(String, i64, Vec<(u32, String, bool)>)> {
+/// A conversation read back: context, since, [(turn, user text, a reply)].
+type Conversation = (String, i64, Vec<(u32, String, bool)>);
+
+/// The conversations a store read back, in context order.
+fn conversations(store: &LocalStore) -> Vec<Conversation> {
     let text = |m: &crate::model::Message| match m.parts.first() {
         Some(crate::model::Part::Text(t)) => t.clone(),
         _ => String::new(),
