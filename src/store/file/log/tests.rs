@@ -71,6 +71,14 @@ fn refusal(config: &Config) -> String {
     }
 }
 
+/// A store of one finished task (alice's t-1), closed: its newest segment.
+fn one_task(dir: &Dir) -> PathBuf {
+    let store = open(&dir.config());
+    run_to_completion(&store, &key("alice", "t-1"), "ctx");
+    close(store);
+    dir.segments().pop().expect("a segment")
+}
+
 /// Writes `bytes` where the segment's log ends, as the next write would.
 fn append(path: &Path, bytes: &[u8]) {
     use std::os::unix::fs::FileExt as _;
@@ -97,10 +105,7 @@ fn log_end(bytes: &[u8]) -> usize {
 fn a_torn_last_write_is_dropped_and_everything_before_it_kept() {
     let dir = Dir::new();
     let config = dir.config();
-    let store = open(&config);
-    run_to_completion(&store, &key("alice", "t-1"), "ctx");
-    close(store);
-    let segment = dir.segments().pop().expect("a segment");
+    let segment = one_task(&dir);
     let clean = log_end(&std::fs::read(&segment).expect("segment")) as u64;
     // Half of a frame: a length that runs past the end, then some of its payload.
     append(&segment, &[200, 0, 0, 0, 1, 2, 3, 4, 9, 9, 9]);
@@ -367,15 +372,13 @@ fn a_redb_store_beside_the_log_is_carried_over_once() {
 fn a_record_that_does_not_decode_refuses_the_start_unless_set_aside() {
     let dir = Dir::new();
     let mut config = dir.config();
-    let store = open(&config);
-    run_to_completion(&store, &key("alice", "t-1"), "ctx");
-    close(store);
+    let segment = one_task(&dir);
     // A whole frame (its checksum holds) whose task record is no record: written by a
     // build with a bug, say.
     let mut frame = super::frame::FrameBuf::default();
     let task_key = crate::store::codec::task_key(&key("alice", "bad"), 1);
     frame.put(super::Table::Tasks, &task_key, b"\x01 not a task record");
-    append(&dir.segments().pop().expect("a segment"), frame.seal());
+    append(&segment, frame.seal());
     let message = refusal(&config);
     assert!(
         message.contains("1 damaged record(s) (tasks: 1)"),
@@ -411,10 +414,7 @@ fn an_event_that_does_not_decode_refuses_the_start_while_it_is_live() {
     use crate::store::codec::{event_key, prefix_end, task_key};
     let dir = Dir::new();
     let mut config = dir.config();
-    let store = open(&config);
-    run_to_completion(&store, &key("alice", "t-1"), "ctx");
-    close(store);
-    let segment = dir.segments().pop().expect("a segment");
+    let segment = one_task(&dir);
     let mut frame = super::frame::FrameBuf::default();
     frame.put(
         super::Table::Events,
@@ -819,10 +819,7 @@ fn a_tombstone_past_its_time_is_dropped_at_the_start_and_a_recent_one_kept() {
 fn an_older_formats_newest_segment_goes_on_in_this_one() {
     let dir = Dir::new();
     let config = dir.config();
-    let store = open(&config);
-    run_to_completion(&store, &key("alice", "t-1"), "ctx");
-    close(store);
-    let segment = dir.segments().pop().expect("a segment");
+    let segment = one_task(&dir);
     let mut bytes = std::fs::read(&segment).expect("segment");
     bytes[8..12].copy_from_slice(&1u32.to_le_bytes());
     std::fs::write(&segment, &bytes).expect("format 1");
