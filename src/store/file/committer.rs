@@ -33,7 +33,9 @@ pub(super) struct Committer {
 /// conversation may be retained: the conversation was forgotten after all its tasks had
 /// finished, so at most the task retention — kept twice that and a minute more, so that
 /// an eviction that runs late still finds it. At most `max` are kept (the retained records
-/// that could need them), the oldest going first past that.
+/// that could need them), the oldest going first past that. Those past their time go
+/// [`FORGET_CHUNK`] to a frame, or once the oldest has waited [`Tombstones::GRACE`] for
+/// company: dropping them costs a commit, not one per tombstone.
 pub(super) struct Tombstones {
     queue: VecDeque<(Instant, Vec<u8>)>,
     life: Duration,
@@ -41,6 +43,9 @@ pub(super) struct Tombstones {
 }
 
 impl Tombstones {
+    /// How long a tombstone past its time waits for others to go with it.
+    const GRACE: Duration = Duration::from_secs(10);
+
     /// None yet; each lives twice `retention` and a minute more, at most `max` of them.
     pub(super) fn new(retention: Duration, max: usize) -> Self {
         Self {
@@ -74,13 +79,22 @@ impl Tombstones {
         }
     }
 
-    /// When the oldest may go.
+    /// When the oldest goes, if nothing else comes first.
     fn next(&self) -> Option<Instant> {
-        self.queue.front().map(|(at, _)| *at)
+        self.queue.front().map(|(at, _)| *at + Self::GRACE)
     }
 
-    /// Up to `n` that may go now (expired, or over the cap).
+    /// Up to `n` that may go now (past their time, or over the cap) — if there are `n` of
+    /// them, the oldest has waited its grace, or the cap is exceeded; else none.
     fn due(&mut self, now: Instant, n: usize) -> Vec<Vec<u8>> {
+        let ripe = |i: usize| self.queue.get(i).is_some_and(|(at, _)| *at <= now);
+        let waited = self
+            .queue
+            .front()
+            .is_some_and(|(at, _)| *at + Self::GRACE <= now);
+        if !(self.queue.len() > self.max || waited || ripe(n.saturating_sub(1))) {
+            return Vec::new();
+        }
         let mut out = Vec::new();
         while out.len() < n {
             match self.queue.front() {
@@ -478,29 +492,32 @@ mod tests {
         t.add(b"c".to_vec(), Duration::ZERO);
         let now = Instant::now();
         assert!(t.due(now, 10).is_empty(), "none is due yet");
+        let grace = Tombstones::GRACE;
+        assert!(
+            t.due(now + Duration::from_secs(11), 10).is_empty(),
+            "one past its time waits for company"
+        );
         assert_eq!(
-            t.due(now + Duration::from_secs(11), 10),
-            vec![b"a".to_vec()]
+            t.due(now + Duration::from_secs(11), 1),
+            vec![b"a".to_vec()],
+            "a chunk's worth goes at once"
         );
         // Past the cap, the oldest goes at once, at most `n` at a time.
         t.add(b"d".to_vec(), Duration::ZERO);
         t.add(b"e".to_vec(), Duration::ZERO);
         assert_eq!(t.due(now, 1), vec![b"b".to_vec()]);
         assert!(t.due(now, 10).is_empty(), "three left: at the cap");
-        assert_eq!(t.next(), Some(t.queue[0].0));
-        assert_eq!(
-            t.due(now + life + Duration::from_secs(1), 2),
-            vec![b"c".to_vec(), b"d".to_vec()]
-        );
-        assert_eq!(
-            t.due(now + life + Duration::from_secs(1), 10),
-            vec![b"e".to_vec()]
-        );
-        // A removal that failed is tried again a second later, before the rest.
+        assert_eq!(t.next(), Some(t.queue[0].0 + grace));
+        // Past their time and past the grace: all that are due, at most `n` at a time.
+        let late = now + life + grace + Duration::from_secs(1);
+        assert_eq!(t.due(late, 2), vec![b"c".to_vec(), b"d".to_vec()]);
+        assert_eq!(t.due(late, 10), vec![b"e".to_vec()]);
+        // A removal that failed is tried again a second later (and its grace), before
+        // the rest.
         t.retry(vec![b"f".to_vec()]);
         assert!(t.due(Instant::now(), 10).is_empty());
         assert_eq!(
-            t.due(Instant::now() + Duration::from_secs(2), 10),
+            t.due(Instant::now() + grace + Duration::from_secs(2), 10),
             vec![b"f".to_vec()]
         );
     }
