@@ -261,7 +261,7 @@ impl Write {
 /// The conversation turn a finished task's record holds: its user message (the first of
 /// its history) and, if it completed, the reply (its status message) — what the task's
 /// end recorded as the turn.
-pub(crate) fn record_turn(task: &TaskSnapshot) -> Option<(&Arc<Message>, Option<&Arc<Message>>)> {
+fn record_turn(task: &TaskSnapshot) -> Option<(&Arc<Message>, Option<&Arc<Message>>)> {
     if !task.status.state.is_terminal() {
         return None;
     }
@@ -271,6 +271,38 @@ pub(crate) fn record_turn(task: &TaskSnapshot) -> Option<(&Arc<Message>, Option<
         _ => None,
     };
     Some((user, reply))
+}
+
+/// The conversation turn a finished task's record carries, taken from the record: what
+/// its eviction writes as a row of its own, and what a restart gives its conversation —
+/// the record's own messages, not the rest of it.
+#[derive(Clone, Debug)]
+pub(crate) struct CarriedTurn {
+    /// The turn.
+    pub turn: TurnId,
+    /// Its conversation.
+    pub context: ContextId,
+    /// The user message.
+    pub user: Arc<Message>,
+    /// The reply, if the task completed.
+    pub reply: Option<Arc<Message>>,
+}
+
+impl CarriedTurn {
+    /// Turn `turn` as the finished record `task` holds it (`None`: no turn — number 0 — or
+    /// not a finished record).
+    pub(crate) fn of(turn: TurnId, task: &TaskSnapshot) -> Option<Self> {
+        if turn.number == 0 {
+            return None;
+        }
+        let (user, reply) = record_turn(task)?;
+        Some(Self {
+            turn,
+            context: task.context_id.clone(),
+            user: user.clone(),
+            reply: reply.cloned(),
+        })
+    }
 }
 
 /// A task's place in its conversation: the turn's number, and when the conversation began

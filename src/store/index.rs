@@ -11,21 +11,21 @@ use std::time::{Duration, Instant};
 use dashmap::DashMap;
 use foldhash::fast::RandomState;
 
-use super::{Delivery, ListPage, ListQuery, PageToken, TurnId, Write, deliveries_for};
+use super::{CarriedTurn, Delivery, ListPage, ListQuery, PageToken, TurnId, Write, deliveries_for};
 use crate::error::Error;
 use crate::model::{AgentId, Principal, TaskEvent, TaskId, TaskKey, TaskSnapshot};
 use crate::push::{Namespace, PushScope, StoredPushConfig};
 
 /// An evicted task: where the file keeps its rows, and the conversation turn its record
 /// carries, which the file writes as a row of its own as it deletes the record.
-#[derive(Clone, Debug)]
+#[derive(Debug)]
 pub(crate) struct Evicted {
     /// The task.
     pub(crate) key: TaskKey,
     /// Its creation time (µs): its rows are filed under it.
     pub(crate) created: i64,
-    /// The turn its record carries, with the record ([`super::record_turn`]).
-    pub(crate) turn: Option<(TurnId, Arc<TaskSnapshot>)>,
+    /// The turn its record carries (its messages only: the rest of the record is let go).
+    pub(crate) turn: Option<CarriedTurn>,
 }
 
 /// What the embedded stores serve reads from, shared with the file's committer.
@@ -178,7 +178,7 @@ impl TaskIndex {
             drop(f);
             evicted.push(Evicted {
                 created: gone.created_at.timestamp_micros(),
-                turn: (turn.number > 0).then_some((turn, gone)),
+                turn: CarriedTurn::of(turn, &gone),
                 key,
             });
         }

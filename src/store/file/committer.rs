@@ -256,7 +256,7 @@ impl Committer {
         self.counters.pending.fetch_sub(batch.writes_count, Relaxed);
         // Visible to readers only now that it is durable; a task's earlier records in the
         // batch were never visible, and are not put only to be replaced.
-        for (i, (w, last)) in batch.writes.iter().zip(&applied.last).enumerate() {
+        for ((w, last), carries) in batch.writes.iter().zip(&applied.last).zip(&applied.carries) {
             if let (
                 Write::Task {
                     key, task, turn, ..
@@ -265,11 +265,7 @@ impl Committer {
             ) = (w, last)
             {
                 // The turn the record carries, which its eviction writes as a row.
-                let carried = if Write::carries_turn(&batch.writes, i) {
-                    *turn
-                } else {
-                    TurnId::default()
-                };
+                let carried = if *carries { *turn } else { TurnId::default() };
                 let evicted = self.indexes.put_task(key, task.clone(), carried);
                 self.forget.extend(evicted);
             }

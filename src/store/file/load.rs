@@ -16,8 +16,8 @@ use crate::store::codec::{self, Created};
 use crate::store::damage::{self, Damaged};
 use crate::store::index::{Evicted, Indexes};
 use crate::store::{
-    Delivery, Recovered, RecoveredContext, RecoveredTask, TurnId, TurnMessages, delivery_id,
-    record_turn,
+    CarriedTurn, Delivery, Recovered, RecoveredContext, RecoveredTask, TurnId, TurnMessages,
+    delivery_id,
 };
 
 pub(super) fn read_events(
@@ -61,12 +61,10 @@ pub(super) struct Loaded {
     dead_tombstones: Vec<Vec<u8>>,
 }
 
-/// A conversation turn a task's record carries.
+/// A conversation turn a task's record carries, and its owner.
 struct Carried {
     principal: Principal,
-    context: ContextId,
-    turn: TurnId,
-    task: Arc<TaskSnapshot>,
+    turn: CarriedTurn,
 }
 
 /// The conversations: their turns' rows and the turns records carry; the rows that cannot
@@ -298,19 +296,24 @@ fn merge(
     wanted.sort_by_key(|(_, age)| std::cmp::Reverse(*age));
     if !forgotten.is_empty() {
         carried.retain(|c| {
-            !forgotten.contains(&(c.principal.clone(), c.context.clone(), c.turn.since))
+            !forgotten.contains(&(
+                c.principal.clone(),
+                c.turn.context.clone(),
+                c.turn.turn.since,
+            ))
         });
     }
     // A conversation's turns one after the other (records come in creation order,
     // nearly the order of their conversations: the sort has little to do).
-    carried.sort_unstable_by(|a, b| {
-        (a.turn.since, &a.principal, &a.context, a.turn.number).cmp(&(
-            b.turn.since,
-            &b.principal,
-            &b.context,
-            b.turn.number,
-        ))
-    });
+    fn order(c: &Carried) -> (i64, &Principal, &ContextId, u32) {
+        (
+            c.turn.turn.since,
+            &c.principal,
+            &c.turn.context,
+            c.turn.turn.number,
+        )
+    }
+    carried.sort_unstable_by(|a, b| order(a).cmp(&order(b)));
     let mut by_rows: HashMap<(Principal, ContextId, i64), usize, foldhash::fast::RandomState> =
         HashMap::with_capacity_and_hasher(contexts.len(), Default::default());
     for (i, c) in contexts.iter().enumerate() {
@@ -318,22 +321,16 @@ fn merge(
     }
     let mut merged = Vec::new();
     let mut current: Option<usize> = None;
-    for c in carried {
-        let Some((user, reply)) = record_turn(&c.task) else {
-            continue;
-        };
-        let turn = (
-            c.turn.number,
-            TurnMessages::Shared(user.clone(), reply.cloned()),
-        );
+    for Carried { principal, turn: c } in carried {
+        let turn = (c.turn.number, TurnMessages::Shared(c.user, c.reply));
         let same = current.is_some_and(|i| {
             let k = &contexts[i];
-            k.since == c.turn.since && k.principal == c.principal && k.context == c.context
+            k.since == c.turn.since && k.principal == principal && k.context == c.context
         });
         let i = match current {
             Some(i) if same => i,
             _ => {
-                let key = (c.principal, c.context, c.turn.since);
+                let key = (principal, c.context, c.turn.since);
                 let i = match by_rows.get(&key) {
                     Some(&i) => {
                         merged.push(i);
@@ -458,23 +455,23 @@ fn load_tasks(
         if task.status.state.is_terminal() {
             // The turn the record carries: its conversation's, whether the record stays
             // or goes (its eviction writes the turn as a row).
-            let turn = if carries && turn.number > 0 {
-                carry(Carried {
-                    principal: key.principal.clone(),
-                    context: task.context_id.clone(),
-                    turn,
-                    task: task.clone(),
-                });
-                turn
-            } else {
-                TurnId::default()
+            let carried = carries.then(|| CarriedTurn::of(turn, &task)).flatten();
+            let turn = match &carried {
+                Some(c) => c.turn,
+                None => TurnId::default(),
             };
             let age = (now - task.updated_at).to_std().unwrap_or_default();
+            if let Some(c) = &carried {
+                carry(Carried {
+                    principal: key.principal.clone(),
+                    turn: c.clone(),
+                });
+            }
             if age >= retention {
                 expired.push(Evicted {
                     key,
                     created,
-                    turn: (turn.number > 0).then_some((turn, task)),
+                    turn: carried,
                 });
             } else {
                 finished.push((key, task, turn));

@@ -640,7 +640,6 @@ pub(crate) fn check_any(bytes: &[u8]) {
     }
 }
 
-/// A new file at `path` (replacing one a crash left there) holding a segment's header.
 /// The newest segment, written by an older format this build reads, goes on in this
 /// build's: its header says so from now on, so that an a2ad of the older format refuses
 /// the directory (as written by a newer a2ad) instead of misreading what this one adds.
@@ -655,6 +654,7 @@ fn upgrade_header(file: &File) -> std::io::Result<()> {
     file.sync_data()
 }
 
+/// A new file at `path` (replacing one a crash left there) holding a segment's header.
 fn headed_file(path: &Path) -> std::io::Result<File> {
     let _ = std::fs::remove_file(path);
     let file = File::options()

@@ -6,7 +6,7 @@ use std::collections::HashSet;
 
 use super::super::codec;
 use super::super::index::{Evicted, Indexes};
-use super::super::{Delivery, StatsOnce, Write, record_turn};
+use super::super::{Delivery, StatsOnce, Write};
 use crate::model::TaskKey;
 
 /// A table of the store.
@@ -134,6 +134,9 @@ pub(crate) struct Applied {
     /// Per write: it is its task's last in the batch (the record it leaves is the task's),
     /// or its configuration's last bookkeeping ([`StatsOnce`]).
     pub(crate) last: Vec<bool>,
+    /// Per write: it is a task's last, and its record carries the conversation turn the
+    /// next write records ([`Write::carries_turn`]; the turn has no row of its own).
+    pub(crate) carries: Vec<bool>,
     /// The keys of the tombstones written (conversations forgotten), to drop in time.
     pub(crate) tombstones: Vec<Vec<u8>>,
 }
@@ -166,7 +169,9 @@ pub(crate) fn apply(
     let mut rows: Option<(&TaskKey, Vec<u8>)> = None;
     let mut event_row = Vec::new();
     let mut tombstones = Vec::new();
-    let carries = |i: usize| last[i] && Write::carries_turn(writes, i);
+    let carries: Vec<bool> = (0..writes.len())
+        .map(|i| last[i] && Write::carries_turn(writes, i))
+        .collect();
     for (i, write) in writes.iter().enumerate() {
         match write {
             Write::Task {
@@ -194,12 +199,12 @@ pub(crate) fn apply(
                     planned.push((i, d));
                 }
                 if last[i] {
-                    let record = codec::encode_record(task, *turn, carries(i));
+                    let record = codec::encode_record(task, *turn, carries[i]);
                     t.put(Table::Tasks, row, &record)?;
                 }
             }
             // The record before it carries it.
-            Write::Turn { .. } if i > 0 && carries(i - 1) => {}
+            Write::Turn { .. } if i > 0 && carries[i - 1] => {}
             Write::Turn {
                 principal,
                 context,
@@ -261,6 +266,7 @@ pub(crate) fn apply(
     Ok(Applied {
         planned,
         last,
+        carries,
         tombstones,
     })
 }
@@ -276,17 +282,14 @@ pub(crate) fn forget(
 ) -> Result<(), DiskError> {
     let mut turns = Vec::new();
     for e in evicted {
-        let Some((turn, task)) = &e.turn else {
+        let Some(c) = &e.turn else {
             continue;
         };
-        let Some((user, reply)) = record_turn(task) else {
-            continue;
-        };
-        let tombstone = codec::tombstone_key(&e.key.principal, &task.context_id, turn.since);
+        let tombstone = codec::tombstone_key(&e.key.principal, &c.context, c.turn.since);
         if !t.contains(Table::Turns, &tombstone)? {
             turns.push((
-                codec::turn_key(&e.key.principal, &task.context_id, *turn),
-                codec::encode_turn(user, reply.map(|r| &**r)),
+                codec::turn_key(&e.key.principal, &c.context, c.turn),
+                codec::encode_turn(&c.user, c.reply.as_deref()),
             ));
         }
     }
