@@ -231,6 +231,7 @@ impl Journal {
             forget: Vec::new(),
             more: false,
             tombstones,
+            handoff: committer::Handoff::current(),
         };
         let thread = std::thread::Builder::new()
             .name("a2ad-store".into())

@@ -26,6 +26,69 @@ pub(super) struct Committer {
     pub(super) more: bool,
     /// Tombstones of forgotten conversations, dropped in time between batches.
     pub(super) tombstones: Tombstones,
+    /// Where the continuations of a durable batch run.
+    pub(super) handoff: Handoff,
+}
+
+/// The continuations of one durable batch, in append order.
+type Ready = Vec<(Then, Committed)>;
+
+/// Where a durable batch's continuations run. A continuation casts to a task actor; cast
+/// from this thread, each wakes its actor through the runtime's shared queue (a lock, and
+/// an unpark when the runtime idles). Handed to one task of the request runtime a batch at
+/// a time, they wake their actors through that worker's own queue: one cross-thread wake
+/// per batch instead of one per append (docs/PERFORMANCE.md, seventh slice).
+pub(super) enum Handoff {
+    /// Run here, on the committer thread: no multi-threaded tokio runtime was running when
+    /// the store opened (unit tests, an embedder's own threads).
+    Here,
+    /// One task of the runtime that opened the store runs them, batch after batch in
+    /// commit order (so a task's deliveries stay in event order). The channel's bound
+    /// holds the committer back when that task falls behind.
+    Runtime(tokio::sync::mpsc::Sender<Ready>),
+}
+
+impl Handoff {
+    /// Batches the committer may hand over before it waits for the runtime.
+    const BOUND: usize = 64;
+
+    /// The runtime of the calling thread, when it is a multi-threaded tokio runtime (a
+    /// current-thread runtime runs the task only while its one thread awaits, which a
+    /// caller blocked on its store would never do); else [`Handoff::Here`].
+    pub(super) fn current() -> Self {
+        use tokio::runtime::{Handle, RuntimeFlavor};
+        match Handle::try_current() {
+            Ok(rt) if rt.runtime_flavor() == RuntimeFlavor::MultiThread => {
+                let (tx, mut rx) = tokio::sync::mpsc::channel::<Ready>(Self::BOUND);
+                rt.spawn(async move {
+                    while let Some(ready) = rx.recv().await {
+                        run(ready);
+                    }
+                });
+                Self::Runtime(tx)
+            }
+            _ => Self::Here,
+        }
+    }
+
+    /// Runs `ready` where this handoff says: here when the runtime's task is gone (the
+    /// runtime shut down — the actors they would wake are gone with it).
+    fn run(&self, ready: Ready) {
+        match self {
+            Self::Here => run(ready),
+            Self::Runtime(tx) => {
+                if let Err(back) = tx.blocking_send(ready) {
+                    run(back.0);
+                }
+            }
+        }
+    }
+}
+
+fn run(ready: Ready) {
+    for (then, committed) in ready {
+        then(committed);
+    }
 }
 
 /// The tombstones of forgotten conversations (`tables::apply`), oldest first, with when
@@ -275,6 +338,7 @@ impl Committer {
         }
         let mut deliveries = applied.planned.into_iter().peekable();
         let mut end = 0;
+        let mut ready = Ready::with_capacity(batch.appends.len());
         for (count, then) in batch.appends {
             end += count;
             let mut mine = Vec::new();
@@ -282,8 +346,11 @@ impl Committer {
                 mine.push(d);
             }
             if let Some(then) = then {
-                then(Committed { deliveries: mine });
+                ready.push((then, Committed { deliveries: mine }));
             }
+        }
+        if !ready.is_empty() {
+            self.handoff.run(ready);
         }
         true
     }
