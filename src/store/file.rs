@@ -268,8 +268,9 @@ impl Journal {
             return;
         }
         // The committer paces this (committer.rs, `next_yield_at`): a hint to the
-        // scheduler, never a wait.
-        if queued >= self.counters.yield_at.load(Relaxed) {
+        // scheduler, never a wait — at the threshold and each multiple of it, not at every
+        // append past it (those find the committer on the disk and nothing else to run).
+        if committer::yields(queued, self.counters.yield_at.load(Relaxed)) {
             std::thread::yield_now();
         }
     }

@@ -412,7 +412,8 @@ impl Committer {
     }
 }
 
-/// How many waiting appends make the request path yield the core to the committer, after
+/// How many waiting appends make the request path yield the core to the committer (the
+/// append that brings the queue to it, and to each multiple of it), after
 /// a commit of `appends` that the request runtime ran dry during (`dry`: one of its threads
 /// parked while the commit was written and synced) or not. The committer starts a batch
 /// when the request path pauses (below), so a batch carries nearly every client, and
@@ -430,6 +431,12 @@ fn next_yield_at(now: u64, appends: u64, dry: bool) -> u64 {
     } else {
         now * 2
     }
+}
+
+/// Whether the append that brings the queue to `queued` yields the core, under the
+/// threshold `at` ([`next_yield_at`]; never 0): at `at` and at each multiple of it.
+pub(super) fn yields(queued: u64, at: u64) -> bool {
+    queued >= at && queued.is_multiple_of(at)
 }
 
 /// The committer's scheduling policy (Linux; elsewhere nothing changes).
@@ -537,7 +544,16 @@ impl Failure {
 mod tests {
     use std::time::{Duration, Instant};
 
-    use super::{Tombstones, next_yield_at};
+    use super::{Tombstones, next_yield_at, yields};
+
+    #[test]
+    fn an_append_yields_where_the_queue_reaches_the_threshold_or_a_multiple_of_it() {
+        let at = 4;
+        let yielding: Vec<u64> = (1..=13).filter(|&q| yields(q, at)).collect();
+        assert_eq!(yielding, vec![4, 8, 12]);
+        assert!(!yields(u64::MAX - 1, u64::MAX), "off");
+        assert!(yields(2, 2) && !yields(3, 2));
+    }
 
     #[test]
     fn tombstones_go_oldest_first_when_their_time_is_up_or_past_the_cap() {
