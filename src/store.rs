@@ -48,7 +48,8 @@ pub(crate) trait Store: Send + Sync + 'static {
     /// together and in order. When they already are (memory), the answer is
     /// [`Durable::Now`] and `then` is dropped unused; otherwise [`Durable::Later`], and
     /// `then` runs — on the store's committer or a task it hands the batch to, so it must
-    /// only hand things on — once they are, in append order. A write the store cannot make durable is logged and never acknowledged.
+    /// only hand things on — once they are, in append order. A write the store cannot make
+    /// durable is logged and never acknowledged.
     fn append(&self, writes: Vec<Write>, then: Option<Then>) -> Durable;
 
     /// A task's durable record.

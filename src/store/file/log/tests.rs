@@ -832,3 +832,62 @@ fn an_older_formats_newest_segment_goes_on_in_this_one() {
     let header = std::fs::read(&segment).expect("segment");
     assert_eq!(header[..super::frame::HEADER], super::frame::header());
 }
+
+/// What a continuation saw where it ran: its append's number, and whether it ran on a
+/// thread of a tokio runtime.
+fn where_they_ran(store: &LocalStore, n: usize) -> Vec<(usize, bool)> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    for i in 0..n {
+        let tx = tx.clone();
+        let then = Box::new(move |_| {
+            let _ = tx.send((i, tokio::runtime::Handle::try_current().is_ok()));
+        });
+        let write = crate::store::contract::event(
+            &key("alice", &format!("t-{i}")),
+            "ctx",
+            1,
+            TaskState::Submitted,
+        );
+        assert!(matches!(
+            store.append(vec![write], Some(then)),
+            crate::store::Durable::Later
+        ));
+    }
+    (0..n)
+        .map(|_| {
+            rx.recv_timeout(Duration::from_secs(60))
+                .expect("every append became durable")
+        })
+        .collect()
+}
+
+#[test]
+fn a_durable_batchs_continuations_run_in_append_order_on_the_runtime_that_opened_the_store() {
+    let dir = Dir::new();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .build()
+        .expect("a runtime");
+    // Opened inside a multi-threaded runtime: the committer hands each batch to it.
+    let store = runtime.block_on(async { open(&dir.config()) });
+    let ran = where_they_ran(&store, 200);
+    assert_eq!(
+        ran.iter().map(|r| r.0).collect::<Vec<_>>(),
+        (0..200).collect::<Vec<_>>(),
+        "in append order"
+    );
+    assert!(ran.iter().all(|r| r.1), "on the runtime's threads");
+    close(store);
+    drop(runtime);
+
+    // Opened outside any runtime (an embedder's own thread): on the committer, in order.
+    let dir = Dir::new();
+    let store = open(&dir.config());
+    let ran = where_they_ran(&store, 50);
+    assert_eq!(
+        ran.iter().map(|r| r.0).collect::<Vec<_>>(),
+        (0..50).collect::<Vec<_>>()
+    );
+    assert!(ran.iter().all(|r| !r.1), "on the committer thread");
+    close(store);
+}
