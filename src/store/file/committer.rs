@@ -62,7 +62,7 @@ impl Handoff {
                 let (tx, mut rx) = tokio::sync::mpsc::channel::<Ready>(Self::BOUND);
                 rt.spawn(async move {
                     while let Some(ready) = rx.recv().await {
-                        run(ready);
+                        run_here(ready);
                     }
                 });
                 Self::Runtime(tx)
@@ -75,17 +75,18 @@ impl Handoff {
     /// runtime shut down — the actors they would wake are gone with it).
     fn run(&self, ready: Ready) {
         match self {
-            Self::Here => run(ready),
+            Self::Here => run_here(ready),
             Self::Runtime(tx) => {
                 if let Err(back) = tx.blocking_send(ready) {
-                    run(back.0);
+                    run_here(back.0);
                 }
             }
         }
     }
 }
 
-fn run(ready: Ready) {
+/// Runs a batch's continuations on the calling thread, in order.
+fn run_here(ready: Ready) {
     for (then, committed) in ready {
         then(committed);
     }

@@ -461,17 +461,22 @@ fn load_tasks(
                 None => TurnId::default(),
             };
             let age = (now - task.updated_at).to_std().unwrap_or_default();
-            if let Some(c) = &carried {
+            let gone = age >= retention;
+            // The conversations' thread takes the turn; an expired record's eviction
+            // needs its own copy (a retained one's is rebuilt from the index later).
+            let evicted_turn = carried.map(|c| {
+                let mine = gone.then(|| c.clone());
                 carry(Carried {
                     principal: key.principal.clone(),
-                    turn: c.clone(),
+                    turn: c,
                 });
-            }
-            if age >= retention {
+                mine
+            });
+            if gone {
                 expired.push(Evicted {
                     key,
                     created,
-                    turn: carried,
+                    turn: evicted_turn.flatten(),
                 });
             } else {
                 finished.push((key, task, turn));
