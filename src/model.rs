@@ -38,6 +38,13 @@ macro_rules! string_id {
                 Self(s.into())
             }
         }
+
+        // Hashes and compares as the string itself does (the derives go through it).
+        impl std::borrow::Borrow<str> for $name {
+            fn borrow(&self) -> &str {
+                &self.0
+            }
+        }
     };
 }
 

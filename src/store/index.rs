@@ -122,6 +122,43 @@ struct Finished {
     bytes: u64,
 }
 
+/// A finished record read back from a store file, for [`TaskIndex::restore`].
+pub(crate) struct RestoredRecord {
+    pub(crate) key: TaskKey,
+    pub(crate) task: Arc<TaskSnapshot>,
+    /// The conversation turn its record carries (number 0: none).
+    pub(crate) turn: TurnId,
+    /// Its [`TaskSnapshot::approx_bytes`].
+    pub(crate) size: u64,
+}
+
+/// Finished records [`TaskIndex::restore`] has put, to be queued for expiry in the order
+/// they finished ([`Restoring::finish`]).
+pub(crate) struct Restoring {
+    /// When each expires, the task, its turn.
+    queue: Vec<(Instant, TaskKey, TurnId)>,
+    bytes: u64,
+    /// The moment ages are measured from, on both clocks.
+    now: (Instant, chrono::DateTime<chrono::Utc>),
+}
+
+impl Restoring {
+    /// Nothing restored yet; room for about `records`.
+    pub(crate) fn with_capacity(records: usize) -> Self {
+        Self {
+            queue: Vec::with_capacity(records),
+            bytes: 0,
+            now: (Instant::now(), chrono::Utc::now()),
+        }
+    }
+
+    /// Queues the restored records for expiry in the order they finished; returns those
+    /// the caps do not hold (the oldest).
+    pub(crate) fn finish(self, index: &TaskIndex) -> Vec<Evicted> {
+        index.finish_restore(self)
+    }
+}
+
 fn micros(task: &TaskSnapshot) -> i64 {
     task.status.timestamp.timestamp_micros()
 }
@@ -225,29 +262,65 @@ impl TaskIndex {
         self.evict_if(over)
     }
 
-    /// Puts a finished record read back from a store file, `age` after it finished (and
-    /// carrying conversation turn `turn`): it expires when it would have had the server
-    /// kept running. Call in finish order.
-    pub(crate) fn put_restored(
+    /// Puts finished records read back from a store file, in any order: each expires
+    /// when it would have had the server kept running, once [`Restoring::finish`] has
+    /// queued them. A record's `size` is its [`TaskSnapshot::approx_bytes`], measured by
+    /// the caller while the record is fresh in its cache.
+    pub(crate) fn restore(
         &self,
-        key: &TaskKey,
-        task: Arc<TaskSnapshot>,
-        age: Duration,
-        turn: TurnId,
-    ) -> Vec<Evicted> {
-        let expires = Instant::now() + self.retention.saturating_sub(age);
-        let size = task.approx_bytes() as u64;
-        let at = micros(&task);
-        self.records.insert(key.clone(), task);
-        self.owners
-            .entry(Self::owner(key))
-            .or_default()
-            .insert((at, key.task.clone()));
+        records: impl IntoIterator<Item = RestoredRecord>,
+        into: &mut Restoring,
+    ) {
+        // Records come grouped by owner (a restart's are mostly one or a few): each
+        // group takes its owner's entry once.
+        type Group = ((Principal, AgentId), Vec<(i64, TaskId)>);
+        let mut owner: Option<Group> = None;
+        let flush = |o: Option<Group>| {
+            if let Some((who, ids)) = o {
+                self.owners.entry(who).or_default().extend(ids);
+            }
+        };
+        for RestoredRecord {
+            key,
+            task,
+            turn,
+            size,
+        } in records
+        {
+            let at = micros(&task);
+            let age = (into.now.1 - task.updated_at).to_std().unwrap_or_default();
+            let expires = into.now.0 + self.retention.saturating_sub(age);
+            match &mut owner {
+                Some((who, ids)) if who.0 == key.principal && who.1 == key.agent => {
+                    ids.push((at, key.task.clone()));
+                }
+                _ => flush(owner.replace((Self::owner(&key), vec![(at, key.task.clone())]))),
+            }
+            self.records.insert(key.clone(), task);
+            into.queue.push((expires, key, turn));
+            into.bytes += size;
+        }
+        flush(owner);
+    }
+
+    /// The records [`TaskIndex::restore`] put, queued for expiry in the order they
+    /// finished; returns those evicted because the caps do not hold them all (the
+    /// oldest), as putting them one by one in that order would have.
+    fn finish_restore(&self, restoring: Restoring) -> Vec<Evicted> {
+        let Restoring {
+            mut queue, bytes, ..
+        } = restoring;
+        // Expiry follows finish time (every record is kept as long).
+        queue.sort_by_key(|(expires, ..)| *expires);
         let over = {
             let mut f = self.lock();
-            f.queue.push_back((expires, key.clone(), turn));
-            f.count += 1;
-            f.bytes += size;
+            f.count += queue.len();
+            f.bytes += bytes;
+            if f.queue.is_empty() {
+                f.queue = queue.into();
+            } else {
+                f.queue.extend(queue);
+            }
             self.over(&f)
         };
         self.evict_if(over)
@@ -565,6 +638,74 @@ mod tests {
         assert_eq!(s.len(), 3);
         assert!(s.bytes() <= one * 3);
         assert!(s.get(&key(9)).is_some() && s.get(&key(6)).is_none());
+    }
+
+    #[test]
+    fn restored_records_in_any_order_are_queued_in_finish_order_and_the_caps_keep_the_newest() {
+        // Finished 60 - n seconds ago; read back out of that order (as a file's key
+        // order, by creation, may have them), under two owners.
+        let finished = |n: usize| {
+            let mut t = (*task(n, TaskState::Completed, "c")).clone();
+            t.updated_at = chrono::Utc::now() - chrono::Duration::seconds(60 - n as i64);
+            Arc::new(t)
+        };
+        let owned = |n: usize| TaskKey {
+            principal: if n.is_multiple_of(2) { "p" } else { "q" }.into(),
+            ..key(n)
+        };
+        let s = store(100, 3, u64::MAX);
+        let mut restoring = Restoring::with_capacity(5);
+        for n in [3, 0, 4, 1, 2] {
+            let task = finished(n);
+            let size = task.approx_bytes() as u64;
+            s.restore(
+                [RestoredRecord {
+                    key: owned(n),
+                    task,
+                    turn: TurnId::default(),
+                    size,
+                }],
+                &mut restoring,
+            );
+        }
+        let evicted = restoring.finish(&s);
+        assert_eq!(
+            evicted.into_iter().map(|e| e.key).collect::<Vec<_>>(),
+            vec![owned(0), owned(1)],
+            "the caps evict the oldest, oldest first"
+        );
+        assert_eq!(s.len(), 3);
+        assert_eq!(s.bytes(), 3 * finished(2).approx_bytes() as u64);
+        let listed = |p: &str| {
+            s.list(&ListQuery {
+                principal: p.into(),
+                agent: "a".into(),
+                context: None,
+                state: None,
+                status_after: None,
+                page_size: 10,
+                after: None,
+            })
+            .tasks
+            .iter()
+            .map(|t| t.id.to_string())
+            .collect::<Vec<_>>()
+        };
+        assert_eq!(listed("p"), ["0004", "0002"]);
+        assert_eq!(listed("q"), ["0003"]);
+        // Each expires when it would have had the server kept running, in finish order:
+        // 2 at 100 - 58 = 42 s from now, 3 at 43 s, 4 at 44 s.
+        let now = Instant::now();
+        assert!(s.evict(now + Duration::from_secs(41)).is_empty());
+        let expired = |secs| {
+            s.evict(now + Duration::from_millis(secs))
+                .into_iter()
+                .map(|e| e.key)
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(expired(43_500), vec![owned(2), owned(3)]);
+        assert_eq!(expired(45_000), vec![owned(4)]);
+        assert_eq!(s.len(), 0);
     }
 
     #[test]

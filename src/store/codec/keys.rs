@@ -72,6 +72,15 @@ pub(crate) fn parse_task_key(bytes: &[u8]) -> Option<(Created, TaskKey)> {
     r.done().then_some(key)
 }
 
+/// A task key's parts as they are written (creation time, principal, agent, task id),
+/// for a reader that builds the key itself (a restart shares one copy of each name).
+pub(crate) fn task_key_parts(bytes: &[u8]) -> Option<(Created, &str, &str, &str)> {
+    let mut r = KeyReader(bytes);
+    let created = (r.u64()? ^ (1 << 63)) as i64;
+    let parts = (created, r.part()?, r.part()?, r.part()?);
+    r.done().then_some(parts)
+}
+
 /// The key of a task's event.
 pub(crate) fn event_key(key: &TaskKey, created: Created, seq: u64) -> Vec<u8> {
     let mut out = task_key(key, created);

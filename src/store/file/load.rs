@@ -11,10 +11,12 @@ use super::open_error;
 use super::tables::{self, DiskError, Table, TableRead, TableWrite};
 use crate::config::Config;
 use crate::error::Error;
-use crate::model::{AgentId, ContextId, Message, Principal, TaskEvent, TaskKey, TaskSnapshot};
+use crate::model::{
+    AgentId, ContextId, Message, Principal, TaskEvent, TaskId, TaskKey, TaskSnapshot,
+};
 use crate::store::codec::{self, Created};
 use crate::store::damage::{self, Damaged};
-use crate::store::index::{Evicted, Indexes};
+use crate::store::index::{Evicted, Indexes, RestoredRecord, Restoring, TaskIndex};
 use crate::store::{
     CarriedTurn, Delivery, Recovered, RecoveredContext, RecoveredTask, TurnId, TurnMessages,
     delivery_id,
@@ -238,7 +240,7 @@ fn load_turns(
             match codec::decode_tombstone(v) {
                 Some(at) => tombstones.push(Tombstone {
                     key: k.to_vec(),
-                    principal: names.principal(principal),
+                    principal: names.principal(principal.as_str()),
                     context,
                     since,
                     at,
@@ -255,7 +257,7 @@ fn load_turns(
         match contexts.last_mut() {
             Some(c) if c.principal == principal && c.context == context => {}
             _ => contexts.push(RecoveredContext {
-                principal: names.principal(principal),
+                principal: names.principal(principal.as_str()),
                 context,
                 since: turn.since,
                 turns: Vec::new(),
@@ -267,7 +269,14 @@ fn load_turns(
         true
     })?;
     let carried = carried.into_iter().flatten().collect();
-    Ok(merge(contexts, damaged, tombstones, carried, retention))
+    let merging = std::time::Instant::now();
+    let turns = merge(contexts, damaged, tombstones, carried, retention);
+    tracing::debug!(
+        elapsed_ms = merging.elapsed().as_millis() as u64,
+        contexts = turns.contexts.len(),
+        "conversations put together"
+    );
+    Ok(turns)
 }
 
 /// Puts the conversations together: their rows' turns and the turns records carry, but
@@ -376,26 +385,85 @@ struct Names {
 }
 
 impl Names {
-    fn principal(&mut self, p: Principal) -> Principal {
+    fn principal(&mut self, p: &str) -> Principal {
         Self::one(&mut self.principals, p)
     }
 
-    fn agent(&mut self, a: AgentId) -> AgentId {
+    fn agent(&mut self, a: &str) -> AgentId {
         Self::one(&mut self.agents, a)
     }
 
-    fn one<T: Clone + Eq + std::hash::Hash>(
-        seen: &mut HashSet<T, foldhash::fast::RandomState>,
-        name: T,
-    ) -> T {
-        match seen.get(&name) {
+    fn one<T>(seen: &mut HashSet<T, foldhash::fast::RandomState>, name: &str) -> T
+    where
+        T: Clone + Eq + std::hash::Hash + std::borrow::Borrow<str> + for<'a> From<&'a str>,
+    {
+        match seen.get(name) {
             Some(kept) => kept.clone(),
             None => {
+                let name = T::from(name);
                 seen.insert(name.clone());
                 name
             }
         }
     }
+}
+
+/// Where a load hands each retained finished record.
+type Restore<'a> = dyn FnMut(RestoredRecord) + 'a;
+
+/// Runs `read`, which hands each retained finished record it reads to the function it is
+/// given; the records go into `index` on a thread of its own beside the reading, in
+/// chunks as they are read (a million records take about as long to index as to decode).
+/// With no thread to be had, they go in here, chunk by chunk.
+fn restore_beside<R>(
+    index: &TaskIndex,
+    read: &mut dyn FnMut(&mut Restore<'_>) -> R,
+) -> (R, Restoring) {
+    const CHUNK: usize = 4096;
+    std::thread::scope(|s| {
+        let (tx, rx) = std::sync::mpsc::sync_channel::<Vec<RestoredRecord>>(16);
+        let thread = std::thread::Builder::new()
+            .name("a2ad-index".into())
+            .spawn_scoped(s, move || {
+                let mut restoring = Restoring::with_capacity(0);
+                for chunk in rx {
+                    index.restore(chunk, &mut restoring);
+                }
+                restoring
+            });
+        let Ok(thread) = thread else {
+            let mut restoring = Restoring::with_capacity(0);
+            let mut chunk = Vec::with_capacity(CHUNK);
+            let r = read(&mut |record| {
+                chunk.push(record);
+                if chunk.len() == CHUNK {
+                    index.restore(chunk.drain(..), &mut restoring);
+                }
+            });
+            index.restore(chunk, &mut restoring);
+            return (r, restoring);
+        };
+        let reading = std::time::Instant::now();
+        let mut chunk = Vec::with_capacity(CHUNK);
+        let r = read(&mut |record| {
+            chunk.push(record);
+            if chunk.len() == CHUNK {
+                // The thread only stops when the channel closes (or it panicked, which
+                // the join below carries on).
+                let _ = tx.send(std::mem::replace(&mut chunk, Vec::with_capacity(CHUNK)));
+            }
+        });
+        let _ = tx.send(chunk);
+        drop(tx);
+        tracing::debug!(
+            elapsed_ms = reading.elapsed().as_millis() as u64,
+            "task records read"
+        );
+        let restoring = thread
+            .join()
+            .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
+        (r, restoring)
+    })
 }
 
 /// All but the conversations: push configurations, tasks, the outbox.
@@ -437,55 +505,72 @@ fn load_tasks(
     }
     let retention = config.server.task_retention();
     let now = chrono::Utc::now();
-    let mut finished: Vec<(TaskKey, Arc<TaskSnapshot>, TurnId)> = Vec::new();
     let mut expired: Vec<Evicted> = Vec::new();
     let mut unfinished: Vec<(TaskKey, Created, Arc<TaskSnapshot>, TurnId)> = Vec::new();
     let mut names = Names::default();
-    read.each(Table::Tasks, &mut |k, v| {
-        let decoded = codec::parse_task_key(k).and_then(|(created, mut key)| {
-            key.principal = names.principal(key.principal);
-            key.agent = names.agent(key.agent);
-            Some((created, codec::decode_record(&key, v)?, key))
-        });
-        let Some((created, (task, turn, carries), key)) = decoded else {
-            bad(Table::Tasks, k, v);
-            return true;
-        };
-        let task = Arc::new(task);
-        if task.status.state.is_terminal() {
-            // The turn the record carries: its conversation's, whether the record stays
-            // or goes (its eviction writes the turn as a row).
-            let carried = carries.then(|| CarriedTurn::of(turn, &task)).flatten();
-            let turn = match &carried {
-                Some(c) => c.turn,
-                None => TurnId::default(),
-            };
-            let age = (now - task.updated_at).to_std().unwrap_or_default();
-            let gone = age >= retention;
-            // The conversations' thread takes the turn; an expired record's eviction
-            // needs its own copy (a retained one's is rebuilt from the index later).
-            let evicted_turn = carried.map(|c| {
-                let mine = gone.then(|| c.clone());
-                carry(Carried {
-                    principal: key.principal.clone(),
-                    turn: c,
-                });
-                mine
+    let reading = std::time::Instant::now();
+    let (read_tasks, restoring) = restore_beside(&indexes.tasks, &mut |restore| {
+        read.each(Table::Tasks, &mut |k, v| {
+            let decoded = codec::task_key_parts(k).and_then(|(created, principal, agent, task)| {
+                let key = TaskKey {
+                    principal: names.principal(principal),
+                    agent: names.agent(agent),
+                    task: TaskId::new(task),
+                };
+                Some((created, codec::decode_record(&key, v)?, key))
             });
-            if gone {
-                expired.push(Evicted {
-                    key,
-                    created,
-                    turn: evicted_turn.flatten(),
+            let Some((created, (task, turn, carries), key)) = decoded else {
+                bad(Table::Tasks, k, v);
+                return true;
+            };
+            let task = Arc::new(task);
+            if task.status.state.is_terminal() {
+                // The turn the record carries: its conversation's, whether the record
+                // stays or goes (its eviction writes the turn as a row).
+                let carried = carries.then(|| CarriedTurn::of(turn, &task)).flatten();
+                let turn = match &carried {
+                    Some(c) => c.turn,
+                    None => TurnId::default(),
+                };
+                let age = (now - task.updated_at).to_std().unwrap_or_default();
+                let gone = age >= retention;
+                // The conversations' thread takes the turn; an expired record's eviction
+                // needs its own copy (a retained one's is rebuilt from the index later).
+                let evicted_turn = carried.map(|c| {
+                    let mine = gone.then(|| c.clone());
+                    carry(Carried {
+                        principal: key.principal.clone(),
+                        turn: c,
+                    });
+                    mine
                 });
+                if gone {
+                    expired.push(Evicted {
+                        key,
+                        created,
+                        turn: evicted_turn.flatten(),
+                    });
+                } else {
+                    // Measured here, while the record is in the cache.
+                    let size = task.approx_bytes() as u64;
+                    restore(RestoredRecord {
+                        key,
+                        task,
+                        turn,
+                        size,
+                    });
+                }
             } else {
-                finished.push((key, task, turn));
+                unfinished.push((key, created, task, turn));
             }
-        } else {
-            unfinished.push((key, created, task, turn));
-        }
-        true
-    })?;
+            true
+        })
+    });
+    read_tasks?;
+    tracing::debug!(
+        elapsed_ms = reading.elapsed().as_millis() as u64,
+        "task records read and indexed"
+    );
     let mut live: Vec<RecoveredTask> = Vec::with_capacity(unfinished.len());
     for (key, created, task, turn) in unfinished {
         let events = read_events(read, &key, created, 0, &task.history)?
@@ -500,13 +585,12 @@ fn load_tasks(
             why: crate::store::Orphan::Restart,
         });
     }
-    // Oldest first, so eviction order stays finish order.
-    finished.sort_by_key(|(_, t, _)| t.updated_at);
-    let mut evicted = Vec::new();
-    for (key, task, turn) in finished {
-        let age = (now - task.updated_at).to_std().unwrap_or_default();
-        evicted.extend(indexes.tasks.put_restored(&key, task, age, turn));
-    }
+    // Queued oldest first, so eviction order stays finish order.
+    let evicted = restoring.finish(&indexes.tasks);
+    tracing::debug!(
+        elapsed_ms = reading.elapsed().as_millis() as u64,
+        "finished tasks queued for expiry"
+    );
     for e in &evicted {
         indexes.push.remove_task(&e.key);
     }
@@ -574,19 +658,18 @@ fn load_tasks(
 #[cfg(test)]
 mod tests {
     use super::Names;
-    use crate::model::{AgentId, Principal};
 
     #[test]
     fn a_load_keeps_each_name_once() {
         let mut names = Names::default();
-        let first = names.principal(Principal::new("alice"));
-        let again = names.principal(Principal::new("alice"));
-        let other = names.principal(Principal::new("bob"));
+        let first = names.principal("alice");
+        let again = names.principal("alice");
+        let other = names.principal("bob");
         assert_eq!(first, again);
         assert_eq!(first.as_str().as_ptr(), again.as_str().as_ptr(), "one copy");
         assert_ne!(first, other);
-        let agent = names.agent(AgentId::new("echo"));
-        let agent_again = names.agent(AgentId::new("echo"));
+        let agent = names.agent("echo");
+        let agent_again = names.agent("echo");
         assert_eq!(agent.as_str().as_ptr(), agent_again.as_str().as_ptr());
     }
 }

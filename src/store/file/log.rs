@@ -231,16 +231,19 @@ impl LogDisk {
                 .map_err(|e| io_at(&path, "cannot be opened", &e))?;
             opened.push((seg, path, Arc::new(file)));
         }
-        // A thread reads and checks segment n + 1 while this one points the keydir at
-        // the rows of segment n.
+        // Threads read and check the segments ahead (each every `READERS`th one) while
+        // this one points the keydir at the rows of each in turn, in order.
+        const READERS: usize = 2;
+        let scanning = Instant::now();
         let suspects = std::thread::scope(|s| -> Result<Vec<(Vec<u8>, Loc)>> {
-            let (tx, rx) = std::sync::mpsc::sync_channel::<Result<Scanned>>(1);
-            let (spent_tx, spent_rx) = std::sync::mpsc::channel::<Vec<u8>>();
-            let reader = {
+            let mut readers = Vec::with_capacity(READERS);
+            for first in 0..READERS.min(opened.len()) {
+                let (tx, rx) = std::sync::mpsc::sync_channel::<Result<Scanned>>(1);
+                let (spent_tx, spent_rx) = std::sync::mpsc::channel::<Vec<u8>>();
                 let opened = &opened;
-                move || {
+                let read = move || {
                     let mut suspects = Vec::new();
-                    for (seg, path, file) in opened {
+                    for (seg, path, file) in opened.iter().skip(first).step_by(READERS) {
                         let mut bytes = spent_rx.try_recv().unwrap_or_default();
                         let scanned = scan_segment(
                             path,
@@ -262,22 +265,39 @@ impl LogDisk {
                         }
                     }
                     suspects
-                }
-            };
-            let reader = std::thread::Builder::new()
-                .name("a2ad-replay".into())
-                .spawn_scoped(s, reader)
-                .map_err(|e| io_at(&dir, "cannot start reading", &e))?;
-            for scanned in rx {
-                let scanned = scanned?;
+                };
+                let thread = std::thread::Builder::new()
+                    .name("a2ad-replay".into())
+                    .spawn_scoped(s, read)
+                    .map_err(|e| io_at(&dir, "cannot start reading", &e))?;
+                readers.push((thread, rx, spent_tx));
+            }
+            for i in 0..opened.len() {
+                let (_, rx, spent) = &readers[i % READERS];
+                let scanned = rx
+                    .recv()
+                    .map_err(|_| open_error(&dir, "stopped reading a segment"))??;
                 scanned.apply(&mut keydir);
                 sizes.insert(scanned.seg, scanned.len);
-                let _ = spent_tx.send(scanned.bytes);
+                let _ = spent.send(scanned.bytes);
             }
-            Ok(reader
-                .join()
-                .unwrap_or_else(|panic| std::panic::resume_unwind(panic)))
+            let mut suspects = Vec::new();
+            for (thread, ..) in readers {
+                suspects.extend(
+                    thread
+                        .join()
+                        .unwrap_or_else(|panic| std::panic::resume_unwind(panic)),
+                );
+            }
+            // In the order the segments hold them, whichever thread read them.
+            suspects.sort_by_key(|(_, loc)| (loc.seg, loc.at));
+            Ok(suspects)
         })?;
+        tracing::debug!(
+            segments = opened.len(),
+            elapsed_ms = scanning.elapsed().as_millis() as u64,
+            "segments read"
+        );
         for (seg, _, file) in opened {
             files.insert(seg, file);
         }
@@ -918,7 +938,7 @@ fn read_value(file: &File, loc: Loc) -> std::io::Result<Vec<u8>> {
 /// about once, in large reads.
 #[derive(Default)]
 struct BlockCache {
-    blocks: HashMap<(u32, u64), Vec<u8>>,
+    blocks: HashMap<(u32, u64), Vec<u8>, foldhash::fast::RandomState>,
     order: VecDeque<(u32, u64)>,
 }
 
@@ -926,11 +946,13 @@ impl BlockCache {
     const BLOCK: u64 = 1 << 20;
     const BLOCKS: usize = 64;
 
-    fn value(&mut self, file: &File, loc: Loc) -> std::io::Result<Vec<u8>> {
+    /// Reads the block a value lies in, unless it is here; `false`: the value spans two
+    /// blocks.
+    fn fill(&mut self, file: &File, loc: Loc) -> std::io::Result<bool> {
         let block = loc.at / Self::BLOCK;
         let end = loc.at + u64::from(loc.len);
         if end > (block + 1) * Self::BLOCK {
-            return read_value(file, loc);
+            return Ok(false);
         }
         if !self.blocks.contains_key(&(loc.seg, block)) {
             // The buffer of the block it replaces serves again: freshly allocated memory
@@ -955,11 +977,16 @@ impl BlockCache {
             self.order.push_back((loc.seg, block));
             self.blocks.insert((loc.seg, block), bytes);
         }
-        let bytes = &self.blocks[&(loc.seg, block)];
+        Ok(true)
+    }
+
+    /// A value [`BlockCache::fill`] has read.
+    fn get(&self, loc: Loc) -> std::io::Result<&[u8]> {
+        let block = loc.at / Self::BLOCK;
         let from = (loc.at - block * Self::BLOCK) as usize;
-        bytes
-            .get(from..from + loc.len as usize)
-            .map(<[u8]>::to_vec)
+        self.blocks
+            .get(&(loc.seg, block))
+            .and_then(|bytes| bytes.get(from..from + loc.len as usize))
             .ok_or_else(|| std::io::Error::other("a value runs past its segment's end"))
     }
 }
@@ -972,14 +999,36 @@ struct Reader<'a> {
 }
 
 impl Reader<'_> {
-    fn value(&self, loc: Loc) -> std::result::Result<Vec<u8>, DiskError> {
-        let file = self.files.get(&loc.seg).ok_or_else(|| {
+    fn file(&self, loc: Loc) -> std::result::Result<&File, DiskError> {
+        self.files.get(&loc.seg).map(|f| &**f).ok_or_else(|| {
             DiskError::Damaged(format!(
                 "a row points into segment {} that is gone",
                 loc.seg
             ))
-        })?;
-        Ok(self.cache.borrow_mut().value(file, loc)?)
+        })
+    }
+
+    /// Calls `f` with a value, read through the cache of blocks (in place, when it lies
+    /// in one block).
+    fn with_value<R>(
+        &self,
+        loc: Loc,
+        f: impl FnOnce(&[u8]) -> R,
+    ) -> std::result::Result<R, DiskError> {
+        let file = self.file(loc)?;
+        // A read from within `f` finds the cache lent out and reads the file itself.
+        let filled = match self.cache.try_borrow_mut() {
+            Ok(mut cache) => cache.fill(file, loc)?,
+            Err(_) => false,
+        };
+        if filled && let Ok(cache) = self.cache.try_borrow() {
+            return Ok(f(cache.get(loc)?));
+        }
+        Ok(f(&read_value(file, loc)?))
+    }
+
+    fn value(&self, loc: Loc) -> std::result::Result<Vec<u8>, DiskError> {
+        self.with_value(loc, <[u8]>::to_vec)
     }
 }
 
@@ -996,8 +1045,7 @@ impl TableRead for Reader<'_> {
         f: &mut dyn FnMut(&[u8], &[u8]) -> bool,
     ) -> std::result::Result<(), DiskError> {
         for (k, loc) in self.keydir.range(t, start, end) {
-            let v = self.value(loc)?;
-            if !f(&k, &v) {
+            if !self.with_value(loc, |v| f(&k, v))? {
                 break;
             }
         }
