@@ -268,24 +268,23 @@ fn load_turns(
         }
         true
     })?;
-    let carried = carried.into_iter().flatten().collect();
-    let merging = std::time::Instant::now();
     let turns = merge(contexts, damaged, tombstones, carried, retention);
     tracing::debug!(
-        elapsed_ms = merging.elapsed().as_millis() as u64,
         contexts = turns.contexts.len(),
         "conversations put together"
     );
     Ok(turns)
 }
 
-/// Puts the conversations together: their rows' turns and the turns records carry, but
-/// none of a forgotten conversation (its tombstone is there).
+/// Puts the conversations together: their rows' turns and the turns records carry (in
+/// chunks, as the records are read: each chunk is put in as it comes), but none of a
+/// forgotten conversation (its tombstone is there). Conversations with rows come first,
+/// in key order, then the others in the order their first turn was met.
 fn merge(
     mut contexts: Vec<RecoveredContext>,
     damaged: Vec<Damaged>,
     tombstones: Vec<Tombstone>,
-    mut carried: Vec<Carried>,
+    carried: impl IntoIterator<Item = Vec<Carried>>,
     retention: Duration,
 ) -> Turns {
     let life = Tombstones::life(retention);
@@ -303,69 +302,52 @@ fn merge(
     }
     // Oldest first, as the committer drops them.
     wanted.sort_by_key(|(_, age)| std::cmp::Reverse(*age));
-    if !forgotten.is_empty() {
-        carried.retain(|c| {
-            !forgotten.contains(&(
-                c.principal.clone(),
-                c.turn.context.clone(),
-                c.turn.turn.since,
-            ))
-        });
-    }
-    // A conversation's turns one after the other (records come in creation order,
-    // nearly the order of their conversations: the sort has little to do).
-    fn order(c: &Carried) -> (i64, &Principal, &ContextId, u32) {
-        (
-            c.turn.turn.since,
-            &c.principal,
-            &c.turn.context,
-            c.turn.turn.number,
-        )
-    }
-    carried.sort_unstable_by(|a, b| order(a).cmp(&order(b)));
-    let mut by_rows: HashMap<(Principal, ContextId, i64), usize, foldhash::fast::RandomState> =
+    type Conversation = (Principal, ContextId, i64);
+    let mut at: HashMap<Conversation, usize, foldhash::fast::RandomState> =
         HashMap::with_capacity_and_hasher(contexts.len(), Default::default());
     for (i, c) in contexts.iter().enumerate() {
-        by_rows.insert((c.principal.clone(), c.context.clone(), c.since), i);
+        at.insert((c.principal.clone(), c.context.clone(), c.since), i);
     }
-    let mut merged = Vec::new();
+    let rows = contexts.len();
+    // A conversation's turns mostly come one after the other: those take no lookup.
     let mut current: Option<usize> = None;
-    for Carried { principal, turn: c } in carried {
+    for Carried { principal, turn: c } in carried.into_iter().flatten() {
         let turn = (c.turn.number, TurnMessages::Shared(c.user, c.reply));
-        let same = current.is_some_and(|i| {
+        let same = current.filter(|&i| {
             let k = &contexts[i];
             k.since == c.turn.since && k.principal == principal && k.context == c.context
         });
-        let i = match current {
-            Some(i) if same => i,
-            _ => {
+        let i = match same {
+            Some(i) => i,
+            None => {
                 let key = (principal, c.context, c.turn.since);
-                let i = match by_rows.get(&key) {
-                    Some(&i) => {
-                        merged.push(i);
-                        i
-                    }
-                    None => {
+                if !forgotten.is_empty() && forgotten.contains(&key) {
+                    continue;
+                }
+                let i = *at
+                    .entry(key)
+                    .or_insert_with_key(|(principal, context, since)| {
                         contexts.push(RecoveredContext {
-                            principal: key.0,
-                            context: key.1,
-                            since: key.2,
+                            principal: principal.clone(),
+                            context: context.clone(),
+                            since: *since,
                             turns: Vec::new(),
                         });
                         contexts.len() - 1
-                    }
-                };
+                    });
                 current = Some(i);
                 i
             }
         };
         contexts[i].turns.push(turn);
     }
-    // Conversations with rows and carried turns: their turns in order, each once.
-    for i in merged {
-        let turns = &mut contexts[i].turns;
-        turns.sort_by_key(|(n, _)| *n);
-        turns.dedup_by_key(|(n, _)| *n);
+    drop(at);
+    // Each conversation's turns in order, each once (a row's before a record's).
+    for (i, c) in contexts.iter_mut().enumerate() {
+        if c.turns.len() > 1 && (i < rows || !c.turns.is_sorted_by_key(|(n, _)| *n)) {
+            c.turns.sort_by_key(|(n, _)| *n);
+            c.turns.dedup_by_key(|(n, _)| *n);
+        }
     }
     Turns {
         contexts,
