@@ -144,10 +144,10 @@ pub(crate) struct Restoring {
 }
 
 impl Restoring {
-    /// Nothing restored yet; room for about `records`.
-    pub(crate) fn with_capacity(records: usize) -> Self {
+    /// Nothing restored yet.
+    pub(crate) fn new() -> Self {
         Self {
-            queue: Vec::with_capacity(records),
+            queue: Vec::new(),
             unsorted: false,
             bytes: 0,
             now: (Instant::now(), chrono::Utc::now()),
@@ -162,14 +162,14 @@ impl Restoring {
     /// once) leaves the order to one sort at the end.
     fn settle(&mut self, from: usize) {
         const REACH: usize = 1 << 16;
+        if self.unsorted {
+            return;
+        }
         let queue = &mut self.queue;
         queue[from..].sort_by_key(|(expires, ..)| *expires);
         let Some(&(first, ..)) = queue.get(from) else {
             return;
         };
-        if self.unsorted {
-            return;
-        }
         let at = queue[..from].partition_point(|(expires, ..)| *expires <= first);
         if from - at > REACH {
             self.unsorted = true;
@@ -179,10 +179,32 @@ impl Restoring {
         }
     }
 
-    /// Queues the restored records for expiry in the order they finished; returns those
-    /// the caps do not hold (the oldest).
+    /// Queues the records [`TaskIndex::restore`] put for expiry in the order they
+    /// finished; returns those the caps do not hold (the oldest), as putting them one by
+    /// one in that order would have.
     pub(crate) fn finish(self, index: &TaskIndex) -> Vec<Evicted> {
-        index.finish_restore(self)
+        let Self {
+            mut queue,
+            unsorted,
+            bytes,
+            ..
+        } = self;
+        // Expiry follows finish time (every record is kept as long).
+        if unsorted {
+            queue.sort_by_key(|(expires, ..)| *expires);
+        }
+        let over = {
+            let mut f = index.lock();
+            f.count += queue.len();
+            f.bytes += bytes;
+            if f.queue.is_empty() {
+                f.queue = queue.into();
+            } else {
+                f.queue.extend(queue);
+            }
+            index.over(&f)
+        };
+        index.evict_if(over)
     }
 }
 
@@ -330,34 +352,6 @@ impl TaskIndex {
         }
         flush(owner);
         into.settle(from);
-    }
-
-    /// The records [`TaskIndex::restore`] put, queued for expiry in the order they
-    /// finished; returns those evicted because the caps do not hold them all (the
-    /// oldest), as putting them one by one in that order would have.
-    fn finish_restore(&self, restoring: Restoring) -> Vec<Evicted> {
-        let Restoring {
-            mut queue,
-            unsorted,
-            bytes,
-            ..
-        } = restoring;
-        // Expiry follows finish time (every record is kept as long).
-        if unsorted {
-            queue.sort_by_key(|(expires, ..)| *expires);
-        }
-        let over = {
-            let mut f = self.lock();
-            f.count += queue.len();
-            f.bytes += bytes;
-            if f.queue.is_empty() {
-                f.queue = queue.into();
-            } else {
-                f.queue.extend(queue);
-            }
-            self.over(&f)
-        };
-        self.evict_if(over)
     }
 
     /// The finished records exceed a cap.
@@ -688,7 +682,7 @@ mod tests {
             ..key(n)
         };
         let s = store(100, 3, u64::MAX);
-        let mut restoring = Restoring::with_capacity(5);
+        let mut restoring = Restoring::new();
         for n in [3, 0, 4, 1, 2] {
             let task = finished(n);
             let size = task.approx_bytes() as u64;
@@ -757,7 +751,7 @@ mod tests {
                 size,
             }
         };
-        let mut restoring = Restoring::with_capacity(0);
+        let mut restoring = Restoring::new();
         // 70,000 tasks read first (created first) that ran long, then a few created after
         // them that finished before any of them: further back than a batch's merge
         // reaches, so the order is left to one sort at the end.

@@ -67,9 +67,15 @@ fn read_task_key(r: &mut KeyReader<'_>) -> Option<(Created, TaskKey)> {
 
 /// Parses a task key.
 pub(crate) fn parse_task_key(bytes: &[u8]) -> Option<(Created, TaskKey)> {
-    let mut r = KeyReader(bytes);
-    let key = read_task_key(&mut r)?;
-    r.done().then_some(key)
+    let (created, principal, agent, task) = task_key_parts(bytes)?;
+    Some((
+        created,
+        TaskKey {
+            principal: Principal::new(principal),
+            agent: AgentId::new(agent),
+            task: TaskId::new(task),
+        },
+    ))
 }
 
 /// A task key's parts as they are written (creation time, principal, agent, task id),

@@ -407,14 +407,14 @@ fn restore_beside<R>(
         let thread = std::thread::Builder::new()
             .name("a2ad-index".into())
             .spawn_scoped(s, move || {
-                let mut restoring = Restoring::with_capacity(0);
+                let mut restoring = Restoring::new();
                 for chunk in rx {
                     index.restore(chunk, &mut restoring);
                 }
                 restoring
             });
         let Ok(thread) = thread else {
-            let mut restoring = Restoring::with_capacity(0);
+            let mut restoring = Restoring::new();
             let mut chunk = Vec::with_capacity(CHUNK);
             let r = read(&mut |record| {
                 chunk.push(record);
