@@ -290,7 +290,13 @@ pub fn store_record(data: &[u8]) {
         }
         1 => {
             let history = [Arc::new(Message::agent_text(["h"]))];
-            if let Some(event) = codec::decode_event(7, bytes, &history) {
+            let decoded = codec::decode_event(7, bytes, &history);
+            assert_eq!(
+                codec::event_is_valid(bytes),
+                decoded.is_some(),
+                "the check at open and the decoder agree"
+            );
+            if let Some(event) = decoded {
                 let once = codec::encode_event(&event);
                 let again = codec::decode_event(7, &once, &history).expect("re-decodes");
                 assert_eq!(once, codec::encode_event(&again), "an event round trip");

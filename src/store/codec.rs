@@ -321,12 +321,16 @@ pub(crate) fn encode_event(event: &TaskEvent) -> Vec<u8> {
 /// event record (checked at open, so a damaged row refuses the start instead of vanishing
 /// from a later replay).
 pub(crate) fn event_row_is_valid(key: &[u8], value: &[u8]) -> bool {
-    keys::is_event_key(key)
-        && if value.first() == Some(&binary::TAG) {
-            binary::decode_event(0, value, &[]).is_some()
-        } else {
-            serde_json::from_slice::<EventRec>(value).is_ok()
-        }
+    keys::is_event_key(key) && event_is_valid(value)
+}
+
+/// Whether [`decode_event`] reads an event's value.
+pub(crate) fn event_is_valid(value: &[u8]) -> bool {
+    if value.first() == Some(&binary::TAG) {
+        binary::check_event(value)
+    } else {
+        serde_json::from_slice::<EventRec>(value).is_ok()
+    }
 }
 
 /// Decodes event `seq`; `history` lends messages the event shares with its task.
@@ -663,6 +667,71 @@ mod tests {
         assert!(task_key(&early, -5) < task_key(&late, 3));
         assert!(task_key(&late, 3) < task_key(&early, 4));
         assert!(event_key(&early, 4, u64::MAX) < task_key(&late, 5));
+    }
+
+    #[test]
+    fn the_check_at_open_answers_as_the_event_decoder_does_whatever_the_bytes() {
+        let data = RawValue::from_string(r#"{"k":[1,2]}"#.into()).expect("json");
+        let mut status = TaskStatus::new(TaskState::Failed);
+        status.message = Some(Arc::new(Message::agent_text(["ü"])));
+        status.reason = Some(Arc::from("because"));
+        status.error = Some(Arc::new(TaskError {
+            code: -1,
+            message: "e".into(),
+        }));
+        let parts = vec![
+            Part::Text("t".into()),
+            Part::File(Box::new(FileContent {
+                name: "n".into(),
+                mime_type: "m".into(),
+                bytes: "aGk=".into(),
+                size: 2,
+            })),
+            Part::Url(Box::new(FileUrl {
+                url: "u".into(),
+                name: Some("n".into()),
+                mime_type: None,
+            })),
+            Part::Data(RawJson(Arc::from(data))),
+        ];
+        let event = TaskEvent {
+            seq: 1,
+            status,
+            artifact: Some(ArtifactUpdate {
+                artifact: Arc::new(Artifact::new(Some("a"), parts)),
+                append: false,
+                last_chunk: true,
+            }),
+        };
+        let agree = |bytes: &[u8]| {
+            assert_eq!(
+                event_is_valid(bytes),
+                decode_event(1, bytes, &[]).is_some(),
+                "{bytes:?}"
+            );
+        };
+        let mut accepted = 0;
+        for row in [
+            encode_event(&event),
+            encode_event(&TaskEvent::status(2, TaskStatus::new(TaskState::Working))),
+        ] {
+            for end in 0..=row.len() {
+                agree(&row[..end]);
+            }
+            for at in 0..row.len() {
+                for b in [0, 1, 2, 3, 4, 7, 8, b'{', 0x80, 0xff] {
+                    let mut changed = row.clone();
+                    changed[at] = b;
+                    agree(&changed);
+                    accepted += usize::from(event_is_valid(&changed));
+                }
+            }
+            assert!(event_is_valid(&row));
+        }
+        assert!(
+            accepted > 0,
+            "some changed bytes still read: both answers were met"
+        );
     }
 
     #[test]

@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use dashmap::DashMap;
+use dashmap::{DashMap, SharedValue};
 use foldhash::fast::RandomState;
 
 use super::{CarriedTurn, Delivery, ListPage, ListQuery, PageToken, TurnId, Write, deliveries_for};
@@ -122,14 +122,49 @@ struct Finished {
     bytes: u64,
 }
 
-/// A finished record read back from a store file, for [`TaskIndex::restore`].
+/// A finished record read back from a store file, for [`TaskIndex::restore`]: made by
+/// [`TaskIndex::restored`] on the thread that decoded it, so that everything read from
+/// the record and its key (its hash, its times, the copies of the key the index keeps) is
+/// read there, while it is in that core's cache, and the thread that fills the index
+/// touches neither the record nor the names every key shares (their counts would bounce
+/// between the cores).
 pub(crate) struct RestoredRecord {
-    pub(crate) key: TaskKey,
-    pub(crate) task: Arc<TaskSnapshot>,
+    key: TaskKey,
+    /// `key` as the map hashes it.
+    hash: u64,
+    /// Copies of the key for the expiry queue and of its id for the owner's set.
+    queued: TaskKey,
+    listed: TaskId,
+    /// Its status time, µs.
+    at: i64,
+    expires: Instant,
+    task: Arc<TaskSnapshot>,
     /// The conversation turn its record carries (number 0: none).
-    pub(crate) turn: TurnId,
+    turn: TurnId,
     /// Its [`TaskSnapshot::approx_bytes`].
-    pub(crate) size: u64,
+    size: u64,
+}
+
+/// The moment a restart measures ages from, on both clocks.
+#[derive(Clone, Copy)]
+pub(crate) struct RestoreClock {
+    instant: Instant,
+    wall: chrono::DateTime<chrono::Utc>,
+}
+
+impl RestoreClock {
+    /// Now.
+    pub(crate) fn now() -> Self {
+        Self {
+            instant: Instant::now(),
+            wall: chrono::Utc::now(),
+        }
+    }
+
+    /// The wall-clock time of the moment.
+    pub(crate) fn wall(&self) -> chrono::DateTime<chrono::Utc> {
+        self.wall
+    }
 }
 
 /// Finished records [`TaskIndex::restore`] has put, to be queued for expiry in the order
@@ -139,8 +174,6 @@ pub(crate) struct Restoring {
     queue: Vec<(Instant, TaskKey, TurnId)>,
     unsorted: bool,
     bytes: u64,
-    /// The moment ages are measured from, on both clocks.
-    now: (Instant, chrono::DateTime<chrono::Utc>),
 }
 
 impl Restoring {
@@ -150,7 +183,6 @@ impl Restoring {
             queue: Vec::new(),
             unsorted: false,
             bytes: 0,
-            now: (Instant::now(), chrono::Utc::now()),
         }
     }
 
@@ -311,10 +343,46 @@ impl TaskIndex {
         self.evict_if(over)
     }
 
-    /// Puts finished records read back from a store file, in any order: each expires
-    /// when it would have had the server kept running, once [`Restoring::finish`] has
-    /// queued them. A record's `size` is its [`TaskSnapshot::approx_bytes`], measured by
-    /// the caller while the record is fresh in its cache.
+    /// Room for `n` more records without the map growing as a restart fills it (growing
+    /// rehashes every key already in it).
+    pub(crate) fn reserve(&self, n: usize) {
+        let shards = self.records.shards();
+        // Keys spread over the shards about evenly; the margin covers the unevenness.
+        let each = n.div_ceil(shards.len().max(1));
+        for shard in shards {
+            shard
+                .write()
+                .reserve(each + each / 16, |(k, _)| self.records.hash_usize(k) as u64);
+        }
+    }
+
+    /// A finished record read back from a store file, for [`TaskIndex::restore`]; its age
+    /// is measured from `clock`.
+    pub(crate) fn restored(
+        &self,
+        key: TaskKey,
+        task: Arc<TaskSnapshot>,
+        turn: TurnId,
+        size: u64,
+        clock: RestoreClock,
+    ) -> RestoredRecord {
+        let age = (clock.wall - task.updated_at).to_std().unwrap_or_default();
+        RestoredRecord {
+            hash: self.records.hash_usize(&key) as u64,
+            queued: key.clone(),
+            listed: key.task.clone(),
+            at: micros(&task),
+            expires: clock.instant + self.retention.saturating_sub(age),
+            key,
+            task,
+            turn,
+            size,
+        }
+    }
+
+    /// Puts finished records read back from a store file ([`TaskIndex::restored`]), in
+    /// any order: each expires when it would have had the server kept running, once
+    /// [`Restoring::finish`] has queued them.
     pub(crate) fn restore(
         &self,
         records: impl IntoIterator<Item = RestoredRecord>,
@@ -330,25 +398,45 @@ impl TaskIndex {
                 self.owners.entry(who).or_default().extend(ids);
             }
         };
-        for RestoredRecord {
-            key,
-            task,
-            turn,
-            size,
-        } in records
-        {
-            let at = micros(&task);
-            let age = (into.now.1 - task.updated_at).to_std().unwrap_or_default();
-            let expires = into.now.0 + self.retention.saturating_sub(age);
+        // The map's entries, with the hashes made where the keys were read.
+        let mut entries = Vec::new();
+        for r in records {
             match &mut owner {
-                Some((who, ids)) if who.0 == key.principal && who.1 == key.agent => {
-                    ids.push((at, key.task.clone()));
+                // Names compare by address first: a load keeps each name once.
+                Some((who, ids)) if who.0 == r.key.principal && who.1 == r.key.agent => {
+                    ids.push((r.at, r.listed));
                 }
-                _ => flush(owner.replace((Self::owner(&key), vec![(at, key.task.clone())]))),
+                _ => flush(owner.replace((Self::owner(&r.key), vec![(r.at, r.listed)]))),
             }
-            self.records.insert(key.clone(), task);
-            into.queue.push((expires, key, turn));
-            into.bytes += size;
+            entries.push((
+                self.records.determine_shard(r.hash as usize),
+                r.hash,
+                r.key,
+                r.task,
+            ));
+            into.queue.push((r.expires, r.queued, r.turn));
+            into.bytes += r.size;
+        }
+        // Shard by shard, each locked once: with no lock taken between two inserts, the
+        // processor waits for the memory of several at once (each is a miss in a table
+        // of a million).
+        entries.sort_unstable_by_key(|(shard, ..)| *shard);
+        let shards = self.records.shards();
+        let mut entries = entries.into_iter().peekable();
+        while let Some(&(i, ..)) = entries.peek() {
+            // The map's own choice of shard: always one of them.
+            let Some(shard) = shards.get(i) else { break };
+            let mut table = shard.write();
+            while let Some((_, hash, key, task)) = entries.next_if(|e| e.0 == i) {
+                match table.get_mut(hash, |(k, _)| *k == key) {
+                    Some((_, was)) => *was.get_mut() = task,
+                    None => {
+                        table.insert(hash, (key, SharedValue::new(task)), |(k, _)| {
+                            self.records.hash_usize(k) as u64
+                        });
+                    }
+                }
+            }
         }
         flush(owner);
         into.settle(from);
@@ -683,16 +771,12 @@ mod tests {
         };
         let s = store(100, 3, u64::MAX);
         let mut restoring = Restoring::new();
+        let clock = RestoreClock::now();
         for n in [3, 0, 4, 1, 2] {
             let task = finished(n);
             let size = task.approx_bytes() as u64;
             s.restore(
-                [RestoredRecord {
-                    key: owned(n),
-                    task,
-                    turn: TurnId::default(),
-                    size,
-                }],
+                [s.restored(owned(n), task, TurnId::default(), size, clock)],
                 &mut restoring,
             );
         }
@@ -739,17 +823,12 @@ mod tests {
     #[test]
     fn restored_records_that_finished_before_many_read_before_them_are_queued_in_finish_order() {
         let s = store(100_000, usize::MAX, u64::MAX);
-        let now = chrono::Utc::now();
+        let clock = RestoreClock::now();
         let record = |n: usize, ago_ms: i64| {
             let mut t = (*task(n, TaskState::Completed, "c")).clone();
-            t.updated_at = now - chrono::Duration::milliseconds(ago_ms);
+            t.updated_at = clock.wall() - chrono::Duration::milliseconds(ago_ms);
             let size = t.approx_bytes() as u64;
-            RestoredRecord {
-                key: key(n),
-                task: Arc::new(t),
-                turn: TurnId::default(),
-                size,
-            }
+            s.restored(key(n), Arc::new(t), TurnId::default(), size, clock)
         };
         let mut restoring = Restoring::new();
         // 70,000 tasks read first (created first) that ran long, then a few created after

@@ -1,10 +1,13 @@
 //! Reading the file at start: every unfinished task, its events, conversations, push
 //! configurations and pending deliveries, with damaged records set aside or refused.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
+use std::hash::BuildHasher;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
+
+use hashbrown::HashTable;
 
 use super::committer::Tombstones;
 use super::open_error;
@@ -16,7 +19,7 @@ use crate::model::{
 };
 use crate::store::codec::{self, Created};
 use crate::store::damage::{self, Damaged};
-use crate::store::index::{Evicted, Indexes, RestoredRecord, Restoring, TaskIndex};
+use crate::store::index::{Evicted, Indexes, RestoreClock, RestoredRecord, Restoring, TaskIndex};
 use crate::store::{
     CarriedTurn, Delivery, Recovered, RecoveredContext, RecoveredTask, TurnId, TurnMessages,
     delivery_id,
@@ -67,6 +70,18 @@ pub(super) struct Loaded {
 struct Carried {
     principal: Principal,
     turn: CarriedTurn,
+    /// Its conversation's hash ([`Conversations::hash`]), made where the record was read.
+    hash: u64,
+}
+
+/// How a load hashes a conversation (owner, id, start), the same on each of its threads.
+#[derive(Clone, Default)]
+struct Conversations(foldhash::fast::RandomState);
+
+impl Conversations {
+    fn hash(&self, principal: &Principal, context: &ContextId, since: i64) -> u64 {
+        self.0.hash_one((principal, context, since))
+    }
 }
 
 /// The conversations: their turns' rows and the turns records carry; the rows that cannot
@@ -166,8 +181,14 @@ pub(super) fn load(
     config: &Config,
 ) -> Result<Loaded, DiskError> {
     let mut carried = Vec::new();
-    let mut loaded = load_tasks(read, indexes, config, &mut |c| carried.push(c))?;
-    loaded.add_turns(load_turns(read, [carried], config.server.task_retention())?);
+    let hasher = Conversations::default();
+    let mut loaded = load_tasks(read, indexes, config, &hasher, &mut |c| carried.push(c))?;
+    loaded.add_turns(load_turns(
+        read,
+        [carried],
+        &hasher,
+        config.server.task_retention(),
+    )?);
     Ok(loaded)
 }
 
@@ -180,19 +201,21 @@ pub(super) fn load_beside<T: TableRead + Send>(
     config: &Config,
 ) -> Result<Loaded, DiskError> {
     let retention = config.server.task_retention();
+    let hasher = Conversations::default();
     std::thread::scope(|s| {
         // The turns records carry go to the conversations' thread in chunks as the
         // records are read, and are put together there, beside the rest of the load.
         let (tx, rx) = std::sync::mpsc::sync_channel::<Vec<Carried>>(16);
+        let theirs = hasher.clone();
         let thread = std::thread::Builder::new()
             .name("a2ad-load".into())
-            .spawn_scoped(s, move || load_turns(&turns, rx, retention));
+            .spawn_scoped(s, move || load_turns(&turns, rx, &theirs, retention));
         let (loaded, turns) = match thread {
             Ok(thread) => {
                 const CHUNK: usize = 4096;
                 let loaded = {
                     let mut chunk = Vec::with_capacity(CHUNK);
-                    let loaded = load_tasks(read, indexes, config, &mut |c| {
+                    let loaded = load_tasks(read, indexes, config, &hasher, &mut |c| {
                         chunk.push(c);
                         if chunk.len() == CHUNK {
                             // A thread that failed has stopped listening: its error tells.
@@ -212,8 +235,8 @@ pub(super) fn load_beside<T: TableRead + Send>(
             // No thread to be had: one after the other.
             Err(_) => {
                 let mut carried = Vec::new();
-                let loaded = load_tasks(read, indexes, config, &mut |c| carried.push(c));
-                (loaded, load_turns(read, [carried], retention))
+                let loaded = load_tasks(read, indexes, config, &hasher, &mut |c| carried.push(c));
+                (loaded, load_turns(read, [carried], &hasher, retention))
             }
         };
         let mut loaded = loaded?;
@@ -227,6 +250,7 @@ pub(super) fn load_beside<T: TableRead + Send>(
 fn load_turns(
     read: &impl TableRead,
     carried: impl IntoIterator<Item = Vec<Carried>>,
+    hasher: &Conversations,
     retention: Duration,
 ) -> Result<Turns, DiskError> {
     let mut damaged = Vec::new();
@@ -268,7 +292,14 @@ fn load_turns(
         }
         true
     })?;
-    let turns = merge(contexts, damaged, tombstones, carried, retention);
+    let expected = read.tasks_hint();
+    let turns = merge(
+        contexts,
+        damaged,
+        tombstones,
+        (carried, hasher, expected),
+        retention,
+    );
     tracing::debug!(
         contexts = turns.contexts.len(),
         "conversations put together"
@@ -277,14 +308,19 @@ fn load_turns(
 }
 
 /// Puts the conversations together: their rows' turns and the turns records carry (in
-/// chunks, as the records are read: each chunk is put in as it comes), but none of a
-/// forgotten conversation (its tombstone is there). Conversations with rows come first,
-/// in key order, then the others in the order their first turn was met.
+/// chunks, as the records are read: each chunk is put in as it comes; about `expected` of
+/// them), but none of a forgotten conversation (its tombstone is there). Conversations
+/// with rows come first, in key order, then the others in the order their first turn was
+/// met.
 fn merge(
     mut contexts: Vec<RecoveredContext>,
     damaged: Vec<Damaged>,
     tombstones: Vec<Tombstone>,
-    carried: impl IntoIterator<Item = Vec<Carried>>,
+    (carried, hasher, expected): (
+        impl IntoIterator<Item = Vec<Carried>>,
+        &Conversations,
+        usize,
+    ),
     retention: Duration,
 ) -> Turns {
     let life = Tombstones::life(retention);
@@ -302,46 +338,59 @@ fn merge(
     }
     // Oldest first, as the committer drops them.
     wanted.sort_by_key(|(_, age)| std::cmp::Reverse(*age));
-    type Conversation = (Principal, ContextId, i64);
-    let mut at: HashMap<Conversation, usize, foldhash::fast::RandomState> =
-        HashMap::with_capacity_and_hasher(contexts.len(), Default::default());
-    for (i, c) in contexts.iter().enumerate() {
-        at.insert((c.principal.clone(), c.context.clone(), c.since), i);
+    // The conversations by their place in `contexts`, hashed as `hashes` says: a carried
+    // turn's hash was made on the thread that read it, so finding its conversation reads
+    // no bytes of its key unless a conversation's hash matches.
+    let mut hashes: Vec<u64> = contexts
+        .iter()
+        .map(|c| hasher.hash(&c.principal, &c.context, c.since))
+        .collect();
+    let mut at: HashTable<usize> = HashTable::with_capacity(contexts.len() + expected);
+    for (i, &hash) in hashes.iter().enumerate() {
+        at.insert_unique(hash, i, |&j| hashes[j]);
     }
     let rows = contexts.len();
     // A conversation's turns mostly come one after the other: those take no lookup.
     let mut current: Option<usize> = None;
-    for Carried { principal, turn: c } in carried.into_iter().flatten() {
+    for Carried {
+        principal,
+        turn: c,
+        hash,
+    } in carried.into_iter().flatten()
+    {
         let turn = (c.turn.number, TurnMessages::Shared(c.user, c.reply));
-        let same = current.filter(|&i| {
-            let k = &contexts[i];
+        let is = |k: &RecoveredContext| {
             k.since == c.turn.since && k.principal == principal && k.context == c.context
-        });
-        let i = match same {
+        };
+        let i = match current.filter(|&i| is(&contexts[i])) {
             Some(i) => i,
             None => {
-                let key = (principal, c.context, c.turn.since);
-                if !forgotten.is_empty() && forgotten.contains(&key) {
+                if !forgotten.is_empty()
+                    && forgotten.contains(&(principal.clone(), c.context.clone(), c.turn.since))
+                {
                     continue;
                 }
-                let i = *at
-                    .entry(key)
-                    .or_insert_with_key(|(principal, context, since)| {
+                let i = match at.find(hash, |&i| is(&contexts[i])) {
+                    Some(&i) => i,
+                    None => {
                         contexts.push(RecoveredContext {
-                            principal: principal.clone(),
-                            context: context.clone(),
-                            since: *since,
+                            principal,
+                            context: c.context,
+                            since: c.turn.since,
                             turns: Vec::new(),
                         });
-                        contexts.len() - 1
-                    });
+                        hashes.push(hash);
+                        let i = contexts.len() - 1;
+                        at.insert_unique(hash, i, |&j| hashes[j]);
+                        i
+                    }
+                };
                 current = Some(i);
                 i
             }
         };
         contexts[i].turns.push(turn);
     }
-    drop(at);
     // Each conversation's turns in order, each once (a row's before a record's).
     for (i, c) in contexts.iter_mut().enumerate() {
         if c.turns.len() > 1 && (i < rows || !c.turns.is_sorted_by_key(|(n, _)| *n)) {
@@ -453,6 +502,7 @@ fn load_tasks(
     read: &impl TableRead,
     indexes: &Indexes,
     config: &Config,
+    conversations: &Conversations,
     carry: &mut dyn FnMut(Carried),
 ) -> Result<Loaded, DiskError> {
     let mut damaged = Vec::new();
@@ -486,11 +536,13 @@ fn load_tasks(
         })?;
     }
     let retention = config.server.task_retention();
-    let now = chrono::Utc::now();
+    let clock = RestoreClock::now();
+    let now = clock.wall();
     let mut expired: Vec<Evicted> = Vec::new();
     let mut unfinished: Vec<(TaskKey, Created, Arc<TaskSnapshot>, TurnId)> = Vec::new();
     let mut names = Names::default();
     let reading = std::time::Instant::now();
+    indexes.tasks.reserve(read.tasks_hint());
     let (read_tasks, restoring) = restore_beside(&indexes.tasks, &mut |restore| {
         read.each(Table::Tasks, &mut |k, v| {
             let decoded = codec::task_key_parts(k).and_then(|(created, principal, agent, task)| {
@@ -521,6 +573,7 @@ fn load_tasks(
                 let evicted_turn = carried.map(|c| {
                     let mine = gone.then(|| c.clone());
                     carry(Carried {
+                        hash: conversations.hash(&key.principal, &c.context, c.turn.since),
                         principal: key.principal.clone(),
                         turn: c,
                     });
@@ -535,12 +588,7 @@ fn load_tasks(
                 } else {
                     // Measured here, while the record is in the cache.
                     let size = task.approx_bytes() as u64;
-                    restore(RestoredRecord {
-                        key,
-                        task,
-                        turn,
-                        size,
-                    });
+                    restore(indexes.tasks.restored(key, task, turn, size, clock));
                 }
             } else {
                 unfinished.push((key, created, task, turn));

@@ -1037,6 +1037,10 @@ impl TableRead for Reader<'_> {
         true
     }
 
+    fn tasks_hint(&self) -> usize {
+        self.keydir.tasks()
+    }
+
     fn scan(
         &self,
         t: Table,

@@ -120,6 +120,11 @@ pub(crate) trait TableRead {
         false
     }
 
+    /// About how many task records there are, to size what a load fills (0: not known).
+    fn tasks_hint(&self) -> usize {
+        0
+    }
+
     /// Every row of a table, in key order.
     fn each(&self, table: Table, f: &mut dyn FnMut(&[u8], &[u8]) -> bool) -> Result<(), DiskError> {
         self.scan(table, &[], None, f)

@@ -417,6 +417,11 @@ impl Keydir {
         self.live.remove(&seg);
     }
 
+    /// Tasks with rows (a record, events or both).
+    pub(crate) fn tasks(&self) -> usize {
+        self.tasks.len()
+    }
+
     /// Rows, over all tables.
     #[cfg(test)]
     pub(crate) fn rows(&self) -> usize {
