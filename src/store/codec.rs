@@ -653,6 +653,14 @@ mod tests {
         let prefix = task_key(&k, 9);
         let (a, b) = (event_key(&k, 9, 2), event_key(&k, 9, 10));
         assert!(a < b && a.starts_with(&prefix) && b < prefix_end(&prefix));
+        // An event's key is a task's key and a number: nothing short of it or past it.
+        assert!(keys::is_event_key(&a));
+        assert!(!keys::is_event_key(&a[..a.len() - 1]));
+        assert!(!keys::is_event_key(&prefix));
+        assert!(!keys::is_event_key(&[a.as_slice(), &[0]].concat()));
+        let mut not_utf8 = a.clone();
+        not_utf8[prefix.len() - 1] = 0xff;
+        assert!(!keys::is_event_key(&not_utf8));
     }
 
     #[test]
