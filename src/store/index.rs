@@ -177,15 +177,6 @@ pub(crate) struct Restoring {
 }
 
 impl Restoring {
-    /// Nothing restored yet.
-    pub(crate) fn new() -> Self {
-        Self {
-            queue: Vec::new(),
-            unsorted: false,
-            bytes: 0,
-        }
-    }
-
     /// Puts the records queued from `from` on among those before them, in expiry order.
     /// A file's records come in creation order, nearly their finish order: a batch goes
     /// after what is there or mingles with its last few (those created before it that
@@ -224,6 +215,10 @@ impl Restoring {
         // Expiry follows finish time (every record is kept as long).
         if unsorted {
             queue.sort_by_key(|(expires, ..)| *expires);
+        }
+        // Room was made for every task of the file; most may have expired instead.
+        if queue.capacity() / 2 > queue.len() {
+            queue.shrink_to_fit();
         }
         let over = {
             let mut f = index.lock();
@@ -343,9 +338,10 @@ impl TaskIndex {
         self.evict_if(over)
     }
 
-    /// Room for `n` more records without the map growing as a restart fills it (growing
-    /// rehashes every key already in it).
-    pub(crate) fn reserve(&self, n: usize) {
+    /// Starts restoring about `n` records read back from a store file: room is made for
+    /// them first, so that nothing grows as they come (the map's growing would hash every
+    /// key in it again).
+    pub(crate) fn restoring(&self, n: usize) -> Restoring {
         let shards = self.records.shards();
         // Keys spread over the shards about evenly; the margin covers the unevenness.
         let each = n.div_ceil(shards.len().max(1));
@@ -353,6 +349,11 @@ impl TaskIndex {
             shard
                 .write()
                 .reserve(each + each / 16, |(k, _)| self.records.hash_usize(k) as u64);
+        }
+        Restoring {
+            queue: Vec::with_capacity(n),
+            unsorted: false,
+            bytes: 0,
         }
     }
 
@@ -770,7 +771,7 @@ mod tests {
             ..key(n)
         };
         let s = store(100, 3, u64::MAX);
-        let mut restoring = Restoring::new();
+        let mut restoring = s.restoring(8);
         let clock = RestoreClock::now();
         for n in [3, 0, 4, 1, 2] {
             let task = finished(n);
@@ -830,7 +831,7 @@ mod tests {
             let size = t.approx_bytes() as u64;
             s.restored(key(n), Arc::new(t), TurnId::default(), size, clock)
         };
-        let mut restoring = Restoring::new();
+        let mut restoring = s.restoring(8);
         // 70,000 tasks read first (created first) that ran long, then a few created after
         // them that finished before any of them: further back than a batch's merge
         // reaches, so the order is left to one sort at the end.

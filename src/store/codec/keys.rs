@@ -230,7 +230,11 @@ pub(crate) fn parse_turn_key(bytes: &[u8]) -> Option<(Principal, ContextId, Turn
 pub(super) fn is_event_key(key: &[u8]) -> bool {
     let walk = |mut r: KeyReader<'_>| {
         // Created, principal, agent, task id; then the number.
-        (r.u64()?, r.part()?, r.part()?, r.part()?, r.u64()?);
+        r.u64()?;
+        r.part()?;
+        r.part()?;
+        r.part()?;
+        r.u64()?;
         r.done().then_some(())
     };
     walk(KeyReader(key)).is_some()

@@ -341,11 +341,16 @@ fn merge(
     // The conversations by their place in `contexts`, hashed as `hashes` says: a carried
     // turn's hash was made on the thread that read it, so finding its conversation reads
     // no bytes of its key unless a conversation's hash matches.
-    let mut hashes: Vec<u64> = contexts
-        .iter()
-        .map(|c| hasher.hash(&c.principal, &c.context, c.since))
-        .collect();
-    let mut at: HashTable<usize> = HashTable::with_capacity(contexts.len() + expected);
+    // Sized for a conversation per record: nothing grows as they come.
+    let room = contexts.len() + expected;
+    contexts.reserve(expected);
+    let mut hashes: Vec<u64> = Vec::with_capacity(room);
+    hashes.extend(
+        contexts
+            .iter()
+            .map(|c| hasher.hash(&c.principal, &c.context, c.since)),
+    );
+    let mut at: HashTable<usize> = HashTable::with_capacity(room);
     for (i, &hash) in hashes.iter().enumerate() {
         at.insert_unique(hash, i, |&j| hashes[j]);
     }
@@ -390,6 +395,11 @@ fn merge(
             }
         };
         contexts[i].turns.push(turn);
+    }
+    drop((at, hashes));
+    // Fewer conversations than records (several turns each) leave room unused.
+    if contexts.capacity() / 2 > contexts.len() {
+        contexts.shrink_to_fit();
     }
     // Each conversation's turns in order, each once (a row's before a record's).
     for (i, c) in contexts.iter_mut().enumerate() {
@@ -442,12 +452,13 @@ impl Names {
 /// Where a load hands each retained finished record.
 type Restore<'a> = dyn FnMut(RestoredRecord) + 'a;
 
-/// Runs `read`, which hands each retained finished record it reads to the function it is
-/// given; the records go into `index` on a thread of its own beside the reading, in
-/// chunks as they are read (a million records take about as long to index as to decode).
+/// Runs `read`, which hands each retained finished record it reads (about `expected` of
+/// them) to the function it is given; the records go into `index` on a thread of its own
+/// beside the reading, in chunks as they are read (a million records take about as long to index as to decode).
 /// With no thread to be had, they go in here, chunk by chunk.
 fn restore_beside<R>(
     index: &TaskIndex,
+    expected: usize,
     read: &mut dyn FnMut(&mut Restore<'_>) -> R,
 ) -> (R, Restoring) {
     const CHUNK: usize = 4096;
@@ -456,14 +467,14 @@ fn restore_beside<R>(
         let thread = std::thread::Builder::new()
             .name("a2ad-index".into())
             .spawn_scoped(s, move || {
-                let mut restoring = Restoring::new();
+                let mut restoring = index.restoring(expected);
                 for chunk in rx {
                     index.restore(chunk, &mut restoring);
                 }
                 restoring
             });
         let Ok(thread) = thread else {
-            let mut restoring = Restoring::new();
+            let mut restoring = index.restoring(expected);
             let mut chunk = Vec::with_capacity(CHUNK);
             let r = read(&mut |record| {
                 chunk.push(record);
@@ -542,8 +553,8 @@ fn load_tasks(
     let mut unfinished: Vec<(TaskKey, Created, Arc<TaskSnapshot>, TurnId)> = Vec::new();
     let mut names = Names::default();
     let reading = std::time::Instant::now();
-    indexes.tasks.reserve(read.tasks_hint());
-    let (read_tasks, restoring) = restore_beside(&indexes.tasks, &mut |restore| {
+    let expected = read.tasks_hint();
+    let (read_tasks, restoring) = restore_beside(&indexes.tasks, expected, &mut |restore| {
         read.each(Table::Tasks, &mut |k, v| {
             let decoded = codec::task_key_parts(k).and_then(|(created, principal, agent, task)| {
                 let key = TaskKey {
