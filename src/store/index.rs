@@ -852,6 +852,9 @@ mod tests {
             Some(key(70_000))
         );
         assert_eq!(f.queue.back().map(|(_, k, _)| k.clone()), Some(key(69_999)));
+        drop(f);
+        // Put with the hash made on the reading thread: each is found as any lookup finds it.
+        assert!((0..70_010).all(|n| s.get(&key(n)).is_some()));
     }
 
     #[test]
