@@ -84,6 +84,17 @@ impl Conversations {
     }
 }
 
+impl Carried {
+    /// A turn carried by a record of `principal`'s, hashed as `conversations` hashes.
+    fn new(principal: Principal, turn: CarriedTurn, conversations: &Conversations) -> Self {
+        Self {
+            hash: conversations.hash(&principal, &turn.context, turn.turn.since),
+            principal,
+            turn,
+        }
+    }
+}
+
 /// The conversations: their turns' rows and the turns records carry; the rows that cannot
 /// be read; the tombstones still wanted (how long ago each was written) and those past
 /// their time.
@@ -583,11 +594,7 @@ fn load_tasks(
                 // needs its own copy (a retained one's is rebuilt from the index later).
                 let evicted_turn = carried.map(|c| {
                     let mine = gone.then(|| c.clone());
-                    carry(Carried {
-                        hash: conversations.hash(&key.principal, &c.context, c.turn.since),
-                        principal: key.principal.clone(),
-                        turn: c,
-                    });
+                    carry(Carried::new(key.principal.clone(), c, conversations));
                     mine
                 });
                 if gone {
@@ -698,7 +705,70 @@ fn load_tasks(
 
 #[cfg(test)]
 mod tests {
-    use super::Names;
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use super::{Carried, Conversations, Names, merge};
+    use crate::model::{ContextId, Message, Principal};
+    use crate::store::{CarriedTurn, RecoveredContext, TurnId, TurnMessages};
+
+    #[test]
+    fn carried_turns_join_their_conversations_wherever_they_come_from() {
+        let hasher = Conversations::default();
+        let p = Principal::new("p");
+        let turn = |context: &str, since: i64, number: u32| {
+            let turn = CarriedTurn {
+                turn: TurnId { number, since },
+                context: ContextId::new(context),
+                user: Arc::new(Message::user_text([format!("{context} {number}")])),
+                reply: None,
+            };
+            Carried::new(p.clone(), turn, &hasher)
+        };
+        // "a" began at 1 and has a row of its own; "b" and "c" live only in records, their
+        // turns mingled; "a" at 2 is another conversation of the same id.
+        let rows = vec![RecoveredContext {
+            principal: p.clone(),
+            context: ContextId::new("a"),
+            since: 1,
+            turns: vec![(1, TurnMessages::Stored(Box::new([1])))],
+        }];
+        let chunks = vec![
+            vec![turn("b", 5, 1), turn("a", 1, 2), turn("c", 6, 1)],
+            vec![
+                turn("b", 5, 2),
+                turn("a", 2, 1),
+                turn("a", 1, 3),
+                turn("c", 6, 2),
+            ],
+        ];
+        let turns = merge(
+            rows,
+            Vec::new(),
+            Vec::new(),
+            (chunks, &hasher, 7),
+            Duration::from_secs(60),
+        );
+        let got: Vec<(String, i64, Vec<u32>)> = turns
+            .contexts
+            .iter()
+            .map(|c| {
+                let numbers = c.turns.iter().map(|(n, _)| *n).collect();
+                (c.context.to_string(), c.since, numbers)
+            })
+            .collect();
+        let want = [
+            ("a", 1, vec![1, 2, 3]),
+            ("b", 5, vec![1, 2]),
+            ("c", 6, vec![1, 2]),
+            ("a", 2, vec![1]),
+        ];
+        assert_eq!(
+            got,
+            want.map(|(c, since, n)| (c.to_string(), since, n)),
+            "rows' conversations first, then the others as first met"
+        );
+    }
 
     #[test]
     fn a_load_keeps_each_name_once() {
