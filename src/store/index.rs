@@ -231,7 +231,13 @@ impl Restoring {
             }
             index.over(&f)
         };
-        index.evict_if(over)
+        let evicted = index.evict_if(over);
+        // Room was made for every task of the file; the caps may have kept far fewer.
+        let records = &index.records;
+        if records.capacity() > 1024 && records.len() < records.capacity() / 4 {
+            records.shrink_to_fit();
+        }
+        evicted
     }
 }
 
@@ -771,7 +777,8 @@ mod tests {
             ..key(n)
         };
         let s = store(100, 3, u64::MAX);
-        let mut restoring = s.restoring(8);
+        // Room for a file of many tasks, of which the caps keep three.
+        let mut restoring = s.restoring(100_000);
         let clock = RestoreClock::now();
         for n in [3, 0, 4, 1, 2] {
             let task = finished(n);
@@ -786,6 +793,10 @@ mod tests {
             evicted.into_iter().map(|e| e.key).collect::<Vec<_>>(),
             vec![owned(0), owned(1)],
             "the caps evict the oldest, oldest first"
+        );
+        assert!(
+            s.records.capacity() < 1024,
+            "the room not needed is given back"
         );
         assert_eq!(s.len(), 3);
         assert_eq!(s.bytes(), 3 * finished(2).approx_bytes() as u64);
