@@ -305,11 +305,7 @@ fn load_turns(
     })?;
     let expected = read.tasks_hint();
     let turns = merge(
-        contexts,
-        damaged,
-        tombstones,
-        (carried, hasher, expected),
-        retention,
+        contexts, damaged, tombstones, carried, hasher, expected, retention,
     );
     tracing::debug!(
         contexts = turns.contexts.len(),
@@ -327,11 +323,9 @@ fn merge(
     mut contexts: Vec<RecoveredContext>,
     damaged: Vec<Damaged>,
     tombstones: Vec<Tombstone>,
-    (carried, hasher, expected): (
-        impl IntoIterator<Item = Vec<Carried>>,
-        &Conversations,
-        usize,
-    ),
+    carried: impl IntoIterator<Item = Vec<Carried>>,
+    hasher: &Conversations,
+    expected: usize,
     retention: Duration,
 ) -> Turns {
     let life = Tombstones::life(retention);
@@ -746,7 +740,9 @@ mod tests {
             rows,
             Vec::new(),
             Vec::new(),
-            (chunks, &hasher, 7),
+            chunks,
+            &hasher,
+            7,
             Duration::from_secs(60),
         );
         let got: Vec<(String, i64, Vec<u32>)> = turns
