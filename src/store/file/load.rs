@@ -75,7 +75,7 @@ struct Carried {
 }
 
 /// How a load hashes a conversation (owner, id, start), the same on each of its threads.
-#[derive(Clone, Default)]
+#[derive(Default)]
 struct Conversations(foldhash::fast::RandomState);
 
 impl Conversations {
@@ -217,10 +217,10 @@ pub(super) fn load_beside<T: TableRead + Send>(
         // The turns records carry go to the conversations' thread in chunks as the
         // records are read, and are put together there, beside the rest of the load.
         let (tx, rx) = std::sync::mpsc::sync_channel::<Vec<Carried>>(16);
-        let theirs = hasher.clone();
+        let shared = &hasher;
         let thread = std::thread::Builder::new()
             .name("a2ad-load".into())
-            .spawn_scoped(s, move || load_turns(&turns, rx, &theirs, retention));
+            .spawn_scoped(s, move || load_turns(&turns, rx, shared, retention));
         let (loaded, turns) = match thread {
             Ok(thread) => {
                 const CHUNK: usize = 4096;
