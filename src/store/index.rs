@@ -216,10 +216,6 @@ impl Restoring {
         if unsorted {
             queue.sort_by_key(|(expires, ..)| *expires);
         }
-        // Room was made for every task of the file; most may have expired instead.
-        if queue.capacity() / 2 > queue.len() {
-            queue.shrink_to_fit();
-        }
         let over = {
             let mut f = index.lock();
             f.count += queue.len();
@@ -233,10 +229,7 @@ impl Restoring {
         };
         let evicted = index.evict_if(over);
         // Room was made for every task of the file; the caps may have kept far fewer.
-        let records = &index.records;
-        if records.capacity() > 1024 && records.len() < records.capacity() / 4 {
-            records.shrink_to_fit();
-        }
+        index.give_back_room();
         evicted
     }
 }
@@ -514,16 +507,21 @@ impl TaskIndex {
     pub(crate) fn evict(&self, now: Instant) -> Vec<Evicted> {
         let evicted = self.evict_while(|expires| *expires <= now);
         if !evicted.is_empty() {
-            let mut f = self.lock();
-            if f.queue.capacity() > 1024 && f.queue.len() < f.queue.capacity() / 4 {
-                f.queue.shrink_to_fit();
-            }
-            drop(f);
-            if self.records.capacity() > 1024 && self.records.len() < self.records.capacity() / 4 {
-                self.records.shrink_to_fit();
-            }
+            self.give_back_room();
         }
         evicted
+    }
+
+    /// Shrinks the expiry queue and the map when they use under a quarter of their room.
+    fn give_back_room(&self) {
+        let mut f = self.lock();
+        if f.queue.capacity() > 1024 && f.queue.len() < f.queue.capacity() / 4 {
+            f.queue.shrink_to_fit();
+        }
+        drop(f);
+        if self.records.capacity() > 1024 && self.records.len() < self.records.capacity() / 4 {
+            self.records.shrink_to_fit();
+        }
     }
 
     /// Finished records held.

@@ -459,8 +459,8 @@ type Restore<'a> = dyn FnMut(RestoredRecord) + 'a;
 
 /// Runs `read`, which hands each retained finished record it reads (about `expected` of
 /// them) to the function it is given; the records go into `index` on a thread of its own
-/// beside the reading, in chunks as they are read (a million records take about as long to index as to decode).
-/// With no thread to be had, they go in here, chunk by chunk.
+/// beside the reading, in chunks as they are read (a million records take about as long
+/// to index as to decode). With no thread to be had, they go in here, chunk by chunk.
 fn restore_beside<R>(
     index: &TaskIndex,
     expected: usize,
