@@ -13,6 +13,8 @@ use serde_json::{Value, json};
 
 #[path = "a2ad-load/client.rs"]
 mod client;
+#[path = "a2ad-load/disk.rs"]
+mod disk;
 #[path = "a2ad-load/floor.rs"]
 mod floor;
 #[path = "a2ad-load/procs.rs"]
@@ -49,6 +51,10 @@ enum Scenario {
     /// Cluster: tasks streamed on `--url` (`--slow-agent`, one with progress updates),
     /// followed on `--follow-url`; latency = arrival at the follower − the event's time.
     Follow,
+    /// The store's disk alone, no server: a 4 KiB direct write and an fdatasync into a file
+    /// written in advance, back to back — the least a durable commit costs on this disk
+    /// (`--store-dir` names the disk; `--requests` caps the commits).
+    Disk,
 }
 
 /// The store of a server the tool starts.
@@ -99,10 +105,11 @@ struct Cli {
     #[arg(long, default_value_t = 0)]
     grpc_channels: usize,
     /// Stop `send`/`stream` after this many requests instead of after `--duration`
-    /// (no warm-up; for instruction counts: see benches/instructions.sh).
+    /// (no warm-up; for instruction counts: see benches/instructions.sh); `disk` after
+    /// this many commits.
     #[arg(long)]
     requests: Option<u64>,
-    /// Seconds to run (send, stream, mixed, webhooks).
+    /// Seconds to run (send, stream, mixed, webhooks, disk).
     #[arg(long, short = 'd', default_value_t = 10.0)]
     duration: f64,
     /// Concurrent streams for `hold`.
@@ -198,6 +205,19 @@ async fn run(cli: Cli) -> Result<(), String> {
         }
     }
     let mut reports = Vec::new();
+    if cli.scenario == Scenario::Disk {
+        let dir = cli
+            .store_dir
+            .as_ref()
+            .map_or_else(std::env::temp_dir, std::path::PathBuf::from);
+        let (duration, max) = (cli.duration, cli.requests);
+        let r = tokio::task::spawn_blocking(move || disk::run(&dir, duration, max))
+            .await
+            .map_err(|e| e.to_string())??;
+        r.print();
+        reports.push(r);
+        return write_json(&cli, &reports);
+    }
     let a2ad = measure_a2ad(&cli).await?;
     a2ad.print();
     if cli.baseline
@@ -216,6 +236,11 @@ async fn run(cli: Cli) -> Result<(), String> {
         reports.push(floor);
     }
     reports.insert(0, a2ad);
+    write_json(&cli, &reports)
+}
+
+/// Writes the reports as JSON where `--json` says.
+fn write_json(cli: &Cli, reports: &[Report]) -> Result<(), String> {
     if let Some(path) = &cli.json {
         let out: Vec<Value> = reports.iter().map(Report::json).collect();
         std::fs::write(path, serde_json::to_vec_pretty(&out).unwrap_or_default())
@@ -387,6 +412,7 @@ async fn measure_a2ad(cli: &Cli) -> Result<Report, String> {
         Scenario::Webhooks => webhooks(cli, target(agent), pid).await,
         Scenario::Soak => soak(cli, target(agent), pid).await,
         Scenario::Follow => follow(cli, &base, &key).await,
+        Scenario::Disk => Err("the disk scenario starts no server".into()),
     };
     let mut append = None;
     if server.is_some() && cli.store == StoreKind::Postgres {
@@ -481,6 +507,12 @@ async fn measured(
     name: &'static str,
 ) -> Result<Report, String> {
     let cpu0 = pid.and_then(procs::cpu_seconds);
+    let commits0 = if name == "a2ad" {
+        store_commits(target.addr).await
+    } else {
+        None
+    };
+    let addr = target.addr;
     let t0 = Instant::now();
     let (deadline, budget) = match cli.requests {
         // A fixed number of requests: bounded by an hour in case the server stalls.
@@ -497,7 +529,7 @@ async fn measured(
     let stats = drive(cli.connections, target, kind, deadline, budget).await;
     progress.store(true, Relaxed);
     let seconds = t0.elapsed().as_secs_f64();
-    Ok(report(
+    let mut r = report(
         cli.scenario,
         name,
         cli.connections,
@@ -505,7 +537,60 @@ async fn measured(
         stats,
         pid,
         cpu0,
+    );
+    if let (Some(before), Some(after)) = (commits0, store_commits(addr).await)
+        && let Some(figures) = commit_figures(before, after, r.requests, seconds)
+    {
+        r.extra.insert("commits", figures);
+    }
+    Ok(r)
+}
+
+/// The store's commits so far and the seconds they took (`a2ad_store_commits_total`,
+/// `a2ad_store_commit_seconds_total` of the server's /metrics), when it shows them.
+async fn store_commits(addr: std::net::SocketAddr) -> Option<(f64, f64)> {
+    let client = reqwest::Client::builder()
+        .timeout(Duration::from_secs(5))
+        .build()
+        .ok()?;
+    let text = client
+        .get(format!("http://{addr}/metrics"))
+        .send()
+        .await
+        .ok()?
+        .text()
+        .await
+        .ok()?;
+    let value = |name: &str| -> Option<f64> {
+        text.lines()
+            .find(|l| l.split(' ').next() == Some(name))
+            .and_then(|l| l.rsplit(' ').next())
+            .and_then(|v| v.parse().ok())
+    };
+    Some((
+        value("a2ad_store_commits_total")?,
+        value("a2ad_store_commit_seconds_total")?,
     ))
+}
+
+/// What a run's commits were: per second, requests per commit, and a commit's mean time
+/// from its start to durable — none for a store that commits nothing (memory).
+fn commit_figures(
+    before: (f64, f64),
+    after: (f64, f64),
+    requests: u64,
+    seconds: f64,
+) -> Option<Value> {
+    let commits = after.0 - before.0;
+    if commits < 1.0 || seconds <= 0.0 {
+        return None;
+    }
+    let round = |v: f64, places: i32| (v * 10f64.powi(places)).round() / 10f64.powi(places);
+    Some(json!({
+        "per_s": round(commits / seconds, 0),
+        "requests_per_commit": round(requests as f64 / commits, 1),
+        "mean_ms": round((after.1 - before.1) / commits * 1e3, 3),
+    }))
 }
 
 async fn drive(
@@ -559,4 +644,20 @@ async fn drive(
         }
     }
     stats
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn commit_figures_come_from_the_difference_of_two_readings() {
+        let f = commit_figures((100.0, 0.5), (1100.0, 1.0), 20_000, 2.0).expect("commits");
+        assert_eq!(f["per_s"], json!(500.0));
+        assert_eq!(f["requests_per_commit"], json!(20.0));
+        assert_eq!(f["mean_ms"], json!(0.5));
+        // A store that committed nothing (memory) has no figures, nor does an empty run.
+        assert!(commit_figures((7.0, 1.0), (7.0, 1.0), 1_000, 2.0).is_none());
+        assert!(commit_figures((0.0, 0.0), (10.0, 1.0), 1_000, 0.0).is_none());
+    }
 }
