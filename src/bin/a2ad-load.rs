@@ -257,20 +257,31 @@ fn server_bin(cli: &Cli) -> Result<String, String> {
     Ok(me.with_file_name("a2ad").display().to_string())
 }
 
+/// A server's /metrics page (`base`: `http://HOST:PORT`), within five seconds.
+async fn metrics_page(base: &str) -> Option<String> {
+    let client = reqwest::Client::builder()
+        .timeout(Duration::from_secs(5))
+        .build()
+        .ok()?;
+    let response = client.get(format!("{base}/metrics")).send().await.ok()?;
+    response.text().await.ok()
+}
+
+/// The value of the series `name` on a /metrics page (its first, whatever its labels).
+fn metric(page: &str, name: &str) -> Option<f64> {
+    page.lines()
+        .find(|l| {
+            l.strip_prefix(name)
+                .is_some_and(|rest| rest.starts_with([' ', '{']))
+        })
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+}
+
 /// The cluster's append figures from a node's /metrics.
 async fn cluster_metrics(base: &str) -> Option<Value> {
-    let text = reqwest::get(format!("{base}/metrics"))
-        .await
-        .ok()?
-        .text()
-        .await
-        .ok()?;
-    let value = |name: &str| -> Option<f64> {
-        text.lines()
-            .find(|l| l.starts_with(name))
-            .and_then(|l| l.rsplit(' ').next())
-            .and_then(|v| v.parse().ok())
-    };
+    let text = metrics_page(base).await?;
+    let value = |name: &str| metric(&text, name);
     Some(json!({
         "batches": value("a2ad_cluster_appends_total"),
         "p50_ms": value("a2ad_cluster_append_seconds_p50").map(|s| s * 1e3),
@@ -549,27 +560,10 @@ async fn measured(
 /// The store's commits so far and the seconds they took (`a2ad_store_commits_total`,
 /// `a2ad_store_commit_seconds_total` of the server's /metrics), when it shows them.
 async fn store_commits(addr: std::net::SocketAddr) -> Option<(f64, f64)> {
-    let client = reqwest::Client::builder()
-        .timeout(Duration::from_secs(5))
-        .build()
-        .ok()?;
-    let text = client
-        .get(format!("http://{addr}/metrics"))
-        .send()
-        .await
-        .ok()?
-        .text()
-        .await
-        .ok()?;
-    let value = |name: &str| -> Option<f64> {
-        text.lines()
-            .find(|l| l.split(' ').next() == Some(name))
-            .and_then(|l| l.rsplit(' ').next())
-            .and_then(|v| v.parse().ok())
-    };
+    let text = metrics_page(&format!("http://{addr}")).await?;
     Some((
-        value("a2ad_store_commits_total")?,
-        value("a2ad_store_commit_seconds_total")?,
+        metric(&text, "a2ad_store_commits_total")?,
+        metric(&text, "a2ad_store_commit_seconds_total")?,
     ))
 }
 
@@ -649,6 +643,20 @@ async fn drive(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_metric_is_read_by_its_whole_name() {
+        let page = "# HELP a2ad_store_commits_total Commits.\n\
+                    a2ad_store_commits_total_extra 9\n\
+                    a2ad_store_commits_total 1234\n\
+                    a2ad_store_commit_seconds_total 0.5\n\
+                    a2ad_cluster_appends_total{node=\"n1\"} 77\n";
+        assert_eq!(metric(page, "a2ad_store_commits_total"), Some(1234.0));
+        assert_eq!(metric(page, "a2ad_store_commit_seconds_total"), Some(0.5));
+        assert_eq!(metric(page, "a2ad_cluster_appends_total"), Some(77.0));
+        assert_eq!(metric(page, "a2ad_store_commit"), None);
+        assert_eq!(metric(page, "a2ad_cluster_appends"), None);
+    }
 
     #[test]
     fn commit_figures_come_from_the_difference_of_two_readings() {
