@@ -518,7 +518,9 @@ async fn measured(
     name: &'static str,
 ) -> Result<Report, String> {
     let cpu0 = pid.and_then(procs::cpu_seconds);
-    let commits0 = if name == "a2ad" {
+    // Not with `--requests`: benches/instructions.sh counts the server's instructions
+    // around such a run, and reading /metrics would add to them.
+    let commits0 = if name == "a2ad" && cli.requests.is_none() {
         store_commits(target.addr).await
     } else {
         None
