@@ -349,7 +349,8 @@ fn store(s: &StoreConfig) -> Result<(), ConfigError> {
         s.max_pending_writes,
         1_000,
         100_000_000,
-    )
+    )?;
+    int("store.sync_spin_us", s.sync_spin_us, 0, 100_000)
 }
 
 fn cluster(c: &ClusterConfig) -> Result<(), ConfigError> {

@@ -24,6 +24,11 @@ pub struct StoreConfig {
     /// Writes handed to the store and not yet durable, at most; beyond it new tasks are
     /// refused (429) until the disk catches up.
     pub max_pending_writes: u64,
+    /// How long, at most, the committer keeps its core awake while a commit waits on the
+    /// disk (µs per commit; 0: never). A thread under `SCHED_IDLE` spins through the wait,
+    /// so that the disk's completion finds the core running instead of handed back to the
+    /// hypervisor (docs/CONFIG.md).
+    pub sync_spin_us: u64,
     /// Start even though some records of the file cannot be read: they are copied to a
     /// file beside the store (`<path>.damaged-<time>.jsonl`) and removed from it. Not a
     /// configuration key: the command line's `--set-aside-damaged` sets it for one start
@@ -157,6 +162,8 @@ impl StoreConfig {
     pub const DEFAULT_CACHE_MIB: usize = 64;
     /// Default bound on writes not yet durable.
     pub const DEFAULT_MAX_PENDING_WRITES: u64 = 200_000;
+    /// Default spin per commit: 1 ms, several times a commit on a fast disk.
+    pub const DEFAULT_SYNC_SPIN_US: u64 = 1_000;
 
     /// A memory store (tests, embedders who keep nothing).
     pub fn memory() -> Self {
@@ -203,6 +210,7 @@ impl Default for StoreConfig {
             cache_mib: Self::DEFAULT_CACHE_MIB,
             quick_repair: false,
             max_pending_writes: Self::DEFAULT_MAX_PENDING_WRITES,
+            sync_spin_us: Self::DEFAULT_SYNC_SPIN_US,
             set_aside_damaged: false,
         }
     }

@@ -266,6 +266,8 @@ fn every_number_is_range_checked_and_the_key_is_named() {
             "server.http2_max_concurrent_streams",
         ),
         ("[webhooks]\nworkers = 100000\n", "webhooks.workers"),
+        ("[store]\nsync_spin_us = 100001\n", "store.sync_spin_us"),
+        ("[store]\nsync_spin_us = -1\n", "store.sync_spin_us"),
         (
             "[webhooks]\nmax_pending_deliveries = 0\n",
             "webhooks.max_pending_deliveries",

@@ -26,6 +26,7 @@ mod load;
 pub(crate) mod log;
 mod redb_file;
 mod schema;
+mod spin;
 pub(crate) mod tables;
 
 use super::codec::{self, Created};
@@ -232,6 +233,7 @@ impl Journal {
             more: false,
             tombstones,
             handoff: committer::Handoff::current(),
+            spinner: spin::Spinner::start(Duration::from_micros(config.store.sync_spin_us)),
         };
         let thread = std::thread::Builder::new()
             .name("a2ad-store".into())

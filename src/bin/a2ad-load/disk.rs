@@ -21,12 +21,39 @@ const BLOCK: usize = 4096;
 /// The file the loop writes into, written whole first (as a segment written in advance).
 const FILE_BYTES: u64 = 16 << 20;
 
-/// The loop's file, removed when dropped.
-struct Scratch(PathBuf);
+/// The loop's file, removed when dropped — and the directories the loop made for it.
+struct Scratch {
+    file: PathBuf,
+    /// Made for the file, the deepest first.
+    made: Vec<PathBuf>,
+}
+
+impl Scratch {
+    /// A file of this process's in `dir`, which is made (and later removed) if missing.
+    fn new(dir: &Path) -> Result<Self, String> {
+        let made: Vec<PathBuf> = dir
+            .ancestors()
+            .take_while(|d| !d.as_os_str().is_empty() && !d.exists())
+            .map(Path::to_path_buf)
+            .collect();
+        let scratch = Self {
+            file: dir.join(format!("a2ad-load-disk-{}", std::process::id())),
+            made,
+        };
+        std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+        Ok(scratch)
+    }
+}
 
 impl Drop for Scratch {
     fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.0);
+        let _ = std::fs::remove_file(&self.file);
+        for dir in &self.made {
+            // Only while empty: whatever else came to be there stays.
+            if std::fs::remove_dir(dir).is_err() {
+                break;
+            }
+        }
     }
 }
 
@@ -45,11 +72,11 @@ fn micros(d: Duration) -> u32 {
 }
 
 /// Commits one block at a time into a file written in advance under `dir` until
-/// `deadline` or `max` commits; the file is removed afterwards.
+/// `deadline` or `max` commits; the file is removed afterwards, and `dir` too if this
+/// made it.
 pub(crate) fn commits(dir: &Path, deadline: Instant, max: u64) -> Result<Commits, String> {
-    std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-    let scratch = Scratch(dir.join(format!("a2ad-load-disk-{}", std::process::id())));
-    let path = &scratch.0;
+    let scratch = Scratch::new(dir)?;
+    let path = &scratch.file;
     let err = |e: std::io::Error| format!("{}: {e}", path.display());
     let file = File::options()
         .read(true)
@@ -148,8 +175,9 @@ mod tests {
 
     #[test]
     fn each_commit_is_timed_write_and_flush_and_the_file_is_removed() {
-        let dir =
+        let top =
             std::env::temp_dir().join(format!("a2ad-load-disk-test-{}", uuid::Uuid::new_v4()));
+        let dir = top.join("nested");
         let c = commits(&dir, Instant::now() + Duration::from_secs(60), 5).expect("measured");
         assert_eq!(c.both.latencies.len(), 5);
         assert_eq!(c.write_us.len(), 5);
@@ -157,10 +185,24 @@ mod tests {
         for ((w, f), b) in c.write_us.iter().zip(&c.flush_us).zip(&c.both.latencies) {
             assert!(u64::from(*w) + u64::from(*f) <= u64::from(*b) + 1);
         }
-        // The file is gone; the directory holds nothing of the run.
-        let left: Vec<_> = std::fs::read_dir(&dir).expect("dir").collect();
-        assert!(left.is_empty(), "{left:?}");
-        let _ = std::fs::remove_dir(&dir);
+        // The file is gone, and the directories the run made for it.
+        assert!(!top.exists(), "{} left behind", top.display());
+    }
+
+    #[test]
+    fn a_directory_that_was_there_stays_with_what_else_it_holds() {
+        let dir =
+            std::env::temp_dir().join(format!("a2ad-load-disk-keep-{}", uuid::Uuid::new_v4()));
+        std::fs::create_dir(&dir).expect("dir");
+        std::fs::write(dir.join("other"), b"x").expect("other file");
+        let c = commits(&dir, Instant::now() + Duration::from_secs(60), 2).expect("measured");
+        assert_eq!(c.both.latencies.len(), 2);
+        let left: Vec<_> = std::fs::read_dir(&dir)
+            .expect("dir")
+            .filter_map(|e| e.ok().map(|e| e.file_name()))
+            .collect();
+        assert_eq!(left, vec![std::ffi::OsString::from("other")]);
+        std::fs::remove_dir_all(&dir).expect("cleaned");
     }
 
     #[test]

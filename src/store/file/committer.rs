@@ -28,6 +28,8 @@ pub(super) struct Committer {
     pub(super) tombstones: Tombstones,
     /// Where the continuations of a durable batch run.
     pub(super) handoff: Handoff,
+    /// Keeps this thread's core awake while a commit waits on the disk (`None`: off).
+    pub(super) spinner: Option<super::spin::Spinner>,
 }
 
 /// The continuations of one durable batch, in append order.
@@ -277,7 +279,10 @@ impl Committer {
         let parks = super::PARKS.load(Relaxed);
         let started = std::time::Instant::now();
         let applied = loop {
-            match self.disk.commit(&batch.writes, &self.indexes) {
+            let waiting = self.spinner.as_ref().map(super::spin::Spinner::waiting);
+            let result = self.disk.commit(&batch.writes, &self.indexes);
+            drop(waiting);
+            match result {
                 Ok(a) => break a,
                 Err(e) => {
                     self.counters.failing.store(true, Relaxed);
