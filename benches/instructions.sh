@@ -11,7 +11,9 @@
 # configuration, warms it with 300 requests, zeroes the counters, sends N requests
 # (`a2ad-load --requests N`, one connection and four connections), dumps the counters and
 # prints the process's instructions (every thread: hyper, the actors, the committer) per
-# request. Needs valgrind and a release build (`cargo build --release`).
+# request — without the store's spinner (`store.sync_spin_us = 0`; `A2AD_INSN_SPIN=1`
+# keeps it), whose loop fills the disk's wait with instructions that are no request's.
+# Needs valgrind and a release build (`cargo build --release`).
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
@@ -37,8 +39,9 @@ measure() { # store dialect connections
   # No spinner (store.sync_spin_us): its loop fills the time a commit waits on the disk,
   # and counted here it would measure the disk, not the request. (A build from before the
   # setting has no spinner, and would refuse the key.)
+  # `A2AD_INSN_SPIN=1` leaves it at the server's default, to see what it costs here.
   local spin=
-  grep -q sync_spin_us "$BIN" && spin="sync_spin_us = 0"
+  grep -q sync_spin_us "$BIN" && [ -z "${A2AD_INSN_SPIN:-}" ] && spin="sync_spin_us = 0"
   [ "$store" = redb ] && store_cfg="backend = \"redb\"
 path = \"$WORK/db/a2ad.redb\"
 $spin
