@@ -25,9 +25,9 @@ pub struct StoreConfig {
     /// refused (429) until the disk catches up.
     pub max_pending_writes: u64,
     /// How long, at most, the committer keeps its core awake while a commit waits on the
-    /// disk (µs per commit; 0: never). A thread under `SCHED_IDLE` spins through the wait,
-    /// so that the disk's completion finds the core running instead of handed back to the
-    /// hypervisor (docs/CONFIG.md).
+    /// disk (µs per commit; 0: never). A thread under `SCHED_IDLE` yields in a loop through
+    /// the wait, so that the disk's completion finds the core running instead of handed
+    /// back to the hypervisor (docs/CONFIG.md).
     pub sync_spin_us: u64,
     /// Start even though some records of the file cannot be read: they are copied to a
     /// file beside the store (`<path>.damaged-<time>.jsonl`) and removed from it. Not a
