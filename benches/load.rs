@@ -214,10 +214,13 @@ struct Summary {
     lost: u64,
 }
 
+/// The median over an item's rounds of what `f` reads from each round's results.
+fn over_rounds(item: &Item, f: &dyn Fn(&[Value]) -> Option<f64>) -> f64 {
+    median(item.rounds.iter().filter_map(|r| f(r)).collect())
+}
+
 fn summary(item: &Item) -> Summary {
-    let of = |f: &dyn Fn(&[Value]) -> Option<f64>| -> f64 {
-        median(item.rounds.iter().filter_map(|r| f(r)).collect())
-    };
+    let of = |f: &dyn Fn(&[Value]) -> Option<f64>| over_rounds(item, f);
     let a2ad = |r: &[Value]| r.iter().find(|v| v["target"] == "a2ad").cloned();
     let floor = |r: &[Value]| r.iter().find(|v| v["target"] == "floor").cloned();
     let errors = item
@@ -268,14 +271,8 @@ struct Disk {
 }
 
 fn disk(item: &Item) -> Disk {
-    let of = |f: &dyn Fn(&Value) -> Option<f64>| -> f64 {
-        median(
-            item.rounds
-                .iter()
-                .filter_map(|r| r.iter().find(|v| v["target"] == "disk"))
-                .filter_map(f)
-                .collect(),
-        )
+    let of = |f: &dyn Fn(&Value) -> Option<f64>| {
+        over_rounds(item, &|r| f(r.iter().find(|v| v["target"] == "disk")?))
     };
     Disk {
         p50_ms: of(&|v| v["p50_ms"].as_f64()),

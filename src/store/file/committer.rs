@@ -445,9 +445,9 @@ pub(super) fn yields(queued: u64, at: u64) -> bool {
     queued >= at && queued.is_multiple_of(at)
 }
 
-/// The committer's scheduling policy (Linux; elsewhere nothing changes).
+/// The scheduling policy of the store's threads (Linux; elsewhere nothing changes).
 #[derive(Clone, Copy, PartialEq, Eq)]
-enum Policy {
+pub(super) enum Policy {
     /// `SCHED_BATCH`: the same share of the CPU, but no wake-up preemption. Woken by the
     /// first append of a burst, a normal thread preempts the request path on a shared core
     /// and commits a batch of one or two tasks, and every commit costs an fdatasync (~100 µs
@@ -465,6 +465,9 @@ enum Policy {
     /// grow, and taking the core at once cost 5–19% at 32–256 connections; and not while
     /// waiting for work, so that batches form as before (docs/PERFORMANCE.md, fifth slice).
     Normal,
+    /// `SCHED_IDLE`: only the time no other thread wants — the store's spinner
+    /// (`spin.rs`), which keeps the core awake while a commit waits.
+    Idle,
 }
 
 impl Policy {
@@ -472,9 +475,9 @@ impl Policy {
     const LIGHT: usize = 4;
 }
 
-/// Sets the calling thread's policy; false where the system refused (logged once, at the
-/// start: the committer then keeps the policy it has).
-fn set_policy(policy: Policy) -> bool {
+/// Sets the calling thread's policy; false where the system refused (logged at its first
+/// setting: the committer then keeps the policy it has, and the spinner does not spin).
+pub(super) fn set_policy(policy: Policy) -> bool {
     #[cfg(target_os = "linux")]
     {
         use thread_priority::{
@@ -484,6 +487,7 @@ fn set_policy(policy: Policy) -> bool {
         let normal = match policy {
             Policy::YieldToRequests => NormalThreadSchedulePolicy::Batch,
             Policy::Normal => NormalThreadSchedulePolicy::Other,
+            Policy::Idle => NormalThreadSchedulePolicy::Idle,
         };
         match set_thread_priority_and_policy(
             thread_native_id(),
@@ -493,7 +497,7 @@ fn set_policy(policy: Policy) -> bool {
         ) {
             Ok(()) => true,
             Err(e) => {
-                tracing::debug!(error = ?e, "the store's committer keeps its scheduling policy");
+                tracing::debug!(error = ?e, "a store thread keeps its scheduling policy");
                 false
             }
         }

@@ -24,6 +24,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use super::committer::{Policy, set_policy};
+
 /// The spinner of one committer.
 pub(super) struct Spinner {
     shared: Arc<Shared>,
@@ -70,7 +72,7 @@ impl Spinner {
         let thread = std::thread::Builder::new()
             .name("a2ad-store-spin".into())
             .spawn(move || {
-                if !idle || idle_policy() {
+                if !idle || set_policy(Policy::Idle) {
                     run.spin();
                 }
             })
@@ -143,33 +145,6 @@ impl Shared {
                 std::thread::park();
             }
         }
-    }
-}
-
-/// Puts the calling thread under `SCHED_IDLE`; false where the system refuses (or is not
-/// Linux).
-fn idle_policy() -> bool {
-    #[cfg(target_os = "linux")]
-    {
-        use thread_priority::{
-            NormalThreadSchedulePolicy, ThreadPriority, ThreadSchedulePolicy,
-            set_thread_priority_and_policy, thread_native_id,
-        };
-        match set_thread_priority_and_policy(
-            thread_native_id(),
-            ThreadPriority::Os(Default::default()),
-            ThreadSchedulePolicy::Normal(NormalThreadSchedulePolicy::Idle),
-        ) {
-            Ok(()) => true,
-            Err(e) => {
-                tracing::debug!(error = ?e, "no SCHED_IDLE: the store's committer waits without a spinner");
-                false
-            }
-        }
-    }
-    #[cfg(not(target_os = "linux"))]
-    {
-        false
     }
 }
 
