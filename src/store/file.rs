@@ -24,6 +24,7 @@ use std::time::{Duration, Instant};
 mod committer;
 mod load;
 pub(crate) mod log;
+mod policy;
 mod redb_file;
 mod schema;
 mod spin;

@@ -24,7 +24,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use super::committer::{Policy, set_policy};
+use super::policy::{Policy, set_policy};
 
 /// The spinner of one committer.
 pub(super) struct Spinner {
