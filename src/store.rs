@@ -290,6 +290,11 @@ pub(crate) struct CarriedTurn {
 }
 
 impl CarriedTurn {
+    /// Whether [`CarriedTurn::of`] finds a turn.
+    pub(crate) fn carries(turn: TurnId, task: &TaskSnapshot) -> bool {
+        turn.number != 0 && record_turn(task).is_some()
+    }
+
     /// Turn `turn` as the finished record `task` holds it (`None`: no turn — number 0 — or
     /// not a finished record).
     pub(crate) fn of(turn: TurnId, task: &TaskSnapshot) -> Option<Self> {

@@ -201,6 +201,7 @@ impl Journal {
         let mut tombstones = committer::Tombstones::new(
             config.server.task_retention(),
             config.server.max_finished_tasks,
+            loaded.carriers,
         );
         for (key, age) in loaded.tombstones {
             tombstones.add(key, age);

@@ -7,10 +7,12 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::sync::mpsc::{Receiver, RecvTimeoutError, TryRecvError};
 use std::time::{Duration, Instant};
 
+use super::load::Carriers;
 use super::policy::{Policy, set_policy};
 use super::{Counters, Disk, FORGET_CHUNK, Job};
+use crate::store::codec;
 use crate::store::index::{Evicted, Indexes};
-use crate::store::{Committed, Then, TurnId, Write};
+use crate::store::{CarriedTurn, Committed, Then, TurnId, Write};
 
 /// Past this many waiting appends the request path never yields to the committer.
 const MAX_YIELD_AT: u64 = 1024;
@@ -97,32 +99,46 @@ fn run_here(ready: Ready) {
 
 /// The tombstones of forgotten conversations (`tables::apply`), oldest first, with when
 /// each may go. One is wanted while a task's record that carries a turn of its
-/// conversation may be retained: the conversation was forgotten after all its tasks had
-/// finished, so at most the task retention — kept twice that and a minute more, so that
-/// an eviction that runs late still finds it. At most `max` are kept (the retained records
-/// that could need them), the oldest going first past that. Those past their time go
+/// conversation is still in the file: the committer counts those ([`Carriers`]), and a
+/// tombstone whose conversation has none left may go. Whatever the count says, none is
+/// kept past twice the retention and a minute (the conversation was forgotten after all
+/// its tasks had finished, so its records are evicted within the retention; the rest is
+/// room for an eviction that runs late). At most `max` are kept (the retained records
+/// that could need them), the oldest going first past that. Those that may go go
 /// [`FORGET_CHUNK`] to a frame, or once the oldest has waited [`Tombstones::GRACE`] for
 /// company: dropping them costs a commit, not one per tombstone.
 pub(super) struct Tombstones {
-    queue: VecDeque<(Instant, Vec<u8>)>,
+    queue: VecDeque<Tombstone>,
     life: Duration,
     max: usize,
+    /// The records in the file that carry a turn, by conversation.
+    pub(super) carriers: Carriers,
+}
+
+struct Tombstone {
+    /// When it goes whatever its conversation's records.
+    expires: Instant,
+    key: Vec<u8>,
+    /// Its conversation's hash ([`Carriers`]); `None`: it goes only in time.
+    conversation: Option<u64>,
 }
 
 impl Tombstones {
-    /// How long a tombstone past its time waits for others to go with it.
+    /// How long a tombstone that may go waits for others to go with it.
     const GRACE: Duration = Duration::from_secs(10);
 
-    /// None yet; each lives twice `retention` and a minute more, at most `max` of them.
-    pub(super) fn new(retention: Duration, max: usize) -> Self {
+    /// None yet; each lives at most twice `retention` and a minute more, at most `max` of
+    /// them.
+    pub(super) fn new(retention: Duration, max: usize, carriers: Carriers) -> Self {
         Self {
             queue: VecDeque::new(),
             life: Self::life(retention),
             max: max.max(1),
+            carriers,
         }
     }
 
-    /// How long a tombstone is kept.
+    /// How long a tombstone is kept at most.
     pub(super) fn life(retention: Duration) -> Duration {
         retention
             .saturating_mul(2)
@@ -135,41 +151,69 @@ impl Tombstones {
         let expires = now
             .checked_add(self.life.saturating_sub(age))
             .unwrap_or(now + Duration::from_secs(1 << 30));
-        self.queue.push_back((expires, key));
+        let conversation = codec::parse_turn_key(&key).map(|(principal, context, turn)| {
+            self.carriers.conversation(&principal, &context, turn.since)
+        });
+        self.queue.push_back(Tombstone {
+            expires,
+            key,
+            conversation,
+        });
     }
 
     /// Tombstones whose removal failed: tried again in a second.
     fn retry(&mut self, keys: Vec<Vec<u8>>) {
         let at = Instant::now() + Duration::from_secs(1);
         for key in keys.into_iter().rev() {
-            self.queue.push_front((at, key));
+            self.queue.push_front(Tombstone {
+                expires: at,
+                key,
+                conversation: None,
+            });
         }
+    }
+
+    /// Whether `t` is no longer wanted: past its time, or no record of its conversation
+    /// is left.
+    fn ripe(&self, t: &Tombstone, now: Instant) -> bool {
+        t.expires <= now || t.conversation.is_some_and(|c| !self.carriers.holds(c))
+    }
+
+    /// When `t` goes, if no others go with it first: its grace after its time, or after
+    /// it was written once it is no longer wanted.
+    fn goes(&self, t: &Tombstone) -> Instant {
+        let from = if t.conversation.is_some_and(|c| !self.carriers.holds(c)) {
+            t.expires.checked_sub(self.life).unwrap_or(t.expires)
+        } else {
+            t.expires
+        };
+        from + Self::GRACE
     }
 
     /// When the oldest goes, if nothing else comes first.
     fn next(&self) -> Option<Instant> {
-        self.queue.front().map(|(at, _)| *at + Self::GRACE)
+        self.queue.front().map(|t| self.goes(t))
     }
 
-    /// Up to `n` that may go now (past their time, or over the cap) — if there are `n` of
-    /// them, the oldest has waited its grace, or the cap is exceeded; else none.
+    /// Up to `n` that may go now (no longer wanted, or over the cap) — if there are `n`
+    /// of them, the oldest has waited its grace, or the cap is exceeded; else none.
     fn due(&mut self, now: Instant, n: usize) -> Vec<Vec<u8>> {
-        let ripe = |i: usize| self.queue.get(i).is_some_and(|(at, _)| *at <= now);
+        let ripe = |i: usize| self.queue.get(i).is_some_and(|t| self.ripe(t, now));
         let waited = self
             .queue
             .front()
-            .is_some_and(|(at, _)| *at + Self::GRACE <= now);
+            .is_some_and(|t| self.ripe(t, now) && self.goes(t) <= now);
         if !(self.queue.len() > self.max || waited || ripe(n.saturating_sub(1))) {
             return Vec::new();
         }
         let mut out = Vec::new();
         while out.len() < n {
             match self.queue.front() {
-                Some((at, _)) if *at <= now || self.queue.len() > self.max => {}
+                Some(t) if self.ripe(t, now) || self.queue.len() > self.max => {}
                 _ => break,
             }
-            if let Some((_, key)) = self.queue.pop_front() {
-                out.push(key);
+            if let Some(t) = self.queue.pop_front() {
+                out.push(t.key);
             }
         }
         if self.queue.capacity() > 1024 && self.queue.len() < self.queue.capacity() / 4 {
@@ -336,6 +380,14 @@ impl Committer {
             {
                 // The turn the record carries, which its eviction writes as a row.
                 let carried = if *carries { *turn } else { TurnId::default() };
+                if CarriedTurn::carries(carried, task) {
+                    let c = self.tombstones.carriers.conversation(
+                        &key.principal,
+                        &task.context_id,
+                        carried.since,
+                    );
+                    self.tombstones.carriers.add(c);
+                }
                 let evicted = self.indexes.put_task(key, task.clone(), carried);
                 self.forget.extend(evicted);
             }
@@ -412,9 +464,12 @@ impl Committer {
     pub(super) fn forget_chunk(&mut self) {
         let n = self.forget.len().min(FORGET_CHUNK);
         let chunk: Vec<Evicted> = self.forget.drain(..n).collect();
-        if let Err(e) = self.disk.forget(&chunk) {
-            tracing::error!(error = %e, tasks = chunk.len(), "store: deleting expired tasks failed; retried later");
-            self.forget.extend(chunk);
+        match self.disk.forget(&chunk) {
+            Ok(()) => self.tombstones.carriers.deleted(&chunk),
+            Err(e) => {
+                tracing::error!(error = %e, tasks = chunk.len(), "store: deleting expired tasks failed; retried later");
+                self.forget.extend(chunk);
+            }
         }
     }
 }
@@ -491,7 +546,13 @@ impl Failure {
 mod tests {
     use std::time::{Duration, Instant};
 
-    use super::{Tombstones, next_yield_at, yields};
+    use std::sync::Arc;
+
+    use super::{Carriers, Tombstones, next_yield_at, yields};
+    use crate::model::{AgentId, ContextId, Message, Principal, TaskId, TaskKey};
+    use crate::store::codec;
+    use crate::store::index::Evicted;
+    use crate::store::{CarriedTurn, TurnId};
 
     #[test]
     fn an_append_yields_where_the_queue_reaches_the_threshold_or_a_multiple_of_it() {
@@ -511,7 +572,7 @@ mod tests {
             Duration::from_secs(80),
             "twice the retention and a minute"
         );
-        let mut t = Tombstones::new(retention, 3);
+        let mut t = Tombstones::new(retention, 3, Carriers::default());
         // Written 70 s ago, 5 s ago, now.
         t.add(b"a".to_vec(), Duration::from_secs(70));
         t.add(b"b".to_vec(), Duration::from_secs(5));
@@ -533,7 +594,7 @@ mod tests {
         t.add(b"e".to_vec(), Duration::ZERO);
         assert_eq!(t.due(now, 1), vec![b"b".to_vec()]);
         assert!(t.due(now, 10).is_empty(), "three left: at the cap");
-        assert_eq!(t.next(), Some(t.queue[0].0 + grace));
+        assert_eq!(t.next(), Some(t.queue[0].expires + grace));
         // Past their time and past the grace: all that are due, at most `n` at a time.
         let late = now + life + grace + Duration::from_secs(1);
         assert_eq!(t.due(late, 2), vec![b"c".to_vec(), b"d".to_vec()]);
@@ -546,6 +607,57 @@ mod tests {
             t.due(Instant::now() + grace + Duration::from_secs(2), 10),
             vec![b"f".to_vec()]
         );
+    }
+
+    #[test]
+    fn a_tombstone_goes_once_no_record_carrying_its_conversation_is_left_in_the_file() {
+        // An hour's retention: by time alone, none would go for two hours.
+        let mut t = Tombstones::new(Duration::from_secs(3600), 100, Carriers::default());
+        let p = Principal::new("p");
+        let key = |c: &str| codec::tombstone_key(&p, &ContextId::new(c), 7);
+        let a = t.carriers.conversation(&p, &ContextId::new("a"), 7);
+        // Two records carry turns of "a"; none carries one of "b".
+        t.carriers.add(a);
+        t.carriers.add(a);
+        t.add(key("a"), Duration::ZERO);
+        t.add(key("b"), Duration::ZERO);
+        let now = Instant::now();
+        let after_grace = now + Tombstones::GRACE + Duration::from_secs(1);
+        assert!(
+            t.due(after_grace, 10).is_empty(),
+            "a's records are in the file; b, no longer wanted, goes in order behind it"
+        );
+        let evicted = |task: &str| Evicted {
+            key: TaskKey {
+                principal: p.clone(),
+                agent: AgentId::new("echo"),
+                task: TaskId::new(task),
+            },
+            created: 1,
+            turn: Some(CarriedTurn {
+                turn: TurnId {
+                    number: 1,
+                    since: 7,
+                },
+                context: ContextId::new("a"),
+                user: Arc::new(Message::user_text(["hi"])),
+                reply: None,
+            }),
+        };
+        t.carriers.deleted(&[evicted("1")]);
+        assert!(
+            t.due(after_grace, 10).is_empty(),
+            "one record of a is still in the file"
+        );
+        t.carriers.deleted(&[evicted("2")]);
+        assert!(!t.carriers.holds(a));
+        assert!(
+            t.due(now, 10).is_empty(),
+            "ten may go at once; two wait their grace for company"
+        );
+        assert!(t.next().is_some_and(|at| at <= after_grace));
+        assert_eq!(t.due(after_grace, 10), vec![key("a"), key("b")]);
+        assert_eq!(t.next(), None);
     }
 
     #[test]

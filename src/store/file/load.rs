@@ -64,6 +64,8 @@ pub(super) struct Loaded {
     pub(super) tombstones: Vec<(Vec<u8>, Duration)>,
     /// Tombstones past their time: deleted once the file is writable.
     dead_tombstones: Vec<Vec<u8>>,
+    /// The records left in the file that carry a turn, by conversation.
+    pub(super) carriers: Carriers,
 }
 
 /// A conversation turn a task's record carries, and its owner.
@@ -74,13 +76,61 @@ struct Carried {
     hash: u64,
 }
 
-/// How a load hashes a conversation (owner, id, start), the same on each of its threads.
-#[derive(Default)]
-struct Conversations(foldhash::fast::RandomState);
+/// How a load hashes a conversation (owner, id, start), the same on each of its threads;
+/// and the committer after it ([`Carriers`]).
+#[derive(Default, Clone)]
+pub(super) struct Conversations(foldhash::fast::RandomState);
 
 impl Conversations {
     fn hash(&self, principal: &Principal, context: &ContextId, since: i64) -> u64 {
         self.0.hash_one((principal, context, since))
+    }
+}
+
+/// Per conversation (by its hash): how many records that carry one of its turns are still
+/// in the file. A conversation's tombstone is wanted only while it has some
+/// ([`Tombstones`]): once the last is deleted, no eviction and no restart can meet a turn
+/// of it. Counted from the load on: up as the committer puts a finished record carrying
+/// a turn, down once an evicted task's rows are deleted. Two conversations of one hash
+/// share a count, which only keeps a tombstone longer.
+#[derive(Default)]
+pub(crate) struct Carriers {
+    hasher: Conversations,
+    counts: std::collections::HashMap<u64, u32, foldhash::fast::RandomState>,
+}
+
+impl Carriers {
+    /// Its conversation's hash.
+    pub(super) fn conversation(&self, principal: &Principal, context: &ContextId, since: i64) -> u64 {
+        self.hasher.hash(principal, context, since)
+    }
+
+    /// A record carrying a turn of conversation `hash` was written.
+    pub(super) fn add(&mut self, hash: u64) {
+        *self.counts.entry(hash).or_default() += 1;
+    }
+
+    /// Those evicted tasks' rows were deleted, with the turns their records carried.
+    pub(super) fn deleted(&mut self, evicted: &[Evicted]) {
+        for e in evicted {
+            if let Some(c) = &e.turn {
+                let hash = self.conversation(&e.key.principal, &c.context, c.turn.since);
+                if let std::collections::hash_map::Entry::Occupied(mut n) = self.counts.entry(hash) {
+                    *n.get_mut() -= 1;
+                    if *n.get() == 0 {
+                        n.remove();
+                    }
+                }
+            }
+        }
+        if self.counts.capacity() > 1024 && self.counts.len() < self.counts.capacity() / 4 {
+            self.counts.shrink_to_fit();
+        }
+    }
+
+    /// Whether a record carrying a turn of conversation `hash` may still be in the file.
+    pub(super) fn holds(&self, hash: u64) -> bool {
+        self.counts.contains_key(&hash)
     }
 }
 
@@ -103,6 +153,8 @@ struct Turns {
     damaged: Vec<Damaged>,
     tombstones: Vec<(Vec<u8>, Duration)>,
     dead_tombstones: Vec<Vec<u8>>,
+    /// Every record read that carries a turn, by conversation ([`Carriers`]).
+    carried: std::collections::HashMap<u64, u32, foldhash::fast::RandomState>,
 }
 
 struct Tombstone {
@@ -128,11 +180,18 @@ impl Loaded {
         Ok(())
     }
 
-    fn add_turns(&mut self, turns: Turns) {
+    /// Takes the conversations `hasher` hashed; the records carrying turns that stay are
+    /// those read less those [`Loaded::tidy`] deletes.
+    fn add_turns(&mut self, turns: Turns, hasher: Conversations) {
         self.recovered.contexts = turns.contexts;
         self.damaged.extend(turns.damaged);
         self.tombstones = turns.tombstones;
         self.dead_tombstones = turns.dead_tombstones;
+        self.carriers = Carriers {
+            hasher,
+            counts: turns.carried,
+        };
+        self.carriers.deleted(&self.expired);
     }
 
     /// Nothing to tidy.
@@ -194,12 +253,8 @@ pub(super) fn load(
     let mut carried = Vec::new();
     let hasher = Conversations::default();
     let mut loaded = load_tasks(read, indexes, config, &hasher, &mut |c| carried.push(c))?;
-    loaded.add_turns(load_turns(
-        read,
-        [carried],
-        &hasher,
-        config.server.task_retention(),
-    )?);
+    let turns = load_turns(read, [carried], &hasher, config.server.task_retention())?;
+    loaded.add_turns(turns, hasher);
     Ok(loaded)
 }
 
@@ -251,7 +306,7 @@ pub(super) fn load_beside<T: TableRead + Send>(
             }
         };
         let mut loaded = loaded?;
-        loaded.add_turns(turns?);
+        loaded.add_turns(turns?, hasher.clone());
         Ok(loaded)
     })
 }
@@ -360,6 +415,7 @@ fn merge(
         at.insert_unique(hash, i, |&j| hashes[j]);
     }
     let rows = contexts.len();
+    let mut counts = std::collections::HashMap::default();
     // A conversation's turns mostly come one after the other: those take no lookup.
     let mut current: Option<usize> = None;
     for Carried {
@@ -368,6 +424,7 @@ fn merge(
         hash,
     } in carried.into_iter().flatten()
     {
+        *counts.entry(hash).or_default() += 1;
         let turn = (c.turn.number, TurnMessages::Shared(c.user, c.reply));
         let is = |k: &RecoveredContext| {
             k.since == c.turn.since && k.principal == principal && k.context == c.context
@@ -418,6 +475,7 @@ fn merge(
         damaged,
         tombstones: wanted,
         dead_tombstones: dead,
+        carried: counts,
     }
 }
 
@@ -694,6 +752,7 @@ fn load_tasks(
         damaged,
         tombstones: Vec::new(),
         dead_tombstones: Vec::new(),
+        carriers: Carriers::default(),
     })
 }
 
@@ -764,6 +823,16 @@ mod tests {
             want.map(|(c, since, n)| (c.to_string(), since, n)),
             "rows' conversations first, then the others as first met"
         );
+        // The records carrying turns, by conversation (a row is no record).
+        let count = |c: &str, since| {
+            let hash = hasher.hash(&p, &ContextId::new(c), since);
+            turns.carried.get(&hash).copied()
+        };
+        assert_eq!(
+            [count("a", 1), count("b", 5), count("c", 6), count("a", 2)],
+            [Some(2), Some(2), Some(2), Some(1)]
+        );
+        assert_eq!(turns.carried.len(), 4);
     }
 
     #[test]

@@ -786,6 +786,62 @@ fn a_finished_tasks_record_carries_its_turn_and_its_eviction_writes_it_unless_th
 }
 
 #[test]
+fn a_tombstone_goes_once_no_record_carrying_a_turn_of_its_conversation_is_left() {
+    use crate::model::ContextId;
+    use crate::store::contract::commit;
+    use crate::store::{TurnId, codec};
+
+    let dir = Dir::new();
+    let mut config = dir.config();
+    config.server.max_finished_tasks = 1;
+    // An hour's retention: by time alone the tombstone would stay two hours.
+    config.server.task_retention_seconds = 3600.0;
+    let turn = |number, since| TurnId { number, since };
+    let alice = crate::model::Principal::new("alice");
+    let tombstone = codec::tombstone_key(&alice, &ContextId::new("gone"), 20);
+    let store = open(&config);
+    commit(&store, finish(&key("alice", "t-1"), "gone", turn(1, 20)));
+    // Forgotten while t-1's record, which carries its turn, is retained.
+    commit(
+        &store,
+        vec![Write::ForgetContext {
+            principal: "alice".into(),
+            context: ContextId::new("gone"),
+            since: 20,
+        }],
+    );
+    close(store);
+    assert!(turn_rows(&dir).contains_key(&tombstone));
+
+    // A restart counts the records that carry turns: t-1 keeps the tombstone wanted.
+    let store = open(&config);
+    assert!(
+        conversations(&store).is_empty(),
+        "no turn of the forgotten conversation"
+    );
+    // t-2 finishing evicts t-1 (one finished task at most): nothing needs the tombstone
+    // any more, and it goes after its grace, not two hours later.
+    commit(&store, finish(&key("alice", "t-2"), "next", turn(1, 30)));
+    let deadline = std::time::Instant::now() + Duration::from_secs(120);
+    while turn_rows(&dir).contains_key(&tombstone) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the tombstone is still there two minutes on"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    close(store);
+    assert!(
+        turn_rows(&dir).is_empty(),
+        "t-1's turn was not written as a row either: its conversation was forgotten"
+    );
+    let store = open(&config);
+    let got: Vec<String> = conversations(&store).into_iter().map(|c| c.0).collect();
+    assert_eq!(got, vec!["next".to_string()], "and a restart brings back only t-2's");
+    close(store);
+}
+
+#[test]
 fn a_tombstone_past_its_time_is_dropped_at_the_start_and_a_recent_one_kept() {
     use crate::model::ContextId;
     use crate::store::codec;
