@@ -37,7 +37,7 @@ use super::index::Indexes;
 use super::{Recovered, StoreStats, Then, Write};
 use crate::config::{Config, StoreBackend};
 use crate::error::{Error, Result};
-use crate::model::{Message, TaskEvent, TaskKey};
+use crate::model::{ContextId, Message, Principal, TaskEvent, TaskKey};
 use committer::Committer;
 use load::damaged;
 use tables::{DiskError, TableWrite};
@@ -54,15 +54,17 @@ trait Disk: Send + Sync + 'static {
     ) -> std::result::Result<(), DiskError>;
 
     /// Makes one batch of writes durable. Returns the planned deliveries and which write
-    /// is each task's last.
+    /// is each task's last. `carried`: whether a record carrying a turn of a conversation
+    /// may still be in the file ([`tables::apply`]).
     fn commit(
         &self,
         writes: &[Write],
         indexes: &Indexes,
+        carried: &dyn Fn(&Principal, &ContextId, i64) -> bool,
     ) -> std::result::Result<tables::Applied, DiskError> {
         let mut applied = tables::Applied::default();
         self.write(&mut |t| {
-            applied = tables::apply(writes, indexes, t)?;
+            applied = tables::apply(writes, indexes, carried, t)?;
             Ok(())
         })?;
         Ok(applied)

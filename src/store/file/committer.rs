@@ -325,7 +325,11 @@ impl Committer {
         let started = std::time::Instant::now();
         let applied = loop {
             let waiting = self.spinner.as_ref().map(super::spin::Spinner::waiting);
-            let result = self.disk.commit(&batch.writes, &self.indexes);
+            let carriers = &self.tombstones.carriers;
+            let carried = |principal: &_, context: &_, since| {
+                carriers.holds(carriers.conversation(principal, context, since))
+            };
+            let result = self.disk.commit(&batch.writes, &self.indexes, &carried);
             drop(waiting);
             match result {
                 Ok(a) => break a,

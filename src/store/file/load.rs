@@ -101,7 +101,12 @@ pub(crate) struct Carriers {
 
 impl Carriers {
     /// Its conversation's hash.
-    pub(super) fn conversation(&self, principal: &Principal, context: &ContextId, since: i64) -> u64 {
+    pub(super) fn conversation(
+        &self,
+        principal: &Principal,
+        context: &ContextId,
+        since: i64,
+    ) -> u64 {
         self.hasher.hash(principal, context, since)
     }
 
@@ -115,7 +120,8 @@ impl Carriers {
         for e in evicted {
             if let Some(c) = &e.turn {
                 let hash = self.conversation(&e.key.principal, &c.context, c.turn.since);
-                if let std::collections::hash_map::Entry::Occupied(mut n) = self.counts.entry(hash) {
+                if let std::collections::hash_map::Entry::Occupied(mut n) = self.counts.entry(hash)
+                {
                     *n.get_mut() -= 1;
                     if *n.get() == 0 {
                         n.remove();

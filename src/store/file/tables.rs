@@ -7,7 +7,7 @@ use std::collections::HashSet;
 use super::super::codec;
 use super::super::index::{Evicted, Indexes};
 use super::super::{Delivery, StatsOnce, Write};
-use crate::model::TaskKey;
+use crate::model::{ContextId, Principal, TaskKey};
 
 /// A table of the store.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -150,10 +150,15 @@ pub(crate) struct Applied {
 /// and so is a push configuration's bookkeeping. A task's conversation turn that comes
 /// with its end is carried by its record ([`Write::carries_turn`]) instead of a row.
 /// Forgetting a conversation removes its turns' rows and writes its tombstone, which
-/// tells the eviction of a task that carries one of its turns not to write that turn.
+/// tells the eviction of a task that carries one of its turns not to write that turn —
+/// if such a task may be left: `carried` says whether a record carrying a turn of the
+/// conversation (owner, id, start) may still be in the file from earlier batches, and
+/// this batch's own records are looked at here. With none, the eviction that wrote its
+/// turn as a row has come and gone, and the removal of the turns' rows took that too.
 pub(crate) fn apply(
     writes: &[Write],
     indexes: &Indexes,
+    carried: &dyn Fn(&Principal, &ContextId, i64) -> bool,
     t: &mut (impl TableWrite + ?Sized),
 ) -> Result<Applied, DiskError> {
     let mut planned = Vec::new();
@@ -177,6 +182,9 @@ pub(crate) fn apply(
     let carries: Vec<bool> = (0..writes.len())
         .map(|i| last[i] && Write::carries_turn(writes, i))
         .collect();
+    // The conversations this batch's records carry turns of, once a conversation is
+    // forgotten in it.
+    let mut carried_here = None;
     for (i, write) in writes.iter().enumerate() {
         match write {
             Write::Task {
@@ -228,6 +236,12 @@ pub(crate) fn apply(
             } => {
                 let prefix = codec::context_prefix(principal, context, *since);
                 t.remove_range(Table::Turns, &prefix, &codec::prefix_end(&prefix))?;
+                let here = carried_here.get_or_insert_with(|| carried_in(writes, &carries));
+                if !carried(principal, context, *since)
+                    && !here.contains(&(principal, context, *since))
+                {
+                    continue;
+                }
                 let tombstone = codec::tombstone_key(principal, context, *since);
                 let at = chrono::Utc::now().timestamp_micros();
                 t.put(Table::Turns, &tombstone, &codec::encode_tombstone(at))?;
@@ -274,6 +288,23 @@ pub(crate) fn apply(
         carries,
         tombstones,
     })
+}
+
+/// The conversations (owner, id, start) whose turns the records of `writes` carry.
+fn carried_in<'a>(
+    writes: &'a [Write],
+    carries: &[bool],
+) -> HashSet<(&'a Principal, &'a ContextId, i64), foldhash::fast::RandomState> {
+    writes
+        .iter()
+        .zip(carries)
+        .filter_map(|(w, carries)| match w {
+            Write::Task {
+                key, task, turn, ..
+            } if *carries => Some((&key.principal, &task.context_id, turn.since)),
+            _ => None,
+        })
+        .collect()
 }
 
 /// Deletes evicted tasks: the turn each record carries becomes a row of its own, unless

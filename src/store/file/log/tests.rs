@@ -837,8 +837,60 @@ fn a_tombstone_goes_once_no_record_carrying_a_turn_of_its_conversation_is_left()
     );
     let store = open(&config);
     let got: Vec<String> = conversations(&store).into_iter().map(|c| c.0).collect();
-    assert_eq!(got, vec!["next".to_string()], "and a restart brings back only t-2's");
+    assert_eq!(
+        got,
+        vec!["next".to_string()],
+        "and a restart brings back only t-2's"
+    );
     close(store);
+}
+
+#[test]
+fn a_conversation_forgotten_once_no_record_carries_its_turns_leaves_no_tombstone() {
+    use crate::model::ContextId;
+    use crate::store::contract::commit;
+    use crate::store::{TurnId, codec};
+
+    let dir = Dir::new();
+    let mut config = dir.config();
+    config.server.max_finished_tasks = 1;
+    let turn = |number, since| TurnId { number, since };
+    let alice = crate::model::Principal::new("alice");
+    let forget = |context: &str, since| Write::ForgetContext {
+        principal: "alice".into(),
+        context: ContextId::new(context),
+        since,
+    };
+    let store = open(&config);
+    commit(&store, finish(&key("alice", "t-1"), "early", turn(1, 20)));
+    // t-2 evicts t-1, whose turn becomes a row of its own once its rows are deleted.
+    commit(&store, finish(&key("alice", "t-2"), "other", turn(1, 30)));
+    let row = codec::turn_key(&alice, &ContextId::new("early"), turn(1, 20));
+    let deadline = std::time::Instant::now() + Duration::from_secs(120);
+    while !turn_rows(&dir).contains_key(&row) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "t-1 is still in the file"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // Forgotten now, nothing in the file carries a turn of it: its row goes, and no
+    // tombstone is written.
+    commit(&store, vec![forget("early", 20)]);
+    // A conversation forgotten in the batch that carries its turn keeps its tombstone.
+    let mut same = finish(&key("alice", "t-3"), "same", turn(1, 40));
+    same.push(forget("same", 40));
+    commit(&store, same);
+    close(store);
+    assert_eq!(
+        turn_rows(&dir).into_keys().collect::<Vec<_>>(),
+        vec![
+            // t-2's, evicted by t-3.
+            codec::turn_key(&alice, &ContextId::new("other"), turn(1, 30)),
+            codec::tombstone_key(&alice, &ContextId::new("same"), 40),
+        ],
+        "neither early's row nor a tombstone of it"
+    );
 }
 
 #[test]
