@@ -233,7 +233,7 @@ impl Journal {
             rx,
             counters: counters.clone(),
             max_batch: config.store.max_batch,
-            forget: Vec::new(),
+            forget: std::collections::VecDeque::new(),
             more: false,
             tombstones,
             handoff: committer::Handoff::current(),

@@ -23,8 +23,10 @@ pub(super) struct Committer {
     pub(super) rx: Receiver<Job>,
     pub(super) counters: Arc<Counters>,
     pub(super) max_batch: usize,
-    /// Evicted tasks whose rows are still to delete, in chunks between batches.
-    pub(super) forget: Vec<Evicted>,
+    /// Evicted tasks whose rows are still to delete, in chunks between batches (taken
+    /// from the front: a mass eviction costs what it deletes, not a move of the rest per
+    /// chunk).
+    pub(super) forget: VecDeque<Evicted>,
     /// The disk has upkeep left to do between batches.
     pub(super) more: bool,
     /// Tombstones of forgotten conversations, dropped in time between batches.
@@ -474,6 +476,12 @@ impl Committer {
                 tracing::error!(error = %e, tasks = chunk.len(), "store: deleting expired tasks failed; retried later");
                 self.forget.extend(chunk);
             }
+        }
+        // A burst's evictions leave no room behind once deleted.
+        if self.forget.capacity() > 4 * FORGET_CHUNK
+            && self.forget.len() < self.forget.capacity() / 4
+        {
+            self.forget.shrink_to_fit();
         }
     }
 }
