@@ -634,6 +634,19 @@ fn finish(key: &crate::model::TaskKey, context: &str, turn: crate::store::TurnId
     ]
 }
 
+/// Polls `f` until it holds, up to a generous deadline (the committer works on its own
+/// thread, between batches).
+fn eventually(what: &str, mut f: impl FnMut() -> bool) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(120);
+    while !f() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{what}: not within 120 s"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
 /// The turns table as the segments leave it, their operations replayed in order.
 fn turn_rows(dir: &Dir) -> BTreeMap<Vec<u8>, Vec<u8>> {
     use super::frame::{self, Op};
@@ -822,14 +835,9 @@ fn a_tombstone_goes_once_no_record_carrying_a_turn_of_its_conversation_is_left()
     // t-2 finishing evicts t-1 (one finished task at most): nothing needs the tombstone
     // any more, and it goes after its grace, not two hours later.
     commit(&store, finish(&key("alice", "t-2"), "next", turn(1, 30)));
-    let deadline = std::time::Instant::now() + Duration::from_secs(120);
-    while turn_rows(&dir).contains_key(&tombstone) {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the tombstone is still there two minutes on"
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    eventually("the tombstone goes", || {
+        !turn_rows(&dir).contains_key(&tombstone)
+    });
     close(store);
     assert!(
         turn_rows(&dir).is_empty(),
@@ -866,14 +874,9 @@ fn a_conversation_forgotten_once_no_record_carries_its_turns_leaves_no_tombstone
     // t-2 evicts t-1, whose turn becomes a row of its own once its rows are deleted.
     commit(&store, finish(&key("alice", "t-2"), "other", turn(1, 30)));
     let row = codec::turn_key(&alice, &ContextId::new("early"), turn(1, 20));
-    let deadline = std::time::Instant::now() + Duration::from_secs(120);
-    while !turn_rows(&dir).contains_key(&row) {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "t-1 is still in the file"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    eventually("t-1's rows are deleted", || {
+        turn_rows(&dir).contains_key(&row)
+    });
     // Forgotten now, nothing in the file carries a turn of it: its row goes, and no
     // tombstone is written.
     commit(&store, vec![forget("early", 20)]);
