@@ -21,6 +21,7 @@ use std::sync::mpsc::Sender;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+mod carriers;
 mod committer;
 mod load;
 pub(crate) mod log;

@@ -7,7 +7,7 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::sync::mpsc::{Receiver, RecvTimeoutError, TryRecvError};
 use std::time::{Duration, Instant};
 
-use super::load::Carriers;
+use super::carriers::Carriers;
 use super::policy::{Policy, set_policy};
 use super::{Counters, Disk, FORGET_CHUNK, Job};
 use crate::store::codec;

@@ -2,13 +2,13 @@
 //! configurations and pending deliveries, with damaged records set aside or refused.
 
 use std::collections::HashSet;
-use std::hash::BuildHasher;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
 use hashbrown::HashTable;
 
+use super::carriers::{Carriers, Conversations};
 use super::committer::Tombstones;
 use super::open_error;
 use super::tables::{self, DiskError, Table, TableRead, TableWrite};
@@ -76,70 +76,6 @@ struct Carried {
     hash: u64,
 }
 
-/// How a load hashes a conversation (owner, id, start), the same on each of its threads;
-/// and the committer after it ([`Carriers`]).
-#[derive(Default, Clone)]
-pub(super) struct Conversations(foldhash::fast::RandomState);
-
-impl Conversations {
-    fn hash(&self, principal: &Principal, context: &ContextId, since: i64) -> u64 {
-        self.0.hash_one((principal, context, since))
-    }
-}
-
-/// Per conversation (by its hash): how many records that carry one of its turns are still
-/// in the file. A conversation's tombstone is wanted only while it has some
-/// ([`Tombstones`]): once the last is deleted, no eviction and no restart can meet a turn
-/// of it. Counted from the load on: up as the committer puts a finished record carrying
-/// a turn, down once an evicted task's rows are deleted. Two conversations of one hash
-/// share a count, which only keeps a tombstone longer.
-#[derive(Default)]
-pub(crate) struct Carriers {
-    hasher: Conversations,
-    counts: std::collections::HashMap<u64, u32, foldhash::fast::RandomState>,
-}
-
-impl Carriers {
-    /// Its conversation's hash.
-    pub(super) fn conversation(
-        &self,
-        principal: &Principal,
-        context: &ContextId,
-        since: i64,
-    ) -> u64 {
-        self.hasher.hash(principal, context, since)
-    }
-
-    /// A record carrying a turn of conversation `hash` was written.
-    pub(super) fn add(&mut self, hash: u64) {
-        *self.counts.entry(hash).or_default() += 1;
-    }
-
-    /// Those evicted tasks' rows were deleted, with the turns their records carried.
-    pub(super) fn deleted(&mut self, evicted: &[Evicted]) {
-        for e in evicted {
-            if let Some(c) = &e.turn {
-                let hash = self.conversation(&e.key.principal, &c.context, c.turn.since);
-                if let std::collections::hash_map::Entry::Occupied(mut n) = self.counts.entry(hash)
-                {
-                    *n.get_mut() -= 1;
-                    if *n.get() == 0 {
-                        n.remove();
-                    }
-                }
-            }
-        }
-        if self.counts.capacity() > 1024 && self.counts.len() < self.counts.capacity() / 4 {
-            self.counts.shrink_to_fit();
-        }
-    }
-
-    /// Whether a record carrying a turn of conversation `hash` may still be in the file.
-    pub(super) fn holds(&self, hash: u64) -> bool {
-        self.counts.contains_key(&hash)
-    }
-}
-
 impl Carried {
     /// A turn carried by a record of `principal`'s, hashed as `conversations` hashes.
     fn new(principal: Principal, turn: CarriedTurn, conversations: &Conversations) -> Self {
@@ -193,10 +129,7 @@ impl Loaded {
         self.damaged.extend(turns.damaged);
         self.tombstones = turns.tombstones;
         self.dead_tombstones = turns.dead_tombstones;
-        self.carriers = Carriers {
-            hasher,
-            counts: turns.carried,
-        };
+        self.carriers = Carriers::new(hasher, turns.carried);
         self.carriers.deleted(&self.expired);
     }
 
