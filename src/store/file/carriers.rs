@@ -20,24 +20,24 @@ impl Conversations {
     }
 }
 
+/// Records carrying turns, counted per conversation (by its hash).
+pub(super) type Counts = HashMap<u64, u32, foldhash::fast::RandomState>;
+
 /// Per conversation (by its hash): how many records that carry one of its turns are still
 /// in the file. A conversation's tombstone is wanted only while it has some
-/// (`committer::Tombstones`): once the last is deleted, no eviction and no restart can meet a turn
-/// of it. Counted from the load on: up as the committer puts a finished record carrying
-/// a turn, down once an evicted task's rows are deleted. Two conversations of one hash
-/// share a count, which only keeps a tombstone longer.
+/// (`committer::Tombstones`): once the last is deleted, no eviction and no restart can
+/// meet a turn of it. Counted from the load on: up as the committer puts a finished record
+/// carrying a turn, down once an evicted task's rows are deleted. Two conversations of one
+/// hash share a count, which only keeps a tombstone longer.
 #[derive(Default)]
 pub(super) struct Carriers {
     hasher: Conversations,
-    counts: HashMap<u64, u32, foldhash::fast::RandomState>,
+    counts: Counts,
 }
 
 impl Carriers {
     /// Counts a load made with `hasher`.
-    pub(super) fn new(
-        hasher: Conversations,
-        counts: HashMap<u64, u32, foldhash::fast::RandomState>,
-    ) -> Self {
+    pub(super) fn new(hasher: Conversations, counts: Counts) -> Self {
         Self { hasher, counts }
     }
 
@@ -51,8 +51,9 @@ impl Carriers {
         self.hasher.hash(principal, context, since)
     }
 
-    /// A record carrying a turn of conversation `hash` was written.
-    pub(super) fn add(&mut self, hash: u64) {
+    /// A record carrying a turn of the conversation was written.
+    pub(super) fn add(&mut self, principal: &Principal, context: &ContextId, since: i64) {
+        let hash = self.conversation(principal, context, since);
         *self.counts.entry(hash).or_default() += 1;
     }
 
@@ -77,5 +78,10 @@ impl Carriers {
     /// Whether a record carrying a turn of conversation `hash` may still be in the file.
     pub(super) fn holds(&self, hash: u64) -> bool {
         self.counts.contains_key(&hash)
+    }
+
+    /// [`Carriers::holds`], of the conversation.
+    pub(super) fn carried(&self, principal: &Principal, context: &ContextId, since: i64) -> bool {
+        self.holds(self.conversation(principal, context, since))
     }
 }

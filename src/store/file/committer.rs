@@ -175,16 +175,20 @@ impl Tombstones {
         }
     }
 
-    /// Whether `t` is no longer wanted: past its time, or no record of its conversation
-    /// is left.
+    /// Whether no record of `t`'s conversation is left in the file.
+    fn released(&self, t: &Tombstone) -> bool {
+        t.conversation.is_some_and(|c| !self.carriers.holds(c))
+    }
+
+    /// Whether `t` is no longer wanted: past its time, or released.
     fn ripe(&self, t: &Tombstone, now: Instant) -> bool {
-        t.expires <= now || t.conversation.is_some_and(|c| !self.carriers.holds(c))
+        t.expires <= now || self.released(t)
     }
 
     /// When `t` goes, if no others go with it first: its grace after its time, or after
-    /// it was written once it is no longer wanted.
+    /// it was written once it is released.
     fn goes(&self, t: &Tombstone) -> Instant {
-        let from = if t.conversation.is_some_and(|c| !self.carriers.holds(c)) {
+        let from = if self.released(t) {
             t.expires.checked_sub(self.life).unwrap_or(t.expires)
         } else {
             t.expires
@@ -328,9 +332,8 @@ impl Committer {
         let applied = loop {
             let waiting = self.spinner.as_ref().map(super::spin::Spinner::waiting);
             let carriers = &self.tombstones.carriers;
-            let carried = |principal: &_, context: &_, since| {
-                carriers.holds(carriers.conversation(principal, context, since))
-            };
+            let carried =
+                |principal: &_, context: &_, since| carriers.carried(principal, context, since);
             let result = self.disk.commit(&batch.writes, &self.indexes, &carried);
             drop(waiting);
             match result {
@@ -387,12 +390,8 @@ impl Committer {
                 // The turn the record carries, which its eviction writes as a row.
                 let carried = if *carries { *turn } else { TurnId::default() };
                 if CarriedTurn::carries(carried, task) {
-                    let c = self.tombstones.carriers.conversation(
-                        &key.principal,
-                        &task.context_id,
-                        carried.since,
-                    );
-                    self.tombstones.carriers.add(c);
+                    let carriers = &mut self.tombstones.carriers;
+                    carriers.add(&key.principal, &task.context_id, carried.since);
                 }
                 let evicted = self.indexes.put_task(key, task.clone(), carried);
                 self.forget.extend(evicted);
@@ -629,8 +628,8 @@ mod tests {
         let key = |c: &str| codec::tombstone_key(&p, &ContextId::new(c), 7);
         let a = t.carriers.conversation(&p, &ContextId::new("a"), 7);
         // Two records carry turns of "a"; none carries one of "b".
-        t.carriers.add(a);
-        t.carriers.add(a);
+        t.carriers.add(&p, &ContextId::new("a"), 7);
+        t.carriers.add(&p, &ContextId::new("a"), 7);
         t.add(key("a"), Duration::ZERO);
         t.add(key("b"), Duration::ZERO);
         let now = Instant::now();

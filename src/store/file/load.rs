@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use hashbrown::HashTable;
 
-use super::carriers::{Carriers, Conversations};
+use super::carriers::{Carriers, Conversations, Counts};
 use super::committer::Tombstones;
 use super::open_error;
 use super::tables::{self, DiskError, Table, TableRead, TableWrite};
@@ -96,7 +96,7 @@ struct Turns {
     tombstones: Vec<(Vec<u8>, Duration)>,
     dead_tombstones: Vec<Vec<u8>>,
     /// Every record read that carries a turn, by conversation ([`Carriers`]).
-    carried: std::collections::HashMap<u64, u32, foldhash::fast::RandomState>,
+    carried: Counts,
 }
 
 struct Tombstone {
@@ -354,7 +354,7 @@ fn merge(
         at.insert_unique(hash, i, |&j| hashes[j]);
     }
     let rows = contexts.len();
-    let mut counts = std::collections::HashMap::default();
+    let mut counts = Counts::default();
     // A conversation's turns mostly come one after the other: those take no lookup.
     let mut current: Option<usize> = None;
     for Carried {
