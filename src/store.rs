@@ -327,6 +327,10 @@ pub(crate) struct TurnId {
 pub(crate) struct OutboxKey {
     /// The task.
     pub task: TaskKey,
+    /// The task's creation time in µs since the epoch (`created_at`): the embedded store
+    /// files a task's rows under it, so a delivery's bookkeeping finds its entry without
+    /// looking the task up.
+    pub created: i64,
     /// The event.
     pub seq: u64,
     /// The configuration.
@@ -545,6 +549,7 @@ pub(crate) fn deliveries_for<'a>(
         .map(|config| {
             let outbox = OutboxKey {
                 task: key.clone(),
+                created: task.created_at.timestamp_micros(),
                 seq: event.seq,
                 config: config.id.clone(),
             };

@@ -636,10 +636,11 @@ mod tests {
         }
         let o = super::super::OutboxKey {
             task: k.clone(),
+            created: 5,
             seq: 7,
             config: "c\u{0}".into(),
         };
-        assert_eq!(parse_outbox_key(&outbox_key(&o, 5)), Some((5, o)));
+        assert_eq!(parse_outbox_key(&outbox_key(&o)), Some(o));
         let t = TurnId {
             number: 3,
             since: -7,

@@ -95,20 +95,24 @@ pub(crate) fn event_key(key: &TaskKey, created: Created, seq: u64) -> Vec<u8> {
 }
 
 /// The key of an outbox entry: the task, the event, the configuration.
-pub(crate) fn outbox_key(key: &OutboxKey, created: Created) -> Vec<u8> {
-    let mut out = event_key(&key.task, created, key.seq);
+pub(crate) fn outbox_key(key: &OutboxKey) -> Vec<u8> {
+    let mut out = event_key(&key.task, key.created, key.seq);
     put_part(&mut out, &key.config);
     out
 }
 
 /// Parses an outbox key.
-pub(crate) fn parse_outbox_key(bytes: &[u8]) -> Option<(Created, OutboxKey)> {
+pub(crate) fn parse_outbox_key(bytes: &[u8]) -> Option<OutboxKey> {
     let mut r = KeyReader(bytes);
     let (created, task) = read_task_key(&mut r)?;
     let seq = r.u64()?;
     let config = r.part()?.to_string();
-    r.done()
-        .then_some((created, OutboxKey { task, seq, config }))
+    r.done().then_some(OutboxKey {
+        task,
+        created,
+        seq,
+        config,
+    })
 }
 
 /// The key layout of schema 1 (task rows keyed by the task's key alone), read only to

@@ -56,7 +56,7 @@ pub(super) struct Loaded {
     /// Tasks past their retention (or over the caps): deleted once the file is writable.
     pub(super) expired: Vec<Evicted>,
     /// Outbox entries whose task, configuration or event is gone.
-    pub(super) stale: Vec<(crate::store::OutboxKey, Created)>,
+    pub(super) stale: Vec<crate::store::OutboxKey>,
     /// Rows that cannot be read.
     pub(super) damaged: Vec<Damaged>,
     /// Tombstones of forgotten conversations still wanted: key, and how long ago each was
@@ -113,8 +113,8 @@ impl Loaded {
     /// entries and tombstones past their time.
     pub(super) fn tidy(&self, t: &mut (impl TableWrite + ?Sized)) -> Result<(), DiskError> {
         tables::forget(t, &self.expired)?;
-        for (key, created) in &self.stale {
-            t.remove(Table::Outbox, &codec::outbox_key(key, *created))?;
+        for key in &self.stale {
+            t.remove(Table::Outbox, &codec::outbox_key(key))?;
         }
         for key in &self.dead_tombstones {
             t.remove(Table::Turns, key)?;
@@ -642,8 +642,8 @@ fn load_tasks(
     let mut entries = Vec::new();
     read.each(Table::Outbox, &mut |k, v| {
         match (codec::parse_outbox_key(k), codec::decode_outbox(v)) {
-            (Some((created, key)), Some((attempt, due))) => {
-                entries.push((created, key, attempt, due));
+            (Some(key), Some((attempt, due))) => {
+                entries.push((key, attempt, due));
             }
             _ => bad(Table::Outbox, k, v),
         }
@@ -651,7 +651,7 @@ fn load_tasks(
     })?;
     let mut deliveries = Vec::new();
     let mut stale = Vec::new();
-    for (created, key, attempt, due) in entries {
+    for (key, attempt, due) in entries {
         let task = indexes.tasks.get(&key.task);
         let config = indexes
             .push
@@ -662,7 +662,7 @@ fn load_tasks(
             Some(t) => read
                 .get(
                     Table::Events,
-                    &codec::event_key(&key.task, created, key.seq),
+                    &codec::event_key(&key.task, key.created, key.seq),
                 )?
                 .and_then(|e| codec::decode_event(key.seq, &e, &t.history)),
             None => None,
@@ -677,7 +677,7 @@ fn load_tasks(
                 attempt,
                 due,
             }),
-            _ => stale.push((key, created)),
+            _ => stale.push(key),
         }
     }
     Ok(Loaded {

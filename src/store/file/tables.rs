@@ -206,7 +206,7 @@ pub(crate) fn apply(
                 for d in indexes.plan(key, task, event, *changed) {
                     t.put(
                         Table::Outbox,
-                        &codec::outbox_key(&d.key, created),
+                        &codec::outbox_key(&d.key),
                         &codec::encode_outbox(1, None),
                     )?;
                     planned.push((i, d));
@@ -256,22 +256,12 @@ pub(crate) fn apply(
             Write::PushRemoveNamed { task, id } => {
                 t.remove(Table::Push, &codec::named_key(task, id))?;
             }
-            // A delivery's task is in the index (its event is durable); one that is not
-            // was evicted, and its outbox entries with it.
-            Write::OutboxDone(key) => {
-                if let Some(task) = indexes.tasks.get(&key.task) {
-                    t.remove(
-                        Table::Outbox,
-                        &codec::outbox_key(key, codec::created(&task)),
-                    )?;
-                }
-            }
+            // An evicted task's entries went with it: its delivery's removal finds nothing,
+            // and its retry is not written (the key holds the task's creation time, so a
+            // later task of the same id is another key).
+            Write::OutboxDone(key) => t.remove(Table::Outbox, &codec::outbox_key(key))?,
             Write::OutboxRetry { key, attempt, due } => {
-                let Some(task) = indexes.tasks.get(&key.task) else {
-                    continue;
-                };
-                let k = codec::outbox_key(key, codec::created(&task));
-                // Only while the entry exists: an evicted task's deliveries are gone.
+                let k = codec::outbox_key(key);
                 if t.contains(Table::Outbox, &k)? {
                     t.put(
                         Table::Outbox,

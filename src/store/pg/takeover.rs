@@ -295,6 +295,7 @@ impl Inner {
                 let event = events.iter().find(|e| e.seq == seq);
                 let outbox = OutboxKey {
                     task: key.clone(),
+                    created: task.created_at.timestamp_micros(),
                     seq,
                     config: config_id,
                 };

@@ -649,8 +649,12 @@ fn eventually(what: &str, mut f: impl FnMut() -> bool) {
 
 /// The turns table as the segments leave it, their operations replayed in order.
 fn turn_rows(dir: &Dir) -> BTreeMap<Vec<u8>, Vec<u8>> {
+    table_rows(dir, crate::store::file::tables::Table::Turns)
+}
+
+/// A table as the segments leave it, their operations replayed in order.
+fn table_rows(dir: &Dir, table: crate::store::file::tables::Table) -> BTreeMap<Vec<u8>, Vec<u8>> {
     use super::frame::{self, Op};
-    use crate::store::file::tables::Table;
     let mut rows = BTreeMap::new();
     for segment in dir.segments() {
         let bytes = std::fs::read(&segment).expect("segment");
@@ -658,24 +662,21 @@ fn turn_rows(dir: &Dir) -> BTreeMap<Vec<u8>, Vec<u8>> {
         while let frame::Next::Frame { payload, next } = frame::next(&bytes, at) {
             frame::each_op(payload, |op| match op {
                 Op::Put {
-                    table: Table::Turns,
+                    table: t,
                     key,
                     value,
                     ..
-                } => {
+                } if t == table => {
                     rows.insert(key.to_vec(), value.to_vec());
                 }
-                Op::Remove {
-                    table: Table::Turns,
-                    key,
-                } => {
+                Op::Remove { table: t, key } if t == table => {
                     rows.remove(key);
                 }
                 Op::RemoveRange {
-                    table: Table::Turns,
+                    table: t,
                     start,
                     end,
-                } => rows.retain(|k: &Vec<u8>, _| !(start <= &k[..] && &k[..] < end)),
+                } if t == table => rows.retain(|k: &Vec<u8>, _| !(start <= &k[..] && &k[..] < end)),
                 _ => {}
             });
             at = next;
@@ -796,6 +797,85 @@ fn a_finished_tasks_record_carries_its_turn_and_its_eviction_writes_it_unless_th
     commit(&store, writes);
     close(store);
     assert!(turn_rows(&dir).contains_key(&row("apart", turn(1, 40))));
+}
+
+#[test]
+fn a_delivery_ending_after_its_task_was_evicted_writes_nothing_back() {
+    use crate::push::{PushConfig, PushScope, StoredPushConfig};
+    use crate::store::contract::commit;
+    use crate::store::file::tables::Table;
+    use crate::store::{TurnId, codec};
+
+    let dir = Dir::new();
+    let mut config = dir.config();
+    config.server.max_finished_tasks = 1;
+    let store = open(&config);
+    let c = StoredPushConfig::scoped(
+        PushScope {
+            principal: "alice".into(),
+            agent: "echo".into(),
+            task: None,
+        },
+        PushConfig::new("https://hooks.example.com/a"),
+        "seed",
+    );
+    store.push_reserve(&c, 10).expect("reserved");
+    commit(&store, vec![Write::PushSet(c)]);
+    let turn = TurnId {
+        number: 1,
+        since: 20,
+    };
+    let (one, two) = (key("alice", "t-1"), key("alice", "t-2"));
+    let working = commit(
+        &store,
+        vec![crate::store::contract::event(
+            &one,
+            "c1",
+            2,
+            TaskState::Working,
+        )],
+    );
+    let finished = commit(&store, finish(&one, "c1", turn));
+    let (retried, done) = (&working.deliveries[0].key, &finished.deliveries[0].key);
+    let outbox = || table_rows(&dir, Table::Outbox);
+    assert_eq!(
+        outbox().into_keys().collect::<Vec<_>>(),
+        vec![codec::outbox_key(retried), codec::outbox_key(done)],
+        "both of t-1's deliveries are pending"
+    );
+    // t-2 finishing evicts t-1 (one finished task at most), its outbox entries with it.
+    let later = commit(&store, finish(&two, "c2", turn));
+    let pending = vec![codec::outbox_key(&later.deliveries[0].key)];
+    eventually("t-1 is evicted", || {
+        outbox().into_keys().eq(pending.clone())
+    });
+    // Then t-1's deliveries end: one is to be retried, the other is done.
+    commit(
+        &store,
+        vec![
+            Write::OutboxRetry {
+                key: retried.clone(),
+                attempt: 2,
+                due: chrono::Utc::now(),
+            },
+            Write::OutboxDone(done.clone()),
+        ],
+    );
+    close(store);
+    assert_eq!(
+        outbox().into_keys().collect::<Vec<_>>(),
+        pending,
+        "no entry of the evicted task comes back"
+    );
+    let store = open(&config);
+    let recovered: Vec<_> = store
+        .recovered()
+        .deliveries
+        .iter()
+        .map(|d| d.key.clone())
+        .collect();
+    assert_eq!(recovered, vec![later.deliveries[0].key.clone()]);
+    close(store);
 }
 
 #[test]
