@@ -6,6 +6,9 @@
 #   benches/instructions.sh                 # seed message/send and 1.0 SendMessage: memory, log, redb
 #   A2AD_INSN_REQUESTS=5000 benches/instructions.sh
 #   A2AD_INSN_BIN=/path/to/older/a2ad benches/instructions.sh   # the same for another build
+#   A2AD_INSN_SCENARIO=webhooks A2AD_INSN_DIALECTS=seed benches/instructions.sh
+#     # per task with its webhook delivery (one agent-wide configuration, every delivery
+#     # received by the tool's receiver and its signature checked)
 #
 # For each (store, dialect): starts the release a2ad under callgrind with a bench
 # configuration, warms it with 300 requests, zeroes the counters, sends N requests
@@ -31,6 +34,8 @@ cleanup() {
 }
 trap cleanup EXIT
 KEY=insn-key-0123456789
+SCENARIO=${A2AD_INSN_SCENARIO:-send}
+case "$SCENARIO" in send|webhooks) ;; *) echo "A2AD_INSN_SCENARIO: send or webhooks" >&2; exit 2;; esac
 
 measure() { # store dialect connections
   local store=$1 dialect=$2 conns=$3 cfg="$WORK/a2ad.toml" out="$WORK/out.log"
@@ -56,6 +61,9 @@ listen = "127.0.0.1:0"
 [store]
 $store_cfg
 
+[webhooks]
+allow_private_networks = true
+
 [[api_keys]]
 name = "insn"
 key = "$KEY"
@@ -78,13 +86,20 @@ EOF
     sleep 0.1
   done
   [ -n "$url" ] || { cat "$out" >&2; echo "a2ad did not start under valgrind" >&2; exit 1; }
+  # Warmed with plain sends: a `webhooks` run sets a configuration, and a second one
+  # would double the deliveries of the measured run.
   "$LOAD" --url "$url" --key "$KEY" --dialect "$dialect" --requests 300 -c "$conns" >/dev/null
   callgrind_control -z "$SERVER" >/dev/null 2>&1
-  "$LOAD" --url "$url" --key "$KEY" --dialect "$dialect" --requests "$N" -c "$conns" >"$WORK/load.txt"
+  "$LOAD" --url "$url" --key "$KEY" --scenario "$SCENARIO" --dialect "$dialect" \
+    --requests "$N" -c "$conns" >"$WORK/load.txt"
   callgrind_control -d "$SERVER" >/dev/null 2>&1
   [ -n "${A2AD_INSN_KEEP:-}" ] && mkdir -p "$A2AD_INSN_KEEP" && cp "$(ls -t "$WORK"/cg.*.* | head -1)" "$A2AD_INSN_KEEP/callgrind.$store.$dialect.c$conns"
   if grep -q "errors: none" "$WORK/load.txt"; then :; else
     cat "$WORK/load.txt" >&2; echo "requests failed" >&2; exit 1
+  fi
+  if [ "$SCENARIO" = webhooks ] && ! { grep -q " lost: 0$" "$WORK/load.txt" &&
+    grep -q " bad_signatures: 0$" "$WORK/load.txt"; }; then
+    cat "$WORK/load.txt" >&2; echo "deliveries were lost or badly signed" >&2; exit 1
   fi
   local dump
   dump=$(ls -t "$WORK"/cg.*.* 2>/dev/null | head -1)
@@ -92,8 +107,8 @@ EOF
   total=$(awk '/^(summary|totals):/ {print $2; exit}' "$dump")
   kill "$SERVER" && wait "$SERVER" 2>/dev/null || true
   SERVER=
-  printf '%-7s %-5s c=%-2s %12s Ir for %s requests: %9.0f instructions per request\n' \
-    "$store" "$dialect" "$conns" "$total" "$N" "$(echo "$total / $N" | bc -l)"
+  printf '%-7s %-5s c=%-2s %12s Ir for %s %s requests: %9.0f instructions per request\n' \
+    "$store" "$dialect" "$conns" "$total" "$N" "$SCENARIO" "$(echo "$total / $N" | bc -l)"
 }
 
 for store in ${A2AD_INSN_STORES:-memory log redb}; do

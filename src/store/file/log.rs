@@ -14,9 +14,10 @@
 //!   one `pread` per event.
 //! - **Bounded.** Between batches the committer compacts: when the segments hold more
 //!   than half again what is live, the oldest segment's live rows are appended anew (in
-//!   steps of [`STEP_BYTES`]) and the segment is deleted. Oldest first, so a removal that
-//!   a compacted segment held can be dropped with it: nothing older remains for it to
-//!   hide.
+//!   steps of [`STEP_BYTES`], each step's rows carried by the next frame ahead of its own
+//!   operations: log/compact.rs) and the segment is deleted once the frame carrying its
+//!   last rows is durable. Oldest first, so a removal that a compacted segment held can be
+//!   dropped with it: nothing older remains for it to hide.
 //! - **Restart.** Every segment is read in order into the keydir, then the rows are
 //!   loaded like redb's. After a crash, only the newest segment's last frame can be
 //!   incomplete: it is cut off (it was never acknowledged). An unreadable frame anywhere
@@ -31,6 +32,7 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
 mod carry;
+mod compact;
 mod direct;
 mod frame;
 mod keydir;
@@ -55,8 +57,9 @@ use crate::store::index::Indexes;
 
 /// A segment is sealed once it holds this many bytes.
 pub(crate) const SEGMENT_BYTES: u64 = 64 << 20;
-/// Bytes of a compacted segment read per step between batches.
-const STEP_BYTES: u64 = 1 << 20;
+/// Bytes of a compacted segment read per step between batches (its live rows ride in the
+/// next frame: log/compact.rs).
+const STEP_BYTES: u64 = 256 << 10;
 /// A frame buffer up to this size is kept for the next batch.
 const SPARE_BYTES: usize = 4 << 20;
 /// After a failed compaction step, the next one waits this long.
@@ -114,6 +117,8 @@ struct Writer {
     sizes: BTreeMap<u32, u64>,
     /// The segment being compacted and where its next frame starts.
     compacting: Option<(u32, u64)>,
+    /// A compaction step's live rows, for the next frame to carry.
+    copies: Option<compact::Copies>,
     /// No compaction before this (after a failure).
     calm_until: Option<Instant>,
     /// The last batch's frame buffer, kept for the next.
@@ -364,6 +369,7 @@ impl LogDisk {
                 mean_frame: 0,
                 sizes,
                 compacting: None,
+                copies: None,
                 calm_until: None,
                 spare: Vec::new(),
                 rotate_failed: None,
@@ -375,7 +381,8 @@ impl LogDisk {
         Ok((disk, loaded))
     }
 
-    /// Builds one frame with `f` and makes it durable.
+    /// Builds one frame with `f` and makes it durable: a compaction step's copies first,
+    /// when one is waiting, then what `f` writes (which a newer value of a copied row is).
     fn batch<T>(
         &self,
         f: impl FnOnce(&mut Batch<'_>) -> std::result::Result<T, DiskError>,
@@ -386,9 +393,19 @@ impl LogDisk {
             keydir: &self.keydir,
             mine: Mine::default(),
         };
+        let copies = w.copies.take();
+        if let Some(c) = &copies {
+            c.write(
+                &mut b.frame,
+                &self.keydir.read().unwrap_or_else(|e| e.into_inner()),
+            );
+        }
         let out = f(&mut b);
         let mut frame = b.frame;
         let written = out.and_then(|out| self.append(&mut w, &mut frame).map(|()| out));
+        if let Some(c) = copies {
+            self.copied(&mut w, c, written.is_ok());
+        }
         // The buffer serves the next batch (unless a huge one made it large).
         let spare = frame.into_inner();
         if spare.capacity() <= SPARE_BYTES {
@@ -518,7 +535,9 @@ impl LogDisk {
         }
     }
 
-    /// One step of compaction, when the segments hold more than half again what is live.
+    /// One step of compaction, when the segments hold more than half again what is live:
+    /// the next [`STEP_BYTES`] of the oldest segment read, and its live rows kept for the
+    /// next frame to carry (log/compact.rs). Returns whether there is more to do.
     fn compact_step(&self, w: &mut Writer) -> std::result::Result<bool, DiskError> {
         if w.compacting.is_none() {
             let total: u64 = w.sizes.values().sum();
@@ -535,7 +554,7 @@ impl LogDisk {
                 _ => return Ok(false),
             }
         }
-        let Some((seg, mut pos)) = w.compacting else {
+        let Some((seg, pos)) = w.compacting else {
             return Ok(false);
         };
         let size = w.sizes.get(&seg).copied().unwrap_or(0);
@@ -549,69 +568,49 @@ impl LogDisk {
             w.compacting = None;
             return Ok(false);
         };
-        let mut out = FrameBuf::default();
-        let stop = pos + STEP_BYTES;
-        while pos < size && pos < stop {
-            let mut head = [0u8; frame::FRAME_HEADER];
-            file.read_exact_at(&mut head, pos)?;
-            let len = u32::from_le_bytes([head[0], head[1], head[2], head[3]]) as u64;
-            let crc = u32::from_le_bytes([head[4], head[5], head[6], head[7]]);
-            let payload_at = pos + frame::FRAME_HEADER as u64;
-            if len == 0 || payload_at + len > size {
-                return Err(DiskError::Damaged(format!(
-                    "{} has a frame at offset {pos} that runs past its end",
-                    segment_name(seg)
-                )));
-            }
-            let mut payload = vec![0u8; len as usize];
-            file.read_exact_at(&mut payload, payload_at)?;
-            let ops = (crc32fast::hash(&payload) == crc)
-                .then(|| frame::ops(&payload))
-                .flatten()
-                .ok_or_else(|| {
-                    DiskError::Damaged(format!(
-                        "{} has an unreadable frame at offset {pos}",
-                        segment_name(seg)
-                    ))
-                })?;
-            let keydir = self.keydir.read().unwrap_or_else(|e| e.into_inner());
-            for op in ops {
-                if let frame::Op::Put {
-                    table,
-                    key,
-                    value,
-                    at,
-                } = op
-                {
-                    let here = Loc::in_payload(seg, payload_at, at, value);
-                    if keydir.get(table, key) == Some(here) {
-                        out.put(table, key, value);
-                    }
-                }
-            }
-            drop(keydir);
-            pos = payload_at + len;
+        let copies = compact::read_step(&file, seg, pos, size, STEP_BYTES, &self.keydir)?;
+        w.compacting = Some((seg, copies.to));
+        w.copies = Some(copies);
+        Ok(true)
+    }
+
+    /// After the frame that carried a step's copies: once it is durable and the step
+    /// reached the segment's end, everything live in the segment lives later, and the
+    /// segment goes. If the frame failed, the step is read again later.
+    fn copied(&self, w: &mut Writer, copies: compact::Copies, durable: bool) {
+        let seg = copies.seg;
+        if !durable {
+            w.compacting = Some((seg, copies.from));
+            return;
         }
-        self.append(w, &mut out)?;
-        if pos < size {
-            w.compacting = Some((seg, pos));
-            return Ok(true);
+        let size = w.sizes.get(&seg).copied().unwrap_or(0);
+        if copies.to < size {
+            return;
         }
-        // Everything live in it now lives later: the segment goes.
         w.compacting = None;
+        let path = self.dir.join(segment_name(seg));
+        // (Gone already: an earlier removal whose directory sync failed.)
+        let removed = match std::fs::remove_file(&path) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
+            _ => sync_dir(&self.dir),
+        };
+        if let Err(e) = removed {
+            // No row is read from it any more: a later step reads it again, copies
+            // nothing, and removes it then.
+            tracing::error!(error = %e, segment = seg, "store: cannot remove a compacted log segment; retried later");
+            w.calm_until = Some(Instant::now() + COMPACT_BACKOFF);
+            return;
+        }
         self.files
             .write()
             .unwrap_or_else(|e| e.into_inner())
             .remove(&seg);
-        let path = self.dir.join(segment_name(seg));
-        std::fs::remove_file(&path).and_then(|()| sync_dir(&self.dir))?;
         w.sizes.remove(&seg);
         self.bytes.fetch_sub(size, Relaxed);
         self.keydir
             .write()
             .unwrap_or_else(|e| e.into_inner())
             .drop_segment(seg);
-        Ok(true)
     }
 }
 
@@ -1141,14 +1140,28 @@ impl Disk for LogDisk {
     }
 
     fn maintain(&self) -> std::result::Result<bool, DiskError> {
+        // Copies that no frame carried since the last call: the log is idle, so they go in
+        // a frame of their own.
+        let waiting = self
+            .writer
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .copies
+            .is_some();
+        let flushed = if waiting {
+            self.batch(|_| Ok(()))
+        } else {
+            Ok(())
+        };
         let mut w = self.writer.lock().unwrap_or_else(|e| e.into_inner());
-        if w.calm_until.is_some_and(|t| Instant::now() < t) {
+        if flushed.is_ok() && w.calm_until.is_some_and(|t| Instant::now() < t) {
             return Ok(false);
         }
         w.calm_until = None;
-        let step = self.compact_step(&mut w);
+        let step = flushed.and_then(|()| self.compact_step(&mut w));
         if step.is_err() {
             w.compacting = None;
+            w.copies = None;
             w.calm_until = Some(Instant::now() + COMPACT_BACKOFF);
         }
         step

@@ -452,6 +452,103 @@ fn an_event_that_does_not_decode_refuses_the_start_while_it_is_live() {
 }
 
 #[test]
+fn a_compaction_steps_rows_ride_the_next_frame_where_a_newer_write_wins() {
+    use super::Table::Push;
+    use crate::store::file::Disk as _;
+    use crate::store::file::tables::TableRead as _;
+
+    SEGMENT.with(|s| s.set(16 << 10));
+    let dir = Dir::new();
+    let config = dir.config();
+    let indexes = crate::store::index::Indexes::for_config(&config);
+    let (disk, _) = super::LogDisk::open(&config, &indexes).expect("the log opens");
+    let put = |k: &str, v: &[u8]| {
+        disk.write(&mut |t| t.put(Push, k.as_bytes(), v))
+            .expect("written");
+    };
+    for n in 0..4 {
+        put(&format!("keep-{n}"), &[b'k'; 1000]);
+    }
+    put("moved", b"old");
+    put("gone", b"old");
+    // One row written over and over: the segments come to hold far more than is live.
+    for n in 0..200u8 {
+        put("churn", &[n; 1000]);
+    }
+    // Steps (each with nothing to carry it, so alone) until one has read both rows.
+    let holds = |key: &[u8]| {
+        let w = disk.writer.lock().expect("the writer");
+        w.copies.as_ref().is_some_and(|c| c.holds(Push, key))
+    };
+    let mut steps = 0;
+    loop {
+        let bytes = disk.bytes();
+        let waiting = disk.writer.lock().expect("the writer").copies.is_some();
+        assert!(disk.maintain().expect("a step"), "compaction is wanted");
+        if !waiting {
+            assert_eq!(disk.bytes(), bytes, "a step writes no frame of its own");
+        }
+        if holds(b"moved") && holds(b"gone") {
+            break;
+        }
+        steps += 1;
+        assert!(steps < 100, "a step reads moved and gone");
+    }
+    let segment = disk
+        .writer
+        .lock()
+        .expect("the writer")
+        .compacting
+        .map(|c| c.0);
+    let oldest = dir
+        .0
+        .join("log")
+        .join(segment_name(segment.expect("compacting")));
+    // The next frame carries the step's rows ahead of its own operations.
+    disk.write(&mut |t| {
+        t.put(Push, b"moved", b"newer")?;
+        t.remove(Push, b"gone")
+    })
+    .expect("written");
+    assert!(
+        !dir.segments().contains(&oldest),
+        "the oldest segment went once the frame carrying its rows was durable"
+    );
+    // Nothing more written: each step's rows then go in a frame alone.
+    let mut steps = 0;
+    while disk.maintain().expect("a step") {
+        steps += 1;
+        assert!(steps < 1000, "compaction ends");
+    }
+    assert!(
+        dir.segments().len() <= 4,
+        "{} segments left",
+        dir.segments().len()
+    );
+    let live = super::Live(&disk);
+    let rows = table_rows(&dir, Push);
+    for (key, value) in [
+        ("moved", Some(&b"newer"[..])),
+        ("gone", None),
+        ("churn", Some(&[199u8; 1000][..])),
+        ("keep-3", Some(&[b'k'; 1000][..])),
+    ] {
+        assert_eq!(
+            rows.get(key.as_bytes()).map(Vec::as_slice),
+            value,
+            "{key} on disk"
+        );
+        assert_eq!(
+            live.get(Push, key.as_bytes()).expect("read").as_deref(),
+            value,
+            "{key} read"
+        );
+    }
+    assert_eq!(rows.len(), 6, "keep-0..3, moved, churn");
+    SEGMENT.with(|s| s.set(SEGMENT_BYTES));
+}
+
+#[test]
 fn a_batch_knows_what_it_did_to_a_row_newest_first() {
     use super::Table::{Outbox, Push};
     let mut frame = super::frame::FrameBuf::default();
