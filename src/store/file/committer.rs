@@ -389,9 +389,16 @@ impl Committer {
             {
                 // The turn the record carries, which its eviction writes as a row.
                 let carried = if *carries { *turn } else { TurnId::default() };
+                if CarriedTurn::carries(carried, task) {
+                    let carriers = &mut self.tombstones.carriers;
+                    carriers.add(&key.principal, &task.context_id, carried.since);
+                }
                 let evicted = self.indexes.put_task(key, task.clone(), carried);
                 self.forget.extend(evicted);
             }
+        }
+        for key in applied.tombstones {
+            self.tombstones.add(key, Duration::ZERO);
         }
         let mut deliveries = applied.planned.into_iter().peekable();
         let mut end = 0;
@@ -408,25 +415,6 @@ impl Committer {
         }
         if !ready.is_empty() {
             self.handoff.run(ready);
-        }
-        // What only the committer reads, once the clients have their answers: the
-        // records carrying turns, and the tombstones written.
-        for ((w, last), carries) in batch.writes.iter().zip(&applied.last).zip(&applied.carries) {
-            if let (
-                Write::Task {
-                    key, task, turn, ..
-                },
-                true,
-                true,
-            ) = (w, last, carries)
-                && CarriedTurn::carries(*turn, task)
-            {
-                let carriers = &mut self.tombstones.carriers;
-                carriers.add(&key.principal, &task.context_id, turn.since);
-            }
-        }
-        for key in applied.tombstones {
-            self.tombstones.add(key, Duration::ZERO);
         }
         true
     }
