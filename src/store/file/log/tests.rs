@@ -975,6 +975,77 @@ fn a_delivery_ending_after_its_task_was_evicted_writes_nothing_back() {
     close(store);
 }
 
+/// Frames in the segments.
+fn frames(dir: &Dir) -> usize {
+    use super::frame;
+    let mut n = 0;
+    for segment in dir.segments() {
+        let bytes = std::fs::read(&segment).expect("segment");
+        let mut at = frame::HEADER;
+        while let frame::Next::Frame { next, .. } = frame::next(&bytes, at) {
+            n += 1;
+            at = next;
+        }
+    }
+    n
+}
+
+#[test]
+fn evicted_tasks_are_deleted_in_the_next_batchs_frame_ahead_of_its_writes() {
+    use crate::store::TurnId;
+    use crate::store::file::Disk as _;
+    use crate::store::file::tables::Table;
+
+    let dir = Dir::new();
+    let mut config = dir.config();
+    config.server.max_finished_tasks = 1;
+    let indexes = crate::store::index::Indexes::for_config(&config);
+    let (disk, _) = super::LogDisk::open(&config, &indexes).expect("the log opens");
+    let turn = |since| TurnId { number: 1, since };
+    let carried = |_: &_, _: &_, _| true;
+    // As the committer publishes them: t-2's record evicts t-1's (one finished task at
+    // most), and t-1's rows are to be deleted.
+    let mut evicted = Vec::new();
+    for (task, context, since) in [("t-1", "c1", 10), ("t-2", "c2", 20)] {
+        let writes = finish(&key("alice", task), context, turn(since));
+        let applied = disk
+            .commit(&[], &writes, &indexes, &carried)
+            .expect("committed");
+        let Write::Task { key, task, .. } = &writes[0] else {
+            panic!("a task's write");
+        };
+        assert!(applied.carries[0], "the record carries its turn");
+        evicted.extend(indexes.put_task(key, task.clone(), turn(since)));
+    }
+    assert_eq!(evicted.len(), 1);
+    assert_eq!(evicted[0].key, key("alice", "t-1"));
+    let tasks = || table_rows(&dir, Table::Tasks).len();
+    assert_eq!(tasks(), 2);
+    assert!(turn_rows(&dir).is_empty(), "the records carry the turns");
+    let before = frames(&dir);
+    // The next batch (t-3's end) carries the deletion.
+    disk.commit(
+        &evicted,
+        &finish(&key("alice", "t-3"), "c3", turn(30)),
+        &indexes,
+        &carried,
+    )
+    .expect("committed");
+    assert_eq!(frames(&dir), before + 1, "one frame, one commit");
+    assert_eq!(tasks(), 2, "t-2 and t-3");
+    assert!(
+        table_rows(&dir, Table::Tasks)
+            .keys()
+            .all(|k| !k.windows(3).any(|w| w == b"t-1")),
+        "t-1's record is gone"
+    );
+    assert_eq!(
+        turn_rows(&dir).len(),
+        1,
+        "t-1's turn, a row of its own now that its record is gone"
+    );
+}
+
 #[test]
 fn a_tombstone_goes_once_no_record_carrying_a_turn_of_its_conversation_is_left() {
     use crate::model::ContextId;
