@@ -43,12 +43,8 @@ use committer::Committer;
 use load::damaged;
 use tables::{DiskError, TableWrite};
 
-/// Tasks deleted per retention batch of their own (while no write batch comes), and
-/// tombstones dropped per frame.
+/// Tasks deleted per retention batch (between write batches).
 const FORGET_CHUNK: usize = 1024;
-/// Tasks deleted ahead of a write batch's own writes, in its frame: a slice of the batch's
-/// time small enough not to stand out in its requests' latency.
-const RIDE_CHUNK: usize = 256;
 
 /// What the committer does with a store file: one durable batch at a time.
 trait Disk: Send + Sync + 'static {
@@ -58,20 +54,17 @@ trait Disk: Send + Sync + 'static {
         f: &mut dyn FnMut(&mut dyn TableWrite) -> std::result::Result<(), DiskError>,
     ) -> std::result::Result<(), DiskError>;
 
-    /// Makes one batch of writes durable, with the deletion of evicted tasks `forget`
-    /// ahead of them. Returns the planned deliveries and which write is each task's last.
-    /// `carried`: whether a record carrying a turn of a conversation may still be in the
-    /// file ([`tables::apply`]).
+    /// Makes one batch of writes durable. Returns the planned deliveries and which write
+    /// is each task's last. `carried`: whether a record carrying a turn of a conversation
+    /// may still be in the file ([`tables::apply`]).
     fn commit(
         &self,
-        forget: &[Evicted],
         writes: &[Write],
         indexes: &Indexes,
         carried: &dyn Fn(&Principal, &ContextId, i64) -> bool,
     ) -> std::result::Result<tables::Applied, DiskError> {
         let mut applied = tables::Applied::default();
         self.write(&mut |t| {
-            tables::forget(t, forget)?;
             applied = tables::apply(writes, indexes, carried, t)?;
             Ok(())
         })?;
@@ -242,7 +235,6 @@ impl Journal {
             counters: counters.clone(),
             max_batch: config.store.max_batch,
             forget: std::collections::VecDeque::new(),
-            riding: Vec::new(),
             more: false,
             tombstones,
             handoff: committer::Handoff::current(),

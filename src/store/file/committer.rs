@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use super::carriers::Carriers;
 use super::policy::{Policy, set_policy};
-use super::{Counters, Disk, FORGET_CHUNK, Job, RIDE_CHUNK};
+use super::{Counters, Disk, FORGET_CHUNK, Job};
 use crate::store::codec;
 use crate::store::index::{Evicted, Indexes};
 use crate::store::{CarriedTurn, Committed, Then, TurnId, Write};
@@ -27,9 +27,6 @@ pub(super) struct Committer {
     /// from the front: a mass eviction costs what it deletes, not a move of the rest per
     /// chunk).
     pub(super) forget: VecDeque<Evicted>,
-    /// A chunk of `forget` taken between batches, for the next batch's commit to delete
-    /// ahead of its own writes (alone, if no batch comes before the next turn between).
-    pub(super) riding: Vec<Evicted>,
     /// The disk has upkeep left to do between batches.
     pub(super) more: bool,
     /// Tombstones of forgotten conversations, dropped in time between batches.
@@ -248,7 +245,7 @@ impl Committer {
             if self.counters.abandon.load(Relaxed) {
                 return;
             }
-            let idle = self.forget.is_empty() && self.riding.is_empty() && !self.more;
+            let idle = self.forget.is_empty() && !self.more;
             let first = if let (true, Some(at)) = (idle, self.tombstones.next()) {
                 // Nothing else to do: wait for work until the oldest tombstone may go.
                 match self
@@ -318,10 +315,8 @@ impl Committer {
             self.between();
         }
         // Disconnected: everything queued has been committed above.
-        while (!self.forget.is_empty() || !self.riding.is_empty())
-            && !self.counters.abandon.load(Relaxed)
-        {
-            self.forget_alone();
+        while !self.forget.is_empty() && !self.counters.abandon.load(Relaxed) {
+            self.forget_chunk();
         }
     }
 
@@ -339,9 +334,7 @@ impl Committer {
             let carriers = &self.tombstones.carriers;
             let carried =
                 |principal: &_, context: &_, since| carriers.carried(principal, context, since);
-            let result = self
-                .disk
-                .commit(&self.riding, &batch.writes, &self.indexes, &carried);
+            let result = self.disk.commit(&batch.writes, &self.indexes, &carried);
             drop(waiting);
             match result {
                 Ok(a) => break a,
@@ -377,8 +370,6 @@ impl Committer {
             super::PARKS.load(Relaxed) != parks,
         );
         self.counters.failing.store(false, Relaxed);
-        let deleted = std::mem::take(&mut self.riding);
-        self.tombstones.carriers.deleted(&deleted);
         self.counters.commits.fetch_add(1, Relaxed);
         let took = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX);
         self.counters.commit_micros.fetch_add(took, Relaxed);
@@ -446,15 +437,11 @@ impl Committer {
         !self.counters.abandon.load(Relaxed)
     }
 
-    /// Between batches: one chunk of retention deletes taken for the next batch to carry
-    /// (a chunk no batch carried since the last turn goes alone: the store is idle), then
-    /// one step of the disk's own upkeep (the log's compaction).
+    /// Between batches: one chunk of retention deletes, then one step of the disk's own
+    /// upkeep (the log's compaction).
     fn between(&mut self) {
-        if !self.riding.is_empty() {
-            self.forget_alone();
-        }
-        if self.riding.is_empty() {
-            self.take_chunk(RIDE_CHUNK);
+        if !self.forget.is_empty() {
+            self.forget_chunk();
         }
         let due = self.tombstones.due(Instant::now(), FORGET_CHUNK);
         if !due.is_empty() {
@@ -478,29 +465,22 @@ impl Committer {
         };
     }
 
-    /// Takes evicted tasks to delete into [`Committer::riding`], up to `n` there.
-    fn take_chunk(&mut self, n: usize) {
-        let n = self.forget.len().min(n.saturating_sub(self.riding.len()));
-        self.riding.extend(self.forget.drain(..n));
-        // A burst's evictions leave no room behind once deleted.
-        if self.forget.capacity() > 4 * FORGET_CHUNK
-            && self.forget.len() < self.forget.capacity() / 4
-        {
-            self.forget.shrink_to_fit();
-        }
-    }
-
-    /// Deletes the chunk taken, topped up to [`FORGET_CHUNK`], in a commit of its own; on
-    /// failure it is taken again later.
-    pub(super) fn forget_alone(&mut self) {
-        self.take_chunk(FORGET_CHUNK);
-        let chunk = std::mem::take(&mut self.riding);
+    /// Deletes one chunk of evicted tasks.
+    pub(super) fn forget_chunk(&mut self) {
+        let n = self.forget.len().min(FORGET_CHUNK);
+        let chunk: Vec<Evicted> = self.forget.drain(..n).collect();
         match self.disk.forget(&chunk) {
             Ok(()) => self.tombstones.carriers.deleted(&chunk),
             Err(e) => {
                 tracing::error!(error = %e, tasks = chunk.len(), "store: deleting expired tasks failed; retried later");
                 self.forget.extend(chunk);
             }
+        }
+        // A burst's evictions leave no room behind once deleted.
+        if self.forget.capacity() > 4 * FORGET_CHUNK
+            && self.forget.len() < self.forget.capacity() / 4
+        {
+            self.forget.shrink_to_fit();
         }
     }
 }
