@@ -793,15 +793,10 @@ fn scan_segment(
                 };
                 let payload_at = at + frame::FRAME_HEADER;
                 for op in &ops {
-                    if let frame::Op::Put {
-                        table: Table::Events,
-                        key,
-                        value,
-                        at,
-                    } = *op
+                    if let Some((Table::Events, key, value, here)) =
+                        keydir::put_at(op, seg, payload_at as u64)
                         && !codec::event_row_is_valid(key, value)
                     {
-                        let here = Loc::in_payload(seg, payload_at as u64, at, value);
                         suspects.push((key.to_vec(), here));
                     }
                 }

@@ -14,7 +14,7 @@ use std::os::unix::fs::FileExt as _;
 use std::sync::RwLock;
 
 use super::frame::{self, FrameBuf};
-use super::keydir::{Keydir, Loc};
+use super::keydir::{self, Keydir, Loc};
 use super::segment_name;
 use crate::store::file::tables::{DiskError, Table};
 
@@ -106,20 +106,13 @@ pub(super) fn read_step(
                 ))
             })?;
         let keydir = keydir.read().unwrap_or_else(|e| e.into_inner());
-        for op in ops {
-            if let frame::Op::Put {
-                table,
-                key,
-                value,
-                at,
-            } = op
+        for op in &ops {
+            if let Some((table, key, value, here)) = keydir::put_at(op, seg, payload_at)
+                && keydir.get(table, key) == Some(here)
             {
-                let here = Loc::in_payload(seg, payload_at, at, value);
-                if keydir.get(table, key) == Some(here) {
-                    copies.bytes.extend_from_slice(key);
-                    copies.bytes.extend_from_slice(value);
-                    copies.rows.push((table, key.len(), value.len(), here));
-                }
+                copies.bytes.extend_from_slice(key);
+                copies.bytes.extend_from_slice(value);
+                copies.rows.push((table, key.len(), value.len(), here));
             }
         }
         drop(keydir);

@@ -34,6 +34,29 @@ impl Loc {
     }
 }
 
+/// A put's table, key, value and the place of its value, for an operation of a frame whose
+/// payload starts at `payload_at` in segment `seg`; `None` for a removal.
+pub(crate) fn put_at<'a>(
+    op: &frame::Op<'a>,
+    seg: u32,
+    payload_at: u64,
+) -> Option<(Table, &'a [u8], &'a [u8], Loc)> {
+    match *op {
+        frame::Op::Put {
+            table,
+            key,
+            value,
+            at,
+        } => Some((
+            table,
+            key,
+            value,
+            Loc::in_payload(seg, payload_at, at, value),
+        )),
+        _ => None,
+    }
+}
+
 /// The bytes a row keeps alive in its segment: key, value and the op's framing.
 fn weight(key_len: usize, loc: &Loc) -> u64 {
     key_len as u64 + u64::from(loc.len) + 10
@@ -269,14 +292,7 @@ impl Keydir {
         let mut run: Option<&[u8]> = None;
         let mut rows: Vec<(Option<u64>, Loc)> = Vec::new();
         let whole = frame::each_op(payload, |op| {
-            if let frame::Op::Put {
-                table,
-                key,
-                value,
-                at,
-            } = op
-            {
-                let loc = Loc::in_payload(seg, payload_at, at, value);
+            if let Some((table, key, _, loc)) = put_at(&op, seg, payload_at) {
                 let row = match table {
                     Table::Tasks => Some((key, None)),
                     Table::Events => split_event(key).map(|(task, seq)| (task, Some(seq))),
