@@ -8,7 +8,7 @@ use std::sync::mpsc::{Receiver, RecvTimeoutError, TryRecvError};
 use std::time::{Duration, Instant};
 
 use super::carriers::Carriers;
-use super::policy::{LightCommits, Policy, set_policy};
+use super::policy::{Policy, set_policy};
 use super::{Counters, Disk, FORGET_CHUNK, Job};
 use crate::store::codec;
 use crate::store::index::{Evicted, Indexes};
@@ -241,7 +241,6 @@ pub(super) struct Batch {
 impl Committer {
     pub(super) fn run(mut self) {
         let adapt = set_policy(Policy::YieldToRequests);
-        let mut light = LightCommits::default();
         loop {
             if self.counters.abandon.load(Relaxed) {
                 return;
@@ -300,20 +299,14 @@ impl Committer {
                 }
             }
             if !batch.appends.is_empty() {
-                // A small batch waits on its disk at the normal policy where its core is
-                // shared with CPU-bound work (see `LightCommits`).
-                let small = adapt && batch.appends.len() <= Policy::LIGHT;
-                let started = Instant::now();
-                let normal = small && light.normal(started);
+                // A small batch waits on its disk at the normal policy (see `Policy`).
+                let normal = adapt && batch.appends.len() <= Policy::LIGHT;
                 if normal {
                     set_policy(Policy::Normal);
                 }
                 let committed = self.commit(batch);
                 if normal {
                     set_policy(Policy::YieldToRequests);
-                }
-                if small {
-                    light.took(started.elapsed(), normal, Instant::now());
                 }
                 if !committed {
                     return;
