@@ -282,42 +282,48 @@ pub(super) async fn serve_connection(
     let activity = Activity::new();
     let watchdog = conn::watchdog(&activity, limits, &slots.pressure);
     tokio::pin!(watchdog);
+    // Each branch awaits a future of its own type, and this future keeps room for the
+    // largest: the TLS branch (the handshake's and the TLS stream's state) is boxed, so that
+    // a plain connection does not carry its room for its whole life (see `serve_protocol`).
     if let Some(tls) = tls {
-        // The handshake as a whole is bounded like a request head after its first byte
-        // (the watchdog bounds the wait for that byte).
-        let handshake = tokio::time::timeout(
-            limits.first_byte + builder.header_read,
-            tls.acceptor()
-                .accept(Tracked::new(tcp, activity.clone(), true)),
-        );
-        let handshake = async {
-            match handshake.await {
-                Ok(Ok(stream)) => Some(stream),
-                Ok(Err(e)) => {
-                    metrics.closed_tls_handshake.fetch_add(1, Relaxed);
-                    tracing::debug!(error = %e, "connection closed: TLS handshake failed");
-                    None
+        Box::pin(async {
+            // The handshake as a whole is bounded like a request head after its first byte
+            // (the watchdog bounds the wait for that byte).
+            let handshake = tokio::time::timeout(
+                limits.first_byte + builder.header_read,
+                tls.acceptor()
+                    .accept(Tracked::new(tcp, activity.clone(), true)),
+            );
+            let handshake = async {
+                match handshake.await {
+                    Ok(Ok(stream)) => Some(stream),
+                    Ok(Err(e)) => {
+                        metrics.closed_tls_handshake.fetch_add(1, Relaxed);
+                        tracing::debug!(error = %e, "connection closed: TLS handshake failed");
+                        None
+                    }
+                    Err(_) => {
+                        metrics.closed_tls_handshake.fetch_add(1, Relaxed);
+                        tracing::debug!("connection closed: TLS handshake too slow");
+                        None
+                    }
                 }
-                Err(_) => {
-                    metrics.closed_tls_handshake.fetch_add(1, Relaxed);
-                    tracing::debug!("connection closed: TLS handshake too slow");
-                    None
-                }
+            };
+            let stream = opening(handshake, watchdog.as_mut(), &mut phase, metrics).await;
+            if let Some(stream) = stream {
+                let session = stream.get_ref().1;
+                // ALPN decides; a client that offers none speaks HTTP/1.1.
+                let h2 = session.alpn_protocol() == Some(b"h2");
+                let peer = session
+                    .peer_certificates()
+                    .and_then(|chain| chain.first())
+                    .and_then(|leaf| app.keys.certificate_caller(leaf))
+                    .map(PeerCertificate);
+                let io = TokioIo::new(stream);
+                serve_protocol(io, h2, peer, &shared, &activity, watchdog, phase).await;
             }
-        };
-        let stream = opening(handshake, watchdog.as_mut(), &mut phase, metrics).await;
-        if let Some(stream) = stream {
-            let session = stream.get_ref().1;
-            // ALPN decides; a client that offers none speaks HTTP/1.1.
-            let h2 = session.alpn_protocol() == Some(b"h2");
-            let peer = session
-                .peer_certificates()
-                .and_then(|chain| chain.first())
-                .and_then(|leaf| app.keys.certificate_caller(leaf))
-                .map(PeerCertificate);
-            let io = TokioIo::new(stream);
-            serve_protocol(io, h2, peer, &shared, &activity, watchdog, phase).await;
-        }
+        })
+        .await;
     } else {
         let choice = async {
             match choose_protocol(&tcp, &activity, builder.header_read).await {
@@ -403,8 +409,10 @@ pub(super) async fn serve_protocol<I>(
             }
         })
     };
+    // HTTP/2's connection is boxed: inline, every HTTP/1 connection (a held stream each)
+    // would keep room for its state, several times the size of HTTP/1's.
     let conn = if h2 {
-        Either::Right(builder.h2.serve_connection(io, service))
+        Either::Right(Box::pin(builder.h2.serve_connection(io, service)))
     } else {
         Either::Left(builder.h1.serve_connection(io, service))
     };
@@ -413,7 +421,7 @@ pub(super) async fn serve_protocol<I>(
         ($conn:expr) => {
             match $conn.as_pin_mut() {
                 Either::Left(h1) => h1.graceful_shutdown(),
-                Either::Right(h2) => h2.graceful_shutdown(),
+                Either::Right(h2) => h2.get_mut().as_mut().graceful_shutdown(),
             }
         };
     }
