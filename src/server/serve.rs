@@ -410,7 +410,7 @@ pub(super) async fn serve_protocol<I>(
         })
     };
     // HTTP/2's connection is boxed: inline, every HTTP/1 connection (a held stream each)
-    // would keep room for its state, several times the size of HTTP/1's.
+    // would keep room for its state for its whole life.
     let conn = if h2 {
         Either::Right(Box::pin(builder.h2.serve_connection(io, service)))
     } else {
