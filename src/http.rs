@@ -229,7 +229,11 @@ fn request_facts(
     (
         last_event_id,
         base_url(app, req.headers()),
-        req.headers().get(header::HOST).cloned(),
+        // A copy: a clone would be a slice of the connection's read buffer, and keep it
+        // (8 KiB) alive for as long as the call runs ([`read_limited`]).
+        req.headers()
+            .get(header::HOST)
+            .and_then(|v| HeaderValue::from_bytes(v.as_bytes()).ok()),
         requested_version(req),
     )
 }
@@ -847,12 +851,30 @@ async fn read_limited(
     let limit = usize::try_from(limit).unwrap_or(usize::MAX);
     let collect = Limited::new(body, limit).collect();
     match tokio::time::timeout(app.body_timeout, collect).await {
-        Ok(Ok(collected)) => Ok(collected.to_bytes()),
+        Ok(Ok(collected)) => Ok(unpinned(collected.to_bytes())),
         Ok(Err(e)) if e.is::<http_body_util::LengthLimitError>() => {
             Err(Refusal::TooLarge(app.max_body))
         }
         Ok(Err(_)) => Err(Refusal::BodyUnreadable),
         Err(_) => Err(Refusal::BodyTimeout),
+    }
+}
+
+/// A body of at most this many bytes is copied out of the connection's read buffer.
+const UNPIN_BELOW: usize = 16 * 1024;
+
+/// `body`, no longer sharing the connection's read buffer when it is small. hyper hands a
+/// body over as slices of the buffer it read it into (8 KiB at least); kept, a slice keeps
+/// the whole buffer alive until the call ends, and hyper takes a second one for its next
+/// read (it reads on while the call runs, to notice the client leaving). For a call that
+/// waits — a stream until its first event is durable — that was a second 8 KiB per
+/// connection while it waited (docs/PERFORMANCE.md, sixteenth slice). A copy of a small
+/// body costs less than that; a large one fills most of the buffer it shares anyway.
+fn unpinned(body: Bytes) -> Bytes {
+    if body.len() <= UNPIN_BELOW {
+        Bytes::copy_from_slice(&body)
+    } else {
+        body
     }
 }
 
@@ -866,4 +888,35 @@ fn is_json(value: Option<&HeaderValue>, dialect: Dialect) -> bool {
     essence.eq_ignore_ascii_case("application/json")
         || (matches!(dialect, Dialect::A2a(_))
             && essence.eq_ignore_ascii_case("application/a2a+json"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Bytes, UNPIN_BELOW, unpinned};
+
+    #[test]
+    fn a_small_body_lets_go_of_the_buffer_it_was_read_into() {
+        // What hyper does: one read into an 8 KiB buffer, the body a slice of it.
+        let mut read = bytes::BytesMut::with_capacity(8192);
+        read.extend_from_slice(b"POST / HTTP/1.1\r\n\r\n{\"jsonrpc\":\"2.0\"}");
+        let mut read = read.freeze();
+        let body = read.split_off(19);
+        assert!(!read.is_unique(), "the body shares the read buffer");
+        let kept = unpinned(body);
+        assert_eq!(&kept[..], b"{\"jsonrpc\":\"2.0\"}");
+        assert!(kept.is_unique());
+        assert!(
+            read.is_unique(),
+            "the read buffer is the connection's alone again"
+        );
+    }
+
+    #[test]
+    fn a_large_body_is_not_copied() {
+        let buffer = Bytes::from(vec![7u8; UNPIN_BELOW * 2]);
+        let body = buffer.slice(1..);
+        let kept = unpinned(body.clone());
+        assert_eq!(kept.as_ptr(), body.as_ptr(), "the same bytes, not a copy");
+        assert!(!buffer.is_unique());
+    }
 }
