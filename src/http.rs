@@ -449,13 +449,16 @@ async fn rest_endpoint(
     };
     // Only POST carries a body; one that declares a type must declare JSON.
     let posts = req.method() == Method::POST;
-    let content_type = req.headers().get(header::CONTENT_TYPE).cloned();
+    // Only whether it is there is kept: a copy of the value would be a slice of the
+    // connection's read buffer, kept for as long as the call runs ([`unpinned`]).
+    let content_type = req.headers().get(header::CONTENT_TYPE);
+    let typed = content_type.is_some();
     let unsupported = |app: &App| {
         let e = a2a_errors::refusal(Version::V10, &Refusal::UnsupportedMediaType);
         refused_by(app, DIALECT, Binding::Rest, &agent, e.code);
         status(&e)
     };
-    if posts && content_type.is_some() && !is_json(content_type.as_ref(), DIALECT) {
+    if posts && typed && !is_json(content_type, DIALECT) {
         return unsupported(app);
     }
     let accepts_sse = true;
@@ -473,7 +476,7 @@ async fn rest_endpoint(
     } else {
         Bytes::new()
     };
-    if content_type.is_none() && !body.is_empty() {
+    if !typed && !body.is_empty() {
         return unsupported(app);
     }
     if let Some(e) = version_refusal(Version::V10, version.as_deref(), &base_url, &agent_id) {
@@ -869,9 +872,10 @@ const UNPIN_BELOW: usize = 16 * 1024;
 /// read (it reads on while the call runs, to notice the client leaving). For a call that
 /// waits — a stream until its first event is durable — that was a second 8 KiB per
 /// connection while it waited (docs/PERFORMANCE.md, sixteenth slice). A copy of a small
-/// body costs less than that; a large one fills most of the buffer it shares anyway.
+/// body costs less than that; a large one fills most of the buffer it shares anyway, and
+/// one that shares nothing (a body collected from several pieces) is its own already.
 fn unpinned(body: Bytes) -> Bytes {
-    if body.len() <= UNPIN_BELOW {
+    if body.len() <= UNPIN_BELOW && !body.is_unique() {
         Bytes::copy_from_slice(&body)
     } else {
         body
@@ -909,6 +913,9 @@ mod tests {
             read.is_unique(),
             "the read buffer is the connection's alone again"
         );
+        // A body that shares nothing is not copied again.
+        let ptr = kept.as_ptr();
+        assert_eq!(unpinned(kept).as_ptr(), ptr);
     }
 
     #[test]
