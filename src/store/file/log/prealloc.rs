@@ -167,7 +167,11 @@ fn prepare(dir: &Path, bytes: u64, stop: &AtomicBool) -> std::io::Result<File> {
         if stop.load(Relaxed) {
             return Err(std::io::Error::other("the store closed"));
         }
-        let n = usize::try_from(bytes - at).unwrap_or(CHUNK).min(CHUNK);
+        // Chunks end on a multiple of CHUNK (the first is short by the header): the
+        // advice below may drop the partial page at the end of the file, which the next
+        // chunk would then have to read back before writing the rest of it.
+        let to_edge = CHUNK - (at % CHUNK as u64) as usize;
+        let n = usize::try_from(bytes - at).unwrap_or(CHUNK).min(to_edge);
         file.write_all_at(&zeros[..n], at)?;
         // Flushed a chunk at a time: the commits' fdatasyncs never queue behind a whole
         // segment's worth of writeback.
