@@ -39,18 +39,29 @@ struct Cli {
 
 fn main() -> ExitCode {
     tune_allocator();
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
+    let config = match load() {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("a2ad: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let mut builder = tokio::runtime::Builder::new_multi_thread();
+    builder
         .enable_all()
-        .on_thread_park(a2ad::store_runtime_parked)
-        .build()
-    {
+        .on_thread_park(a2ad::store_runtime_parked);
+    // 0 keeps tokio's adaptive interval (docs/CONFIG.md, `server.global_queue_interval`).
+    if config.server.global_queue_interval > 0 {
+        builder.global_queue_interval(config.server.global_queue_interval);
+    }
+    let runtime = match builder.build() {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("a2ad: cannot start the runtime: {e}");
             return ExitCode::from(1);
         }
     };
-    runtime.block_on(serve())
+    runtime.block_on(serve(config))
 }
 
 /// mimalloc reads its options from the environment once, at start-up. Two differ from its
@@ -91,13 +102,15 @@ fn tune_allocator() {
     }
 }
 
-async fn serve() -> ExitCode {
+/// The command line and the configuration it names, checked — before the runtime, which
+/// the configuration shapes.
+fn load() -> Result<Config, a2ad::config::ConfigError> {
     let cli = Cli::parse();
     let loaded = match &cli.config {
         Some(path) => Config::load(path),
         None => Ok(Config::default()),
     };
-    let config = loaded.and_then(|mut c| {
+    loaded.and_then(|mut c| {
         if let Some(listen) = cli.listen {
             c.server.listen = listen;
         }
@@ -106,14 +119,10 @@ async fn serve() -> ExitCode {
             e.file = cli.config.as_ref().map(|p| p.display().to_string());
             e
         })
-    });
-    let config = match config {
-        Ok(c) => c,
-        Err(e) => {
-            eprintln!("a2ad: {e}");
-            return ExitCode::from(2);
-        }
-    };
+    })
+}
+
+async fn serve(config: Config) -> ExitCode {
     // Logs to stderr (`RUST_LOG`), and — with `[telemetry] otlp_endpoint` — the trace
     // spans to the collector (docs/CONFIG.md): each layer with its own filter.
     let telemetry = match a2ad::telemetry::Telemetry::start(&config.telemetry) {

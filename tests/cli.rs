@@ -304,3 +304,51 @@ async fn the_inspectors_address_is_printed_and_the_printed_key_signs_in() {
         lines.lock().expect("lock")
     );
 }
+
+/// `server.global_queue_interval` reaches the runtime: at 1 (the shared queue first, the
+/// smallest value) the server answers 300 requests at once, over as many connections —
+/// more runnable tasks than a worker's local queue holds, so some go through the shared
+/// queue — each with its own completed echo.
+#[tokio::test]
+async fn a_fixed_global_queue_interval_serves_more_connections_than_the_local_queue_holds() {
+    let (_dir, path) = write_config(
+        "[server]\nlisten = \"127.0.0.1:0\"\nglobal_queue_interval = 1\n[store]\nbackend = \"memory\"\n[[api_keys]]\nname = \"a\"\nkey = \"k-0123456789\"\n[[agents]]\nid = \"echo\"\n",
+    );
+    let (mut child, url, _) = start(&_dir, &["--config", &path]);
+    let client = reqwest::Client::builder()
+        .timeout(Duration::from_secs(60))
+        .build()
+        .expect("client");
+    let calls = (0..300).map(|i| {
+        let client = client.clone();
+        let url = url.clone();
+        async move {
+            let body = json!({
+                "jsonrpc": "2.0", "id": i, "method": "message/send",
+                "params": {"message": {"role": "user", "messageId": uuid::Uuid::new_v4().to_string(),
+                    "parts": [{"type": "text", "text": format!("n{i}")}]}}
+            });
+            let reply: serde_json::Value = client
+                .post(format!("{url}/api/v1/a2a/echo"))
+                .header("content-type", "application/json")
+                .header("x-api-key", "k-0123456789")
+                .body(body.to_string())
+                .send()
+                .await
+                .expect("send")
+                .json()
+                .await
+                .expect("json");
+            (i, reply)
+        }
+    });
+    let replies = futures_util::future::join_all(calls).await;
+    for (i, reply) in replies {
+        assert_eq!(reply["id"], json!(i), "{reply}");
+        let task = &reply["result"];
+        assert_eq!(task["status"]["state"], "completed", "{reply}");
+        assert!(reply.to_string().contains(&format!("n{i}")), "{reply}");
+    }
+    terminate(&child);
+    assert_eq!(wait_exit(&mut child), 0);
+}

@@ -258,6 +258,12 @@ fn server(s: &mut ServerConfig) -> Result<(), ConfigError> {
     seconds_or_zero(&k("shutdown_grace_seconds"), s.shutdown_grace_seconds)?;
     int(&k("max_context_turns"), s.max_context_turns, 0, 100_000)?;
     int(&k("max_contexts"), s.max_contexts, 1, 1_000_000_000)?;
+    int(
+        &k("global_queue_interval"),
+        s.global_queue_interval,
+        0,
+        1024,
+    )?;
     if let Some(tls) = &s.tls {
         self::tls(tls)?;
     }

@@ -79,6 +79,12 @@ pub struct ServerConfig {
     pub max_context_turns: usize,
     /// Conversations kept at most, whatever their age (the oldest idle ones go first).
     pub max_contexts: usize,
+    /// How often, in polls, a worker of the request runtime takes a task from the runtime's
+    /// shared queue, where tasks go once more are runnable than a worker's local queue
+    /// holds (256); 0 keeps tokio's adaptive interval (about every 200 µs of polling).
+    /// A small value serves those tasks sooner — a shorter tail at hundreds of
+    /// connections — for fewer requests per second (docs/CONFIG.md).
+    pub global_queue_interval: u32,
     /// `[server.tls]`: serve HTTPS (and gRPC over TLS) instead of plain HTTP.
     pub tls: Option<TlsConfig>,
 }
@@ -268,6 +274,8 @@ impl ServerConfig {
     pub const DEFAULT_MAX_CONTEXT_TURNS: usize = 100;
     /// Default cap on conversations.
     pub const DEFAULT_MAX_CONTEXTS: usize = 2_000_000;
+    /// Default: tokio's adaptive interval.
+    pub const DEFAULT_GLOBAL_QUEUE_INTERVAL: u32 = 0;
 }
 
 impl Default for ServerConfig {
@@ -304,6 +312,7 @@ impl Default for ServerConfig {
             shutdown_grace_seconds: Self::DEFAULT_SHUTDOWN_GRACE_SECONDS,
             max_context_turns: Self::DEFAULT_MAX_CONTEXT_TURNS,
             max_contexts: Self::DEFAULT_MAX_CONTEXTS,
+            global_queue_interval: Self::DEFAULT_GLOBAL_QUEUE_INTERVAL,
             tls: None,
         }
     }

@@ -237,6 +237,14 @@ fn every_number_is_range_checked_and_the_key_is_named() {
         ("[server]\nlisten_backlog = 0\n", "server.listen_backlog"),
         ("[server]\nmax_connections = 0\n", "server.max_connections"),
         (
+            "[server]\nglobal_queue_interval = 1025\n",
+            "server.global_queue_interval",
+        ),
+        (
+            "[server]\nglobal_queue_interval = -1\n",
+            "server.global_queue_interval",
+        ),
+        (
             "[server]\nstream_buffer = 100000000\n",
             "server.stream_buffer",
         ),
