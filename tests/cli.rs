@@ -312,7 +312,7 @@ async fn the_inspectors_address_is_printed_and_the_printed_key_signs_in() {
 #[tokio::test]
 async fn a_fixed_global_queue_interval_serves_more_connections_than_the_local_queue_holds() {
     let (_dir, path) = write_config(
-        "[server]\nlisten = \"127.0.0.1:0\"\nglobal_queue_interval = 1\n[store]\nbackend = \"memory\"\n[[api_keys]]\nname = \"a\"\nkey = \"k-0123456789\"\n[[agents]]\nid = \"echo\"\n",
+        "[server]\nlisten = \"127.0.0.1:0\"\nglobal_queue_interval = 1\n[store]\nbackend = \"memory\"\n[[api_keys]]\nname = \"a\"\nkey = \"k-0123456789\"\n[[agents]]\nid = \"echo\"\n[agents.limits]\nconcurrent_tasks = 1000\nmax_queued_tasks = 1000\n",
     );
     let (mut child, url, _) = start(&_dir, &["--config", &path]);
     let client = reqwest::Client::builder()
