@@ -311,10 +311,10 @@ async fn the_inspectors_address_is_printed_and_the_printed_key_signs_in() {
 /// queue — each with its own completed echo.
 #[tokio::test]
 async fn a_fixed_global_queue_interval_serves_more_connections_than_the_local_queue_holds() {
-    let (_dir, path) = write_config(
+    let (dir, path) = write_config(
         "[server]\nlisten = \"127.0.0.1:0\"\nglobal_queue_interval = 1\n[store]\nbackend = \"memory\"\n[[api_keys]]\nname = \"a\"\nkey = \"k-0123456789\"\n[[agents]]\nid = \"echo\"\n[agents.limits]\nconcurrent_tasks = 1000\nmax_queued_tasks = 1000\n",
     );
-    let (mut child, url, _) = start(&_dir, &["--config", &path]);
+    let (mut child, url, _) = start(&dir, &["--config", &path]);
     let client = reqwest::Client::builder()
         .timeout(Duration::from_secs(60))
         .build()
@@ -326,7 +326,7 @@ async fn a_fixed_global_queue_interval_serves_more_connections_than_the_local_qu
             let body = json!({
                 "jsonrpc": "2.0", "id": i, "method": "message/send",
                 "params": {"message": {"role": "user", "messageId": uuid::Uuid::new_v4().to_string(),
-                    "parts": [{"type": "text", "text": format!("n{i}")}]}}
+                    "parts": [{"type": "text", "text": format!("<{i}>")}]}}
             });
             let reply: serde_json::Value = client
                 .post(format!("{url}/api/v1/a2a/echo"))
@@ -347,7 +347,8 @@ async fn a_fixed_global_queue_interval_serves_more_connections_than_the_local_qu
         assert_eq!(reply["id"], json!(i), "{reply}");
         let task = &reply["result"];
         assert_eq!(task["status"]["state"], "completed", "{reply}");
-        assert!(reply.to_string().contains(&format!("n{i}")), "{reply}");
+        // Delimited, so that request 1's text is not found inside request 10's.
+        assert!(reply.to_string().contains(&format!("<{i}>")), "{reply}");
     }
     terminate(&child);
     assert_eq!(wait_exit(&mut child), 0);
