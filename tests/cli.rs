@@ -91,6 +91,21 @@ fn wait_exit(child: &mut Child) -> i32 {
     }
 }
 
+/// A JSON-RPC POST of `body` to agent `agent` of the server at `url`, with API key `key`.
+fn rpc(
+    client: &reqwest::Client,
+    url: &str,
+    agent: &str,
+    key: &str,
+    body: &serde_json::Value,
+) -> reqwest::RequestBuilder {
+    client
+        .post(format!("{url}/api/v1/a2a/{agent}"))
+        .header("content-type", "application/json")
+        .header("x-api-key", key)
+        .body(body.to_string())
+}
+
 #[test]
 fn help_describes_the_options_and_exits_zero() {
     let out = Command::new(BIN).arg("--help").output().expect("run");
@@ -157,17 +172,8 @@ async fn without_keys_a_development_key_is_printed_and_works() {
         .expect("dev key printed");
     let key = key_line.split_whitespace().last().expect("key").to_string();
     let client = reqwest::Client::new();
-    let call = |k: &str| {
-        client
-            .post(format!("{url}/api/v1/a2a/echo"))
-            .header("content-type", "application/json")
-            .header("x-api-key", k)
-            .body(
-                json!({"jsonrpc": "2.0", "id": 1, "method": "agent/authenticatedExtendedCard"})
-                    .to_string(),
-            )
-            .send()
-    };
+    let card = json!({"jsonrpc": "2.0", "id": 1, "method": "agent/authenticatedExtendedCard"});
+    let call = |k: &str| rpc(&client, &url, "echo", k, &card).send();
     assert_eq!(call(&key).await.expect("send").status().as_u16(), 200);
     assert_eq!(call("guess").await.expect("send").status().as_u16(), 401);
     terminate(&child);
@@ -176,17 +182,14 @@ async fn without_keys_a_development_key_is_printed_and_works() {
 
 #[tokio::test]
 async fn sigterm_ends_open_streams_and_exits_zero() {
-    let (_dir, path) = write_config(
+    let (dir, path) = write_config(
         "[server]\nlisten = \"127.0.0.1:0\"\n[[api_keys]]\nname = \"a\"\nkey = \"k-0123456789\"\n[[agents]]\nid = \"slow\"\n[agents.echo]\ndelay_ms = 60000\n",
     );
-    let (mut child, url, _) = start(&_dir, &["--config", &path]);
+    let (mut child, url, _) = start(&dir, &["--config", &path]);
     let mid = uuid::Uuid::new_v4().to_string();
-    let mut resp = reqwest::Client::new()
-        .post(format!("{url}/api/v1/a2a/slow"))
-        .header("content-type", "application/json")
+    let body = json!({"jsonrpc": "2.0", "id": 1, "method": "message/stream", "params": {"message": {"role": "user", "messageId": mid, "parts": [{"type": "text", "text": "x"}]}}});
+    let mut resp = rpc(&reqwest::Client::new(), &url, "slow", "k-0123456789", &body)
         .header("accept", "text/event-stream")
-        .header("x-api-key", "k-0123456789")
-        .body(json!({"jsonrpc": "2.0", "id": 1, "method": "message/stream", "params": {"message": {"role": "user", "messageId": mid, "parts": [{"type": "text", "text": "x"}]}}}).to_string())
         .send()
         .await
         .expect("stream");
@@ -328,11 +331,7 @@ async fn a_fixed_global_queue_interval_serves_more_connections_than_the_local_qu
                 "params": {"message": {"role": "user", "messageId": uuid::Uuid::new_v4().to_string(),
                     "parts": [{"type": "text", "text": format!("<{i}>")}]}}
             });
-            let reply: serde_json::Value = client
-                .post(format!("{url}/api/v1/a2a/echo"))
-                .header("content-type", "application/json")
-                .header("x-api-key", "k-0123456789")
-                .body(body.to_string())
+            let reply: serde_json::Value = rpc(&client, &url, "echo", "k-0123456789", &body)
                 .send()
                 .await
                 .expect("send")
