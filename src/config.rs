@@ -167,6 +167,25 @@ impl Config {
         Ok(self)
     }
 
+    /// Request body bytes all requests together may hold while being read and handled:
+    /// `server.max_buffered_body_bytes`, or 256 MiB, or 4 × [`Config::max_body_bytes`] if
+    /// larger.
+    pub fn max_buffered_body_bytes(&self) -> u64 {
+        self.server
+            .max_buffered_body_bytes
+            .unwrap_or_else(|| (256 << 20).max(self.max_body_bytes().saturating_mul(4)))
+    }
+
+    /// As [`Config::max_buffered_body_bytes`], for the requests of one connection:
+    /// `server.max_buffered_body_bytes_per_connection`, or 2 × the body cap (never more
+    /// than the bound for all).
+    pub fn max_buffered_body_bytes_per_connection(&self) -> u64 {
+        self.server
+            .max_buffered_body_bytes_per_connection
+            .unwrap_or_else(|| self.max_body_bytes().saturating_mul(2))
+            .min(self.max_buffered_body_bytes())
+    }
+
     /// The request body cap: `max_body_bytes`, or the largest `max_file_size` × 4/3 + 1 MiB,
     /// never above [`Config::MAX_BODY_BYTES`].
     pub fn max_body_bytes(&self) -> u64 {

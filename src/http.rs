@@ -11,13 +11,14 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use futures_util::future::join_all;
-use http_body_util::{BodyExt, Limited};
+use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use hyper::header::{self, HeaderValue};
 use hyper::{Method, Request, Response, StatusCode};
 use tracing::Instrument as _;
 
 mod body;
+pub(crate) mod budget;
 mod card;
 mod ext;
 mod grpc;
@@ -59,6 +60,11 @@ pub(crate) struct App {
     pub(crate) requests: RequestMetrics,
     /// Request body cap in bytes.
     pub max_body: u64,
+    /// Body bytes all requests may hold at once (`server.max_buffered_body_bytes`).
+    pub(crate) bodies: budget::BodyBudget,
+    /// Body bytes the requests of one HTTP/2 connection may hold at once
+    /// (`server.max_buffered_body_bytes_per_connection`).
+    pub(crate) connection_bodies: u64,
     /// Time allowed for the body to arrive.
     pub body_timeout: Duration,
     /// Idle time before `: ping` on streams.
@@ -311,8 +317,16 @@ async fn endpoint(
         .get_all(header::ACCEPT)
         .iter()
         .any(|v| v.to_str().is_ok_and(|s| s.contains("text/event-stream")));
+    // A caller over its rate is refused before its body is read (the id is not known yet:
+    // `null`, as on the other refusals before the body).
+    if let Err(retry_after) = app.rate.check(&caller, agent.index) {
+        let e = dialect.refusal(&Refusal::RateLimited(retry_after));
+        refused(app, dialect, &agent, e.code);
+        return error_response(&e);
+    }
     let (last_event_id, base_url, host, version) = request_facts(app, &req);
-    let body = match read_body(app, req).await {
+    // `_held`: the body's bytes count against the budgets until the call is answered.
+    let (body, _held) = match read_body(app, req).await {
         Ok(b) => b,
         Err(refusal) => {
             let e = dialect.refusal(&refusal);
@@ -440,10 +454,12 @@ async fn rest_endpoint(
         }
         RestRoute::WrongTenant(tenant) => {
             refused_by(app, DIALECT, Binding::Rest, &agent, INVALID_PARAMS);
+            crate::telemetry::refused(INVALID_PARAMS);
             return rest_response(json_reply(rest::wrong_tenant(&tenant)));
         }
         RestRoute::NotFound => {
             refused_by(app, DIALECT, Binding::Rest, &agent, METHOD_NOT_FOUND);
+            crate::telemetry::refused(METHOD_NOT_FOUND);
             return rest_response(json_reply(rest::not_found(req.uri().path())));
         }
     };
@@ -461,10 +477,16 @@ async fn rest_endpoint(
     if posts && typed && !is_json(content_type, DIALECT) {
         return unsupported(app);
     }
+    // Over its rate, the caller is refused before its body is read.
+    if let Err(retry_after) = app.rate.check(&caller, agent.index) {
+        let e = a2a_errors::refusal(Version::V10, &Refusal::RateLimited(retry_after));
+        refused_by(app, DIALECT, Binding::Rest, &agent, e.code);
+        return status(&e);
+    }
     let accepts_sse = true;
     let (last_event_id, base_url, host, version) = request_facts(app, &req);
     let query = req.uri().query().map(str::to_owned);
-    let body = if posts {
+    let (body, _held) = if posts {
         match read_body(app, req).await {
             Ok(b) => b,
             Err(r) => {
@@ -474,7 +496,7 @@ async fn rest_endpoint(
             }
         }
     } else {
-        Bytes::new()
+        (Bytes::new(), budget::Held::default())
     };
     if !typed && !body.is_empty() {
         return unsupported(app);
@@ -533,6 +555,7 @@ fn rest_response(mut r: Response<Body>) -> Response<Body> {
 
 /// An error of the HTTP+JSON binding: its `google.rpc.Status` response.
 fn rest_error(e: &RpcError) -> Response<Body> {
+    crate::telemetry::refused(e.code);
     rest_response(json_reply(rest::status_reply(e)))
 }
 
@@ -832,19 +855,21 @@ fn version_refusal(
     Some(Dialect::A2a(served).dress(e))
 }
 
-async fn read_body(app: &App, req: Request<Incoming>) -> Result<Bytes, Refusal> {
+async fn read_body(app: &App, req: Request<Incoming>) -> Result<(Bytes, budget::Held), Refusal> {
     let (parts, body) = req.into_parts();
-    read_limited(app, &parts.headers, body, app.max_body).await
+    read_limited(app, &parts, body, app.max_body).await
 }
 
-/// A request body of at most `limit` bytes, within `server.body_timeout`.
+/// A request body of at most `limit` bytes, within `server.body_timeout`, and the bytes
+/// it holds of the body budgets ([`budget`]: keep it for as long as the body is used).
 async fn read_limited(
     app: &App,
-    headers: &hyper::HeaderMap,
+    parts: &hyper::http::request::Parts,
     body: Incoming,
     limit: u64,
-) -> Result<Bytes, Refusal> {
-    let declared = headers
+) -> Result<(Bytes, budget::Held), Refusal> {
+    let declared = parts
+        .headers
         .get(header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<u64>().ok());
@@ -852,15 +877,54 @@ async fn read_limited(
         return Err(Refusal::TooLarge(app.max_body));
     }
     let limit = usize::try_from(limit).unwrap_or(usize::MAX);
-    let collect = Limited::new(body, limit).collect();
+    let connection = parts.extensions.get::<budget::BodyBudget>();
+    let mut held = budget::Held::default();
+    let collect = collect(body, limit, &mut held, &app.bodies, connection);
     match tokio::time::timeout(app.body_timeout, collect).await {
-        Ok(Ok(collected)) => Ok(unpinned(collected.to_bytes())),
-        Ok(Err(e)) if e.is::<http_body_util::LengthLimitError>() => {
-            Err(Refusal::TooLarge(app.max_body))
-        }
-        Ok(Err(_)) => Err(Refusal::BodyUnreadable),
+        Ok(Ok(collected)) => Ok((unpinned(collected), held)),
+        Ok(Err(Refusal::TooLarge(_))) => Err(Refusal::TooLarge(app.max_body)),
+        Ok(Err(refusal)) => Err(refusal),
         Err(_) => Err(Refusal::BodyTimeout),
     }
+}
+
+/// Reads a body of at most `limit` bytes, each piece taking its bytes from the budgets
+/// before the next is read.
+async fn collect(
+    mut body: Incoming,
+    limit: usize,
+    held: &mut budget::Held,
+    all: &budget::BodyBudget,
+    connection: Option<&budget::BodyBudget>,
+) -> Result<Bytes, Refusal> {
+    let too_large = || Refusal::TooLarge(limit as u64);
+    let mut first: Option<Bytes> = None;
+    let mut more: Vec<u8> = Vec::new();
+    let mut len = 0usize;
+    while let Some(frame) = body.frame().await {
+        let frame = frame.map_err(|_| Refusal::BodyUnreadable)?;
+        let Ok(data) = frame.into_data() else {
+            continue; // trailers
+        };
+        len = len.checked_add(data.len()).ok_or_else(too_large)?;
+        if len > limit {
+            return Err(too_large());
+        }
+        held.take(data.len(), all, connection)
+            .await
+            .ok_or_else(too_large)?;
+        // One piece is kept as it came (no copy); a second starts a buffer of its own.
+        match first.take() {
+            None if more.is_empty() => first = Some(data),
+            None => more.extend_from_slice(&data),
+            Some(one) => {
+                more.reserve(len);
+                more.extend_from_slice(&one);
+                more.extend_from_slice(&data);
+            }
+        }
+    }
+    Ok(first.unwrap_or_else(|| Bytes::from(more)))
 }
 
 /// A body of at most this many bytes is copied out of the connection's read buffer.

@@ -122,6 +122,31 @@ impl RateLimiter {
     }
 
     fn take(&self, bucket: &Mutex<Bucket>, agent: usize) -> Result<(), u64> {
+        self.look(bucket, agent, true)
+    }
+
+    /// Whether the caller's bucket for the agent holds a token now, without taking it: a
+    /// request's body is read only when it does (the token is taken per call, once the
+    /// body is decoded).
+    ///
+    /// # Errors
+    /// The `Retry-After` seconds (at least 1) when the bucket is empty.
+    pub(crate) fn check(&self, caller: &Caller, agent: usize) -> Result<(), u64> {
+        let bucket = match caller.principal_index {
+            Some(principal) => self.buckets.get(principal * self.agents + agent),
+            None if agent < self.agents => {
+                return match self.dynamic.get(&caller.principal) {
+                    Some(buckets) => self.look(&buckets[agent], agent, false),
+                    None => Ok(()),
+                };
+            }
+            None => None,
+        };
+        bucket.map_or(Ok(()), |b| self.look(b, agent, false))
+    }
+
+    /// Refills a bucket; takes a token from it when `take` (and there is one).
+    fn look(&self, bucket: &Mutex<Bucket>, agent: usize, take: bool) -> Result<(), u64> {
         let (capacity, per_second) = self.rates[agent];
         let mut b = lock(bucket);
         let now = Instant::now();
@@ -129,8 +154,10 @@ impl RateLimiter {
         b.tokens = (b.tokens + refill).min(capacity);
         b.last = now;
         if b.tokens >= 1.0 {
-            b.tokens -= 1.0;
-            b.accepted += 1;
+            if take {
+                b.tokens -= 1.0;
+                b.accepted += 1;
+            }
             Ok(())
         } else {
             Err((((1.0 - b.tokens) / per_second).ceil() as u64).max(1))

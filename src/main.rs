@@ -147,15 +147,26 @@ async fn serve(config: Config) -> ExitCode {
             .with(telemetry.as_ref().map(a2ad::telemetry::Telemetry::layer))
             .init();
     }
-    let code = run(config).await;
+    let grace = config.server.shutdown_grace();
+    let (code, signalled) = run(config).await;
     if let Some(t) = telemetry {
-        // The last spans go out before the process ends (the exporter's own thread).
-        let _ = tokio::task::spawn_blocking(move || t.shutdown()).await;
+        // The last spans go out before the process ends, within what is left of the
+        // grace: a collector that never answers does not hold the exit (the exporter's
+        // thread is left behind, and ends with the process).
+        let left = signalled.map_or(grace, |at| grace.saturating_sub(at.elapsed()));
+        if !t.shutdown_within(left) {
+            tracing::warn!(
+                waited_ms = left.as_millis() as u64,
+                "the last trace spans were not sent within the shutdown grace; exiting without them"
+            );
+        }
     }
     code
 }
 
-async fn run(config: a2ad::Config) -> ExitCode {
+/// Serves until a signal; the exit code and when the signal came (`None`: the start
+/// failed).
+async fn run(config: a2ad::Config) -> (ExitCode, Option<std::time::Instant>) {
     raise_open_file_limit();
     let store = match (&config.cluster, config.store.backend) {
         (Some(c), _) => format!(
@@ -173,18 +184,18 @@ async fn run(config: a2ad::Config) -> ExitCode {
         Ok(s) => s,
         Err(e @ (a2ad::Error::Store { .. } | a2ad::Error::Config(_))) => {
             eprintln!("a2ad: {e}");
-            return ExitCode::from(2);
+            return (ExitCode::from(2), None);
         }
         Err(e) => {
             eprintln!("a2ad: cannot start: {e}");
-            return ExitCode::from(1);
+            return (ExitCode::from(1), None);
         }
     };
     let addr = match server.local_addr() {
         Ok(a) => a,
         Err(e) => {
             eprintln!("a2ad: {e}");
-            return ExitCode::from(1);
+            return (ExitCode::from(1), None);
         }
     };
     if let Some(key) = server.dev_key() {
@@ -199,10 +210,11 @@ async fn run(config: a2ad::Config) -> ExitCode {
         Ok(h) => h,
         Err(e) => {
             eprintln!("a2ad: {e}");
-            return ExitCode::from(1);
+            return (ExitCode::from(1), None);
         }
     };
     shutdown_signal(&handle).await;
+    let signalled = Some(std::time::Instant::now());
     tracing::info!("signal received; shutting down");
     handle.stop();
     let unwritten = handle.stopped().await;
@@ -214,9 +226,9 @@ async fn run(config: a2ad::Config) -> ExitCode {
         eprintln!(
             "a2ad: {unwritten} write(s) never became durable: the store kept failing until the shutdown grace ran out"
         );
-        return ExitCode::from(1);
+        return (ExitCode::from(1), signalled);
     }
-    ExitCode::SUCCESS
+    (ExitCode::SUCCESS, signalled)
 }
 
 /// Raises the soft open-file limit to the hard one, as servers do: every connection is a

@@ -95,6 +95,17 @@ impl Default for RetryPolicy {
     }
 }
 
+/// The built-in payload formats of deliveries ([`StoredPushConfig::format`]): every
+/// runtime renders these (`Runtime::builder`), whatever dialect, if any, it is served in.
+pub mod format {
+    /// The seed dialect's payload (docs/PROTOCOL.md §7).
+    pub const SEED: &str = "seed";
+    /// A2A 0.3's: the whole task after the event.
+    pub const A2A_03: &str = "a2a/0.3";
+    /// A2A 1.0's: the event's `StreamResponse`.
+    pub const A2A_10: &str = "a2a/1.0";
+}
+
 /// A validated configuration as the client set it.
 #[derive(Clone, Debug, PartialEq)]
 pub struct PushConfig {

@@ -118,9 +118,41 @@ impl Refusal {
     }
 }
 
+impl crate::runtime::Runtime {
+    /// The actor system for a validated configuration, with the backends the configuration
+    /// names unless [`RuntimeBuilder::agent`](crate::runtime::RuntimeBuilder::agent) gives
+    /// others, and every built-in webhook payload format (`seed`, `a2a/0.3`, `a2a/1.0`:
+    /// [`StoredPushConfig::format`](crate::push::StoredPushConfig::format)), so that a
+    /// runtime embedded without the HTTP server delivers signed webhooks as the server does.
+    /// (Defined beside the dialects, which own the formats: the core names none of them.)
+    ///
+    /// ```
+    /// # async fn run() -> a2ad::Result<()> {
+    /// use std::sync::Arc;
+    /// use std::time::Duration;
+    ///
+    /// use a2ad::{AgentId, Message, Principal, Runtime, SendRequest};
+    ///
+    /// let mut config = a2ad::Config::default(); // one `echo` agent
+    /// config.store = a2ad::config::StoreConfig::memory();
+    /// let runtime = Runtime::builder(Arc::new(config.validated()?)).start().await?;
+    /// let (me, echo) = (Principal::new("alice"), AgentId::new("echo"));
+    /// let hello = SendRequest::new(Message::user_text(["hello"]));
+    /// let task = runtime.send(&me, &echo, hello, Some(Duration::from_secs(5))).await?;
+    /// assert!(task.status.state.is_terminal());
+    /// runtime.shutdown(Duration::from_secs(1)).await;
+    /// # Ok(())
+    /// # }
+    /// # tokio::runtime::Runtime::new().expect("runtime").block_on(run()).expect("runs");
+    /// ```
+    pub fn builder(config: Arc<crate::Config>) -> crate::runtime::RuntimeBuilder {
+        crate::runtime::RuntimeBuilder::with_renderers(config, payload_renderers())
+    }
+}
+
 /// The webhook payload renderers of every dialect, by format name.
-pub(crate) fn payload_renderers()
--> std::collections::HashMap<String, Arc<dyn crate::webhook::PayloadRenderer>> {
+fn payload_renderers() -> std::collections::HashMap<String, Arc<dyn crate::webhook::PayloadRenderer>>
+{
     let mut renderers: std::collections::HashMap<String, Arc<dyn crate::webhook::PayloadRenderer>> =
         std::collections::HashMap::new();
     renderers.insert(

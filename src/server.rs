@@ -132,10 +132,7 @@ impl Server {
             .map(|a| a.limits.requests_per_minute)
             .collect();
         let rate = RateLimiter::new(keys.principals(), &per_minute);
-        let runtime = runtime
-            .renderers(crate::rpc::payload_renderers())
-            .start()
-            .await?;
+        let runtime = runtime.start().await?;
         // Said once the store is open (a store that refuses the start says only that).
         let durable =
             config.cluster.is_some() || config.store.backend != crate::config::StoreBackend::Memory;
@@ -152,6 +149,8 @@ impl Server {
             rate,
             requests: Default::default(),
             max_body: config.max_body_bytes(),
+            bodies: crate::http::budget::BodyBudget::new(config.max_buffered_body_bytes()),
+            connection_bodies: config.max_buffered_body_bytes_per_connection(),
             body_timeout: s.body_read_timeout(),
             ping_every: s.ping_interval(),
             local_addr,

@@ -101,6 +101,22 @@ impl Telemetry {
         let _ = self.provider.force_flush();
         let _ = self.provider.shutdown();
     }
+
+    /// [`Telemetry::shutdown`] on a thread of its own, waited for at most `wait`: whether
+    /// it finished. A collector that accepts and never answers would otherwise hold the
+    /// caller for the exporter's whole time-out (10 s); past `wait` the thread is left
+    /// behind (it ends with the process).
+    pub fn shutdown_within(self, wait: Duration) -> bool {
+        ON.store(false, Relaxed);
+        let (done, finished) = std::sync::mpsc::channel();
+        let spawned = std::thread::Builder::new()
+            .name("a2ad-otel-stop".into())
+            .spawn(move || {
+                self.shutdown();
+                let _ = done.send(());
+            });
+        spawned.is_ok() && finished.recv_timeout(wait).is_ok()
+    }
 }
 
 struct HeaderExtractor<'a>(&'a HeaderMap);
@@ -152,6 +168,17 @@ pub(crate) fn request_span(headers: &HeaderMap, path: &str) -> tracing::Span {
         let _ = span.set_parent(parent);
     }
     span
+}
+
+/// Marks the current request's span (a request refused before any operation ran: no key,
+/// an agent not allowed or unknown, a wrong method or content type, a body too large) as
+/// an error with its code, as [`request_span`]'s operations are marked when they fail.
+pub(crate) fn refused(code: i64) {
+    if on() {
+        let span = tracing::Span::current();
+        span.record("rpc.response.status_code", code.to_string());
+        span.record("otel.status_code", "ERROR");
+    }
 }
 
 /// Puts the current span's trace context on an outgoing request (`traceparent`,

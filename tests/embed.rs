@@ -464,3 +464,70 @@ async fn a_server_serves_on_the_embedders_listener_until_its_shutdown_future_res
     .await;
     assert_eq!(refused, ());
 }
+
+/// A runtime embedded without the HTTP server delivers webhooks: the built-in payload
+/// formats are the runtime's own, not the server's (issue 53, defect 8).
+#[tokio::test]
+async fn an_embedded_runtime_delivers_signed_webhooks_to_a_real_receiver() {
+    use a2ad::push::{PushConfig, PushScope, StoredPushConfig, format};
+    let rx = support::receiver::Receiver::ok().await;
+    let mut c = Config {
+        agents: vec![AgentConfig::new("up")],
+        store: support::test_store(),
+        cluster: support::test_cluster(),
+        ..Config::default()
+    };
+    c.webhooks.allow_private_networks = true;
+    let rt = Runtime::builder(Arc::new(c.validated().expect("valid")))
+        .agent("up", Upper)
+        .start()
+        .await
+        .expect("start");
+    let (me, up) = (Principal::new("me"), AgentId::new("up"));
+    for (path, format) in [("seed", format::SEED), ("v10", format::A2A_10)] {
+        let mut push = PushConfig::new(format!("{}/{path}", rx.url));
+        push.secret = Some("embedded-secret".into());
+        let scope = PushScope {
+            principal: me.clone(),
+            agent: up.clone(),
+            task: None,
+        };
+        rt.set_push(StoredPushConfig::scoped(scope, push, format))
+            .await
+            .expect("set");
+        let task = rt
+            .send(
+                &me,
+                &up,
+                request("ring", None),
+                Some(Duration::from_secs(10)),
+            )
+            .await
+            .expect("send");
+        assert_eq!(task.status.state, TaskState::Completed);
+        let hits = support::poll_until(Duration::from_secs(30), || async {
+            let hits: Vec<_> = rx
+                .hits()
+                .into_iter()
+                .filter(|h| h.json().to_string().contains(task.id.as_str()))
+                .collect();
+            hits.iter()
+                .any(|h| h.json().to_string().to_lowercase().contains("completed"))
+                .then_some(hits)
+        })
+        .await;
+        for hit in &hits {
+            assert_eq!(
+                hit.header("x-webhook-signature"),
+                a2ad::signature(b"embedded-secret", &hit.body),
+                "{format}: signed over the exact body"
+            );
+        }
+        let last = hits.last().expect("a delivery").json();
+        match format {
+            format::SEED => assert_eq!(last["taskId"], task.id.as_str(), "{last}"),
+            _ => assert!(last.to_string().contains("TASK_STATE_COMPLETED"), "{last}"),
+        }
+    }
+    rt.shutdown(Duration::from_secs(5)).await;
+}

@@ -14,6 +14,7 @@ mod attacks;
 mod auth;
 mod binary_guards;
 mod bindings;
+mod bounds;
 mod cli;
 mod cluster;
 mod crash;

@@ -33,6 +33,7 @@ pub(super) fn config(c: &mut Config) -> Result<(), ConfigError> {
             ));
         }
     }
+    buffered_bodies(c)?;
     if let Some(default) = &c.server.default_agent
         && !ids.contains(default)
     {
@@ -270,6 +271,25 @@ fn server(s: &mut ServerConfig) -> Result<(), ConfigError> {
     Ok(())
 }
 
+/// The bounds on body bytes held at once: each at least one body of the cap, the
+/// connection's no more than the one for all.
+fn buffered_bodies(c: &Config) -> Result<(), ConfigError> {
+    let body = c.max_body_bytes();
+    let all = c.server.max_buffered_body_bytes;
+    if let Some(n) = all {
+        int("server.max_buffered_body_bytes", n, body, 1 << 40)?;
+    }
+    if let Some(n) = c.server.max_buffered_body_bytes_per_connection {
+        int(
+            "server.max_buffered_body_bytes_per_connection",
+            n,
+            body,
+            c.max_buffered_body_bytes(),
+        )?;
+    }
+    Ok(())
+}
+
 fn tls(t: &TlsConfig) -> Result<(), ConfigError> {
     let k = |name: &str| format!("server.tls.{name}");
     for (name, path) in [
@@ -356,7 +376,12 @@ fn store(s: &StoreConfig) -> Result<(), ConfigError> {
         1_000,
         100_000_000,
     )?;
-    int("store.sync_spin_us", s.sync_spin_us, 0, 100_000)
+    int(
+        "store.sync_spin_us",
+        s.sync_spin_us.unwrap_or(StoreConfig::DEFAULT_SYNC_SPIN_US),
+        0,
+        100_000,
+    )
 }
 
 fn cluster(c: &ClusterConfig) -> Result<(), ConfigError> {

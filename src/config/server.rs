@@ -27,6 +27,14 @@ pub struct ServerConfig {
     pub listen_backlog: u32,
     /// Request body cap; default: largest `max_file_size` × 4/3 + 1 MiB.
     pub max_body_bytes: Option<u64>,
+    /// Request body bytes all requests together may hold while they are read and handled
+    /// ([`crate::Config::max_buffered_body_bytes`]); beyond it a body's reading waits
+    /// (within `body_read_timeout_seconds`). Default: 256 MiB, or 4 × the body cap if
+    /// larger.
+    pub max_buffered_body_bytes: Option<u64>,
+    /// The same bound for the requests of one connection (HTTP/2 multiplexes many);
+    /// default: 2 × the body cap.
+    pub max_buffered_body_bytes_per_connection: Option<u64>,
     /// Idle time before a `: ping` comment on a stream.
     pub ping_interval_seconds: f64,
     /// How long finished tasks stay queryable.
@@ -288,6 +296,8 @@ impl Default for ServerConfig {
             card_default_version: Self::DEFAULT_CARD_VERSION.to_string(),
             listen_backlog: Self::DEFAULT_LISTEN_BACKLOG,
             max_body_bytes: None,
+            max_buffered_body_bytes: None,
+            max_buffered_body_bytes_per_connection: None,
             ping_interval_seconds: Self::DEFAULT_PING_INTERVAL_SECONDS,
             task_retention_seconds: Self::DEFAULT_TASK_RETENTION_SECONDS,
             max_subscribers_per_task: Self::DEFAULT_MAX_SUBSCRIBERS_PER_TASK,

@@ -27,8 +27,10 @@ pub struct StoreConfig {
     /// How long, at most, the committer keeps its core awake while a commit waits on the
     /// disk (µs per commit; 0: never). A thread under `SCHED_IDLE` yields in a loop through
     /// the wait, so that the disk's completion finds the core running instead of handed
-    /// back to the hypervisor (docs/CONFIG.md).
-    pub sync_spin_us: u64,
+    /// back to the hypervisor (docs/CONFIG.md). `None` (not set): 1000, or 0 when the
+    /// process runs under a CPU quota (a cgroup's `cpu.max` or `cpu.cfs_quota_us`), where
+    /// the spinning would be charged to the quota and throttle the real work.
+    pub sync_spin_us: Option<u64>,
     /// Start even though some records of the file cannot be read: they are copied to a
     /// file beside the store (`<path>.damaged-<time>.jsonl`) and removed from it. Not a
     /// configuration key: the command line's `--set-aside-damaged` sets it for one start
@@ -162,7 +164,8 @@ impl StoreConfig {
     pub const DEFAULT_CACHE_MIB: usize = 64;
     /// Default bound on writes not yet durable.
     pub const DEFAULT_MAX_PENDING_WRITES: u64 = 200_000;
-    /// Default spin per commit: 1 ms, several times a commit on a fast disk.
+    /// Default spin per commit (without a CPU quota): 1 ms, several times a commit on a
+    /// fast disk.
     pub const DEFAULT_SYNC_SPIN_US: u64 = 1_000;
 
     /// A memory store (tests, embedders who keep nothing).
@@ -210,7 +213,7 @@ impl Default for StoreConfig {
             cache_mib: Self::DEFAULT_CACHE_MIB,
             quick_repair: false,
             max_pending_writes: Self::DEFAULT_MAX_PENDING_WRITES,
-            sync_spin_us: Self::DEFAULT_SYNC_SPIN_US,
+            sync_spin_us: None,
             set_aside_damaged: false,
         }
     }

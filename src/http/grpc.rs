@@ -82,6 +82,7 @@ pub(crate) async fn serve(app: Arc<App>, req: Request<Incoming>) -> hyper::Respo
             .find_map(|(name, op)| (*name == m).then_some(*op))
     }) else {
         let method = req.uri().path().to_string();
+        crate::telemetry::refused(METHOD_NOT_FOUND);
         return trailers_only(Status::unimplemented(format!(
             "{method} is not a method of lf.a2a.v1.A2AService"
         )));
@@ -98,13 +99,20 @@ pub(crate) async fn serve(app: Arc<App>, req: Request<Incoming>) -> hyper::Respo
     if !proto {
         return trailers_only(refusal(&Refusal::UnsupportedMediaType));
     }
-    // Every method takes one message: the body is read whole first, within the body cap
-    // (plus the 5 bytes of gRPC framing) and `server.body_read_timeout_seconds`, so a slow
-    // or endless sender holds nothing longer than a JSON-RPC one could.
+    // The key (metadata) is checked before a byte of the body is read: a caller without
+    // one holds nothing (docs/RELIABILITY.md).
     let (parts, body) = req.into_parts();
-    let bytes =
-        match super::read_limited(&app, &parts.headers, body, app.max_body.saturating_add(5)).await
-        {
+    let peer = PeerCertificate::of(&parts.extensions).cloned();
+    let caller = match app.keys.authenticate(&parts.headers, peer.as_ref()).await {
+        Ok(c) => c,
+        Err(e) => return trailers_only(refusal(&Refusal::Unauthorized(e.message()))),
+    };
+    // Every method takes one message: the body is read whole, within the body cap (plus
+    // the 5 bytes of gRPC framing), the body budgets and
+    // `server.body_read_timeout_seconds`, so a slow or endless sender holds nothing longer
+    // than a JSON-RPC one could. `_held`: its bytes count until the call is answered.
+    let (bytes, _held) =
+        match super::read_limited(&app, &parts, body, app.max_body.saturating_add(5)).await {
             Ok(b) => b,
             Err(r) => return trailers_only(refusal(&r)),
         };
@@ -113,9 +121,9 @@ pub(crate) async fn serve(app: Arc<App>, req: Request<Incoming>) -> hyper::Respo
         Err(Unframed::TooLarge) => return trailers_only(refusal(&Refusal::TooLarge(app.max_body))),
         Err(Unframed::Invalid(why)) => return trailers_only(parse_error(why)),
     };
-    let grpc = Grpc {
+    let mut grpc = Grpc {
         app,
-        peer: PeerCertificate::of(&parts.extensions).cloned(),
+        caller: Some(caller),
     };
     let h = &parts.headers;
     macro_rules! unary {
@@ -205,13 +213,20 @@ fn unframe(body: &[u8], max: u64) -> Result<&[u8], Unframed> {
 
 /// The status of a refusal every binding shares (no key, no agent, too large, …).
 fn refusal(r: &Refusal) -> Status {
-    status(&errors::refusal(Version::V10, r))
+    refused(&errors::refusal(Version::V10, r))
+}
+
+/// The status of an error that refused the call before any operation ran: the request's
+/// span, when traced, is marked as an error with its code.
+fn refused(e: &RpcError) -> Status {
+    crate::telemetry::refused(e.code);
+    status(e)
 }
 
 /// INVALID_ARGUMENT with a PARSE_ERROR: the body is not a message of the call, as a body
 /// that is not JSON is on the other bindings.
 fn parse_error(why: &str) -> Status {
-    status(&errors::dress(
+    refused(&errors::dress(
         Version::V10,
         RpcError::parse_error(why.to_string()),
     ))
@@ -234,8 +249,8 @@ fn frame(message: &impl prost::Message) -> Bytes {
 
 struct Grpc {
     app: Arc<App>,
-    /// The connection's client certificate, when it is a principal.
-    peer: Option<Arc<Caller>>,
+    /// The authenticated caller (taken by the call).
+    caller: Option<Arc<Caller>>,
 }
 
 /// A request message's `tenant` (the agent it names).
@@ -274,7 +289,7 @@ impl Grpc {
     /// Admits and runs one call: its result in the response's form (`direct`) or framed as
     /// ProtoJSON, or its error as a status.
     async fn call<M: prost::Message + Default + Serialize + Tenant, T>(
-        &self,
+        &mut self,
         op: Op,
         headers: &hyper::HeaderMap,
         message: &[u8],
@@ -284,11 +299,10 @@ impl Grpc {
         let mut msg = M::decode(message)
             .map_err(|_| parse_error("the message is not a protobuf message of this call"))?;
         let tenant = msg.take_tenant();
-        let caller = app
-            .keys
-            .authenticate(headers, self.peer.as_ref())
-            .await
-            .map_err(|e| refusal(&Refusal::Unauthorized(e.message())))?;
+        let caller = self
+            .caller
+            .take()
+            .ok_or_else(|| Status::internal("the call was run twice"))?;
         let agent_id = AgentId::new(if tenant.is_empty() {
             default_agent(app)
         } else {
@@ -306,7 +320,7 @@ impl Grpc {
             .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned());
         if let Some(e) = version_refusal(Version::V10, version.as_deref(), &base_url, &agent_id) {
             refused_by(app, DIALECT, Binding::Grpc, &agent, e.code);
-            return Err(status(&e));
+            return Err(refused(&e));
         }
         // The message, its tenant taken out, as the ProtoJSON the shared decoder reads.
         let params =
@@ -345,7 +359,7 @@ impl Grpc {
 
     /// A unary call: the response message, framed.
     async fn unary<M: prost::Message + Default + Serialize + Tenant, R: Response>(
-        &self,
+        &mut self,
         op: Op,
         headers: &hyper::HeaderMap,
         message: &[u8],
@@ -362,7 +376,7 @@ impl Grpc {
 
     /// A streaming call: each event's `StreamResponse`, framed, as it comes.
     async fn streaming<M: prost::Message + Default + Serialize + Tenant>(
-        &self,
+        &mut self,
         op: Op,
         headers: &hyper::HeaderMap,
         message: &[u8],

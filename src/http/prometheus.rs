@@ -135,6 +135,12 @@ pub(crate) fn render(app: &App) -> String {
     );
     gauge(
         &mut out,
+        "a2ad_request_body_bytes_held",
+        "Request body bytes held now by requests being read or handled (at most server.max_buffered_body_bytes).",
+        &[("", app.bodies.held() as f64)],
+    );
+    gauge(
+        &mut out,
         "a2ad_task_actors",
         "Live task actors.",
         &[("", m.live_tasks.load(Relaxed).max(0) as f64)],

@@ -20,7 +20,10 @@ pub(crate) fn json(status: StatusCode, body: Vec<u8>) -> Response<Body> {
     r
 }
 
+/// A refusal's response (the error alone, no id); the request's span, when traced, is
+/// marked as an error with its code.
 pub(crate) fn error_response(e: &RpcError) -> Response<Body> {
+    crate::telemetry::refused(e.code);
     let mut r = json(e.status, rpc::failure(None, e));
     if let Some(secs) = e.retry_after {
         r.headers_mut()

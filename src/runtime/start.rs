@@ -46,13 +46,18 @@ impl RuntimeBuilder {
         &self.config
     }
 
-    /// Webhook payload renderers by format name (each dialect registers its own).
-    pub(crate) fn renderers(
-        mut self,
+    /// A builder whose webhook pool renders deliveries with `renderers` (by format name):
+    /// [`Runtime::builder`] gives it every built-in format, so that a runtime embedded
+    /// without the HTTP server delivers webhooks as the server does.
+    pub(crate) fn with_renderers(
+        config: Arc<Config>,
         renderers: HashMap<String, Arc<dyn PayloadRenderer>>,
     ) -> Self {
-        self.renderers = renderers;
-        self
+        Self {
+            config,
+            backends: HashMap::new(),
+            renderers,
+        }
     }
 
     /// Opens the store, spawns the actors, and takes up the tasks a restart or another
@@ -66,36 +71,6 @@ impl RuntimeBuilder {
 }
 
 impl Runtime {
-    /// The actor system for a validated configuration, with the backends the configuration
-    /// names unless [`RuntimeBuilder::agent`] gives others.
-    ///
-    /// ```
-    /// # async fn run() -> a2ad::Result<()> {
-    /// use std::sync::Arc;
-    /// use std::time::Duration;
-    ///
-    /// use a2ad::{AgentId, Message, Principal, Runtime, SendRequest};
-    ///
-    /// let mut config = a2ad::Config::default(); // one `echo` agent
-    /// config.store = a2ad::config::StoreConfig::memory();
-    /// let runtime = Runtime::builder(Arc::new(config.validated()?)).start().await?;
-    /// let (me, echo) = (Principal::new("alice"), AgentId::new("echo"));
-    /// let hello = SendRequest::new(Message::user_text(["hello"]));
-    /// let task = runtime.send(&me, &echo, hello, Some(Duration::from_secs(5))).await?;
-    /// assert!(task.status.state.is_terminal());
-    /// runtime.shutdown(Duration::from_secs(1)).await;
-    /// # Ok(())
-    /// # }
-    /// # tokio::runtime::Runtime::new().expect("runtime").block_on(run()).expect("runs");
-    /// ```
-    pub fn builder(config: Arc<Config>) -> RuntimeBuilder {
-        RuntimeBuilder {
-            config,
-            backends: HashMap::new(),
-            renderers: HashMap::new(),
-        }
-    }
-
     /// `Runtime::builder(config).start()`: the actor system with the configured backends.
     ///
     /// # Errors

@@ -387,6 +387,9 @@ pub(super) async fn serve_protocol<I>(
 {
     let (app, builder) = (&shared.app, &shared.protocols);
     let metrics = &app.runtime.metrics().connections;
+    // An HTTP/2 connection's streams share a bound on the body bytes they hold
+    // (http/budget.rs); an HTTP/1 connection reads one body at a time.
+    let bodies = h2.then(|| http::budget::BodyBudget::new(app.connection_bodies));
     let service = {
         let app = app.clone();
         let activity = activity.clone();
@@ -395,6 +398,9 @@ pub(super) async fn serve_protocol<I>(
             let guard = InFlight::new(&activity);
             if let Some(peer) = &peer {
                 req.extensions_mut().insert(peer.clone());
+            }
+            if let Some(bodies) = &bodies {
+                req.extensions_mut().insert(bodies.clone());
             }
             let app = app.clone();
             async move {

@@ -157,20 +157,40 @@ fn settle(disk: &dyn Disk, path: &Path, loaded: &load::Loaded) -> Result<()> {
     Ok(())
 }
 
-/// Creates the store's directory (mode 0700) when it is missing.
+/// Creates the store's directory when it is missing (every directory made, mode 0700).
 fn create_parent(path: &Path) -> Result<()> {
     if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty())
         && !dir.exists()
     {
-        std::fs::create_dir_all(dir).map_err(|e| {
+        create_private_dir(dir).map_err(|e| {
             open_error(
                 path,
                 format!("cannot create the directory {}: {e}", dir.display()),
             )
         })?;
-        schema::restrict(dir, 0o700);
     }
     Ok(())
+}
+
+/// Creates `dir` and any missing parents, each mode 0700 (as the umask allows, then set):
+/// the store's directories are a2ad's alone.
+pub(super) fn create_private_dir(dir: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::DirBuilderExt as _;
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)?;
+    schema::restrict(dir, 0o700);
+    Ok(())
+}
+
+/// Options that create a file mode 0600: every file a2ad writes in its store holds task
+/// data, and perhaps webhook secrets.
+pub(super) fn private_file() -> std::fs::OpenOptions {
+    use std::os::unix::fs::OpenOptionsExt as _;
+    let mut options = std::fs::OpenOptions::new();
+    options.mode(0o600);
+    options
 }
 
 impl Journal {
@@ -238,7 +258,7 @@ impl Journal {
             more: false,
             tombstones,
             handoff: committer::Handoff::current(),
-            spinner: spin::Spinner::start(Duration::from_micros(config.store.sync_spin_us)),
+            spinner: spin::Spinner::start(spin::per_commit(config.store.sync_spin_us)),
         };
         let thread = std::thread::Builder::new()
             .name("a2ad-store".into())

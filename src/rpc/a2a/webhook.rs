@@ -7,9 +7,9 @@ use super::render::{EventOut, TaskOut};
 use crate::webhook::{Payload, PayloadInput, PayloadRenderer};
 
 /// The payload format name of configurations made on the 1.0 path.
-pub(crate) const FORMAT_10: &str = "a2a/1.0";
+pub(crate) const FORMAT_10: &str = crate::push::format::A2A_10;
 /// The payload format name of configurations made on the 0.3 path.
-pub(crate) const FORMAT_03: &str = "a2a/0.3";
+pub(crate) const FORMAT_03: &str = crate::push::format::A2A_03;
 
 /// The format name of a version.
 pub(crate) fn format(v: Version) -> &'static str {

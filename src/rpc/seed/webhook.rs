@@ -9,7 +9,7 @@ use crate::push::WebhookEvent;
 use crate::webhook::{Payload, PayloadInput, PayloadRenderer};
 
 /// The payload format name seed configurations carry.
-pub(crate) const FORMAT: &str = "seed";
+pub(crate) const FORMAT: &str = crate::push::format::SEED;
 
 /// Renders seed deliveries.
 pub(crate) struct SeedPayload;

@@ -159,16 +159,19 @@ impl LogDisk {
             ));
         }
         super::create_parent(&dir.join(LOCK))?;
-        let has_segments = std::fs::read_dir(&dir)
-            .map_err(|e| io_at(&dir, "cannot be read", &e))?
-            .any(|e| e.is_ok_and(|e| segment_number(&e.file_name().to_string_lossy()).is_some()));
-        carry::carry_over(config, &dir, has_segments, segment_bytes)?;
-        let lock = File::options()
+        // Nothing is written before everything is read and checked: a start that is
+        // refused leaves the directory exactly as it was (docs/CONFIG.md). A foreign
+        // directory is refused before a lock file is made in it.
+        let listed = list_dir(&dir)?;
+        carry::carry_over(config, &dir, !listed.numbers.is_empty(), segment_bytes)?;
+        let lock_path = dir.join(LOCK);
+        let lock_existed = lock_path.exists();
+        let lock = super::private_file()
             .read(true)
             .write(true)
             .create(true)
             .truncate(false)
-            .open(dir.join(LOCK))
+            .open(&lock_path)
             .map_err(|e| io_at(&dir, "cannot be opened", &e))?;
         match lock.try_lock() {
             Ok(()) => {}
@@ -182,34 +185,10 @@ impl LogDisk {
                 return Err(io_at(&dir, "cannot be locked", &e));
             }
         }
-        let mut numbers = Vec::new();
-        let entries = std::fs::read_dir(&dir).map_err(|e| io_at(&dir, "cannot be read", &e))?;
-        for entry in entries {
-            let entry = entry.map_err(|e| io_at(&dir, "cannot be read", &e))?;
-            let name = entry.file_name().to_string_lossy().into_owned();
-            match segment_number(&name) {
-                Some(n) => numbers.push(n),
-                None if name == LOCK || name == "lost+found" => {}
-                // A segment being prepared in advance when the server stopped.
-                None if name == prealloc::SPARE => {
-                    std::fs::remove_file(entry.path())
-                        .map_err(|e| io_at(&dir, "cannot be tidied", &e))?;
-                }
-                // A segment whose creation a crash cut short: it never held anything.
-                None if name.strip_suffix(TMP).and_then(segment_number).is_some() => {
-                    std::fs::remove_file(entry.path())
-                        .map_err(|e| io_at(&dir, "cannot be tidied", &e))?;
-                }
-                None => {
-                    return Err(open_error(
-                        &dir,
-                        format!(
-                            "holds a file a2ad did not write ({name}), so it is not an a2ad log store; point store.path elsewhere"
-                        ),
-                    ));
-                }
-            }
-        }
+        // A lock file this start made goes again if the start is refused.
+        let made_lock = RemoveOnRefusal((!lock_existed).then(|| lock_path.clone()));
+        // Listed again under the lock (a carry-over may have put segments in place).
+        let Listed { mut numbers, tidy } = list_dir(&dir)?;
         numbers.sort_unstable();
         if let Some(w) = numbers.windows(2).find(|w| w[1] != w[0] + 1) {
             return Err(open_error(
@@ -240,6 +219,7 @@ impl LogDisk {
         // this one points the keydir at the rows of each in turn, in order.
         const READERS: usize = 2;
         let scanning = Instant::now();
+        let torn = &Mutex::new(None);
         let suspects = std::thread::scope(|s| -> Result<Vec<(Vec<u8>, Loc)>> {
             let mut readers = Vec::with_capacity(READERS);
             for first in 0..READERS.min(opened.len()) {
@@ -257,6 +237,7 @@ impl LogDisk {
                             Some(*seg) == newest,
                             &mut bytes,
                             &mut suspects,
+                            torn,
                         )
                         .map(|(len, frames)| Scanned {
                             seg: *seg,
@@ -308,19 +289,11 @@ impl LogDisk {
         }
         let (seg, len) = match sizes.last_key_value() {
             Some((&seg, &len)) => (seg, len),
+            None if numbers.is_empty() => (0, 0),
             None => {
-                let seg = numbers.first().copied().unwrap_or(1).max(1);
-                let file = create_segment(&dir, seg)
-                    .map_err(|e| io_at(&dir, "cannot create its first segment", &e))?;
-                files.insert(seg, Arc::new(file));
-                sizes.insert(seg, frame::HEADER as u64);
-                (seg, frame::HEADER as u64)
+                return Err(open_error(&dir, "lost its segments' sizes while opening"));
             }
         };
-        let file = files
-            .get(&seg)
-            .cloned()
-            .ok_or_else(|| open_error(&dir, "lost its newest segment while opening"))?;
         let loaded = {
             let read = Reader {
                 keydir: &keydir,
@@ -338,6 +311,31 @@ impl LogDisk {
             loaded
         };
         refuse_damage(&dir, &loaded.damaged, config.store.set_aside_damaged)?;
+        // Checked: from here on the start may write.
+        made_lock.keep();
+        tidy_dir(&dir, &tidy, &lock_path, &numbers)?;
+        if let Some((path, at)) = torn.lock().unwrap_or_else(|e| e.into_inner()).take() {
+            let file = files
+                .get(&seg)
+                .ok_or_else(|| open_error(&dir, "lost its newest segment while opening"))?;
+            file.set_len(at)
+                .and_then(|()| file.sync_data())
+                .map_err(|e| io_at(&path, "cannot be repaired", &e))?;
+        }
+        let (seg, len) = if numbers.is_empty() {
+            let seg = 1;
+            let file = create_segment(&dir, seg)
+                .map_err(|e| io_at(&dir, "cannot create its first segment", &e))?;
+            files.insert(seg, Arc::new(file));
+            sizes.insert(seg, frame::HEADER as u64);
+            (seg, frame::HEADER as u64)
+        } else {
+            (seg, len)
+        };
+        let file = files
+            .get(&seg)
+            .cloned()
+            .ok_or_else(|| open_error(&dir, "lost its newest segment while opening"))?;
         upgrade_header(&file)
             .map_err(|e| io_at(&dir.join(segment_name(seg)), "cannot be written", &e))?;
         let bytes = sizes.values().sum();
@@ -659,6 +657,83 @@ pub(crate) fn check_any(bytes: &[u8]) {
     }
 }
 
+/// What the log's directory holds: its segments' numbers, and the files a crash left that
+/// a start removes (once it has checked everything).
+struct Listed {
+    numbers: Vec<u32>,
+    tidy: Vec<PathBuf>,
+}
+
+/// Lists the log's directory, refusing it when it holds a file a2ad did not write. Reads
+/// only.
+fn list_dir(dir: &Path) -> Result<Listed> {
+    let mut listed = Listed {
+        numbers: Vec::new(),
+        tidy: Vec::new(),
+    };
+    let entries = std::fs::read_dir(dir).map_err(|e| io_at(dir, "cannot be read", &e))?;
+    for entry in entries {
+        let entry = entry.map_err(|e| io_at(dir, "cannot be read", &e))?;
+        let name = entry.file_name().to_string_lossy().into_owned();
+        match segment_number(&name) {
+            Some(n) => listed.numbers.push(n),
+            None if name == LOCK || name == "lost+found" => {}
+            // A segment being prepared in advance when the server stopped, or one whose
+            // creation a crash cut short: neither ever held anything.
+            None if name == prealloc::SPARE
+                || name.strip_suffix(TMP).and_then(segment_number).is_some() =>
+            {
+                listed.tidy.push(entry.path());
+            }
+            None => {
+                return Err(open_error(
+                    dir,
+                    format!(
+                        "holds a file a2ad did not write ({name}), so it is not an a2ad log store; point store.path elsewhere"
+                    ),
+                ));
+            }
+        }
+    }
+    Ok(listed)
+}
+
+/// After a start's checks: removes what a crash left (`tidy`) and makes the lock file and
+/// the segments private (0600) where an older a2ad, or a copy, left them readable by
+/// others.
+fn tidy_dir(dir: &Path, tidy: &[PathBuf], lock: &Path, numbers: &[u32]) -> Result<()> {
+    use std::os::unix::fs::PermissionsExt as _;
+    for path in tidy {
+        std::fs::remove_file(path).map_err(|e| io_at(dir, "cannot be tidied", &e))?;
+    }
+    let paths = numbers.iter().map(|&n| dir.join(segment_name(n)));
+    for path in std::iter::once(lock.to_path_buf()).chain(paths) {
+        if std::fs::metadata(&path).is_ok_and(|m| m.permissions().mode() & 0o077 != 0) {
+            super::schema::restrict(&path, 0o600);
+        }
+    }
+    Ok(())
+}
+
+/// A file a start made, removed again when the start is refused (dropped before
+/// [`RemoveOnRefusal::keep`]).
+struct RemoveOnRefusal(Option<PathBuf>);
+
+impl RemoveOnRefusal {
+    /// The start goes on: the file stays.
+    fn keep(mut self) {
+        self.0 = None;
+    }
+}
+
+impl Drop for RemoveOnRefusal {
+    fn drop(&mut self) {
+        if let Some(path) = &self.0 {
+            let _ = std::fs::remove_file(path);
+        }
+    }
+}
+
 /// The newest segment, written by an older format this build reads, goes on in this
 /// build's: its header says so from now on, so that an a2ad of the older format refuses
 /// the directory (as written by a newer a2ad) instead of misreading what this one adds.
@@ -676,7 +751,7 @@ fn upgrade_header(file: &File) -> std::io::Result<()> {
 /// A new file at `path` (replacing one a crash left there) holding a segment's header.
 fn headed_file(path: &Path) -> std::io::Result<File> {
     let _ = std::fs::remove_file(path);
-    let file = File::options()
+    let file = super::private_file()
         .read(true)
         .write(true)
         .create_new(true)
@@ -741,6 +816,7 @@ fn scan_segment(
     newest: bool,
     bytes: &mut Vec<u8>,
     suspects: &mut Vec<(Vec<u8>, Loc)>,
+    torn: &Mutex<Option<(PathBuf, u64)>>,
 ) -> Result<(u64, Vec<std::ops::Range<usize>>)> {
     let mut frames = Vec::new();
     bytes.clear();
@@ -811,9 +887,10 @@ fn scan_segment(
                     dropped_bytes = bytes.len() - at,
                     "store: the log's last write was cut short by a crash (never acknowledged); it is dropped"
                 );
-                file.set_len(at as u64)
-                    .and_then(|()| file.sync_data())
-                    .map_err(|e| io_at(path, "cannot be repaired", &e))?;
+                // Cut off once the whole directory has been checked: a start refused
+                // for damage elsewhere leaves the torn write where it is.
+                *torn.lock().unwrap_or_else(|e| e.into_inner()) =
+                    Some((path.to_path_buf(), at as u64));
                 return Ok((at as u64, frames));
             }
             Next::Torn | Next::Damaged => {

@@ -64,8 +64,8 @@ pub(super) fn carry_over(
     if staging.exists() {
         std::fs::remove_dir_all(&staging).map_err(|e| io_at(&staging, "cannot be cleared", &e))?;
     }
-    std::fs::create_dir_all(&staging).map_err(|e| io_at(&staging, "cannot be created", &e))?;
-    super::super::schema::restrict(&staging, 0o700);
+    super::super::create_private_dir(&staging)
+        .map_err(|e| io_at(&staging, "cannot be created", &e))?;
     let mut out = Segments::begin(&staging, segment_bytes)
         .map_err(|e| io_at(&staging, "cannot be written", &e))?;
     let mut rows = 0u64;

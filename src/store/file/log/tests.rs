@@ -1185,3 +1185,132 @@ fn a_durable_batchs_continuations_run_in_append_order_on_the_runtime_that_opened
     assert!(ran.iter().all(|r| !r.1), "on the committer thread");
     close(store);
 }
+
+/// A listing of a directory: every entry's name and bytes (files) or `/` (directories).
+fn snapshot(dir: &Path) -> BTreeMap<String, Vec<u8>> {
+    std::fs::read_dir(dir)
+        .expect("dir")
+        .filter_map(|e| e.ok())
+        .map(|e| {
+            let bytes = if e.path().is_dir() {
+                b"/".to_vec()
+            } else {
+                std::fs::read(e.path()).expect("read")
+            };
+            (e.file_name().to_string_lossy().into_owned(), bytes)
+        })
+        .collect()
+}
+
+/// Issue 53, defect 5: a start refused for damage leaves everything as it was, the torn
+/// last write included (it is cut only by a start that goes on); a foreign directory is
+/// refused before a lock file is made in it.
+#[test]
+fn a_refused_start_writes_nothing_not_even_the_lock_file() {
+    let dir = Dir::new();
+    let mut config = dir.config();
+    let segment = one_task(&dir);
+    // A record that does not decode, then a torn last write after it.
+    let mut frame = super::frame::FrameBuf::default();
+    let task_key = crate::store::codec::task_key(&key("alice", "bad"), 1);
+    frame.put(super::Table::Tasks, &task_key, b"\x01 not a task record");
+    append(&segment, frame.seal());
+    append(&segment, &[200, 0, 0, 0, 1, 2, 3, 4, 9, 9, 9]);
+    // And a spare segment a crash left.
+    std::fs::write(dir.0.join("log").join(super::prealloc::SPARE), b"spare").expect("spare");
+    let before = snapshot(&dir.0.join("log"));
+    let message = refusal(&config);
+    assert!(message.contains("damaged record"), "{message}");
+    assert_eq!(
+        snapshot(&dir.0.join("log")),
+        before,
+        "every file left exactly as it was"
+    );
+    // Set aside on the operator's word, the start goes on: then the torn write and the
+    // spare go.
+    config.store.set_aside_damaged = true;
+    let store = open(&config);
+    close(store);
+    assert!(!dir.0.join("log").join(super::prealloc::SPARE).exists());
+    let bytes = std::fs::read(&segment).expect("segment");
+    assert!(
+        bytes[log_end(&bytes)..].iter().all(|b| *b == 0),
+        "the torn write was cut off once the start went on"
+    );
+
+    // Someone else's directory: refused, and no LOCK left in it.
+    let foreign = Dir::new();
+    std::fs::create_dir_all(foreign.0.join("log")).expect("dir");
+    std::fs::write(foreign.0.join("log/notes.txt"), "mine").expect("write");
+    let before = snapshot(&foreign.0.join("log"));
+    let message = refusal(&foreign.config());
+    assert!(message.contains("did not write (notes.txt)"), "{message}");
+    assert_eq!(snapshot(&foreign.0.join("log")), before, "no LOCK made");
+}
+
+/// Issue 53, defect 4: every file the log writes is private (0600), every directory it
+/// makes 0700 — also inside a directory a service manager made 0755 — and an older
+/// store's readable files are made private at the next start.
+#[test]
+fn the_logs_files_are_private_in_a_directory_open_to_all() {
+    use std::os::unix::fs::PermissionsExt as _;
+    let mode = |p: &Path| std::fs::metadata(p).expect("stat").permissions().mode() & 0o777;
+    let dir = Dir::new();
+    // Made by someone else, 0755: left so, its contents private.
+    std::fs::create_dir_all(dir.0.join("log")).expect("dir");
+    std::fs::set_permissions(dir.0.join("log"), std::fs::Permissions::from_mode(0o755))
+        .expect("chmod");
+    let mut config = dir.config();
+    // Small segments: the next ones are written in advance (the spare) and renamed.
+    SEGMENT.with(|s| s.set(64 << 10));
+    let store = open(&config);
+    let mut n = 0;
+    while dir.segments().len() < 3 {
+        assert!(n < 10_000, "no third segment after {n} tasks");
+        run_to_completion(&store, &key("alice", &format!("t-{n}")), "ctx");
+        n += 1;
+    }
+    close(store);
+    SEGMENT.with(|s| s.set(SEGMENT_BYTES));
+    let files: Vec<PathBuf> = std::fs::read_dir(dir.0.join("log"))
+        .expect("dir")
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .collect();
+    assert!(files.len() >= 2, "LOCK and a segment: {files:?}");
+    for f in &files {
+        assert_eq!(mode(f), 0o600, "{}", f.display());
+    }
+    assert_eq!(mode(&dir.0.join("log")), 0o755, "not ours to change");
+    // A set-aside file of damaged records is private too.
+    let segment = dir.segments().pop().expect("a segment");
+    let older = dir.segments().first().cloned().expect("a segment");
+    let mut frame = super::frame::FrameBuf::default();
+    let task_key = crate::store::codec::task_key(&key("alice", "bad"), 1);
+    frame.put(super::Table::Tasks, &task_key, b"\x01 not a task record");
+    append(&segment, frame.seal());
+    config.store.set_aside_damaged = true;
+    close(open(&config));
+    let aside: Vec<PathBuf> = std::fs::read_dir(&dir.0)
+        .expect("dir")
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.to_string_lossy().contains("log.damaged-"))
+        .collect();
+    assert_eq!(aside.len(), 1);
+    assert_eq!(mode(&aside[0]), 0o600);
+    // Files an older a2ad left readable are made private by the next start.
+    config.store.set_aside_damaged = false;
+    std::fs::set_permissions(&older, std::fs::Permissions::from_mode(0o644)).expect("chmod");
+    close(open(&config));
+    assert_eq!(mode(&older), 0o600);
+
+    // Directories a2ad makes itself are 0700, each of them.
+    let made = Dir::new();
+    let nested = Config {
+        store: StoreConfig::log(made.0.join("a/b/log").display().to_string()),
+        ..Config::default()
+    };
+    close(open(&nested));
+    for d in ["", "a", "a/b", "a/b/log"] {
+        assert_eq!(mode(&made.0.join(d)), 0o700, "{d}");
+    }
+}

@@ -1,0 +1,181 @@
+//! Regression tests for the third outside attack (issue "Break it before users do, round
+//! 3"), over real sockets: request bodies are read only once their caller is admitted, and
+//! the body bytes held at once stay within their documented bounds.
+
+use crate::support;
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use support::{ALICE, TestServer, config, metric, poll_until};
+
+/// An HTTP/2 (prior knowledge) connection with the `h2` crate.
+async fn h2_connect(s: &TestServer) -> h2::client::SendRequest<Bytes> {
+    let tcp = tokio::net::TcpStream::connect(s.addr())
+        .await
+        .expect("connect");
+    let (client, conn) = h2::client::handshake(tcp).await.expect("h2 handshake");
+    tokio::spawn(async move {
+        let _ = conn.await;
+    });
+    client
+}
+
+/// Starts a request whose body never ends: `sent` bytes of it, then nothing.
+async fn endless(
+    client: &mut h2::client::SendRequest<Bytes>,
+    req: http::Request<()>,
+    sent: usize,
+) -> (h2::client::ResponseFuture, h2::SendStream<Bytes>) {
+    let ready = client.clone().ready().await.expect("ready");
+    *client = ready;
+    let (response, mut body) = client.send_request(req, false).expect("send");
+    // Queued beyond the window as the server grants credit.
+    body.send_data(Bytes::from(vec![b' '; sent]), false)
+        .expect("data");
+    (response, body)
+}
+
+fn grpc(s: &TestServer, key: Option<&str>) -> http::Request<()> {
+    let mut b = http::Request::builder()
+        .method("POST")
+        .uri(format!("{}/lf.a2a.v1.A2AService/SendMessage", s.base))
+        .header("content-type", "application/grpc")
+        .header("te", "trailers")
+        .header("a2a-version", "1.0");
+    if let Some(key) = key {
+        b = b.header("x-api-key", key);
+    }
+    b.body(()).expect("request")
+}
+
+fn jsonrpc(s: &TestServer, key: &str) -> http::Request<()> {
+    http::Request::builder()
+        .method("POST")
+        .uri(s.url("echo"))
+        .header("x-api-key", key)
+        .header("content-type", "application/json")
+        .body(())
+        .expect("request")
+}
+
+async fn held(s: &TestServer) -> f64 {
+    metric(&s.scrape().await, "a2ad_request_body_bytes_held")
+}
+
+/// Defect 1: a gRPC call's key is checked before its body is read. Calls without a key
+/// whose bodies never end are answered UNAUTHENTICATED at once, and hold nothing; before,
+/// each body was read whole (up to the cap) before the key was looked at.
+#[tokio::test]
+async fn a_grpc_call_without_a_key_is_refused_before_its_body_is_read() {
+    let mut c = config(&["echo"]);
+    // Far past the test's deadline: only a refusal before the body can answer in time.
+    c.server.body_read_timeout_seconds = 600.0;
+    let s = TestServer::start(c).await;
+    let mut client = h2_connect(&s).await;
+    let mut open = Vec::new();
+    for key in [None, Some("not-a-key-0123456789")] {
+        for _ in 0..12 {
+            open.push(endless(&mut client, grpc(&s, key), 512 << 10).await);
+        }
+    }
+    for (response, _body) in open.iter_mut() {
+        let resp = tokio::time::timeout(Duration::from_secs(60), response)
+            .await
+            .expect("answered before the body ended")
+            .expect("response");
+        assert_eq!(
+            resp.headers()
+                .get("grpc-status")
+                .and_then(|v| v.to_str().ok()),
+            Some("16"),
+            "UNAUTHENTICATED"
+        );
+    }
+    assert_eq!(held(&s).await, 0.0, "no body bytes are held for them");
+}
+
+/// Defect 1: with a key, the body bytes held at once stay within the bound of one
+/// connection and the bound of all, whatever the clients send; they are given back when
+/// the requests end.
+#[tokio::test]
+async fn body_bytes_held_stay_within_the_bounds_of_a_connection_and_of_all() {
+    const MIB: u64 = 1 << 20;
+    let mut c = config(&["echo"]);
+    c.server.max_body_bytes = Some(MIB);
+    c.server.max_buffered_body_bytes_per_connection = Some(2 * MIB);
+    c.server.max_buffered_body_bytes = Some(3 * MIB);
+    c.server.body_read_timeout_seconds = 600.0;
+    let s = TestServer::start(c).await;
+    // Four bodies of 900 KiB on one connection, none ending: the connection's bound.
+    let mut first = h2_connect(&s).await;
+    let mut open = Vec::new();
+    for i in 0..4 {
+        let req = if i % 2 == 0 {
+            jsonrpc(&s, ALICE)
+        } else {
+            grpc(&s, Some(ALICE))
+        };
+        open.push(endless(&mut first, req, 900 << 10).await);
+    }
+    let at_bound = poll_until(Duration::from_secs(60), || async {
+        let n = held(&s).await;
+        (n >= (2 * MIB - (64 << 10)) as f64).then_some(n)
+    })
+    .await;
+    assert!(at_bound <= (2 * MIB) as f64, "one connection: {at_bound}");
+    // Four more on a second connection: the bound of all.
+    let mut second = h2_connect(&s).await;
+    for _ in 0..4 {
+        open.push(endless(&mut second, jsonrpc(&s, ALICE), 900 << 10).await);
+    }
+    let at_bound = poll_until(Duration::from_secs(60), || async {
+        let n = held(&s).await;
+        (n >= (3 * MIB - (64 << 10)) as f64).then_some(n)
+    })
+    .await;
+    assert!(at_bound <= (3 * MIB) as f64, "all connections: {at_bound}");
+    // Once the clients give up, every byte is given back.
+    for (_, mut body) in open {
+        body.send_reset(h2::Reason::CANCEL);
+    }
+    drop((first, second));
+    poll_until(Duration::from_secs(60), || async {
+        (held(&s).await == 0.0).then_some(())
+    })
+    .await;
+    // And the server goes on serving.
+    let ok = s.send("echo", "after", serde_json::json!({})).await;
+    assert_eq!(ok["status"]["state"], "completed");
+}
+
+/// Defect 1: a caller over its rate is refused (429) before its body is read.
+#[tokio::test]
+async fn a_caller_over_its_rate_is_refused_before_its_body_is_read() {
+    let mut c = config(&["echo"]);
+    c.agents[0].limits.requests_per_minute = 1;
+    c.server.body_read_timeout_seconds = 600.0;
+    let s = TestServer::start(c).await;
+    let spent = s.send("echo", "the one token", serde_json::json!({})).await;
+    assert_eq!(spent["status"]["state"], "completed");
+    let mut client = h2_connect(&s).await;
+    let mut rest = http::Request::builder()
+        .method("POST")
+        .uri(format!("{}/rest/message:send", s.url("echo")))
+        .header("x-api-key", ALICE)
+        .header("a2a-version", "1.0")
+        .header("content-type", "application/json")
+        .body(())
+        .expect("request");
+    let mut seed = jsonrpc(&s, ALICE);
+    for req in [&mut seed, &mut rest] {
+        let req = std::mem::replace(req, http::Request::new(()));
+        let (response, _body) = endless(&mut client, req, 64 << 10).await;
+        let resp = tokio::time::timeout(Duration::from_secs(60), response)
+            .await
+            .expect("answered before the body ended")
+            .expect("response");
+        assert_eq!(resp.status(), 429);
+        assert!(resp.headers().contains_key("retry-after"));
+    }
+}
