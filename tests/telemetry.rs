@@ -33,6 +33,8 @@ struct Exported {
     attributes: Vec<(String, String)>,
     /// The spans it links to: (trace id, span id).
     links: Vec<(String, String)>,
+    /// Its status code: 0 unset, 1 OK, 2 ERROR.
+    status: i32,
 }
 
 impl Exported {
@@ -104,6 +106,7 @@ async fn otlp_receiver() -> (String, Arc<Mutex<Vec<Exported>>>) {
                                             .collect();
                                         kept.push(Exported {
                                             links,
+                                            status: s.status.as_ref().map_or(0, |st| st.code),
                                             name: s.name,
                                             trace: hex(&s.trace_id),
                                             id: hex(&s.span_id),
@@ -275,5 +278,157 @@ async fn one_trace_runs_from_the_client_through_task_store_webhook_and_upstream(
             .iter()
             .any(|s| s.name == "a2a.request" && s.trace != trace && s.parent.is_empty()),
         "a request without traceparent starts its own trace"
+    );
+}
+
+/// Issue 53, defect 7: requests refused before any operation ran — a bad key (401), an
+/// agent the key may not use (403), an unknown agent (404) — on every binding export an
+/// error span carrying the refusal's code.
+#[tokio::test]
+async fn refused_requests_export_error_spans_with_their_codes_on_every_binding() {
+    use a2ad::proto::{self as pb, a2a_service_client::A2aServiceClient};
+    let (otlp, spans) = otlp_receiver().await;
+    let key = "key-telemetry-0123456789";
+    let other = "key-telemetry-other-0123";
+    let config = format!(
+        "[telemetry]\notlp_endpoint = \"{otlp}\"\n\
+         [[api_keys]]\nname = \"alice\"\nkey = \"{key}\"\n\
+         [[api_keys]]\nname = \"bob\"\nkey = \"{other}\"\nagents = [\"other\"]\n\
+         [[agents]]\nid = \"echo\"\n[[agents]]\nid = \"other\"\n"
+    );
+    let bin = Binary::start(&config, &[], &[]);
+    let client = reqwest::Client::new();
+    // Each refusal in a trace of its own: (trace id, what it was).
+    let mut refusals = Vec::new();
+    let mut n = 0u32;
+    let mut trace = || {
+        n += 1;
+        format!("{n:032x}")
+    };
+    for (key, agent, what) in [
+        ("not-a-key-0123456789", "echo", "401"),
+        (other, "echo", "403"),
+        (key, "nobody", "404"),
+    ] {
+        let t = trace();
+        let rpc = client
+            .post(format!("{}/api/v1/a2a/{agent}/jsonrpc/v1", bin.base))
+            .header("x-api-key", key)
+            .header("a2a-version", "1.0")
+            .header("content-type", "application/json")
+            .header("traceparent", format!("00-{t}-00f067aa0ba902b7-01"))
+            .body(r#"{"jsonrpc":"2.0","id":1,"method":"GetTask","params":{"id":"x"}}"#)
+            .send()
+            .await
+            .expect("json-rpc");
+        assert_eq!(rpc.status().as_str(), what);
+        refusals.push((t, format!("JSON-RPC {what}")));
+        let t = trace();
+        let rest = client
+            .get(format!("{}/api/v1/a2a/{agent}/rest/tasks/x", bin.base))
+            .header("x-api-key", key)
+            .header("a2a-version", "1.0")
+            .header("traceparent", format!("00-{t}-00f067aa0ba902b7-01"))
+            .send()
+            .await
+            .expect("rest");
+        assert_eq!(rest.status().as_str(), what);
+        refusals.push((t, format!("HTTP+JSON {what}")));
+        let t = trace();
+        let channel = tonic::transport::Channel::from_shared(bin.base.clone())
+            .expect("uri")
+            .connect()
+            .await
+            .expect("connect");
+        let mut grpc = A2aServiceClient::new(channel);
+        let mut req = tonic::Request::new(pb::GetTaskRequest {
+            id: "x".into(),
+            tenant: agent.into(),
+            ..Default::default()
+        });
+        let md = req.metadata_mut();
+        md.insert("x-api-key", key.parse().expect("key"));
+        md.insert("a2a-version", "1.0".parse().expect("version"));
+        md.insert(
+            "traceparent",
+            format!("00-{t}-00f067aa0ba902b7-01").parse().expect("tp"),
+        );
+        let err = grpc.get_task(req).await.expect_err("refused");
+        assert_ne!(err.code(), tonic::Code::Ok);
+        refusals.push((t, format!("gRPC {what}")));
+    }
+    let (code, _) = bin.stop();
+    assert_eq!(code, 0);
+    let all = support::poll_until(Duration::from_secs(30), || {
+        let spans = spans.clone();
+        let wanted: Vec<String> = refusals.iter().map(|(t, _)| t.clone()).collect();
+        async move {
+            let all = spans.lock().expect("lock").clone();
+            wanted
+                .iter()
+                .all(|t| all.iter().any(|s| &s.trace == t && s.name == "a2a.request"))
+                .then_some(all)
+        }
+    })
+    .await;
+    for (t, what) in &refusals {
+        let span = all
+            .iter()
+            .find(|s| &s.trace == t && s.name == "a2a.request")
+            .expect("the refused request's span");
+        assert_eq!(span.status, 2, "{what}: an error span: {span:?}");
+        let code = span
+            .attribute("rpc.response.status_code")
+            .unwrap_or_else(|| panic!("{what}: no code: {span:?}"));
+        assert!(
+            code.parse::<i64>().is_ok_and(|c| c < 0),
+            "{what}: the refusal's code, not {code}"
+        );
+    }
+}
+
+/// Issue 53, defect 6: a collector that accepts and never answers cannot hold the exit
+/// past the shutdown grace (the exporter's own time-out is 10 s).
+#[test]
+fn a_collector_that_never_answers_does_not_hold_the_shutdown() {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let otlp = format!("http://{}", listener.local_addr().expect("addr"));
+    // Accepts, reads, never answers.
+    std::thread::spawn(move || {
+        let mut held = Vec::new();
+        for conn in listener.incoming().flatten() {
+            held.push(conn);
+        }
+    });
+    let key = "key-telemetry-0123456789";
+    let config = format!(
+        "[server]\nshutdown_grace_seconds = 1\n\
+         [telemetry]\notlp_endpoint = \"{otlp}\"\n\
+         [[api_keys]]\nname = \"alice\"\nkey = \"{key}\"\n"
+    );
+    let bin = Binary::start(&config, &[], &[]);
+    // A request, so that there is a span to export.
+    let runtime = tokio::runtime::Runtime::new().expect("runtime");
+    let status = runtime.block_on(async {
+        reqwest::Client::new()
+            .post(format!("{}/api/v1/a2a/echo", bin.base))
+            .header("x-api-key", key)
+            .header("content-type", "application/json")
+            .body(r#"{"jsonrpc":"2.0","id":1,"method":"tasks/get","params":{"id":"x"}}"#)
+            .send()
+            .await
+            .expect("request")
+            .status()
+    });
+    assert_eq!(status, 200);
+    // Within the grace (1 s) and the time a busy machine needs, well short of the
+    // exporter's 10 s.
+    let started = std::time::Instant::now();
+    let (code, log) = bin.stop_within(Duration::from_secs(30));
+    assert_eq!(code, 0, "{log}");
+    assert!(
+        started.elapsed() < Duration::from_secs(8),
+        "exited after {:?}: {log}",
+        started.elapsed()
     );
 }
