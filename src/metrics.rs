@@ -120,6 +120,17 @@ pub struct Metrics {
     pub remote_followers: AtomicI64,
     /// Connections.
     pub connections: ConnectionMetrics,
+    /// Conversations kept (shared with the context actor, which sets them).
+    pub conversations: std::sync::Arc<ConversationMetrics>,
+}
+
+/// The conversations kept now.
+#[derive(Debug, Default)]
+pub struct ConversationMetrics {
+    /// Conversations kept.
+    pub kept: AtomicU64,
+    /// About how many bytes their turns hold (bounded by `server.max_context_bytes`).
+    pub bytes: AtomicU64,
 }
 
 /// Connection counters.

@@ -179,3 +179,79 @@ async fn a_caller_over_its_rate_is_refused_before_its_body_is_read() {
         assert!(resp.headers().contains_key("retry-after"));
     }
 }
+
+/// The `turn <n>` line of an echo reply.
+fn turn(task: &serde_json::Value) -> String {
+    support::texts(&task["status"]["message"])
+        .into_iter()
+        .find(|t| t.starts_with("turn "))
+        .unwrap_or_else(|| panic!("no turn line: {task}"))
+}
+
+/// Defect 3: `max_contexts` holds when a conversation begins, not only at the next sweep
+/// (every min(60 s, retention / 4)): past it the least recently used idle one is gone.
+#[tokio::test]
+async fn max_contexts_holds_as_soon_as_a_conversation_begins() {
+    let mut c = config(&["echo"]);
+    c.server.max_contexts = 10;
+    let s = TestServer::start(c).await;
+    let first = s
+        .send("echo", "first", serde_json::json!({"contextId": "first"}))
+        .await;
+    assert_eq!(turn(&first), "turn 1");
+    for i in 0..200 {
+        s.send("echo", &format!("newer {i}"), serde_json::json!({}))
+            .await;
+    }
+    let again = s
+        .send("echo", "again", serde_json::json!({"contextId": "first"}))
+        .await;
+    assert_eq!(
+        turn(&again),
+        "turn 1",
+        "the first conversation was forgotten"
+    );
+    let kept = metric(&s.scrape().await, "a2ad_conversations");
+    assert!(kept <= 10.0, "{kept} conversations kept");
+}
+
+/// Defect 2: the conversations' turns are bounded in bytes (`max_context_bytes`): past it
+/// the least recently used idle conversations are forgotten, so churn through new
+/// conversations holds a bounded amount however long it runs; a recent conversation goes
+/// on.
+#[tokio::test]
+async fn conversations_are_bounded_in_bytes() {
+    const MIB: f64 = 1048576.0;
+    let mut c = config(&["echo"]);
+    c.server.max_context_bytes = 1 << 20;
+    // Finished tasks are bounded on their own (and let go of their messages here).
+    c.server.max_retained_bytes = 1 << 20;
+    let s = TestServer::start(c).await;
+    let text = "x".repeat(30_000);
+    let mut contexts = Vec::new();
+    for _ in 0..150 {
+        let t = s.send("echo", &text, serde_json::json!({})).await;
+        contexts.push(t["contextId"].as_str().expect("context").to_string());
+    }
+    let m = s.scrape().await;
+    let bytes = metric(&m, "a2ad_conversation_bytes");
+    assert!(bytes <= MIB, "{bytes} bytes of conversations kept");
+    assert!(bytes > 0.0, "the recent ones are kept");
+    // ~60 KB a turn: about 16 conversations fit, the first went long ago.
+    let first = s
+        .send(
+            "echo",
+            "again",
+            serde_json::json!({"contextId": contexts[0]}),
+        )
+        .await;
+    assert_eq!(turn(&first), "turn 1", "the oldest was forgotten");
+    let last = s
+        .send(
+            "echo",
+            "again",
+            serde_json::json!({"contextId": contexts.last()}),
+        )
+        .await;
+    assert_eq!(turn(&last), "turn 2", "the newest goes on");
+}

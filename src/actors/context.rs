@@ -4,15 +4,20 @@
 //! New conversations are created by a cast, so a fresh `message/send` never waits on it;
 //! continuing one — or starting one under a name the client chose — is a bounded `call`
 //! that returns the turn number and earlier turns.
-//! Idle conversations with no task in flight are evicted after the task retention.
+//! Idle conversations with no task in flight are evicted after the task retention, and the
+//! least recently used idle ones as soon as the conversations are more than
+//! `server.max_contexts` or their turns hold more than `server.max_context_bytes`
+//! (checked whenever a conversation begins or a turn is recorded, not only by the sweep).
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
+use std::sync::atomic::Ordering::Relaxed;
 use std::time::{Duration, Instant};
 
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 
 use super::ContextKey;
+use crate::metrics::ConversationMetrics;
 use crate::model::Message;
 use crate::store::{RecoveredContext, Store, TurnId, TurnMessages, Write};
 
@@ -81,8 +86,12 @@ pub(crate) struct ContextArgs {
     pub(crate) max_turns: usize,
     /// Conversations kept at most (the oldest idle ones go first).
     pub(crate) max_contexts: usize,
+    /// Bytes all conversations' turns may hold (the oldest idle ones go first).
+    pub(crate) max_bytes: u64,
     /// Where evictions are recorded.
     pub(crate) store: Arc<dyn Store>,
+    /// Where the conversations kept are counted.
+    pub(crate) gauges: Arc<ConversationMetrics>,
     /// Conversations the store held at start-up.
     pub(crate) restored: Vec<RecoveredContext>,
 }
@@ -97,7 +106,11 @@ pub(crate) struct ContextState {
     retention: Duration,
     max_turns: usize,
     max_contexts: usize,
+    max_bytes: u64,
+    /// About how many bytes the kept turns hold ([`turn_bytes`]).
+    bytes: u64,
     store: Arc<dyn Store>,
+    gauges: Arc<ConversationMetrics>,
     /// Aborted in `post_stop`.
     sweeper: Option<tokio::task::JoinHandle<()>>,
     /// Conversations the store held at start-up, taken in `post_start`.
@@ -119,22 +132,26 @@ impl ContextState {
         if newest <= known && self.conversations.contains_key(key) {
             return;
         }
-        let mut turns: VecDeque<_> = stored.turns.into_iter().map(|(_, t)| t).collect();
-        while turns.len() > self.max_turns {
-            turns.pop_front();
+        let mut c = Conversation {
+            since: stored.since,
+            turns_begun: newest,
+            in_flight: self.conversations.get(key).map_or(0, |c| c.in_flight),
+            turns: VecDeque::new(),
+            bytes: 0,
+            last_active: now,
+        };
+        for (_, turn) in stored.turns {
+            c.push(turn, self.max_turns, &mut self.bytes);
         }
-        let in_flight = self.conversations.get(key).map_or(0, |c| c.in_flight);
         self.touched.push_back((now, key.clone()));
-        self.conversations.insert(
-            key.clone(),
-            Conversation {
-                since: stored.since,
-                turns_begun: newest,
-                in_flight,
-                turns,
-                last_active: now,
-            },
-        );
+        if let Some(old) = self.conversations.insert(key.clone(), c) {
+            self.bytes -= old.bytes;
+        }
+    }
+
+    /// Whether the conversations are past one of their bounds (count, bytes).
+    fn over_bounds(&self) -> bool {
+        self.conversations.len() > self.max_contexts || self.bytes > self.max_bytes
     }
 
     /// Evicts idle conversations past the retention, and the oldest idle ones beyond the
@@ -142,8 +159,7 @@ impl ContextState {
     fn sweep(&mut self, now: Instant) {
         let mut examined = 0usize;
         while let Some((stamp, _)) = self.touched.front() {
-            let over_cap = self.conversations.len() > self.max_contexts;
-            if now.duration_since(*stamp) < self.retention && !over_cap {
+            if now.duration_since(*stamp) < self.retention && !self.over_bounds() {
                 break;
             }
             let Some((stamp, key)) = self.touched.pop_front() else {
@@ -155,6 +171,7 @@ impl ContextState {
                 .get(&key)
                 .is_some_and(|c| c.in_flight == 0 && c.last_active <= stamp);
             if evict && let Some(gone) = self.conversations.remove(&key) {
+                self.bytes -= gone.bytes;
                 let _ = self.store.append(
                     vec![Write::ForgetContext {
                         principal: key.principal,
@@ -185,8 +202,52 @@ struct Conversation {
     since: i64,
     turns_begun: u32,
     in_flight: u32,
-    turns: VecDeque<TurnMessages>,
+    /// The kept turns, oldest first, each with the bytes it was counted as.
+    turns: VecDeque<(u64, TurnMessages)>,
+    /// Their bytes together.
+    bytes: u64,
     last_active: Instant,
+}
+
+impl Conversation {
+    /// A new conversation with no turn kept yet.
+    fn new(since: i64, turns_begun: u32, in_flight: u32, now: Instant) -> Self {
+        Self {
+            since,
+            turns_begun,
+            in_flight,
+            turns: VecDeque::new(),
+            bytes: 0,
+            last_active: now,
+        }
+    }
+
+    /// Keeps a turn, dropping the oldest beyond `max_turns`; `total` (every
+    /// conversation's bytes) follows.
+    fn push(&mut self, turn: TurnMessages, max_turns: usize, total: &mut u64) {
+        let size = turn_bytes(&turn);
+        self.turns.push_back((size, turn));
+        self.bytes += size;
+        *total += size;
+        while self.turns.len() > max_turns {
+            if let Some((size, _)) = self.turns.pop_front() {
+                self.bytes -= size;
+                *total -= size;
+            }
+        }
+    }
+}
+
+/// About how many bytes a turn holds: its messages, or the bytes a restart kept them as.
+fn turn_bytes(turn: &TurnMessages) -> u64 {
+    const TURN: u64 = 64;
+    let held = match turn {
+        TurnMessages::Shared(user, reply) => {
+            user.approx_bytes() + reply.as_ref().map_or(0, |r| r.approx_bytes())
+        }
+        TurnMessages::Stored(bytes) => bytes.len(),
+    };
+    held as u64 + TURN
 }
 
 impl Actor for ContextActor {
@@ -213,7 +274,10 @@ impl Actor for ContextActor {
             retention: args.retention,
             max_turns: args.max_turns,
             max_contexts: args.max_contexts,
+            max_bytes: args.max_bytes,
+            bytes: 0,
             store: args.store,
+            gauges: args.gauges,
             sweeper: Some(sweeper),
             restoring: args.restored,
         };
@@ -234,22 +298,15 @@ impl Actor for ContextActor {
                 context: c.context,
             };
             let turns_begun = c.turns.iter().map(|(n, _)| *n).max().unwrap_or(0);
-            let mut turns: VecDeque<_> = c.turns.into_iter().map(|(_, t)| t).collect();
-            while turns.len() > state.max_turns {
-                turns.pop_front();
+            let mut conversation = Conversation::new(c.since, turns_begun, 0, now);
+            for (_, turn) in c.turns {
+                conversation.push(turn, state.max_turns, &mut state.bytes);
             }
             state.touched.push_back((now, key.clone()));
-            state.conversations.insert(
-                key,
-                Conversation {
-                    since: c.since,
-                    turns_begun,
-                    in_flight: 0,
-                    turns,
-                    last_active: now,
-                },
-            );
+            state.conversations.insert(key, conversation);
         }
+        // Bounds lowered since the last run take effect now.
+        state.sweep(now);
         Ok(())
     }
 
@@ -264,31 +321,20 @@ impl Actor for ContextActor {
             ContextMsg::Create { key, since } => {
                 // No stamp yet: a conversation with a task in flight is never evicted, and
                 // its `Record` stamps it when that task ends.
-                state.conversations.insert(
-                    key,
-                    Conversation {
-                        since,
-                        turns_begun: 1,
-                        in_flight: 1,
-                        turns: VecDeque::new(),
-                        last_active: now,
-                    },
-                );
+                let new = Conversation::new(since, 1, 1, now);
+                if let Some(old) = state.conversations.insert(key, new) {
+                    state.bytes -= old.bytes;
+                }
+                state.sweep(now);
             }
             ContextMsg::Open { key, stored, reply } => {
                 if let Some(stored) = stored {
                     state.merge(&key, stored, now);
                 }
-                let c = state
-                    .conversations
-                    .entry(key)
-                    .or_insert_with(|| Conversation {
-                        since: chrono::Utc::now().timestamp_micros(),
-                        turns_begun: 0,
-                        in_flight: 0,
-                        turns: VecDeque::new(),
-                        last_active: now,
-                    });
+                let begins = !state.conversations.contains_key(&key);
+                let c = state.conversations.entry(key).or_insert_with(|| {
+                    Conversation::new(chrono::Utc::now().timestamp_micros(), 0, 0, now)
+                });
                 c.turns_begun = c.turns_begun.saturating_add(1);
                 c.in_flight += 1;
                 c.last_active = now;
@@ -300,12 +346,15 @@ impl Actor for ContextActor {
                     history: c
                         .turns
                         .iter_mut()
-                        .filter_map(TurnMessages::messages)
+                        .filter_map(|(_, turn)| turn.messages())
                         .flat_map(|(user, reply)| std::iter::once(user).chain(reply))
                         .cloned()
                         .collect(),
                 };
                 let _ = reply.send(turn);
+                if begins {
+                    state.sweep(now);
+                }
             }
             ContextMsg::Abandon { key } => {
                 if let Some(c) = state.conversations.get_mut(&key) {
@@ -320,10 +369,12 @@ impl Actor for ContextActor {
                     state.touched.push_back((now, key));
                     c.in_flight = c.in_flight.saturating_sub(1);
                     c.last_active = now;
-                    c.turns.push_back(TurnMessages::Shared(user, reply));
-                    while c.turns.len() > state.max_turns {
-                        c.turns.pop_front();
-                    }
+                    c.push(
+                        TurnMessages::Shared(user, reply),
+                        state.max_turns,
+                        &mut state.bytes,
+                    );
+                    state.sweep(now);
                 }
             }
             ContextMsg::Resume { key, turn } => {
@@ -331,19 +382,18 @@ impl Actor for ContextActor {
                 let c = state
                     .conversations
                     .entry(key)
-                    .or_insert_with(|| Conversation {
-                        since: turn.since,
-                        turns_begun: 0,
-                        in_flight: 0,
-                        turns: VecDeque::new(),
-                        last_active: now,
-                    });
+                    .or_insert_with(|| Conversation::new(turn.since, 0, 0, now));
                 c.turns_begun = c.turns_begun.max(number);
                 c.in_flight += 1;
                 c.last_active = now;
             }
             ContextMsg::Sweep => state.sweep(now),
         }
+        state
+            .gauges
+            .kept
+            .store(state.conversations.len() as u64, Relaxed);
+        state.gauges.bytes.store(state.bytes, Relaxed);
         Ok(())
     }
 

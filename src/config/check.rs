@@ -260,6 +260,12 @@ fn server(s: &mut ServerConfig) -> Result<(), ConfigError> {
     int(&k("max_context_turns"), s.max_context_turns, 0, 100_000)?;
     int(&k("max_contexts"), s.max_contexts, 1, 1_000_000_000)?;
     int(
+        &k("max_context_bytes"),
+        s.max_context_bytes,
+        1 << 20,
+        1 << 40,
+    )?;
+    int(
         &k("global_queue_interval"),
         s.global_queue_interval,
         0,

@@ -87,6 +87,9 @@ pub struct ServerConfig {
     pub max_context_turns: usize,
     /// Conversations kept at most, whatever their age (the oldest idle ones go first).
     pub max_contexts: usize,
+    /// About how many bytes the turns of all conversations may hold together; beyond it
+    /// the least recently used idle conversations are forgotten (as past `max_contexts`).
+    pub max_context_bytes: u64,
     /// How often, in polls, a worker of the request runtime takes a task from the runtime's
     /// shared queue, where tasks go once more are runnable than a worker's local queue
     /// holds (256); 0 keeps tokio's adaptive interval (about every 200 µs of polling).
@@ -282,6 +285,8 @@ impl ServerConfig {
     pub const DEFAULT_MAX_CONTEXT_TURNS: usize = 100;
     /// Default cap on conversations.
     pub const DEFAULT_MAX_CONTEXTS: usize = 2_000_000;
+    /// Default byte bound on the conversations' turns (1 GiB).
+    pub const DEFAULT_MAX_CONTEXT_BYTES: u64 = 1 << 30;
     /// Default: tokio's adaptive interval.
     pub const DEFAULT_GLOBAL_QUEUE_INTERVAL: u32 = 0;
 }
@@ -322,6 +327,7 @@ impl Default for ServerConfig {
             shutdown_grace_seconds: Self::DEFAULT_SHUTDOWN_GRACE_SECONDS,
             max_context_turns: Self::DEFAULT_MAX_CONTEXT_TURNS,
             max_contexts: Self::DEFAULT_MAX_CONTEXTS,
+            max_context_bytes: Self::DEFAULT_MAX_CONTEXT_BYTES,
             global_queue_interval: Self::DEFAULT_GLOBAL_QUEUE_INTERVAL,
             tls: None,
         }

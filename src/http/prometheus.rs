@@ -141,6 +141,18 @@ pub(crate) fn render(app: &App) -> String {
     );
     gauge(
         &mut out,
+        "a2ad_conversations",
+        "Conversations kept (at most server.max_contexts).",
+        &[("", m.conversations.kept.load(Relaxed) as f64)],
+    );
+    gauge(
+        &mut out,
+        "a2ad_conversation_bytes",
+        "About how many bytes the kept conversations' turns hold (at most server.max_context_bytes, beyond a conversation with a task in flight).",
+        &[("", m.conversations.bytes.load(Relaxed) as f64)],
+    );
+    gauge(
+        &mut out,
         "a2ad_task_actors",
         "Live task actors.",
         &[("", m.live_tasks.load(Relaxed).max(0) as f64)],

@@ -124,6 +124,7 @@ impl Runtime {
         let webhooks = Arc::new(
             WebhookPool::start(&config.webhooks, store.clone(), agents.clone(), renderers).await?,
         );
+        let metrics = Metrics::default();
         let (contexts, _) = Actor::spawn(
             None,
             ContextActor,
@@ -131,7 +132,9 @@ impl Runtime {
                 retention,
                 max_turns: server.max_context_turns,
                 max_contexts: server.max_contexts,
+                max_bytes: server.max_context_bytes,
                 store: store.clone(),
+                gauges: metrics.conversations.clone(),
                 restored: recovered.contexts,
             },
         )
@@ -141,7 +144,7 @@ impl Runtime {
             live: DashMap::default(),
             store,
             cluster,
-            metrics: Metrics::default(),
+            metrics,
             contexts,
             webhooks: webhooks.clone(),
             next_subscriber: AtomicU64::new(1),

@@ -1314,3 +1314,57 @@ fn the_logs_files_are_private_in_a_directory_open_to_all() {
         assert_eq!(mode(&made.0.join(d)), 0o700, "{d}");
     }
 }
+
+/// Issue 53, defect 2: churn through new conversations keeps the log bounded on disk. Each
+/// finished task evicted from memory (`max_retained_bytes`) writes its conversation's turn
+/// as a row of its own; the conversations are bounded in bytes (`max_context_bytes`), and
+/// those forgotten take their rows with them, which compaction then reclaims. Before the
+/// bound, every such row stayed for the retention (an hour): here 24 MB of them.
+#[test]
+fn churn_through_new_conversations_keeps_the_log_bounded_on_disk() {
+    use crate::{AgentId, Message, Principal, Runtime, SendRequest};
+    SEGMENT.with(|s| s.set(256 << 10));
+    let dir = Dir::new();
+    let mut config = dir.config();
+    config.server.max_retained_bytes = 1 << 20;
+    config.server.max_context_bytes = 1 << 20;
+    let config = std::sync::Arc::new(config.validated().expect("valid"));
+    let tokio = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let size = |dir: &Dir| -> u64 {
+        std::fs::read_dir(dir.0.join("log"))
+            .expect("dir")
+            .filter_map(|e| e.ok()?.metadata().ok())
+            .map(|m| m.len())
+            .sum()
+    };
+    let most = tokio.block_on(async {
+        let runtime = Runtime::builder(config).start().await.expect("start");
+        let (me, echo) = (Principal::new("alice"), AgentId::new("echo"));
+        let text = "x".repeat(30_000);
+        let mut most = 0;
+        for i in 0..400 {
+            let send = SendRequest::new(Message::user_text([text.as_str()]));
+            let task = runtime
+                .send(&me, &echo, send, Some(Duration::from_secs(30)))
+                .await
+                .expect("send");
+            assert!(task.status.state.is_terminal(), "{i}");
+            if i % 20 == 0 {
+                most = most.max(size(&dir));
+            }
+        }
+        runtime.shutdown(Duration::from_secs(10)).await;
+        most
+    });
+    SEGMENT.with(|s| s.set(SEGMENT_BYTES));
+    // Live: about 1 MiB of finished tasks and 1 MiB of conversations; the segments may
+    // hold half as much again before compaction, plus the one being written and the
+    // spare written in advance.
+    assert!(
+        most < 8 << 20,
+        "the log grew to {most} bytes for 24 MB of churn"
+    );
+}
