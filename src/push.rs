@@ -411,6 +411,12 @@ fn embedded_ipv4(v6: Ipv6Addr) -> [Option<Ipv4Addr>; 3] {
     [None, None, None]
 }
 
+/// Whether a URL carries what may be a credential: userinfo, or a query.
+pub(crate) fn url_has_credentials(raw: &str) -> bool {
+    url::Url::parse(raw)
+        .is_ok_and(|u| !u.username().is_empty() || u.password().is_some() || u.query().is_some())
+}
+
 /// A URL safe to log or show: the password in its userinfo and its query values become
 /// `***` (they often carry tokens); an unparsable URL is not shown at all.
 pub(crate) fn redact_url(raw: &str) -> String {

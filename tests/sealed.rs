@@ -218,3 +218,68 @@ fn secrets_keys_are_checked() {
         );
     }
 }
+
+/// Issue 53, defect 9: credentials inside a webhook URL (userinfo, a token in the query)
+/// are sealed at rest like the other secrets, in the log, redb and PostgreSQL stores; a
+/// restart reads the URL back whole and deliveries go to it; reads show it masked.
+#[tokio::test]
+async fn credentials_in_a_webhook_url_are_sealed_at_rest_in_every_store() {
+    const USER: &str = "url-user-4242";
+    const PASSWORD: &str = "url-password-7777";
+    const QUERY: &str = "url-query-token-8888";
+    let backends: &[Option<&str>] = if support::test_cluster().is_some() {
+        &[None]
+    } else {
+        &[Some("log"), Some("redb")]
+    };
+    for backend in backends {
+        let setup = Setup::new();
+        let rx = Receiver::ok().await;
+        let store = |c: &mut Config| match backend {
+            Some("redb") => {
+                c.store = StoreConfig::redb(setup.dir.join("a2ad.redb").display().to_string());
+            }
+            _ => {}
+        };
+        let url = rx
+            .url
+            .replacen("http://", &format!("http://{USER}:{PASSWORD}@"), 1)
+            + &format!("/hook?token={QUERY}");
+        let mut c = setup.config(Some(K1), &[]);
+        store(&mut c);
+        let s = TestServer::start(c).await;
+        let set = s
+            .call(
+                "echo",
+                "tasks/pushNotificationConfig/set",
+                json!({"config": {"url": url}}),
+            )
+            .await;
+        let shown = s.ok(set)["config"]["url"].to_string();
+        assert!(
+            !shown.contains(PASSWORD) && !shown.contains(QUERY),
+            "{backend:?}: shown masked: {shown}"
+        );
+        s.stop().await;
+        let rest = setup.at_rest().await;
+        for secret in [USER, PASSWORD, QUERY] {
+            assert!(
+                !contains(&rest, secret),
+                "{backend:?}: {secret} is in clear at rest"
+            );
+        }
+        // A restart reads the whole URL back: the delivery goes to it, query and all.
+        let mut c = setup.config(Some(K1), &[]);
+        store(&mut c);
+        let s = TestServer::start(c).await;
+        s.send("echo", "hook me", json!({})).await;
+        rx.wait_for(1).await;
+        let hit = &rx.hits()[0];
+        assert!(
+            hit.uri.ends_with(&format!("/hook?token={QUERY}")),
+            "{backend:?}: delivered to {}",
+            hit.uri
+        );
+        s.stop().await;
+    }
+}

@@ -359,7 +359,12 @@ struct PushRec {
     t: Option<String>,
     named: bool,
     f: String,
+    /// The URL; masked when `us` holds it sealed.
     url: String,
+    /// The whole URL sealed, when it carries credentials (userinfo, a query) and a key is
+    /// configured.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    us: Option<String>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     h: Vec<(String, String)>,
     /// `None`: every event.
@@ -384,6 +389,9 @@ struct PushRec {
 pub(crate) fn encode_push(c: &StoredPushConfig, sealer: &Sealer) -> Vec<u8> {
     use std::sync::atomic::Ordering::Relaxed;
     let cfg = &c.config;
+    // Credentials in the URL (`https://user:pass@host/…`, `?token=…`) are secrets too.
+    let url_sealed = (sealer.seals() && crate::push::url_has_credentials(&cfg.url))
+        .then(|| sealer.seal("url", &cfg.url));
     let rec = PushRec {
         id: c.id.clone(),
         p: c.scope.principal.to_string(),
@@ -391,7 +399,12 @@ pub(crate) fn encode_push(c: &StoredPushConfig, sealer: &Sealer) -> Vec<u8> {
         t: c.scope.task.as_ref().map(TaskId::to_string),
         named: c.namespace == Namespace::Named,
         f: c.format.to_string(),
-        url: cfg.url.clone(),
+        url: if url_sealed.is_some() {
+            masked_url(&cfg.url)
+        } else {
+            cfg.url.clone()
+        },
+        us: url_sealed,
         h: cfg
             .headers
             .iter()
@@ -422,6 +435,19 @@ pub(crate) fn encode_push(c: &StoredPushConfig, sealer: &Sealer) -> Vec<u8> {
         fails: c.consecutive_failures.load(Relaxed),
     };
     serde_json::to_vec(&rec).unwrap_or_default()
+}
+
+/// The URL kept in clear beside its sealed whole: its userinfo (user and password: either
+/// may be a token) and query values masked.
+fn masked_url(raw: &str) -> String {
+    let mut shown = crate::push::redact_url(raw);
+    if let Ok(mut url) = url::Url::parse(&shown)
+        && !url.username().is_empty()
+    {
+        let _ = url.set_username("***");
+        shown = url.to_string();
+    }
+    shown
 }
 
 /// Decodes a push configuration (`None`: not one, or sealed with a key not configured).
@@ -456,8 +482,12 @@ pub(crate) fn decode_push_checked(
             credentials: open("auth", credentials)?,
         }),
     };
+    let url = match rec.us {
+        Some(sealed) => sealer.open("url", &sealed)?,
+        None => rec.url,
+    };
     let config = PushConfig {
-        url: rec.url,
+        url,
         headers,
         events: match rec.ev {
             None => Events::All,

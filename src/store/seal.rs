@@ -76,6 +76,11 @@ impl Sealer {
         Self { keys }
     }
 
+    /// Whether values are sealed (a key is configured).
+    pub(crate) fn seals(&self) -> bool {
+        !self.keys.is_empty()
+    }
+
     /// `value` sealed with the current key for `field`; in clear without a key.
     pub(crate) fn seal(&self, field: &str, value: &str) -> String {
         let Some((id, key)) = self.keys.first() else {

@@ -14,6 +14,8 @@ use tokio::net::TcpListener;
 /// One received request.
 #[derive(Clone, Debug)]
 pub struct Hit {
+    /// The request's path and query.
+    pub uri: String,
     pub headers: HeaderMap,
     pub body: Bytes,
     pub at: Instant,
@@ -119,6 +121,7 @@ impl Receiver {
                             let answer = {
                                 let mut hits = hits.lock().expect("lock");
                                 hits.push(Hit {
+                                    uri: parts.uri.to_string(),
                                     headers: parts.headers,
                                     body,
                                     at: Instant::now(),
