@@ -235,11 +235,10 @@ async fn credentials_in_a_webhook_url_are_sealed_at_rest_in_every_store() {
     for backend in backends {
         let setup = Setup::new();
         let rx = Receiver::ok().await;
-        let store = |c: &mut Config| match backend {
-            Some("redb") => {
+        let store = |c: &mut Config| {
+            if *backend == Some("redb") {
                 c.store = StoreConfig::redb(setup.dir.join("a2ad.redb").display().to_string());
             }
-            _ => {}
         };
         let url = rx
             .url
