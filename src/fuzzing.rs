@@ -149,6 +149,60 @@ fn official_call(call: Result<rpc::Call, rpc::Rejected>) {
     }
 }
 
+/// The gRPC binding's request path up to the operation: the body's framing (one
+/// uncompressed length-prefixed message, nothing after it, within the cap), the method's
+/// protobuf message, its tenant taken out, the ProtoJSON it is turned into, and the 1.0
+/// params decoders on that. The first byte picks the method. A body that unframes is
+/// exactly its 5-byte prefix and the message; a decoded message always has a ProtoJSON
+/// form; a refused param names a field.
+pub fn grpc(data: &[u8]) {
+    const MAX: u64 = 1 << 20;
+    let Some((&method, body)) = data.split_first() else {
+        return;
+    };
+    let (op, _tenant, raw) = match crate::http::grpc_fuzz_decode(method, body, MAX) {
+        Ok(decoded) => decoded,
+        Err("encoding") => panic!("a decoded message has no ProtoJSON form"),
+        Err(_) => return,
+    };
+    let declared = body
+        .get(1..5)
+        .and_then(|b| <[u8; 4]>::try_from(b).ok())
+        .map(u32::from_be_bytes);
+    assert_eq!(
+        declared.map(|n| n as usize + 5),
+        Some(body.len()),
+        "an unframed body is its prefix and one message"
+    );
+    let Ok(p) = rpc::json::params(Some(&raw)) else {
+        panic!("ProtoJSON of a message is an object: {raw}");
+    };
+    let refused = |r: Result<(), crate::Error>| {
+        if let Err(e) = r {
+            assert!(
+                matches!(
+                    e,
+                    crate::Error::InvalidParams { ref field, .. }
+                        | crate::Error::UnsupportedContentType { ref field, .. }
+                        if !field.is_empty()
+                ),
+                "{op:?}: {e}"
+            );
+        }
+    };
+    use crate::rpc::a2a::ops::Op;
+    match op {
+        Op::SendMessage | Op::SendStreamingMessage => {
+            refused(a2a::params::send_params(Version::V10, &p, &limits()).map(|_| ()));
+        }
+        Op::CreatePushConfig => refused(a2a::params::push_config_10(&p, "params").map(|_| ())),
+        _ => {
+            refused(a2a::params::history_length(&p, "historyLength").map(|_| ()));
+            refused(a2a::params::metadata(&p).map(|_| ()));
+        }
+    }
+}
+
 /// File-part validation on raw pieces: `data` is split into a MIME type and Base64 text.
 pub fn file_part(data: &[u8]) {
     let text = String::from_utf8_lossy(data);

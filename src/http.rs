@@ -2,8 +2,9 @@
 //! response helpers are in `respond`, the body type in `body`).
 //!
 //! Order on the endpoints: OPTIONS (no key) → credentials (401) → agent (404) → key may use
-//! agent (403) → HTTP method (405) → content type (415) → body cap (413) → the A2A version
-//! (official paths, -32009) → JSON-RPC. The path picks the dialect (docs/PROTOCOL.md §10.1).
+//! agent (403) → HTTP method (405) → content type (415) → rate (429, before the body) → body
+//! cap (413; the body budgets of `budget`) → the A2A version (official paths, -32009) →
+//! JSON-RPC. The path picks the dialect (docs/PROTOCOL.md §10.1).
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -29,6 +30,7 @@ pub(crate) mod sse;
 mod ui;
 
 pub(crate) use body::Body;
+pub(crate) use grpc::fuzz_decode as grpc_fuzz_decode;
 pub(crate) use metrics::{LATENCY_BUCKETS, RequestMetrics};
 pub(crate) use respond::{cors, error_response, json, method_not_allowed, preflight_official};
 use respond::{not_found_path, preflight, unauthorized};

@@ -141,3 +141,22 @@ fn the_store_record_corpus_passes() {
     }
     assert!(n >= 10, "{n} seeds");
 }
+
+/// Every checked-in seed of the grpc fuzz target passes its checks, and the well-formed
+/// ones reach the params decoders (a frame of each method's message decodes).
+#[test]
+fn the_grpc_corpus_passes() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz/corpus/grpc");
+    let mut n = 0;
+    for entry in std::fs::read_dir(dir).expect("the corpus") {
+        let path = entry.expect("an entry").path();
+        if path
+            .file_name()
+            .is_some_and(|n| n.to_string_lossy().starts_with("seed-"))
+        {
+            fuzzing::grpc(&std::fs::read(&path).expect("a seed"));
+            n += 1;
+        }
+    }
+    assert!(n >= 10, "{n} seeds");
+}

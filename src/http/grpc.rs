@@ -1,8 +1,9 @@
 //! The gRPC binding of A2A 1.0 (docs/PROTOCOL.md §10.13; S10 §10): `lf.a2a.v1.A2AService` on
 //! the same listener (HTTP/2; a request whose content type is `application/grpc` comes
 //! here). Each call is admitted as the other bindings' calls are — key (`x-api-key` or
-//! `authorization` metadata), agent (the request's `tenant`, empty: `server.default_agent`),
-//! the key's agents, `a2a-version`, rate — then its message is turned into the ProtoJSON the
+//! `authorization` metadata, before a byte of the body is read), agent (the request's
+//! `tenant`, empty: `server.default_agent`), the key's agents, `a2a-version`, rate — then
+//! its message is turned into the ProtoJSON the
 //! JSON-RPC binding decodes and run by the same operations ([`rest::execute_with`]). Sends,
 //! task reads and stream events are written as protobuf straight from the model (`pbout`);
 //! the other results are read back from their JSON. Errors are `google.rpc.Status` with the
@@ -10,7 +11,8 @@
 //! trailers-only responses.
 //!
 //! The framing is a2ad's own, not a generated server's: the one message of a call is read
-//! whole within the body cap, and the response is its message then `grpc-status: 0` —
+//! whole within the body cap and the body budgets (`super::budget`), and the response is
+//! its message then `grpc-status: 0` —
 //! a unary call's headers, message and trailers leave in one write.
 
 use std::pin::Pin;
@@ -209,6 +211,44 @@ fn unframe(body: &[u8], max: u64) -> Result<&[u8], Unframed> {
             "a call of this method carries one message",
         )),
     }
+}
+
+/// What the fuzz target `grpc` drives (`crate::fuzzing::grpc`): a request body of method
+/// `METHODS[method % 11]` unframed within `max`, its message decoded and its tenant taken
+/// out as [`Grpc::call`] does, and the ProtoJSON the shared params decoders then read.
+/// `Err` names why the call would be refused before any operation ran.
+pub(crate) fn fuzz_decode(
+    method: u8,
+    body: &[u8],
+    max: u64,
+) -> Result<(Op, String, Box<serde_json::value::RawValue>), &'static str> {
+    fn decoded<M: prost::Message + Default + Serialize + Tenant>(
+        message: &[u8],
+    ) -> Result<(String, Box<serde_json::value::RawValue>), &'static str> {
+        let mut msg = M::decode(message).map_err(|_| "not a message of the call")?;
+        let tenant = msg.take_tenant();
+        let params = serde_json::value::to_raw_value(&msg).map_err(|_| "encoding")?;
+        Ok((tenant, params))
+    }
+    let (_, op) = METHODS[usize::from(method) % METHODS.len()];
+    let message = match unframe(body, max) {
+        Ok(m) => m,
+        Err(Unframed::TooLarge) => return Err("too large"),
+        Err(Unframed::Invalid(why)) => return Err(why),
+    };
+    let (tenant, params) = match op {
+        Op::SendMessage | Op::SendStreamingMessage => decoded::<pb::SendMessageRequest>(message),
+        Op::GetTask => decoded::<pb::GetTaskRequest>(message),
+        Op::ListTasks => decoded::<pb::ListTasksRequest>(message),
+        Op::CancelTask => decoded::<pb::CancelTaskRequest>(message),
+        Op::SubscribeToTask => decoded::<pb::SubscribeToTaskRequest>(message),
+        Op::CreatePushConfig => decoded::<pb::TaskPushNotificationConfig>(message),
+        Op::GetPushConfig => decoded::<pb::GetTaskPushNotificationConfigRequest>(message),
+        Op::ListPushConfigs => decoded::<pb::ListTaskPushNotificationConfigsRequest>(message),
+        Op::GetExtendedCard => decoded::<pb::GetExtendedAgentCardRequest>(message),
+        Op::DeletePushConfig => decoded::<pb::DeleteTaskPushNotificationConfigRequest>(message),
+    }?;
+    Ok((op, tenant, params))
 }
 
 /// The status of a refusal every binding shares (no key, no agent, too large, …).
