@@ -104,8 +104,10 @@ impl TaskActorState {
             if item.is_final() {
                 self.end_run();
                 if item.status.state.is_terminal() {
-                    // Out of the live index before anyone hears of the end: whoever saw it
-                    // finds the record (the store indexed it before it said durable).
+                    // Subscribers and waiters heard of the end just now (`fan_out`); the
+                    // store indexed the record before it said durable, so whoever heard
+                    // finds it ended: through this actor while the entry below is still
+                    // there, else (or once the actor has stopped) through the store.
                     let me = myself.get_id();
                     self.shared
                         .live
