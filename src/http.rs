@@ -2,9 +2,10 @@
 //! response helpers are in `respond`, the body type in `body`).
 //!
 //! Order on the endpoints: OPTIONS (no key) → credentials (401) → agent (404) → key may use
-//! agent (403) → HTTP method (405) → content type (415) → rate (429, before the body) → body
-//! cap (413; the body budgets of `budget`) → the A2A version (official paths, -32009) →
-//! JSON-RPC. The path picks the dialect (docs/PROTOCOL.md §10.1).
+//! agent (403) → HTTP method (405) → content type (415) → body cap (413; the body budgets
+//! of `budget`; 64 KiB, else 429 unread, for a caller whose rate bucket is empty) → the A2A
+//! version (official paths, -32009) → JSON-RPC (each call's rate, 429 with its id). The
+//! path picks the dialect (docs/PROTOCOL.md §10.1).
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -319,18 +320,24 @@ async fn endpoint(
         .get_all(header::ACCEPT)
         .iter()
         .any(|v| v.to_str().is_ok_and(|s| s.contains("text/event-stream")));
-    // A caller over its rate is refused before its body is read (the id is not known yet:
-    // `null`, as on the other refusals before the body).
-    if let Err(retry_after) = app.rate.check(&caller, agent.index) {
-        let e = dialect.refusal(&Refusal::RateLimited(retry_after));
-        refused(app, dialect, &agent, e.code);
-        return error_response(&e);
-    }
+    // A caller over its rate gets its body read only as far as naming the requests takes
+    // (`RATE_LIMITED_READ`), so that each is answered 429 with its id; a larger body is
+    // refused 429 unread, `id: null`.
+    let over_rate = app.rate.check(&caller, agent.index).err();
+    let limit = match over_rate {
+        Some(_) => RATE_LIMITED_READ.min(app.max_body),
+        None => app.max_body,
+    };
     let (last_event_id, base_url, host, version) = request_facts(app, &req);
     // `_held`: the body's bytes count against the budgets until the call is answered.
-    let (body, _held) = match read_body(app, req).await {
+    let (parts, body) = req.into_parts();
+    let (body, _held) = match read_limited(app, &parts, body, limit).await {
         Ok(b) => b,
         Err(refusal) => {
+            let refusal = match (refusal, over_rate) {
+                (Refusal::TooLarge(_), Some(retry_after)) => Refusal::RateLimited(retry_after),
+                (refusal, _) => refusal,
+            };
             let e = dialect.refusal(&refusal);
             refused(app, dialect, &agent, e.code);
             return error_response(&e);
@@ -856,6 +863,10 @@ fn version_refusal(
         RpcError::new(a2a_errors::VERSION_NOT_SUPPORTED, "Version not supported").with_data(data);
     Some(Dialect::A2a(served).dress(e))
 }
+
+/// How much of a body is read from a caller whose rate bucket is empty: enough to name the
+/// requests of any ordinary call or batch, so that each gets its 429 with its id.
+const RATE_LIMITED_READ: u64 = 64 * 1024;
 
 async fn read_body(app: &App, req: Request<Incoming>) -> Result<(Bytes, budget::Held), Refusal> {
     let (parts, body) = req.into_parts();

@@ -35,6 +35,7 @@ mod file;
 mod index;
 mod local;
 pub(crate) mod pg;
+mod private;
 pub(crate) mod seal;
 
 pub(crate) use file::log::check_any as check_log_bytes;

@@ -69,7 +69,7 @@ pub(crate) fn set_aside(
         out.extend_from_slice(line.to_string().as_bytes());
         out.push(b'\n');
     }
-    let mut file = super::file::private_file()
+    let mut file = super::private::file()
         .write(true)
         .create_new(true)
         .open(&aside)

@@ -162,7 +162,7 @@ fn create_parent(path: &Path) -> Result<()> {
     if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty())
         && !dir.exists()
     {
-        create_private_dir(dir).map_err(|e| {
+        super::private::create_dir(dir).map_err(|e| {
             open_error(
                 path,
                 format!("cannot create the directory {}: {e}", dir.display()),
@@ -170,27 +170,6 @@ fn create_parent(path: &Path) -> Result<()> {
         })?;
     }
     Ok(())
-}
-
-/// Creates `dir` and any missing parents, each mode 0700 (as the umask allows, then set):
-/// the store's directories are a2ad's alone.
-pub(super) fn create_private_dir(dir: &Path) -> std::io::Result<()> {
-    use std::os::unix::fs::DirBuilderExt as _;
-    std::fs::DirBuilder::new()
-        .recursive(true)
-        .mode(0o700)
-        .create(dir)?;
-    schema::restrict(dir, 0o700);
-    Ok(())
-}
-
-/// Options that create a file mode 0600: every file a2ad writes in its store holds task
-/// data, and perhaps webhook secrets.
-pub(super) fn private_file() -> std::fs::OpenOptions {
-    use std::os::unix::fs::OpenOptionsExt as _;
-    let mut options = std::fs::OpenOptions::new();
-    options.mode(0o600);
-    options
 }
 
 impl Journal {

@@ -166,7 +166,7 @@ impl LogDisk {
         carry::carry_over(config, &dir, !listed.numbers.is_empty(), segment_bytes)?;
         let lock_path = dir.join(LOCK);
         let lock_existed = lock_path.exists();
-        let lock = super::private_file()
+        let lock = crate::store::private::file()
             .read(true)
             .write(true)
             .create(true)
@@ -751,7 +751,7 @@ fn upgrade_header(file: &File) -> std::io::Result<()> {
 /// A new file at `path` (replacing one a crash left there) holding a segment's header.
 fn headed_file(path: &Path) -> std::io::Result<File> {
     let _ = std::fs::remove_file(path);
-    let file = super::private_file()
+    let file = crate::store::private::file()
         .read(true)
         .write(true)
         .create_new(true)

@@ -64,7 +64,7 @@ pub(super) fn carry_over(
     if staging.exists() {
         std::fs::remove_dir_all(&staging).map_err(|e| io_at(&staging, "cannot be cleared", &e))?;
     }
-    super::super::create_private_dir(&staging)
+    crate::store::private::create_dir(&staging)
         .map_err(|e| io_at(&staging, "cannot be created", &e))?;
     let mut out = Segments::begin(&staging, segment_bytes)
         .map_err(|e| io_at(&staging, "cannot be written", &e))?;
