@@ -258,3 +258,45 @@ async fn conversations_are_bounded_in_bytes() {
         .await;
     assert_eq!(turn(&last), "turn 2", "the newest goes on");
 }
+
+/// Found by the fuzz target `grpc`: a message whose enum holds a number A2A does not define
+/// (a `role` of 98) has no ProtoJSON form, and the call was answered INTERNAL. It is an
+/// invalid param of that field.
+#[tokio::test]
+async fn a_grpc_enum_value_a2a_does_not_define_is_an_invalid_param() {
+    use a2ad::proto::{self as pb, a2a_service_client::A2aServiceClient};
+    use tonic_types::StatusExt as _;
+    let s = TestServer::start(config(&["echo"])).await;
+    let channel = tonic::transport::Channel::from_shared(s.base.clone())
+        .expect("uri")
+        .connect()
+        .await
+        .expect("connect");
+    let mut client = A2aServiceClient::new(channel);
+    let mut req = tonic::Request::new(pb::SendMessageRequest {
+        tenant: "echo".into(),
+        message: Some(pb::Message {
+            message_id: "m-1".into(),
+            role: 98,
+            parts: vec![pb::Part {
+                content: Some(pb::part::Content::Text("hello".into())),
+                ..Default::default()
+            }],
+            ..Default::default()
+        }),
+        ..Default::default()
+    });
+    req.metadata_mut()
+        .insert("x-api-key", ALICE.parse().expect("key"));
+    req.metadata_mut()
+        .insert("a2a-version", "1.0".parse().expect("version"));
+    let err = client.send_message(req).await.expect_err("refused");
+    assert_eq!(err.code(), tonic::Code::InvalidArgument, "{err:?}");
+    let details = err.get_error_details();
+    assert_eq!(
+        details.error_info().map(|i| i.reason.as_str()),
+        Some("INVALID_PARAMS")
+    );
+    let violations = &details.bad_request().expect("BadRequest").field_violations;
+    assert_eq!(violations[0].field, "message.role");
+}

@@ -223,11 +223,12 @@ pub(crate) fn fuzz_decode(
     max: u64,
 ) -> Result<(Op, String, Box<serde_json::value::RawValue>), &'static str> {
     fn decoded<M: prost::Message + Default + Serialize + Tenant>(
+        op: Op,
         message: &[u8],
     ) -> Result<(String, Box<serde_json::value::RawValue>), &'static str> {
         let mut msg = M::decode(message).map_err(|_| "not a message of the call")?;
         let tenant = msg.take_tenant();
-        let params = serde_json::value::to_raw_value(&msg).map_err(|_| "encoding")?;
+        let params = protojson(op, &msg).map_err(|_| "a value A2A does not define")?;
         Ok((tenant, params))
     }
     let (_, op) = METHODS[usize::from(method) % METHODS.len()];
@@ -237,18 +238,38 @@ pub(crate) fn fuzz_decode(
         Err(Unframed::Invalid(why)) => return Err(why),
     };
     let (tenant, params) = match op {
-        Op::SendMessage | Op::SendStreamingMessage => decoded::<pb::SendMessageRequest>(message),
-        Op::GetTask => decoded::<pb::GetTaskRequest>(message),
-        Op::ListTasks => decoded::<pb::ListTasksRequest>(message),
-        Op::CancelTask => decoded::<pb::CancelTaskRequest>(message),
-        Op::SubscribeToTask => decoded::<pb::SubscribeToTaskRequest>(message),
-        Op::CreatePushConfig => decoded::<pb::TaskPushNotificationConfig>(message),
-        Op::GetPushConfig => decoded::<pb::GetTaskPushNotificationConfigRequest>(message),
-        Op::ListPushConfigs => decoded::<pb::ListTaskPushNotificationConfigsRequest>(message),
-        Op::GetExtendedCard => decoded::<pb::GetExtendedAgentCardRequest>(message),
-        Op::DeletePushConfig => decoded::<pb::DeleteTaskPushNotificationConfigRequest>(message),
+        Op::SendMessage | Op::SendStreamingMessage => {
+            decoded::<pb::SendMessageRequest>(op, message)
+        }
+        Op::GetTask => decoded::<pb::GetTaskRequest>(op, message),
+        Op::ListTasks => decoded::<pb::ListTasksRequest>(op, message),
+        Op::CancelTask => decoded::<pb::CancelTaskRequest>(op, message),
+        Op::SubscribeToTask => decoded::<pb::SubscribeToTaskRequest>(op, message),
+        Op::CreatePushConfig => decoded::<pb::TaskPushNotificationConfig>(op, message),
+        Op::GetPushConfig => decoded::<pb::GetTaskPushNotificationConfigRequest>(op, message),
+        Op::ListPushConfigs => decoded::<pb::ListTaskPushNotificationConfigsRequest>(op, message),
+        Op::GetExtendedCard => decoded::<pb::GetExtendedAgentCardRequest>(op, message),
+        Op::DeletePushConfig => decoded::<pb::DeleteTaskPushNotificationConfigRequest>(op, message),
     }?;
     Ok((op, tenant, params))
+}
+
+/// A request message as the ProtoJSON the shared params decoders read. Protobuf carries an
+/// enum as any number, ProtoJSON only as one of its names: a number the protocol does not
+/// define (a `role` of 98, a `status` of 40) cannot be written, and is an invalid param of
+/// the field that holds it (found by the fuzz target `grpc`: it was INTERNAL).
+fn protojson(
+    op: Op,
+    msg: &impl Serialize,
+) -> Result<Box<serde_json::value::RawValue>, crate::Error> {
+    serde_json::value::to_raw_value(msg).map_err(|e| {
+        let field = match op {
+            Op::SendMessage | Op::SendStreamingMessage => "message.role",
+            Op::ListTasks => "status",
+            _ => "params",
+        };
+        crate::Error::invalid(field, format!("is not a value A2A defines ({e})"))
+    })
 }
 
 /// The status of a refusal every binding shares (no key, no agent, too large, …).
@@ -364,7 +385,7 @@ impl Grpc {
         }
         // The message, its tenant taken out, as the ProtoJSON the shared decoder reads.
         let params =
-            serde_json::value::to_raw_value(&msg).map_err(|_| Status::internal("encoding"))?;
+            protojson(op, &msg).map_err(|e| refused(&errors::rpc_error(Version::V10, &e)))?;
         let cx = CallContext {
             caller,
             agent,
