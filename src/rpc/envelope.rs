@@ -284,6 +284,136 @@ mod tests {
         assert_eq!(decode(b" [ ] ").unwrap_err().code, error::INVALID_REQUEST);
     }
 
+    /// The official paths (`null_ids`): a request without an id, or with `id: null`, is a
+    /// call answered with `id: null`; an id of another kind is still refused. Elsewhere the
+    /// same requests are refused.
+    #[test]
+    fn null_ids_are_calls_only_where_the_dialect_answers_them() {
+        let as_official = |body: &str| match decode_as(body.as_bytes(), 4, true).expect("decodes") {
+            Body::Single(r) => r,
+            Body::Batch(_) => panic!("not a batch"),
+        };
+        for body in [
+            r#"{"jsonrpc":"2.0","method":"m"}"#,
+            r#"{"jsonrpc":"2.0","id":null,"method":"m"}"#,
+        ] {
+            let call = as_official(body).expect("a call");
+            assert_eq!(call.id.get(), "null", "{body}");
+            assert_eq!(call.method, "m");
+            let refused = single(body).expect_err("refused on the seed path");
+            assert_eq!(refused.error.code, error::INVALID_REQUEST);
+        }
+        let kept = as_official(r#"{"jsonrpc":"2.0","id":"k","method":"m"}"#).expect("a call");
+        assert_eq!(kept.id.get(), r#""k""#);
+        for body in [
+            r#"{"jsonrpc":"2.0","id":{"a":1},"method":"m"}"#,
+            r#"{"jsonrpc":"2.0","id":true,"method":"m"}"#,
+            r#"{"jsonrpc":"2.0","id":nullx,"method":"m"}"#,
+        ] {
+            match decode_as(body.as_bytes(), 4, true) {
+                Ok(Body::Single(Err(r))) => {
+                    assert_eq!(r.error.code, error::INVALID_REQUEST, "{body}");
+                    assert!(r.id.is_none(), "{body}");
+                }
+                Err(e) => assert_eq!(e.code, error::PARSE_ERROR, "{body}"),
+                Ok(_) => panic!("{body} was taken as a call"),
+            }
+        }
+        // In a batch too.
+        match decode_as(
+            br#"[{"jsonrpc":"2.0","method":"a"},{"jsonrpc":"2.0","id":2,"method":"b"}]"#,
+            4,
+            true,
+        )
+        .expect("decodes")
+        {
+            Body::Batch(items) => {
+                assert_eq!(items[0].as_ref().expect("a call").id.get(), "null");
+                assert_eq!(items[1].as_ref().expect("a call").id.get(), "2");
+            }
+            Body::Single(_) => panic!("batch expected"),
+        }
+    }
+
+    #[test]
+    fn ids_are_strings_or_numbers() {
+        for (id, ok) in [
+            (r#""a""#, true),
+            ("0", true),
+            ("-1", true),
+            ("9", true),
+            ("true", false),
+            ("[1]", false),
+            (r#"{"a":1}"#, false),
+        ] {
+            let raw = RawValue::from_string(id.to_string()).expect("json");
+            assert_eq!(is_valid_id(&raw), ok, "{id}");
+        }
+    }
+
+    #[test]
+    fn a_request_needs_jsonrpc_2_and_a_string_method() {
+        for body in [
+            r#"{"id":1,"method":"m"}"#,
+            r#"{"jsonrpc":2.0,"id":1,"method":"m"}"#,
+            r#"{"jsonrpc":"2.0","id":1}"#,
+            r#"{"jsonrpc":"2.0","id":1,"method":["m"]}"#,
+        ] {
+            let r = single(body).expect_err(body);
+            assert_eq!(r.error.code, error::INVALID_REQUEST, "{body}");
+            assert_eq!(r.id.expect("the id is echoed").get(), "1", "{body}");
+        }
+        // Leading white space, and no params at all.
+        let c = single(" \n\t{\"jsonrpc\":\"2.0\",\"id\":\"w\",\"method\":\"m\"}").expect("valid");
+        assert!(c.params.is_none());
+    }
+
+    #[test]
+    fn valid_json_of_the_wrong_shape_is_an_invalid_request_not_a_parse_error() {
+        // A duplicate member: JSON, but not one request object.
+        let r = single(r#"{"jsonrpc":"2.0","id":1,"id":2,"method":"m"}"#).expect_err("refused");
+        assert_eq!(r.error.code, error::INVALID_REQUEST);
+        assert!(r.id.is_none());
+        // A string, null, a number: -32600; garbage after them: -32700.
+        for body in [r#""text""#, "null", "12"] {
+            let r = single(body).expect_err(body);
+            assert_eq!(r.error.code, error::INVALID_REQUEST, "{body}");
+        }
+        assert_eq!(decode(b"12 x").unwrap_err().code, error::PARSE_ERROR);
+        // Cut short: -32700.
+        assert_eq!(
+            decode(br#"{"jsonrpc":"2.0","id":1"#).unwrap_err().code,
+            error::PARSE_ERROR
+        );
+    }
+
+    #[test]
+    fn a_batch_is_capped_and_its_items_are_checked_one_by_one() {
+        let item = r#"{"jsonrpc":"2.0","id":1,"method":"m"}"#;
+        let three = format!("[{item},{item},{item}]");
+        assert!(matches!(decode_with(three.as_bytes(), 3), Ok(Body::Batch(b)) if b.len() == 3));
+        let e = decode_with(three.as_bytes(), 2).expect_err("over the cap");
+        assert_eq!(e.code, error::INVALID_REQUEST);
+        // Not UTF-8, not JSON: -32700.
+        assert_eq!(decode(b"[\xff]").unwrap_err().code, error::PARSE_ERROR);
+        assert_eq!(decode(b"[1,").unwrap_err().code, error::PARSE_ERROR);
+        // Items that are not request objects are refused each on its own.
+        match decode(br#"[1, {"jsonrpc":"2.0","id":1,"id":2,"method":"m"}, {"jsonrpc":"2.0","id":"z","method":"m"}]"#)
+            .expect("decodes")
+        {
+            Body::Batch(items) => {
+                assert_eq!(items.len(), 3);
+                for refused in &items[..2] {
+                    let r = refused.as_ref().expect_err("refused");
+                    assert_eq!(r.error.code, error::INVALID_REQUEST);
+                    assert!(r.id.is_none());
+                }
+                assert_eq!(items[2].as_ref().expect("valid").id.get(), r#""z""#);
+            }
+            Body::Single(_) => panic!("batch expected"),
+        }
+    }
+
     #[test]
     fn responses_are_full_envelopes() {
         let id = RawValue::from_string("\"x\"".into()).expect("json");
@@ -297,5 +427,11 @@ mod tests {
             serde_json::from_slice(&failure(None, &RpcError::method_not_found("m"))).expect("json");
         assert_eq!(err["id"], serde_json::Value::Null);
         assert_eq!(err["error"]["code"], -32601);
+        assert_eq!(err["jsonrpc"], "2.0");
+        let with_id: serde_json::Value =
+            serde_json::from_slice(&failure(Some(&*id), &RpcError::method_not_found("m")))
+                .expect("json");
+        assert_eq!(with_id["id"], "x");
+        assert_eq!(null_id().get(), "null");
     }
 }
