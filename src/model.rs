@@ -564,6 +564,39 @@ mod tests {
     }
 
     #[test]
+    fn interrupted_and_terminal_states_end_a_stream_and_no_other() {
+        use TaskState::*;
+        let interrupted: Vec<_> = ALL.into_iter().filter(|s| s.is_interrupted()).collect();
+        assert_eq!(interrupted, vec![InputRequired, AuthRequired]);
+        let ending: Vec<_> = ALL.into_iter().filter(|s| s.ends_stream()).collect();
+        assert_eq!(
+            ending,
+            vec![
+                Completed,
+                Failed,
+                Canceled,
+                InputRequired,
+                AuthRequired,
+                Rejected
+            ]
+        );
+        // An event is final when it ends a stream and carries no artifact.
+        for state in ALL {
+            let mut event = TaskEvent::status(1, TaskStatus::new(state));
+            assert_eq!(event.is_final(), state.ends_stream(), "{state}");
+            event.artifact = Some(ArtifactUpdate {
+                artifact: Arc::new(Artifact::new(None, vec![Part::Text("a".into())])),
+                append: false,
+                last_chunk: true,
+            });
+            assert!(
+                !event.is_final(),
+                "{state}: an artifact event is never final"
+            );
+        }
+    }
+
+    #[test]
     fn the_transition_table_is_the_specs() {
         use TaskState::*;
         let all = [
@@ -607,6 +640,15 @@ mod tests {
             assert!(Working.can_become(interrupted) && interrupted.can_become(Working));
             assert!(interrupted.ends_stream() && !interrupted.is_terminal());
         }
+    }
+
+    #[test]
+    fn user_and_agent_text_messages_carry_their_roles_and_fresh_ids() {
+        let user = Message::user_text(["a", "b"]);
+        let agent = Message::agent_text(["a", "b"]);
+        assert_eq!((user.role, agent.role), (Role::User, Role::Agent));
+        assert_eq!(user.parts, agent.parts);
+        assert_ne!(user.message_id, agent.message_id);
     }
 
     #[test]
