@@ -303,6 +303,12 @@ mod tests {
             let refused = single(body).expect_err("refused on the seed path");
             assert_eq!(refused.error.code, error::INVALID_REQUEST);
         }
+        // The seed path's reason does not offer null.
+        let seed = single(r#"{"jsonrpc":"2.0","id":{"a":1},"method":"m"}"#).expect_err("refused");
+        assert_eq!(
+            seed.error.data.as_ref().map(|d| d["reason"].clone()),
+            Some(serde_json::json!("`id` must be a string or a number"))
+        );
         let kept = as_official(r#"{"jsonrpc":"2.0","id":"k","method":"m"}"#).expect("a call");
         assert_eq!(kept.id.get(), r#""k""#);
         for body in [
@@ -314,6 +320,12 @@ mod tests {
                 Ok(Body::Single(Err(r))) => {
                     assert_eq!(r.error.code, error::INVALID_REQUEST, "{body}");
                     assert!(r.id.is_none(), "{body}");
+                    // The reason names what this path accepts: null too.
+                    assert_eq!(
+                        r.error.data.as_ref().map(|d| d["reason"].clone()),
+                        Some(serde_json::json!("`id` must be a string, a number or null")),
+                        "{body}"
+                    );
                 }
                 Err(e) => assert_eq!(e.code, error::PARSE_ERROR, "{body}"),
                 Ok(_) => panic!("{body} was taken as a call"),
