@@ -150,10 +150,10 @@ fn decode_envelope(env: Envelope<'_>, null_ids: bool) -> Result<Call, Rejected> 
         error: RpcError::invalid_request(reason),
     };
     let null = null_id();
+    // (`"id": null` reads as `None`: serde takes a JSON null for an absent `Option`.)
     let id = match env.id {
         Some(id) if is_valid_id(id) => id,
         None if null_ids => &*null,
-        Some(id) if null_ids && id.get() == "null" => &*null,
         Some(_) if null_ids => {
             return Err(reject(None, "`id` must be a string, a number or null"));
         }
