@@ -91,6 +91,15 @@ fn append(path: &Path, bytes: &[u8]) {
         .expect("append");
 }
 
+/// Appends a whole frame (its checksum holds) whose task record (alice's `bad`) is no
+/// record: written by a build with a bug, say.
+fn append_undecodable_task(segment: &Path) {
+    let mut frame = super::frame::FrameBuf::default();
+    let task_key = crate::store::codec::task_key(&key("alice", "bad"), 1);
+    frame.put(super::Table::Tasks, &task_key, b"\x01 not a task record");
+    append(segment, frame.seal());
+}
+
 /// Where a segment's log ends: after its last whole frame (zeros may follow: a direct
 /// write's last block, or a segment written in advance).
 fn log_end(bytes: &[u8]) -> usize {
@@ -375,10 +384,7 @@ fn a_record_that_does_not_decode_refuses_the_start_unless_set_aside() {
     let segment = one_task(&dir);
     // A whole frame (its checksum holds) whose task record is no record: written by a
     // build with a bug, say.
-    let mut frame = super::frame::FrameBuf::default();
-    let task_key = crate::store::codec::task_key(&key("alice", "bad"), 1);
-    frame.put(super::Table::Tasks, &task_key, b"\x01 not a task record");
-    append(&segment, frame.seal());
+    append_undecodable_task(&segment);
     let message = refusal(&config);
     assert!(
         message.contains("1 damaged record(s) (tasks: 1)"),
@@ -1211,10 +1217,7 @@ fn a_refused_start_writes_nothing_not_even_the_lock_file() {
     let mut config = dir.config();
     let segment = one_task(&dir);
     // A record that does not decode, then a torn last write after it.
-    let mut frame = super::frame::FrameBuf::default();
-    let task_key = crate::store::codec::task_key(&key("alice", "bad"), 1);
-    frame.put(super::Table::Tasks, &task_key, b"\x01 not a task record");
-    append(&segment, frame.seal());
+    append_undecodable_task(&segment);
     append(&segment, &[200, 0, 0, 0, 1, 2, 3, 4, 9, 9, 9]);
     // And a spare segment a crash left.
     std::fs::write(dir.0.join("log").join(super::prealloc::SPARE), b"spare").expect("spare");
@@ -1284,10 +1287,7 @@ fn the_logs_files_are_private_in_a_directory_open_to_all() {
     // A set-aside file of damaged records is private too.
     let segment = dir.segments().pop().expect("a segment");
     let older = dir.segments().first().cloned().expect("a segment");
-    let mut frame = super::frame::FrameBuf::default();
-    let task_key = crate::store::codec::task_key(&key("alice", "bad"), 1);
-    frame.put(super::Table::Tasks, &task_key, b"\x01 not a task record");
-    append(&segment, frame.seal());
+    append_undecodable_task(&segment);
     config.store.set_aside_damaged = true;
     close(open(&config));
     let aside: Vec<PathBuf> = std::fs::read_dir(&dir.0)
