@@ -9,18 +9,6 @@ use std::time::Duration;
 use bytes::Bytes;
 use support::{ALICE, TestServer, config, metric, poll_until};
 
-/// An HTTP/2 (prior knowledge) connection with the `h2` crate.
-async fn h2_connect(s: &TestServer) -> h2::client::SendRequest<Bytes> {
-    let tcp = tokio::net::TcpStream::connect(s.addr())
-        .await
-        .expect("connect");
-    let (client, conn) = h2::client::handshake(tcp).await.expect("h2 handshake");
-    tokio::spawn(async move {
-        let _ = conn.await;
-    });
-    client
-}
-
 /// Starts a request whose body never ends: `sent` bytes of it, then nothing.
 async fn endless(
     client: &mut h2::client::SendRequest<Bytes>,
@@ -72,7 +60,7 @@ async fn a_grpc_call_without_a_key_is_refused_before_its_body_is_read() {
     // Far past the test's deadline: only a refusal before the body can answer in time.
     c.server.body_read_timeout_seconds = 600.0;
     let s = TestServer::start(c).await;
-    let mut client = h2_connect(&s).await;
+    let mut client = s.h2().await;
     let mut open = Vec::new();
     for key in [None, Some("not-a-key-0123456789")] {
         for _ in 0..12 {
@@ -108,7 +96,7 @@ async fn body_bytes_held_stay_within_the_bounds_of_a_connection_and_of_all() {
     c.server.body_read_timeout_seconds = 600.0;
     let s = TestServer::start(c).await;
     // Four bodies of 900 KiB on one connection, none ending: the connection's bound.
-    let mut first = h2_connect(&s).await;
+    let mut first = s.h2().await;
     let mut open = Vec::new();
     for i in 0..4 {
         let req = if i % 2 == 0 {
@@ -125,7 +113,7 @@ async fn body_bytes_held_stay_within_the_bounds_of_a_connection_and_of_all() {
     .await;
     assert!(at_bound <= (2 * MIB) as f64, "one connection: {at_bound}");
     // Four more on a second connection: the bound of all.
-    let mut second = h2_connect(&s).await;
+    let mut second = s.h2().await;
     for _ in 0..4 {
         open.push(endless(&mut second, jsonrpc(&s, ALICE), 900 << 10).await);
     }
@@ -160,7 +148,7 @@ async fn a_caller_over_its_rate_is_refused_before_its_body_is_read() {
     let s = TestServer::start(c).await;
     let spent = s.send("echo", "the one token", serde_json::json!({})).await;
     assert_eq!(spent["status"]["state"], "completed");
-    let mut client = h2_connect(&s).await;
+    let mut client = s.h2().await;
     let mut rest = http::Request::builder()
         .method("POST")
         .uri(format!("{}/rest/message:send", s.url("echo")))

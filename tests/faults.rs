@@ -250,18 +250,6 @@ async fn a_stream_nobody_reads_is_dropped_and_counted_and_the_task_goes_on() {
     nothing_left_behind(&s).await;
 }
 
-/// An HTTP/2 (prior knowledge) connection with the `h2` crate, for frame-level abuse.
-async fn h2_connect(s: &TestServer) -> h2::client::SendRequest<bytes::Bytes> {
-    let tcp = tokio::net::TcpStream::connect(s.addr())
-        .await
-        .expect("connect");
-    let (client, conn) = h2::client::handshake(tcp).await.expect("h2 handshake");
-    tokio::spawn(async move {
-        let _ = conn.await;
-    });
-    client
-}
-
 fn h2_request(s: &TestServer, agent: &str) -> http::Request<()> {
     http::Request::builder()
         .method("POST")
@@ -316,7 +304,7 @@ async fn http2_many_concurrent_streams_on_one_connection_are_all_served() {
 #[tokio::test]
 async fn http2_rapid_reset_does_not_hurt_the_server_or_other_clients() {
     let s = TestServer::start(config(&["echo"])).await;
-    let mut client = h2_connect(&s).await;
+    let mut client = s.h2().await;
     let mut sent = 0;
     for _ in 0..5000 {
         let Ok(ready) = client.clone().ready().await else {
@@ -341,7 +329,7 @@ async fn http2_rapid_reset_does_not_hurt_the_server_or_other_clients() {
 #[tokio::test]
 async fn http2_a_huge_header_list_is_refused_and_the_server_keeps_serving() {
     let s = TestServer::start(config(&["echo"])).await;
-    let client = h2_connect(&s).await;
+    let client = s.h2().await;
     let mut req = h2_request(&s, "echo");
     req.headers_mut()
         .insert("x-huge", "a".repeat(200_000).parse().expect("value"));

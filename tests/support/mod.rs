@@ -217,6 +217,18 @@ impl TestServer {
         self.base.trim_start_matches("http://").to_string()
     }
 
+    /// An HTTP/2 (prior knowledge) connection with the `h2` crate, for frame-level tests.
+    pub async fn h2(&self) -> h2::client::SendRequest<bytes::Bytes> {
+        let tcp = tokio::net::TcpStream::connect(self.addr())
+            .await
+            .expect("connect");
+        let (client, conn) = h2::client::handshake(tcp).await.expect("h2 handshake");
+        tokio::spawn(async move {
+            let _ = conn.await;
+        });
+        client
+    }
+
     /// The text of `/metrics`.
     pub async fn scrape(&self) -> String {
         self.client
