@@ -140,7 +140,7 @@ pub fn grpc(data: &[u8]) {
     let Some((&method, body)) = data.split_first() else {
         return;
     };
-    let (op, _tenant, raw) = match crate::http::grpc_fuzz_decode(method, body, MAX) {
+    let (op, _tenant, raw) = match crate::rpc::a2a::bindings::grpc::fuzz_decode(method, body, MAX) {
         Ok(decoded) => decoded,
         Err(_) => return,
     };

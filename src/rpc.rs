@@ -19,6 +19,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 
+pub(crate) use a2a::card::CardSigner;
 pub(crate) use envelope::{
     Body, Call, Rejected, decode, decode_as, decode_with, failure, null_id, success,
 };
@@ -81,6 +82,13 @@ pub(crate) enum Refusal {
     BodyTimeout,
     /// 400-ish: the body could not be read.
     BodyUnreadable,
+    /// -32009 (official dialects): the request names an A2A version this URL does not
+    /// serve; `agent_url` is the agent's endpoint without a dialect's path.
+    VersionNotSupported {
+        served: a2a::Version,
+        requested: Option<String>,
+        agent_url: String,
+    },
 }
 
 impl Refusal {
@@ -114,6 +122,10 @@ impl Refusal {
             Self::Forbidden(_) => RpcError::new(error::INVALID_REQUEST, "Forbidden")
                 .with_status(StatusCode::FORBIDDEN),
             Self::RateLimited(secs) => RpcError::rate_limited(error::INVALID_REQUEST, *secs),
+            // The seed names no versions: only the official dialects refuse one.
+            Self::VersionNotSupported { .. } => {
+                RpcError::invalid_request("this URL serves no A2A version")
+            }
         }
     }
 }
@@ -347,6 +359,9 @@ impl CallContext {
         }
     }
 }
+
+/// A stream's framed messages (a gRPC response's, each a length-prefixed message).
+pub(crate) type Frames = std::pin::Pin<Box<dyn futures_util::Stream<Item = Bytes> + Send>>;
 
 /// Renders one stream item as the JSON-RPC response of a `data:` line: request id, the
 /// item, and whether it is the first of the stream.

@@ -450,6 +450,52 @@ fn the_core_has_no_import_circle() {
     assert!(found.is_empty(), "import circles in the core: {found:?}");
 }
 
+/// The edge reads one way too (docs/ARCHITECTURE.md): the listener (`server`) uses the
+/// service (`http`), never the reverse; nothing below the edge (`rpc`, the dialects, the
+/// core) imports either; the service's front file (`http.rs`) names no dialect; and the
+/// edge admits in one place: only `http/admit` authenticates a caller, checks the agents
+/// its key may use or makes a call's context.
+#[test]
+fn the_edge_admits_in_one_place_and_nothing_below_imports_it() {
+    let graph = import_graph();
+    let under = |m: &str, room: &str| m == room || m.starts_with(&format!("{room}/"));
+    let mut violations = Vec::new();
+    for (from, tos) in &graph {
+        for to in tos {
+            if under(to, "server") && (layer(from) != "edge" || under(from, "http")) {
+                violations.push(format!("{from} imports {to}: only the top of the edge may"));
+            }
+            if under(to, "http") && layer(from) != "edge" {
+                violations.push(format!("{from} ({}) imports the edge ({to})", layer(from)));
+            }
+        }
+    }
+    let front = graph.get("http").expect("src/http.rs");
+    for to in front {
+        if under(to, "rpc/a2a") || under(to, "rpc/seed") {
+            violations.push(format!("http imports the dialect module {to}"));
+        }
+    }
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut files = vec![src.join("http.rs")];
+    rust_files(&src.join("http"), &mut files);
+    for file in files {
+        let module = module(&src, &file);
+        if module == "http/admit" {
+            continue;
+        }
+        let code = code_only(&std::fs::read_to_string(&file).expect("read"));
+        for rule in [".authenticate(", ".may_use(", "CallContext {"] {
+            if code.contains(rule) {
+                violations.push(format!(
+                    "{module} admits on its own ({rule}); use http/admit"
+                ));
+            }
+        }
+    }
+    assert!(violations.is_empty(), "{violations:#?}");
+}
+
 #[test]
 fn the_circle_check_sees_a_circle() {
     // A guard on the guard: two rooms that import each other are found.

@@ -1,4 +1,5 @@
-//! The response body: a whole buffer or an SSE stream, holding the connection busy until done.
+//! The response body: a whole buffer, an SSE stream or a gRPC response (the server keeps
+//! its connection busy until the body is done: `server::conn::Guarded`).
 
 use std::convert::Infallible;
 use std::pin::Pin;
@@ -7,15 +8,12 @@ use std::task::{Context, Poll};
 use bytes::Bytes;
 use http_body::Frame;
 
-use super::grpc::Frames;
 use super::sse::SseBody;
-use crate::server::conn::InFlight;
+use crate::rpc::Frames;
 
-/// A response body: a whole buffer, or an SSE stream. It may carry the connection's
-/// in-flight guard, so the connection counts as busy until the body is written or dropped.
+/// A response body: a whole buffer, an SSE stream, or a gRPC response.
 pub(crate) struct Body {
     inner: Inner,
-    _in_flight: Option<InFlight>,
 }
 
 enum Inner {
@@ -64,16 +62,7 @@ impl Body {
     }
 
     fn from_inner(inner: Inner) -> Self {
-        Self {
-            inner,
-            _in_flight: None,
-        }
-    }
-
-    /// Keeps `guard` until the body is done.
-    pub(crate) fn guarded(mut self, guard: InFlight) -> Self {
-        self._in_flight = Some(guard);
-        self
+        Self { inner }
     }
 }
 

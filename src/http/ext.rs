@@ -8,14 +8,13 @@ use hyper::body::Incoming;
 use hyper::{Method, Request, Response, StatusCode};
 use serde_json::{Value, json};
 
-use super::{
-    App, Body, preflight_official, rest_error, rest_response, rest_unauthorized, rest_wrong_method,
-};
-use crate::auth::{Caller, PeerCertificate};
+use super::admit::{self, Admitted};
+use super::rest::{error as rest_error, refusal, response as rest_response, wrong_method};
+use super::{App, Body, preflight_official};
 use crate::model::AgentId;
+use crate::rpc::RpcError;
 use crate::rpc::a2a::Version;
 use crate::rpc::a2a::errors as a2a_errors;
-use crate::rpc::{Refusal, RpcError};
 
 /// The agents listing.
 pub(crate) const AGENTS_PATH: &str = "/api/v1/agents";
@@ -33,18 +32,18 @@ pub(crate) async fn agents(app: &App, req: Request<Incoming>) -> Response<Body> 
     match *req.method() {
         Method::OPTIONS => return preflight_official("GET, HEAD, OPTIONS"),
         Method::GET | Method::HEAD => {}
-        _ => return rest_wrong_method("GET, HEAD, OPTIONS"),
+        _ => return wrong_method("GET, HEAD, OPTIONS"),
     }
-    let caller = match authenticate(app, &req).await {
+    let caller = match admit::caller(app, req.headers(), req.extensions()).await {
         Ok(c) => c,
-        Err(r) => return r,
+        Err(r) => return refusal(&r),
     };
     let runtime = &app.runtime;
     let agents: Vec<Value> = runtime
         .config()
         .agents
         .iter()
-        .filter(|a| caller.may_use(&AgentId::new(a.id.as_str())))
+        .filter(|a| admit::may_use(&caller, &AgentId::new(a.id.as_str())))
         .map(|a| {
             let l = &a.limits;
             json!({
@@ -72,32 +71,31 @@ pub(crate) async fn agents(app: &App, req: Request<Incoming>) -> Response<Body> 
 }
 
 /// `GET {agent}/rest/x-a2ad/deliveries?taskId=&pageSize=`: the caller's latest webhook
-/// attempts on the agent, newest first (the caller is authenticated and may use the
-/// agent: `rest_endpoint` checked both).
+/// attempts on the agent, newest first (the caller is admitted to the agent).
 pub(crate) fn deliveries(
     app: &App,
-    caller: &Caller,
-    agent: (&AgentId, usize),
+    admitted: &Admitted,
     method: &Method,
     query: Option<&str>,
 ) -> Response<Body> {
     if method != Method::GET && method != Method::HEAD {
-        return rest_wrong_method("GET, HEAD, OPTIONS");
+        return wrong_method("GET, HEAD, OPTIONS");
     }
     // Each read takes a token, as every call on the agent does.
-    if let Err(retry_after) = app.rate.try_acquire(caller, agent.1) {
-        return rest_error(&a2a_errors::refusal(
-            Version::V10,
-            &Refusal::RateLimited(retry_after),
-        ));
+    if let Err(r) = admitted.token(app) {
+        return rest_error(&a2a_errors::refusal(Version::V10, &r));
     }
+    let caller = &admitted.caller;
     let (task, limit) = match page_query(query) {
         Ok(q) => q,
         Err(e) => return rest_error(&a2a_errors::dress(Version::V10, e)),
     };
-    let records = app
-        .runtime
-        .recent_deliveries(&caller.principal, agent.0, task.as_deref(), limit);
+    let records = app.runtime.recent_deliveries(
+        &caller.principal,
+        &admitted.agent_id,
+        task.as_deref(),
+        limit,
+    );
     let millis = |d: std::time::Duration| (d.as_secs_f64() * 1000.0 * 10.0).round() / 10.0;
     let time =
         |t: chrono::DateTime<chrono::Utc>| t.to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
@@ -160,16 +158,6 @@ fn page_query(query: Option<&str>) -> Result<(Option<String>, usize), RpcError> 
         }
     }
     Ok((task, limit))
-}
-
-async fn authenticate(
-    app: &App,
-    req: &Request<Incoming>,
-) -> Result<std::sync::Arc<Caller>, Response<Body>> {
-    app.keys
-        .authenticate(req.headers(), PeerCertificate::of(req.extensions()))
-        .await
-        .map_err(rest_unauthorized)
 }
 
 #[cfg(test)]

@@ -4,9 +4,8 @@ use hyper::header::{self, HeaderValue};
 use hyper::{Response, StatusCode};
 
 use super::Body;
-use crate::auth::AuthError;
 use crate::rpc::error::METHOD_NOT_FOUND;
-use crate::rpc::{self, Dialect, Refusal, RpcError};
+use crate::rpc::{self, RpcError};
 
 /// A JSON response with CORS.
 pub(crate) fn json(status: StatusCode, body: Vec<u8>) -> Response<Body> {
@@ -35,15 +34,6 @@ pub(crate) fn error_response(e: &RpcError) -> Response<Body> {
 /// The challenge of a 401: either credential.
 pub(super) const WWW_AUTHENTICATE: &str =
     r#"Bearer realm="a2ad", ApiKey realm="a2ad" header="x-api-key""#;
-
-pub(super) fn unauthorized(dialect: Dialect, e: AuthError) -> Response<Body> {
-    let mut r = error_response(&dialect.refusal(&Refusal::Unauthorized(e.message())));
-    r.headers_mut().insert(
-        header::WWW_AUTHENTICATE,
-        HeaderValue::from_static(WWW_AUTHENTICATE),
-    );
-    r
-}
 
 pub(crate) fn method_not_allowed(allow: &'static str) -> Response<Body> {
     let mut r = error_response(

@@ -3,19 +3,18 @@
 //! share the method semantics and error codes and differ in names and shapes, which
 //! [`Version`] picks wherever they do.
 
+pub(crate) mod bindings;
 pub(crate) mod card;
-mod dispatch;
 pub(crate) mod errors;
 pub(crate) mod ops;
 pub(crate) mod params;
 pub(crate) mod pb;
 pub(crate) mod pbout;
 pub(crate) mod render;
-pub(crate) mod rest;
 pub(crate) mod token;
 pub(crate) mod webhook;
 
-pub(crate) use dispatch::dispatch;
+pub(crate) use bindings::jsonrpc::dispatch;
 
 /// Which official version a path serves.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -31,7 +30,7 @@ pub(crate) const METHODS_10: [&str; 11] = {
     let mut out = [""; 11];
     let mut i = 0;
     while i < ops::TABLE.len() {
-        out[i] = ops::TABLE[i].1;
+        out[i] = ops::TABLE[i].v10;
         i += 1;
     }
     out
@@ -43,7 +42,7 @@ pub(crate) const METHODS_03: [&str; 10] = {
     let mut out = [""; 10];
     let (mut i, mut j) = (0, 0);
     while i < ops::TABLE.len() {
-        if let Some(m) = ops::TABLE[i].2 {
+        if let Some(m) = ops::TABLE[i].v03 {
             out[j] = m;
             j += 1;
         }

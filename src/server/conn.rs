@@ -119,6 +119,42 @@ impl Drop for InFlight {
     }
 }
 
+/// A response body that keeps its request counted in flight until it is written out or
+/// dropped (the connection is busy until then).
+pub(crate) struct Guarded {
+    body: crate::http::Body,
+    _in_flight: InFlight,
+}
+
+impl Guarded {
+    pub(crate) fn new(body: crate::http::Body, in_flight: InFlight) -> Self {
+        Self {
+            body,
+            _in_flight: in_flight,
+        }
+    }
+}
+
+impl http_body::Body for Guarded {
+    type Data = bytes::Bytes;
+    type Error = std::convert::Infallible;
+
+    fn poll_frame(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
+        std::pin::Pin::new(&mut self.get_mut().body).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.body.size_hint()
+    }
+}
+
 /// Why the watchdog closed a connection.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Closed {

@@ -20,7 +20,7 @@ use crate::auth::PeerCertificate;
 use crate::config::ServerConfig;
 use crate::http::{self, App};
 
-use super::conn::{self, Activity, Closed, InFlight, Pressure, Timeouts, Tracked};
+use super::conn::{self, Activity, Closed, Guarded, InFlight, Pressure, Timeouts, Tracked};
 use super::connection_cap;
 use super::tls::Tls;
 
@@ -411,7 +411,7 @@ pub(super) async fn serve_protocol<I>(
                     Ok(r) => r,
                     Err(never) => match never {},
                 };
-                Ok::<_, Infallible>(response.map(|body| body.guarded(guard)))
+                Ok::<_, Infallible>(response.map(|body| Guarded::new(body, guard)))
             }
         })
     };

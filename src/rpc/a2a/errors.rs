@@ -4,6 +4,7 @@
 
 use hyper::StatusCode;
 use serde_json::{Map, Value, json};
+use tonic::Code;
 
 use super::Version;
 use crate::error::Error;
@@ -47,24 +48,114 @@ pub(crate) const CODES: [i64; 10] = [
     RATE_LIMITED,
 ];
 
-fn reason_of(code: i64) -> &'static str {
-    match code {
-        PARSE_ERROR => "PARSE_ERROR",
-        INVALID_REQUEST => "INVALID_REQUEST",
-        METHOD_NOT_FOUND => "METHOD_NOT_FOUND",
-        INVALID_PARAMS => "INVALID_PARAMS",
-        TASK_NOT_FOUND => "TASK_NOT_FOUND",
-        TASK_NOT_CANCELABLE => "TASK_NOT_CANCELABLE",
-        PUSH_NOT_SUPPORTED => "PUSH_NOTIFICATION_NOT_SUPPORTED",
-        UNSUPPORTED_OPERATION => "UNSUPPORTED_OPERATION",
-        CONTENT_TYPE_NOT_SUPPORTED => "CONTENT_TYPE_NOT_SUPPORTED",
-        VERSION_NOT_SUPPORTED => "VERSION_NOT_SUPPORTED",
-        UNAUTHENTICATED => "UNAUTHENTICATED",
-        UNAUTHORIZED => "UNAUTHORIZED",
-        AGENT_NOT_FOUND => "AGENT_NOT_FOUND",
-        RATE_LIMITED => "RATE_LIMITED",
-        _ => "INTERNAL_ERROR",
+/// One official error as every binding carries it (DIALECTS §8, S10 §5.4): its JSON-RPC
+/// code, its `ErrorInfo.reason`, and — when the error carries no HTTP status of its own —
+/// the HTTP status of the HTTP+JSON binding and the `google.rpc.Code` of gRPC (whose name is
+/// also the HTTP+JSON body's `status`).
+pub(crate) struct ErrorRow {
+    pub(crate) code: i64,
+    pub(crate) reason: &'static str,
+    pub(crate) http: StatusCode,
+    pub(crate) grpc: Code,
+}
+
+const fn row(code: i64, reason: &'static str, http: StatusCode, grpc: Code) -> ErrorRow {
+    ErrorRow {
+        code,
+        reason,
+        http,
+        grpc,
     }
+}
+
+/// The error table: each official error once. JSON-RPC answers its code (HTTP 200 unless
+/// the error carries a status), HTTP+JSON its `http` status with a `google.rpc.Status` named
+/// after `grpc`, gRPC its `grpc` status; all three carry `reason` in their `ErrorInfo`.
+#[rustfmt::skip]
+pub(crate) const TABLE: [ErrorRow; 15] = {
+    use StatusCode as H;
+    [
+        row(PARSE_ERROR, "PARSE_ERROR", H::BAD_REQUEST, Code::InvalidArgument),
+        row(INVALID_REQUEST, "INVALID_REQUEST", H::BAD_REQUEST, Code::InvalidArgument),
+        row(METHOD_NOT_FOUND, "METHOD_NOT_FOUND", H::NOT_FOUND, Code::Unimplemented),
+        row(INVALID_PARAMS, "INVALID_PARAMS", H::BAD_REQUEST, Code::InvalidArgument),
+        row(INTERNAL_ERROR, "INTERNAL_ERROR", H::INTERNAL_SERVER_ERROR, Code::Internal),
+        row(TASK_NOT_FOUND, "TASK_NOT_FOUND", H::NOT_FOUND, Code::NotFound),
+        row(TASK_NOT_CANCELABLE, "TASK_NOT_CANCELABLE", H::BAD_REQUEST, Code::FailedPrecondition),
+        row(PUSH_NOT_SUPPORTED, "PUSH_NOTIFICATION_NOT_SUPPORTED", H::BAD_REQUEST, Code::FailedPrecondition),
+        row(UNSUPPORTED_OPERATION, "UNSUPPORTED_OPERATION", H::BAD_REQUEST, Code::FailedPrecondition),
+        row(CONTENT_TYPE_NOT_SUPPORTED, "CONTENT_TYPE_NOT_SUPPORTED", H::BAD_REQUEST, Code::InvalidArgument),
+        row(VERSION_NOT_SUPPORTED, "VERSION_NOT_SUPPORTED", H::BAD_REQUEST, Code::FailedPrecondition),
+        row(UNAUTHENTICATED, "UNAUTHENTICATED", H::UNAUTHORIZED, Code::Unauthenticated),
+        row(UNAUTHORIZED, "UNAUTHORIZED", H::FORBIDDEN, Code::PermissionDenied),
+        row(AGENT_NOT_FOUND, "AGENT_NOT_FOUND", H::NOT_FOUND, Code::NotFound),
+        row(RATE_LIMITED, "RATE_LIMITED", H::TOO_MANY_REQUESTS, Code::ResourceExhausted),
+    ]
+};
+
+/// A code the table does not know: an internal error to the client.
+const UNKNOWN: ErrorRow = row(
+    0,
+    "INTERNAL_ERROR",
+    StatusCode::INTERNAL_SERVER_ERROR,
+    Code::Unknown,
+);
+
+/// The row of a code.
+pub(crate) fn row_of(code: i64) -> &'static ErrorRow {
+    TABLE.iter().find(|r| r.code == code).unwrap_or(&UNKNOWN)
+}
+
+/// The `google.rpc.Code` of an HTTP status an error carries itself (401, 403, 404 agent,
+/// 405, 408, 413, 415, 429): it wins over its code's row, on HTTP+JSON and gRPC alike.
+fn carried(status: StatusCode) -> Option<Code> {
+    Some(match status.as_u16() {
+        401 => Code::Unauthenticated,
+        403 => Code::PermissionDenied,
+        404 => Code::NotFound,
+        405 => Code::Unimplemented,
+        408 => Code::DeadlineExceeded,
+        413 | 429 => Code::ResourceExhausted,
+        415 => Code::InvalidArgument,
+        _ => return None,
+    })
+}
+
+/// An error's HTTP status (HTTP+JSON) and `google.rpc.Code` (gRPC, and the HTTP+JSON
+/// body's `status`): the status it carries, else its row's.
+pub(crate) fn statuses(e: &RpcError) -> (StatusCode, Code) {
+    let row = row_of(e.code);
+    if e.status == StatusCode::OK {
+        return (row.http, row.grpc);
+    }
+    (e.status, carried(e.status).unwrap_or(row.grpc))
+}
+
+/// The name of a `google.rpc.Code` (the HTTP+JSON body's `status`).
+pub(crate) fn code_name(code: Code) -> &'static str {
+    match code {
+        Code::Ok => "OK",
+        Code::Cancelled => "CANCELLED",
+        Code::Unknown => "UNKNOWN",
+        Code::InvalidArgument => "INVALID_ARGUMENT",
+        Code::DeadlineExceeded => "DEADLINE_EXCEEDED",
+        Code::NotFound => "NOT_FOUND",
+        Code::AlreadyExists => "ALREADY_EXISTS",
+        Code::PermissionDenied => "PERMISSION_DENIED",
+        Code::ResourceExhausted => "RESOURCE_EXHAUSTED",
+        Code::FailedPrecondition => "FAILED_PRECONDITION",
+        Code::Aborted => "ABORTED",
+        Code::OutOfRange => "OUT_OF_RANGE",
+        Code::Unimplemented => "UNIMPLEMENTED",
+        Code::Internal => "INTERNAL",
+        Code::Unavailable => "UNAVAILABLE",
+        Code::DataLoss => "DATA_LOSS",
+        Code::Unauthenticated => "UNAUTHENTICATED",
+    }
+}
+
+fn reason_of(code: i64) -> &'static str {
+    row_of(code).reason
 }
 
 /// Puts an error's details in the version's shape: 1.0 an `ErrorInfo` array (string
@@ -228,9 +319,33 @@ pub(crate) fn refusal(v: Version, r: &Refusal) -> RpcError {
             json!({ "reason": "Content-Type must be application/json or application/a2a+json" }),
         )
         .with_status(StatusCode::UNSUPPORTED_MEDIA_TYPE),
+        Refusal::VersionNotSupported {
+            served,
+            requested,
+            agent_url,
+        } => version_not_supported(*served, requested.as_deref(), agent_url),
         other => other.generic(),
     };
     dress(v, e)
+}
+
+/// -32009, naming what was asked, what this URL serves, and the URL of the version asked
+/// for when this server speaks it.
+fn version_not_supported(served: Version, requested: Option<&str>, agent_url: &str) -> RpcError {
+    let named = Version::of_header(requested);
+    let requested = requested.map(str::trim).unwrap_or("");
+    let mut data = json!({
+        "requested": if requested.is_empty() { "0.3 (no A2A-Version)" } else { requested },
+        "supportedVersions": served.number(),
+        "reason": format!(
+            "this URL serves A2A {0}; send the header A2A-Version: {0}",
+            served.number()
+        ),
+    });
+    if let Some(other) = named {
+        data["url"] = json!(format!("{agent_url}/{}", other.path()));
+    }
+    RpcError::new(VERSION_NOT_SUPPORTED, "Version not supported").with_data(data)
 }
 
 #[cfg(test)]

@@ -4,6 +4,8 @@
 //! request and encodes the response. JSON-RPC 1.0 and 0.3 are that codec today
 //! (`dispatch.rs`); the HTTP+JSON and gRPC bindings of 1.0 plug in the same way.
 
+use hyper::Method;
+
 use super::params::SendParams;
 use super::{Version, webhook};
 use crate::error::Error;
@@ -32,69 +34,108 @@ pub(crate) enum Op {
     GetExtendedCard,
 }
 
-/// Every operation with its JSON-RPC method name in 1.0 and, where 0.3 has it, in 0.3 (in
-/// the 1.0 specification's order). The 1.0 name is also the operation's metric label on
-/// the other bindings.
-pub(crate) const TABLE: [(Op, &str, Option<&str>); 11] = [
-    (Op::SendMessage, "SendMessage", Some("message/send")),
-    (
-        Op::SendStreamingMessage,
-        "SendStreamingMessage",
-        Some("message/stream"),
-    ),
-    (Op::GetTask, "GetTask", Some("tasks/get")),
-    (Op::ListTasks, "ListTasks", None),
-    (Op::CancelTask, "CancelTask", Some("tasks/cancel")),
-    (
-        Op::SubscribeToTask,
-        "SubscribeToTask",
-        Some("tasks/resubscribe"),
-    ),
-    (
-        Op::CreatePushConfig,
-        "CreateTaskPushNotificationConfig",
-        Some("tasks/pushNotificationConfig/set"),
-    ),
-    (
-        Op::GetPushConfig,
-        "GetTaskPushNotificationConfig",
-        Some("tasks/pushNotificationConfig/get"),
-    ),
-    (
-        Op::ListPushConfigs,
-        "ListTaskPushNotificationConfigs",
-        Some("tasks/pushNotificationConfig/list"),
-    ),
-    (
-        Op::DeletePushConfig,
-        "DeleteTaskPushNotificationConfig",
-        Some("tasks/pushNotificationConfig/delete"),
-    ),
-    (
-        Op::GetExtendedCard,
-        "GetExtendedAgentCard",
-        Some("agent/getAuthenticatedExtendedCard"),
-    ),
+/// One operation's names on every binding.
+pub(crate) struct Names {
+    pub(crate) op: Op,
+    /// Its JSON-RPC method in 1.0 (also its metric label on every binding).
+    pub(crate) v10: &'static str,
+    /// Its JSON-RPC method in 0.3, where 0.3 has the operation.
+    pub(crate) v03: Option<&'static str>,
+    /// Its HTTP+JSON route: the HTTP methods and the path under `{agent}/rest` (P10's
+    /// `google.api.http`). A `{field}` segment, with an optional literal suffix, is a field
+    /// of the request, in the name the operation's params give it.
+    pub(crate) rest: (&'static [Method], &'static str),
+    /// Its method of the gRPC service `lf.a2a.v1.A2AService`.
+    pub(crate) grpc: &'static str,
+}
+
+const fn names(
+    op: Op,
+    v10: &'static str,
+    v03: Option<&'static str>,
+    rest: (&'static [Method], &'static str),
+    grpc: &'static str,
+) -> Names {
+    Names {
+        op,
+        v10,
+        v03,
+        rest,
+        grpc,
+    }
+}
+
+const GET: &[Method] = &[Method::GET];
+const POST: &[Method] = &[Method::POST];
+const DELETE: &[Method] = &[Method::DELETE];
+/// S10 §11.3 says POST, the proto's `google.api.http` says GET: both.
+const GET_POST: &[Method] = &[Method::GET, Method::POST];
+
+/// The operation table: every operation once, with its names on every binding (in the 1.0
+/// specification's order). The JSON-RPC dispatch, the HTTP+JSON router and the gRPC
+/// dispatcher all read it.
+#[rustfmt::skip]
+pub(crate) const TABLE: [Names; 11] = [
+    names(Op::SendMessage, "SendMessage", Some("message/send"),
+        (POST, "message:send"), "SendMessage"),
+    names(Op::SendStreamingMessage, "SendStreamingMessage", Some("message/stream"),
+        (POST, "message:stream"), "SendStreamingMessage"),
+    names(Op::GetTask, "GetTask", Some("tasks/get"),
+        (GET, "tasks/{id}"), "GetTask"),
+    names(Op::ListTasks, "ListTasks", None,
+        (GET, "tasks"), "ListTasks"),
+    names(Op::CancelTask, "CancelTask", Some("tasks/cancel"),
+        (POST, "tasks/{id}:cancel"), "CancelTask"),
+    names(Op::SubscribeToTask, "SubscribeToTask", Some("tasks/resubscribe"),
+        (GET_POST, "tasks/{id}:subscribe"), "SubscribeToTask"),
+    names(Op::CreatePushConfig, "CreateTaskPushNotificationConfig", Some("tasks/pushNotificationConfig/set"),
+        (POST, "tasks/{taskId}/pushNotificationConfigs"), "CreateTaskPushNotificationConfig"),
+    names(Op::GetPushConfig, "GetTaskPushNotificationConfig", Some("tasks/pushNotificationConfig/get"),
+        (GET, "tasks/{taskId}/pushNotificationConfigs/{id}"), "GetTaskPushNotificationConfig"),
+    names(Op::ListPushConfigs, "ListTaskPushNotificationConfigs", Some("tasks/pushNotificationConfig/list"),
+        (GET, "tasks/{taskId}/pushNotificationConfigs"), "ListTaskPushNotificationConfigs"),
+    names(Op::DeletePushConfig, "DeleteTaskPushNotificationConfig", Some("tasks/pushNotificationConfig/delete"),
+        (DELETE, "tasks/{taskId}/pushNotificationConfigs/{id}"), "DeleteTaskPushNotificationConfig"),
+    names(Op::GetExtendedCard, "GetExtendedAgentCard", Some("agent/getAuthenticatedExtendedCard"),
+        (GET, "extendedAgentCard"), "GetExtendedAgentCard"),
 ];
 
+// The table lists the operations in their declaration order (`Op::names` indexes it).
+const _: () = {
+    let mut i = 0;
+    while i < TABLE.len() {
+        assert!(TABLE[i].op as usize == i, "ops::TABLE is in Op's order");
+        i += 1;
+    }
+};
+
 impl Op {
+    /// Its names.
+    pub(crate) fn names(self) -> &'static Names {
+        &TABLE[self as usize]
+    }
+
     /// Its 1.0 method name.
     pub(crate) fn name(self) -> &'static str {
-        TABLE
-            .iter()
-            .find(|(op, ..)| *op == self)
-            .map_or("unknown", |(_, v10, _)| v10)
+        self.names().v10
     }
 
     /// The operation a version's method name names.
     pub(crate) fn named(v: Version, method: &str) -> Option<Self> {
-        TABLE.iter().find_map(|(op, v10, v03)| {
+        TABLE.iter().find_map(|n| {
             let name = match v {
-                Version::V10 => Some(*v10),
-                Version::V03 => *v03,
+                Version::V10 => Some(n.v10),
+                Version::V03 => n.v03,
             };
-            (name == Some(method)).then_some(*op)
+            (name == Some(method)).then_some(n.op)
         })
+    }
+
+    /// The operation of a gRPC method.
+    pub(crate) fn of_grpc(method: &str) -> Option<Self> {
+        TABLE
+            .iter()
+            .find_map(|n| (n.grpc == method).then_some(n.op))
     }
 
     /// The checks of the agent's capabilities made before the params are read (their

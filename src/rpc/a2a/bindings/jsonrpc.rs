@@ -10,12 +10,12 @@ use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use serde_json::value::RawValue;
 use serde_json::{Value, json};
 
-use super::ops::{self, Op, OpRequest, OpResponse};
-use super::params::{self, field};
-use super::render::{self, SendResultOut, TaskOut};
-use super::{Version, card, errors, token};
 use crate::error::Error;
 use crate::model::{ContextId, TaskId};
+use crate::rpc::a2a::ops::{self, Op, OpRequest, OpResponse};
+use crate::rpc::a2a::params::{self, field};
+use crate::rpc::a2a::render::{self, SendResultOut, TaskOut};
+use crate::rpc::a2a::{Version, card, errors, token};
 use crate::rpc::json::{self, Obj};
 use crate::rpc::{Call, CallContext, Reply, RpcError};
 use crate::runtime::Runtime;
@@ -61,7 +61,7 @@ async fn run(runtime: &Runtime, cx: &CallContext, call: &Call, v: Version) -> Re
 /// or bare (the HTTP+JSON binding: the result object itself, each stream event's
 /// `StreamResponse` on its own).
 #[derive(Clone, Copy)]
-pub(super) enum Framing<'a> {
+pub(crate) enum Framing<'a> {
     JsonRpc(&'a RawValue),
     Bare,
 }
@@ -97,7 +97,7 @@ impl Framing<'_> {
 }
 
 /// A version's params of an operation.
-pub(super) fn decode(
+pub(crate) fn decode(
     op: Op,
     v: Version,
     cx: &CallContext,
@@ -194,7 +194,7 @@ pub(super) fn decode(
 
 /// An operation's result in a version's shapes. Fails only on a 1.0 push configuration
 /// page the params ask for and the list cannot give (a token this server did not issue).
-pub(super) fn encode(
+pub(crate) fn encode(
     op: Op,
     v: Version,
     runtime: &Runtime,

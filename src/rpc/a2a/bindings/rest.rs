@@ -13,30 +13,22 @@ use hyper::{Method, StatusCode};
 use serde_json::value::RawValue;
 use serde_json::{Map, Value, json};
 
-use super::Version;
-use super::dispatch::{self, Framing};
-use super::errors::{
-    self, AGENT_NOT_FOUND, CONTENT_TYPE_NOT_SUPPORTED, PUSH_NOT_SUPPORTED, RATE_LIMITED,
-    TASK_NOT_CANCELABLE, TASK_NOT_FOUND, UNAUTHENTICATED, UNAUTHORIZED, UNSUPPORTED_OPERATION,
-    VERSION_NOT_SUPPORTED,
-};
-use super::ops::{self, Op, OpRequest, OpResponse};
+use super::jsonrpc::{self, Framing};
 use crate::error::Error;
-use crate::rpc::error::{
-    INTERNAL_ERROR, INVALID_PARAMS, INVALID_REQUEST, METHOD_NOT_FOUND, PARSE_ERROR,
-};
+use crate::rpc::a2a::Version;
+use crate::rpc::a2a::errors;
+use crate::rpc::a2a::ops::{self, Op, OpRequest, OpResponse, TABLE};
+use crate::rpc::error::METHOD_NOT_FOUND;
 use crate::rpc::json;
 use crate::rpc::{CallContext, Reply, RpcError};
 use crate::runtime::Runtime;
 
-/// One operation named by a path and an HTTP method, with the ids its path carries.
+/// One operation named by a path and an HTTP method, with the fields its path carries.
 #[derive(Debug, PartialEq, Eq)]
 pub(crate) struct RestCall {
     pub(crate) op: Op,
-    /// `{id}` or `{task_id}` of the path.
-    task: Option<String>,
-    /// `{id}` of a push configuration's path.
-    config: Option<String>,
+    /// The `{field}` segments of its route, by the name the params give them.
+    fields: Vec<(&'static str, String)>,
 }
 
 impl RestCall {
@@ -59,86 +51,86 @@ pub(crate) enum RestRoute {
     NotFound,
 }
 
-/// The operations a path's shape takes, by HTTP method, with its ids.
-struct Shape {
-    methods: &'static [(Method, Op)],
-    allow: &'static str,
-    task: Option<String>,
-    config: Option<String>,
+/// The fields of `segments` when they have a route's `pattern` (`None`: another shape). A
+/// `{field}` segment takes a non-empty value, ending in the suffix the pattern writes after
+/// it (`{id}:cancel`); a segment that ends in the suffix with nothing before it matches no
+/// route (`Some(None)`).
+fn fields(
+    pattern: &'static str,
+    segments: &[String],
+) -> Option<Option<Vec<(&'static str, String)>>> {
+    if pattern.split('/').count() != segments.len() {
+        return None;
+    }
+    let mut out = Vec::new();
+    for (part, seg) in pattern.split('/').zip(segments) {
+        let Some(field) = part.strip_prefix('{') else {
+            if part != seg {
+                return None;
+            }
+            continue;
+        };
+        let (name, suffix) = field.split_once('}').unwrap_or((field, ""));
+        let value = seg.strip_suffix(suffix)?;
+        if value.is_empty() {
+            return Some(None);
+        }
+        out.push((name, value.to_string()));
+    }
+    Some(Some(out))
 }
 
-fn shape(segments: &[String]) -> Option<Shape> {
-    const SEND: &[(Method, Op)] = &[(Method::POST, Op::SendMessage)];
-    const STREAM: &[(Method, Op)] = &[(Method::POST, Op::SendStreamingMessage)];
-    const LIST: &[(Method, Op)] = &[(Method::GET, Op::ListTasks)];
-    const GET: &[(Method, Op)] = &[(Method::GET, Op::GetTask)];
-    const CANCEL: &[(Method, Op)] = &[(Method::POST, Op::CancelTask)];
-    // S10 §11.3 says POST, the proto's `google.api.http` says GET: both.
-    const SUBSCRIBE: &[(Method, Op)] = &[
-        (Method::GET, Op::SubscribeToTask),
-        (Method::POST, Op::SubscribeToTask),
-    ];
-    const CONFIGS: &[(Method, Op)] = &[
-        (Method::POST, Op::CreatePushConfig),
-        (Method::GET, Op::ListPushConfigs),
-    ];
-    const CONFIG: &[(Method, Op)] = &[
-        (Method::GET, Op::GetPushConfig),
-        (Method::DELETE, Op::DeletePushConfig),
-    ];
-    const CARD: &[(Method, Op)] = &[(Method::GET, Op::GetExtendedCard)];
-    let plain = |methods, allow| {
-        Some(Shape {
-            methods,
-            allow,
-            task: None,
-            config: None,
-        })
+/// The literal characters of a route's pattern: of two routes a path has, the one that
+/// says more names it (`tasks/{id}:cancel` before `tasks/{id}`).
+fn literal_len(pattern: &str) -> usize {
+    let mut n = 0;
+    let mut in_field = false;
+    for c in pattern.chars() {
+        match c {
+            '{' => in_field = true,
+            '}' => in_field = false,
+            _ if !in_field => n += 1,
+            _ => {}
+        }
+    }
+    n
+}
+
+/// The route `segments` have (the most literal pattern of the operation table that they
+/// match) and its fields.
+fn shape(segments: &[String]) -> Option<(&'static str, Vec<(&'static str, String)>)> {
+    static PATTERNS: std::sync::LazyLock<Vec<&'static str>> = std::sync::LazyLock::new(|| {
+        let mut patterns: Vec<&'static str> = TABLE.iter().map(|n| n.rest.1).collect();
+        patterns.sort_by_key(|p| std::cmp::Reverse(literal_len(p)));
+        patterns.dedup();
+        patterns
+    });
+    PATTERNS
+        .iter()
+        .find_map(|p| fields(p, segments).map(|f| f.map(|f| (*p, f))))
+        .flatten()
+}
+
+/// The `Allow` value of a route: the HTTP methods of the operations on its pattern.
+fn allow(pattern: &str) -> &'static str {
+    let on = |m: Method| {
+        TABLE
+            .iter()
+            .any(|n| n.rest.1 == pattern && n.rest.0.contains(&m))
     };
-    let segs: Vec<&str> = segments.iter().map(String::as_str).collect();
-    match segs.as_slice() {
-        ["message:send"] => plain(SEND, "POST, OPTIONS"),
-        ["message:stream"] => plain(STREAM, "POST, OPTIONS"),
-        ["tasks"] => plain(LIST, "GET, OPTIONS"),
-        ["extendedAgentCard"] => plain(CARD, "GET, OPTIONS"),
-        ["tasks", id] => {
-            let (methods, allow, id) = if let Some(id) = id.strip_suffix(":cancel") {
-                (CANCEL, "POST, OPTIONS", id)
-            } else if let Some(id) = id.strip_suffix(":subscribe") {
-                (SUBSCRIBE, "GET, POST, OPTIONS", id)
-            } else {
-                (GET, "GET, OPTIONS", *id)
-            };
-            (!id.is_empty()).then(|| Shape {
-                methods,
-                allow,
-                task: Some(id.to_string()),
-                config: None,
-            })
-        }
-        ["tasks", id, "pushNotificationConfigs"] if !id.is_empty() => Some(Shape {
-            methods: CONFIGS,
-            allow: "GET, POST, OPTIONS",
-            task: Some((*id).to_string()),
-            config: None,
-        }),
-        ["tasks", id, "pushNotificationConfigs", config]
-            if !id.is_empty() && !config.is_empty() =>
-        {
-            Some(Shape {
-                methods: CONFIG,
-                allow: "GET, DELETE, OPTIONS",
-                task: Some((*id).to_string()),
-                config: Some((*config).to_string()),
-            })
-        }
-        _ => None,
+    match (on(Method::GET), on(Method::POST), on(Method::DELETE)) {
+        (true, true, _) => "GET, POST, OPTIONS",
+        (true, false, true) => "GET, DELETE, OPTIONS",
+        (true, false, false) => "GET, OPTIONS",
+        (false, true, _) => "POST, OPTIONS",
+        (false, false, _) => "DELETE, OPTIONS",
     }
 }
 
 /// The route of `sub` (the path after `{agent}/rest`, a trailing `/` already removed) for
-/// an HTTP method, on the agent `agent`. Each path is served bare and under a `/{tenant}`
-/// prefix equal to the agent's id (the proto's `additional_bindings`).
+/// an HTTP method, on the agent `agent`, from the operation table's HTTP+JSON routes. Each
+/// path is served bare and under a `/{tenant}` prefix equal to the agent's id (the proto's
+/// `additional_bindings`).
 pub(crate) fn route(method: &Method, sub: &str, agent: &str) -> RestRoute {
     let segments: Vec<String> = sub
         .trim_start_matches('/')
@@ -149,7 +141,7 @@ pub(crate) fn route(method: &Method, sub: &str, agent: &str) -> RestRoute {
                 .into_owned()
         })
         .collect();
-    let found = match shape(&segments) {
+    let (pattern, fields) = match shape(&segments) {
         Some(s) => s,
         None => match segments.split_first() {
             Some((tenant, rest)) if !rest.is_empty() => match shape(rest) {
@@ -160,13 +152,12 @@ pub(crate) fn route(method: &Method, sub: &str, agent: &str) -> RestRoute {
             _ => return RestRoute::NotFound,
         },
     };
-    match found.methods.iter().find(|(m, _)| m == method) {
-        Some((_, op)) => RestRoute::Call(RestCall {
-            op: *op,
-            task: found.task,
-            config: found.config,
-        }),
-        None => RestRoute::WrongMethod(found.allow),
+    match TABLE
+        .iter()
+        .find(|n| n.rest.1 == pattern && n.rest.0.contains(method))
+    {
+        Some(n) => RestRoute::Call(RestCall { op: n.op, fields }),
+        None => RestRoute::WrongMethod(allow(pattern)),
     }
 }
 
@@ -210,15 +201,8 @@ fn params<'a>(
             p.entry(k.into_owned()).or_insert(value);
         }
     }
-    let (task_field, config_field) = match call.op {
-        Op::GetTask | Op::CancelTask | Op::SubscribeToTask => ("id", ""),
-        _ => ("taskId", "id"),
-    };
-    if let Some(task) = &call.task {
-        p.insert(task_field.into(), Value::String(task.clone()));
-    }
-    if let Some(config) = &call.config {
-        p.insert(config_field.into(), Value::String(config.clone()));
+    for (name, value) in &call.fields {
+        p.insert((*name).into(), Value::String(value.clone()));
     }
     serde_json::value::to_raw_value(&p)
         .map(Params::Built)
@@ -287,7 +271,7 @@ pub(crate) async fn execute_with<T>(
     let run = async {
         let p = json::params(Some(raw))?;
         op.admit(cx)?;
-        let mut request = dispatch::decode(op, Version::V10, cx, &p)?;
+        let mut request = jsonrpc::decode(op, Version::V10, cx, &p)?;
         if let (OpRequest::SubscribeToTask { after, .. }, Some(last)) =
             (&mut request, &cx.last_event_id)
         {
@@ -300,8 +284,7 @@ pub(crate) async fn execute_with<T>(
         match direct(ops::execute(runtime, cx, Version::V10, request).await?) {
             Ok(done) => Ok(Ok(done)),
             Err(response) => {
-                dispatch::encode(op, Version::V10, runtime, cx, Framing::Bare, &p, response)
-                    .map(Err)
+                jsonrpc::encode(op, Version::V10, runtime, cx, Framing::Bare, &p, response).map(Err)
             }
         }
     };
@@ -309,51 +292,11 @@ pub(crate) async fn execute_with<T>(
         .map_err(|e: Error| errors::rpc_error(Version::V10, &e))
 }
 
-/// The HTTP status and `google.rpc.Code` name of an official error code (S10 §5.4 as of
-/// v1.0.1), where the error does not carry an HTTP status of its own (401, 403, 404 agent,
-/// 405, 413, 415, 429 do).
-fn status_of(code: i64) -> (StatusCode, &'static str) {
-    match code {
-        TASK_NOT_FOUND | AGENT_NOT_FOUND => (StatusCode::NOT_FOUND, "NOT_FOUND"),
-        METHOD_NOT_FOUND => (StatusCode::NOT_FOUND, "UNIMPLEMENTED"),
-        TASK_NOT_CANCELABLE
-        | PUSH_NOT_SUPPORTED
-        | UNSUPPORTED_OPERATION
-        | VERSION_NOT_SUPPORTED => (StatusCode::BAD_REQUEST, "FAILED_PRECONDITION"),
-        CONTENT_TYPE_NOT_SUPPORTED | PARSE_ERROR | INVALID_REQUEST | INVALID_PARAMS => {
-            (StatusCode::BAD_REQUEST, "INVALID_ARGUMENT")
-        }
-        UNAUTHENTICATED => (StatusCode::UNAUTHORIZED, "UNAUTHENTICATED"),
-        UNAUTHORIZED => (StatusCode::FORBIDDEN, "PERMISSION_DENIED"),
-        RATE_LIMITED => (StatusCode::TOO_MANY_REQUESTS, "RESOURCE_EXHAUSTED"),
-        INTERNAL_ERROR => (StatusCode::INTERNAL_SERVER_ERROR, "INTERNAL"),
-        _ => (StatusCode::INTERNAL_SERVER_ERROR, "UNKNOWN"),
-    }
-}
-
-/// The `google.rpc.Code` name of an HTTP status an error carries itself.
-fn code_name(status: StatusCode, fallback: &'static str) -> &'static str {
-    match status.as_u16() {
-        401 => "UNAUTHENTICATED",
-        403 => "PERMISSION_DENIED",
-        404 => "NOT_FOUND",
-        405 => "UNIMPLEMENTED",
-        408 => "DEADLINE_EXCEEDED",
-        413 | 429 => "RESOURCE_EXHAUSTED",
-        415 => "INVALID_ARGUMENT",
-        _ => fallback,
-    }
-}
-
 /// The `google.rpc.Status` body (S10 §11.6) and HTTP status of a 1.0 error (`e.data` the
 /// `ErrorInfo` array [`errors::dress`] made); its JSON-RPC code stays the metrics' outcome.
 pub(crate) fn status_reply(e: &RpcError) -> Reply {
-    let (table_status, table_name) = status_of(e.code);
-    let (status, name) = if e.status == StatusCode::OK {
-        (table_status, table_name)
-    } else {
-        (e.status, code_name(e.status, table_name))
-    };
+    let (status, code) = errors::statuses(e);
+    let name = errors::code_name(code);
     let mut details = match &e.data {
         Some(Value::Array(a)) => a.clone(),
         _ => Vec::new(),
@@ -409,11 +352,14 @@ mod tests {
     use super::*;
 
     fn call(op: Op, task: Option<&str>, config: Option<&str>) -> RestRoute {
-        RestRoute::Call(RestCall {
-            op,
-            task: task.map(String::from),
-            config: config.map(String::from),
-        })
+        let task_field = match op {
+            Op::GetTask | Op::CancelTask | Op::SubscribeToTask => "id",
+            _ => "taskId",
+        };
+        let mut fields = Vec::new();
+        fields.extend(task.map(|t| (task_field, t.to_string())));
+        fields.extend(config.map(|c| ("id", c.to_string())));
+        RestRoute::Call(RestCall { op, fields })
     }
 
     #[test]
@@ -487,16 +433,14 @@ mod tests {
     fn path_ids_override_the_body_and_queries_become_params() {
         let c = RestCall {
             op: Op::CancelTask,
-            task: Some("t1".into()),
-            config: None,
+            fields: vec![("id", "t1".into())],
         };
         let p = params(&c, None, br#"{"id":"other","metadata":{"reason":"r"}}"#).expect("ok");
         let v: Value = serde_json::from_str(p.raw().get()).expect("json");
         assert_eq!(v, json!({"id": "t1", "metadata": {"reason": "r"}}));
         let list = RestCall {
             op: Op::ListTasks,
-            task: None,
-            config: None,
+            fields: Vec::new(),
         };
         let p = params(
             &list,

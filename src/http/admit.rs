@@ -1,0 +1,196 @@
+//! One admission for every binding: from a request's head (path, headers or gRPC metadata)
+//! to an admitted call, or a [`Refusal`] each binding renders in its own framing.
+//!
+//! The rules, in their documented order (DIALECTS §9): the credential (401), the agent
+//! (404), whether the key may use it (403) — all before a byte of the body is read — then,
+//! after the binding's own framing checks (405, 413, 415), the `A2A-Version` the request
+//! names (-32009) and one rate token per call (429). JSON-RPC (every dialect), HTTP+JSON,
+//! gRPC and a2ad's own read paths all come through here, and every [`CallContext`] is made
+//! here: a rule added here holds on every binding.
+
+use std::sync::Arc;
+
+use hyper::header::{self, HeaderValue};
+use hyper::{HeaderMap, Request};
+
+use super::{App, ENDPOINT_PREFIX, base_url};
+use crate::actors::AgentEntry;
+use crate::auth::{Caller, PeerCertificate};
+use crate::model::AgentId;
+use crate::rpc::{Binding, CallContext, Dialect, Refusal};
+
+/// 401 unless the request carries a usable credential: an API key (`x-api-key` or
+/// `Authorization: Bearer`; gRPC: the same metadata), an OIDC token or a client
+/// certificate.
+pub(crate) async fn caller(
+    app: &App,
+    headers: &HeaderMap,
+    extensions: &hyper::http::Extensions,
+) -> Result<Arc<Caller>, Refusal> {
+    app.keys
+        .authenticate(headers, PeerCertificate::of(extensions))
+        .await
+        .map_err(|e| Refusal::Unauthorized(e.message()))
+}
+
+/// 404 for an agent this server does not have, 403 for one the caller may not use.
+pub(crate) fn agent(
+    app: &App,
+    caller: Arc<Caller>,
+    agent_id: AgentId,
+    dialect: Dialect,
+    binding: Binding,
+) -> Result<Admitted, Refusal> {
+    let Some(agent) = app.runtime.agent(&agent_id).cloned() else {
+        return Err(Refusal::AgentNotFound(agent_id));
+    };
+    if !may_use(&caller, &agent_id) {
+        return Err(Refusal::Forbidden(agent_id));
+    }
+    Ok(Admitted {
+        caller,
+        agent,
+        agent_id,
+        dialect,
+        binding,
+    })
+}
+
+/// Whether the caller's key may use an agent (what the agents listing shows).
+pub(crate) fn may_use(caller: &Caller, agent: &AgentId) -> bool {
+    caller.may_use(agent)
+}
+
+/// [`caller`] then [`agent`]: what every binding whose path names the agent checks first.
+pub(crate) async fn admit<B>(
+    app: &App,
+    req: &Request<B>,
+    agent_id: AgentId,
+    dialect: Dialect,
+    binding: Binding,
+) -> Result<Admitted, Refusal> {
+    let caller = caller(app, req.headers(), req.extensions()).await?;
+    agent(app, caller, agent_id, dialect, binding)
+}
+
+/// A caller admitted to an agent, on a dialect and binding.
+pub(crate) struct Admitted {
+    pub(crate) caller: Arc<Caller>,
+    pub(crate) agent: Arc<AgentEntry>,
+    pub(crate) agent_id: AgentId,
+    pub(crate) dialect: Dialect,
+    pub(crate) binding: Binding,
+}
+
+impl Admitted {
+    /// Counts a request refused after admission (its agent is known) with its error code,
+    /// for the agent's and the endpoint's request metrics.
+    pub(crate) fn count_refused(&self, app: &App, code: i64) {
+        self.agent.metrics.requests(1);
+        app.requests.record(
+            app.requests.slot(self.dialect, self.binding, None),
+            Some(code),
+            std::time::Duration::ZERO,
+        );
+    }
+
+    /// Seconds until the caller's next rate token, when its bucket is empty now (a look,
+    /// taking nothing: each call takes its own token, [`token`]).
+    pub(crate) fn over_rate(&self, app: &App) -> Option<u64> {
+        app.rate.check(&self.caller, self.agent.index).err()
+    }
+
+    /// The rate token of a request that is not a call of an operation (a2ad's own reads).
+    pub(crate) fn token(&self, app: &App) -> Result<(), Refusal> {
+        take(app, &self.caller, &self.agent)
+    }
+
+    /// -32009 when the request names an A2A version this URL does not serve (the official
+    /// dialects; on their paths an absent or empty value means 0.3).
+    pub(crate) fn version(&self, facts: &Facts) -> Result<(), Refusal> {
+        let Dialect::A2a(served) = self.dialect else {
+            return Ok(());
+        };
+        let requested = facts.version.as_deref();
+        if crate::rpc::a2a::Version::of_header(requested) == Some(served) {
+            return Ok(());
+        }
+        Err(Refusal::VersionNotSupported {
+            served,
+            requested: facts.version.clone(),
+            agent_url: format!("{}{ENDPOINT_PREFIX}{}", facts.base_url, self.agent_id),
+        })
+    }
+
+    /// The context every operation runs in.
+    pub(crate) fn context(self, app: &App, facts: Facts, accepts_sse: bool) -> CallContext {
+        CallContext {
+            caller: self.caller,
+            agent: self.agent,
+            agent_id: self.agent_id,
+            accepts_sse,
+            last_event_id: facts.last_event_id,
+            in_batch: false,
+            base_url: facts.base_url,
+            host: facts.host,
+            local_addr: app.local_addr,
+            card_signer: app.card_signer.clone(),
+        }
+    }
+}
+
+/// One call's rate token (each call of a batch takes its own): 429 when the caller's
+/// bucket for the agent is empty.
+pub(crate) fn token(app: &App, cx: &CallContext) -> Result<(), Refusal> {
+    take(app, &cx.caller, &cx.agent)
+}
+
+fn take(app: &App, caller: &Caller, agent: &AgentEntry) -> Result<(), Refusal> {
+    app.rate
+        .try_acquire(caller, agent.index)
+        .map_err(Refusal::RateLimited)
+}
+
+/// What a call takes from its request's head: `Last-Event-ID`, the public base URL, the
+/// `Host` (for the gRPC interface's address, made only for a card) and the `A2A-Version`.
+pub(crate) struct Facts {
+    last_event_id: Option<String>,
+    pub(crate) base_url: String,
+    host: Option<HeaderValue>,
+    version: Option<String>,
+}
+
+impl Facts {
+    /// An HTTP request's: `Last-Event-ID`, and `A2A-Version` from the header or else the
+    /// query parameter.
+    pub(crate) fn http<B>(app: &App, req: &Request<B>) -> Self {
+        let headers = req.headers();
+        Self {
+            last_event_id: text(headers, "last-event-id"),
+            base_url: base_url(app, headers),
+            // A copy: a clone would be a slice of the connection's read buffer, and keep it
+            // (8 KiB) alive for as long as the call runs (`http::unpinned`).
+            host: headers
+                .get(header::HOST)
+                .and_then(|v| HeaderValue::from_bytes(v.as_bytes()).ok()),
+            version: super::requested_version(req),
+        }
+    }
+
+    /// A gRPC call's metadata: `a2a-last-event-id` and `a2a-version`.
+    pub(crate) fn grpc(app: &App, headers: &HeaderMap) -> Self {
+        Self {
+            last_event_id: text(headers, "a2a-last-event-id"),
+            base_url: base_url(app, headers),
+            host: headers.get(header::HOST).cloned(),
+            version: text(headers, "a2a-version"),
+        }
+    }
+}
+
+/// A header's value as text (bytes that are not UTF-8 replaced).
+fn text(headers: &HeaderMap, name: &str) -> Option<String> {
+    headers
+        .get(name)
+        .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned())
+}
