@@ -456,7 +456,7 @@ const UNPIN_BELOW: usize = 16 * 1024;
 /// the whole buffer alive until the call ends, and hyper takes a second one for its next
 /// read (it reads on while the call runs, to notice the client leaving). For a call that
 /// waits — a stream until its first event is durable — that was a second 8 KiB per
-/// connection while it waited (docs/PERFORMANCE.md, sixteenth slice). A copy of a small
+/// connection while it waited (docs/decisions/small-request-bodies-are-copied.md). A copy of a small
 /// body costs less than that; a large one fills most of the buffer it shares anyway, and
 /// one that shares nothing (a body collected from several pieces) is its own already.
 fn unpinned(body: Bytes) -> Bytes {

@@ -8,7 +8,7 @@ use a2ad::{Config, Server};
 use clap::Parser;
 
 /// mimalloc: faster than glibc's allocator for this many small, short-lived allocations,
-/// and it returns freed memory to the system (see docs/PERFORMANCE.md).
+/// and it returns freed memory to the system (docs/decisions/the-allocator.md).
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
@@ -65,7 +65,7 @@ fn main() -> ExitCode {
 }
 
 /// mimalloc reads its options from the environment once, at start-up. Two differ from its
-/// defaults (docs/PERFORMANCE.md, "The tail was the allocator"):
+/// defaults (docs/decisions/the-allocator.md):
 ///
 /// - `MIMALLOC_PURGE_DELAY=0`: freed memory goes back to the system at once rather than on
 ///   some later allocation, so that RSS falls back after a burst;

@@ -417,7 +417,7 @@ pub(crate) enum TurnMessages {
     /// As the store keeps them, checked when loaded: a restart does not decode a
     /// conversation's turns before it goes on. Decoded, each would be a copy of messages
     /// the tasks' restored records hold too (a million echo turns: 0.8 GB); kept as they
-    /// were written, about a sixth of that (docs/PERFORMANCE.md, fourth slice).
+    /// were written, about a sixth of that (docs/decisions/restored-turns-stay-encoded.md).
     Stored(Box<[u8]>),
 }
 

@@ -19,7 +19,7 @@ pub struct StoreConfig {
     pub cache_mib: usize,
     /// Record the allocator state at each commit, so a restart after a crash does not
     /// walk the whole file. Off by default: it roughly doubles the CPU of a commit
-    /// (docs/PERFORMANCE.md), and the walk adds seconds only to a restart after a crash.
+    /// (docs/STORE.md), and the walk adds seconds only to a restart after a crash.
     pub quick_repair: bool,
     /// Writes handed to the store and not yet durable, at most; beyond it new tasks are
     /// refused (429) until the disk catches up.

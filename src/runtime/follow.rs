@@ -93,7 +93,7 @@ impl Runtime {
             } => {
                 // Let the new task's first turns run before the response head goes out:
                 // an agent that answers at once then has every event of its stream in the
-                // first write (one `writev` instead of two; docs/PERFORMANCE.md).
+                // first write (one `writev` instead of two).
                 tokio::task::yield_now().await;
                 self.task_stream(
                     key.task,

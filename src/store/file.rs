@@ -356,7 +356,7 @@ pub(crate) static PARKS: AtomicU64 = AtomicU64::new(0);
 /// binary does. The committer compares the count before and after each commit: a commit
 /// during which the request path ran out of work should have started earlier, and the
 /// next one does (committer.rs, `next_yield_at`). Without it the committer starts a batch
-/// only when the request path pauses, as before (docs/PERFORMANCE.md, fourth slice).
+/// only when the request path pauses, as before (docs/decisions/the-committer-paces-the-request-path.md).
 /// One atomic increment; harmless with any store.
 pub fn runtime_parked() {
     PARKS.fetch_add(1, Relaxed);

@@ -3,7 +3,7 @@
 //! written in advance, past the page cache where the file system allows it, and one
 //! `fdatasync`; this loop does exactly that with the smallest batch (one 4 KiB block), so
 //! its time is the least any durable commit on this disk can take, and a bound on what a
-//! durable store can serve to one connection (docs/PERFORMANCE.md, "One connection").
+//! durable store can serve to one connection (docs/PERFORMANCE.md, "The durable store beside memory").
 
 use std::fs::File;
 use std::os::unix::fs::{FileExt as _, OpenOptionsExt as _};

@@ -44,7 +44,7 @@ type Ready = Vec<(Then, Committed)>;
 /// from this thread, each wakes its actor through the runtime's shared queue (a lock, and
 /// an unpark when the runtime idles). Handed to one task of the request runtime a batch at
 /// a time, they wake their actors through that worker's own queue: one cross-thread wake
-/// per batch instead of one per append (docs/PERFORMANCE.md, seventh slice).
+/// per batch instead of one per append (docs/decisions/one-wake-per-batch.md).
 pub(super) enum Handoff {
     /// Run here, on the committer thread: no multi-threaded tokio runtime was running when
     /// the store opened (unit tests, an embedder's own threads).

@@ -420,7 +420,7 @@ fn merge(
 
 /// The principals and agents a load meets, each kept once: the running server's keys share
 /// a few names, and a million restored tasks holding a million copies of them would take
-/// ~100 MB more than the server that ran them (docs/PERFORMANCE.md, fourth slice).
+/// ~100 MB more than the server that ran them (docs/decisions/restored-turns-stay-encoded.md).
 #[derive(Default)]
 struct Names {
     principals: HashSet<Principal, foldhash::fast::RandomState>,

@@ -11,7 +11,7 @@ pub(super) enum Policy {
     /// once the request path pauses or its time slice ends, so batches grow with the load.
     /// Measured: send at 256 connections on one core, 16.1k → 22.6k requests/s, 8 → 126
     /// tasks per commit, p99 24.7 → 18.6 ms; at 32 connections unchanged
-    /// (docs/PERFORMANCE.md). Held while the committer waits for work.
+    /// (docs/decisions/the-committer-paces-the-request-path.md). Held while the committer waits for work.
     YieldToRequests,
     /// The normal policy, while a small batch (a light load) is written and synced: woken
     /// by the completion of its write or its flush, the committer runs at once, where under
@@ -19,7 +19,7 @@ pub(super) enum Policy {
     /// process on its core, a scheduler tick each time (one connection: 86 → ~2,900
     /// requests/s). Not for large batches: there the later wake-up lets the next batch
     /// grow, and taking the core at once cost 5–19% at 32–256 connections; and not while
-    /// waiting for work, so that batches form as before (docs/PERFORMANCE.md, fifth slice).
+    /// waiting for work, so that batches form as before (docs/decisions/the-committer-paces-the-request-path.md).
     Normal,
     /// `SCHED_IDLE`: only the time no other thread wants — the store's spinner
     /// (`spin.rs`), which keeps the core awake while a commit waits.

@@ -6,7 +6,7 @@
 //! disk's completion can wake the committer. On the reference machine (a Firecracker VM)
 //! that costs ~20–25 µs per wait, twice a commit: the bare disk loop of `a2ad-load
 //! --scenario disk` takes 0.20–0.21 ms a commit on an idle core and 0.15–0.16 ms beside a
-//! thread that keeps the core busy (docs/PERFORMANCE.md, eleventh slice). The guest
+//! thread that keeps the core busy (docs/decisions/a-core-kept-awake-during-a-commit.md). The guest
 //! kernel's `cpuidle-haltpoll` does the same for every idle period; it is off here, so
 //! the store does it for its own waits.
 //!

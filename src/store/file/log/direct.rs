@@ -4,7 +4,7 @@
 //! itself, and the `fdatasync` is left with the flush. Measured on the reference machine
 //! (a program outside the project, 4,000 appends each, into a segment written in advance):
 //! a 36 KB batch 169–200 µs and 52–68 µs of CPU buffered, 128–140 µs and 24–36 µs direct;
-//! a 1.5 KB one 143–154 µs / 35–44 µs against 111–124 µs / 23–33 µs (docs/PERFORMANCE.md).
+//! a 1.5 KB one 143–154 µs / 35–44 µs against 111–124 µs / 23–33 µs (docs/decisions/frames-past-the-page-cache.md).
 //! The `fdatasync` stays: durability is decided exactly as before, by the same call.
 //!
 //! Direct I/O moves whole blocks ([`BLOCK`]) from block-aligned memory. The log's end is

@@ -2,7 +2,7 @@
 //! also make the file's new size durable (a journal commit of its metadata); into space
 //! that is already written, it flushes the data alone. On the reference machine that is
 //! 110–120 µs instead of 180 per commit, and 45–50 µs of system CPU instead of 70
-//! (docs/PERFORMANCE.md). So the next segment is written whole — its header, then zeros to
+//! (docs/decisions/segments-written-in-advance.md). So the next segment is written whole — its header, then zeros to
 //! its full size, durable — by a thread of its own, under a temporary name, and renamed
 //! into place when the newest segment is full.
 //!
@@ -187,8 +187,7 @@ fn prepare(dir: &Path, bytes: u64, stop: &AtomicBool) -> std::io::Result<File> {
 /// frames that replace them are written past the cache (`direct.rs`), and a direct write
 /// must first take out of the cache every page of its range that is still there: with the
 /// spare's 64 MiB left cached, that was 1–3% of the committer's CPU (send at 32
-/// connections: `invalidate_inode_pages2_range` under every `pwrite`, docs/PERFORMANCE.md,
-/// seventeenth slice), and 64 MiB of cache a segment that nothing reads. The advice covers
+/// connections: `invalidate_inode_pages2_range` under every `pwrite`, docs/decisions/segments-written-in-advance.md), and 64 MiB of cache a segment that nothing reads. The advice covers
 /// everything from the start, not the chunk alone: the file system caches in large folios,
 /// and one that straddles a chunk's edge is kept whole by advice that covers only part of
 /// it (advice chunk by chunk, from byte 16 on, left 47 of 64 MiB cached). Advice only:
