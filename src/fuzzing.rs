@@ -131,16 +131,17 @@ fn official_call(call: Result<rpc::Call, rpc::Rejected>) {
 
 /// The gRPC binding's request path up to the operation: the body's framing (one
 /// uncompressed length-prefixed message, nothing after it, within the cap), the method's
-/// protobuf message, its tenant taken out, the ProtoJSON it is turned into (refused when an
-/// enum holds a number A2A does not define), and the 1.0 params decoders on that. The
-/// first byte picks the method. A body that unframes is exactly its 5-byte prefix and the
-/// message; the ProtoJSON of a message is an object; a refused param names a field.
+/// protobuf message, its tenant taken out, and the operation's request decoded straight from
+/// it (`pbin`) — which must be what the JSON-RPC params decoders make of the message's
+/// ProtoJSON, value for value and error for error (the gRPC binding's promise to answer as
+/// the others do). The first byte picks the method. A body that unframes is exactly its
+/// 5-byte prefix and the message; a refused param names a field.
 pub fn grpc(data: &[u8]) {
     const MAX: u64 = 1 << 20;
     let Some((&method, body)) = data.split_first() else {
         return;
     };
-    let (op, _tenant, raw) = match crate::rpc::a2a::bindings::grpc::fuzz_decode(method, body, MAX) {
+    let (op, _tenant, raw) = match a2a::bindings::grpc::fuzz_decode(method, body, MAX) {
         Ok(decoded) => decoded,
         Err(_) => return,
     };
@@ -156,6 +157,8 @@ pub fn grpc(data: &[u8]) {
     let Ok(p) = rpc::json::params(Some(&raw)) else {
         panic!("ProtoJSON of a message is an object: {raw}");
     };
+    let (direct, through_json) = grpc_decoders(method, body, MAX);
+    assert_eq!(direct, through_json, "the two decoders of {op:?} disagree");
     let refused = names_a_field;
     use crate::rpc::a2a::ops::Op;
     match op {
@@ -168,6 +171,57 @@ pub fn grpc(data: &[u8]) {
             refused(a2a::params::metadata(&p).map(|_| ()));
         }
     }
+}
+
+/// A gRPC request body decoded both ways — straight from protobuf, as the binding does, and
+/// through the message's ProtoJSON and the JSON-RPC params decoders — each as the text of
+/// its outcome (the request and, for a ListTaskPushNotificationConfigs call, the page it
+/// asks for; or the error). The property tests and the fuzz target `grpc` compare them.
+pub(crate) fn grpc_decoders(method: u8, body: &[u8], max: u64) -> (String, String) {
+    use a2a::bindings::grpc::{Decoded, page_ask, unframe};
+    use a2a::ops::{Op, TABLE};
+    let op = TABLE[usize::from(method) % TABLE.len()].op;
+    let Ok(message) = unframe(body, max) else {
+        return (String::new(), String::new());
+    };
+    let Ok(mut decoded) = Decoded::decode(op, message) else {
+        return (String::new(), String::new());
+    };
+    decoded.take_tenant();
+    let cx = rpc::CallContext::detached(limits());
+    // The JSON way: ProtoJSON (refused where a value is undefined), the agent's
+    // capabilities, then the params decoders; a ListTaskPushNotificationConfigs page read
+    // from the params.
+    let json_way = match decoded.protojson(op) {
+        Err(e) => format!("{e:?}"),
+        Ok(raw) => match rpc::json::params(Some(&raw)) {
+            Err(e) => format!("{e:?}"),
+            Ok(p) => match a2a::bindings::jsonrpc::decode(op, Version::V10, &cx, &p) {
+                Err(e) => format!("{e:?}"),
+                Ok(request) => {
+                    let page = (op == Op::ListPushConfigs).then(|| {
+                        a2a::bindings::jsonrpc::page_bounds(
+                            a2a::bindings::jsonrpc::PageAsk::Params(&p),
+                            5,
+                        )
+                    });
+                    format!("{request:?} {page:?}")
+                }
+            },
+        },
+    };
+    let direct_way = match decoded.check() {
+        Err(e) => format!("{e:?}"),
+        Ok(()) => match decoded.request(op, &cx) {
+            Err(e) => format!("{e:?}"),
+            Ok((request, page)) => {
+                let page = (op == Op::ListPushConfigs)
+                    .then(|| a2a::bindings::jsonrpc::page_bounds(page_ask(page.as_ref()), 5));
+                format!("{request:?} {page:?}")
+            }
+        },
+    };
+    (direct_way, json_way)
 }
 
 /// A refused param is an invalid param (or an unsupported type) that names its field.

@@ -331,6 +331,41 @@ pub(crate) struct CallContext {
 }
 
 impl CallContext {
+    /// A context for decoding alone, outside any request (the fuzz targets and the tests
+    /// that compare decoders): the caller `detached` on the default configuration's first
+    /// agent, with `limits`.
+    pub(crate) fn detached(limits: crate::config::AgentLimits) -> Self {
+        let mut config = crate::config::AgentConfig::new(crate::Config::DEFAULT_AGENT_ID);
+        config.limits = limits;
+        let agent_id = AgentId::new(config.id.as_str());
+        let agent = AgentEntry {
+            backend: crate::agent::from_config(&config),
+            scheduler: crate::limits::Scheduler::new(
+                config.limits.concurrent_tasks,
+                config.limits.max_queued(),
+            ),
+            metrics: crate::metrics::AgentMetrics::default(),
+            index: 0,
+            config,
+        };
+        Self {
+            caller: Arc::new(Caller {
+                principal: crate::model::Principal::new("detached"),
+                principal_index: None,
+                agents: None,
+            }),
+            agent: Arc::new(agent),
+            agent_id,
+            accepts_sse: true,
+            last_event_id: None,
+            in_batch: false,
+            base_url: "http://127.0.0.1".into(),
+            host: None,
+            local_addr: std::net::SocketAddr::from(([127, 0, 0, 1], 0)),
+            card_signer: None,
+        }
+    }
+
     /// The URL of this agent's endpoint in a dialect.
     pub(crate) fn url(&self, dialect: Dialect) -> String {
         match dialect.path() {

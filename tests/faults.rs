@@ -28,6 +28,7 @@ async fn nothing_left_behind(s: &TestServer) {
 
 #[tokio::test]
 async fn webhook_receivers_that_reset_stall_throttle_and_flap_lose_nothing() {
+    let _turn = support::heavy().await;
     let scripts: Vec<(&str, Script)> = vec![
         (
             "reset",
@@ -164,6 +165,7 @@ async fn webhook_receivers_that_reset_stall_throttle_and_flap_lose_nothing() {
 
 #[tokio::test]
 async fn a_storm_of_2000_streams_that_disconnect_leaves_nothing_behind() {
+    let _turn = support::heavy().await;
     let mut slow = agent("slow");
     slow.echo.delay_ms = 300;
     slow.limits.concurrent_tasks = 10_000;
@@ -211,6 +213,7 @@ async fn a_storm_of_2000_streams_that_disconnect_leaves_nothing_behind() {
 
 #[tokio::test]
 async fn a_stream_nobody_reads_is_dropped_and_counted_and_the_task_goes_on() {
+    let _turn = support::heavy().await;
     // 100,000 progress events as fast as the agent can make them: tens of megabytes of
     // SSE, far beyond what socket buffers hold for a client that does not read.
     let mut busy = agent("busy");
@@ -262,6 +265,7 @@ fn h2_request(s: &TestServer, agent: &str) -> http::Request<()> {
 
 #[tokio::test]
 async fn http2_many_concurrent_streams_on_one_connection_are_all_served() {
+    let _turn = support::heavy().await;
     // Room for all of them at once: this is about HTTP/2, not admission (a slower store
     // would otherwise fill the agent's queue and answer some with -32009, correctly).
     let mut c = config(&["echo"]);
@@ -350,6 +354,7 @@ async fn http2_a_huge_header_list_is_refused_and_the_server_keeps_serving() {
 
 #[tokio::test]
 async fn http2_a_client_that_grants_no_flow_control_credit_holds_up_only_itself() {
+    let _turn = support::heavy().await;
     let mut busy = agent("busy");
     busy.echo.delay_ms = 1000;
     busy.echo.progress_steps = 5000;

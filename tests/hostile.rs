@@ -185,6 +185,7 @@ async fn list_pages_and_batch_answers_are_bounded_in_bytes() {
 /// clear reason, long before the upstream time-out, and the server serves on.
 #[tokio::test]
 async fn hostile_upstreams_fail_their_task_at_once() {
+    let _turn = support::heavy().await;
     use support::upstream::{Mode, Upstream};
     let cases: Vec<(Mode, &str)> = vec![
         (Mode::Flood { chunk: 1000 }, "reply too large"),

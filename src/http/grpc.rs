@@ -22,7 +22,6 @@ use super::{App, Body, observed};
 use crate::model::AgentId;
 use crate::rpc::a2a::Version;
 use crate::rpc::a2a::bindings::grpc::{self as codec, Decoded, Unframed};
-use crate::rpc::a2a::bindings::rest;
 use crate::rpc::a2a::errors;
 use crate::rpc::a2a::ops::Op;
 use crate::rpc::error::{METHOD_NOT_FOUND, RpcError};
@@ -118,9 +117,8 @@ async fn call(app: &App, req: Request<Incoming>) -> Result<Body, Status> {
         admitted.count_refused(app, e.code);
         return Err(refused(&e));
     }
-    // The message, its tenant taken out, as the ProtoJSON the shared decoder reads.
-    let params = decoded
-        .params(op)
+    decoded
+        .check()
         .map_err(|e| refused(&errors::rpc_error(Version::V10, &e)))?;
     let cx = admitted.context(app, facts, true);
     if codec::streams(op) {
@@ -130,11 +128,11 @@ async fn call(app: &App, req: Request<Incoming>) -> Result<Body, Status> {
                 // Boxed: the operations' futures are large (~12 KB); inline, every call's
                 // future would be that large, copied each time it moves.
                 Ok(()) => {
-                    Box::pin(rest::execute_with(
+                    Box::pin(codec::execute(
                         &app.runtime,
                         &cx,
                         op,
-                        &params,
+                        decoded,
                         codec::events,
                     ))
                     .await
@@ -153,11 +151,11 @@ async fn call(app: &App, req: Request<Incoming>) -> Result<Body, Status> {
         match admit::token(app, &cx) {
             Err(r) => Err(errors::refusal(Version::V10, &r)),
             Ok(()) => {
-                Box::pin(rest::execute_with(
+                Box::pin(codec::execute(
                     &app.runtime,
                     &cx,
                     op,
-                    &params,
+                    decoded,
                     codec::direct(op),
                 ))
                 .await

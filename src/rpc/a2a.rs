@@ -9,6 +9,7 @@ pub(crate) mod errors;
 pub(crate) mod ops;
 pub(crate) mod params;
 pub(crate) mod pb;
+pub(crate) mod pbin;
 pub(crate) mod pbout;
 pub(crate) mod render;
 pub(crate) mod token;

@@ -358,6 +358,18 @@ pub fn texts(message: &Value) -> Vec<String> {
         .unwrap_or_default()
 }
 
+/// A turn for a test that keeps the CPU busy for seconds (a flood of events, a hostile
+/// upstream, thousands of streams): such tests take turns, one at a time per test binary,
+/// so that on a 2-core machine running the suite many tests at a time each still finishes
+/// well within its deadlines. The others run beside it.
+pub async fn heavy() -> tokio::sync::SemaphorePermit<'static> {
+    static HEAVY: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(1);
+    HEAVY
+        .acquire()
+        .await
+        .expect("the semaphore is never closed")
+}
+
 /// Polls `check` until it returns `Some`, up to `deadline`.
 #[track_caller]
 pub fn poll_until<T, F, Fut>(deadline: Duration, mut check: F) -> impl Future<Output = T>

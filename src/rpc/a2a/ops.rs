@@ -153,6 +153,7 @@ impl Op {
 }
 
 /// One operation's request, as every binding decodes it.
+#[derive(Debug)]
 pub(crate) enum OpRequest {
     /// SendMessage (`stream: false`) and SendStreamingMessage.
     Send {

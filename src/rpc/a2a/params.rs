@@ -111,6 +111,7 @@ pub(crate) fn no_tenant(o: &Obj<'_>) -> Result<(), Error> {
 }
 
 /// Parsed `SendMessage` / `message/send` params.
+#[derive(Debug)]
 pub(crate) struct SendParams {
     pub(crate) request: SendRequest,
     /// Wait for the end of the run (1.0 `!returnImmediately`, 0.3 `blocking`).
@@ -215,7 +216,7 @@ fn message(v: Version, m: &Obj<'_>, limits: &AgentLimits) -> Result<Message, Err
     Ok(message)
 }
 
-fn unsupported(field: impl Into<String>) -> Error {
+pub(crate) fn unsupported(field: impl Into<String>) -> Error {
     Error::invalid(
         field,
         "part kind not supported: send text, or a file with its bytes inline",
@@ -290,7 +291,7 @@ fn part_of(v: Version, raw: &RawValue, limits: &AgentLimits) -> Result<Part, Err
 }
 
 /// A file part's checks, with the field names of its dialect.
-fn file(
+pub(crate) fn file(
     at: &str,
     name: String,
     mime: String,
@@ -389,7 +390,7 @@ fn push_config(
 /// The neutral configuration: every event, the default retry policy, the token, and the
 /// authentication as a header — or, for `HMAC-SHA256`, as the signing secret (which then
 /// never travels).
-fn config(
+pub(crate) fn config(
     url: String,
     token: Option<String>,
     auth: Option<(String, Option<String>)>,

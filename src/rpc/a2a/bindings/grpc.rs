@@ -1,7 +1,8 @@
 //! The gRPC binding of A2A 1.0 as a codec (docs/PROTOCOL.md §10.13; S10 §10): a unary
 //! request body unframed into the protobuf message of its method ([`Decoded`]; the method
-//! names its operation in [`ops::TABLE`]), the message's `tenant` (the agent it names) taken
-//! out, and its ProtoJSON read by the shared params decoders; results written as protobuf
+//! names its operation in the operation table), the message's `tenant` (the agent it names)
+//! taken out, and the operation's request decoded straight from it (`pbin`: no JSON on the
+//! way in, the same checks as the JSON-RPC params decoders); results written as protobuf
 //! straight from the model for sends, task reads and stream events (`pbout`), read back
 //! from their ProtoJSON for the others; errors as `google.rpc.Status` from the error table
 //! ([`errors::statuses`]) with the same `ErrorInfo`. The HTTP/2 side — admission, the body
@@ -17,11 +18,14 @@ use serde_json::value::RawValue;
 use tonic::Status;
 use tonic_types::{ErrorDetails, StatusExt as _};
 
+use super::jsonrpc::PageAsk;
+use super::rest;
 use crate::model::TaskSnapshot;
 use crate::rpc::a2a::errors;
-use crate::rpc::a2a::ops::{Op, OpResponse};
-use crate::rpc::a2a::{pb, pbout};
-use crate::rpc::{Frames, RpcError};
+use crate::rpc::a2a::ops::{Op, OpRequest, OpResponse};
+use crate::rpc::a2a::{Version, pb, pbin, pbout};
+use crate::rpc::{CallContext, Frames, Reply, RpcError};
+use crate::runtime::Runtime;
 
 /// Why a request body is not one gRPC message.
 pub(crate) enum Unframed {
@@ -104,7 +108,7 @@ impl Decoded {
         fn de<M: prost::Message + Default>(message: &[u8]) -> Result<M, RpcError> {
             M::decode(message).map_err(|_| {
                 errors::dress(
-                    crate::rpc::a2a::Version::V10,
+                    Version::V10,
                     RpcError::parse_error(
                         "the message is not a protobuf message of this call".to_string(),
                     ),
@@ -131,16 +135,85 @@ impl Decoded {
         each!(self, m => std::mem::take(&mut m.tenant))
     }
 
-    /// The message as the ProtoJSON the shared params decoders read.
-    pub(crate) fn params(&self, op: Op) -> Result<Box<RawValue>, crate::Error> {
+    /// The values protobuf can carry and A2A does not define (an enum's number, a time out of
+    /// range): refused before the call is counted, as the ProtoJSON decoder refused them.
+    pub(crate) fn check(&self) -> Result<(), crate::Error> {
+        match self {
+            Self::Send(m) => pbin::check_role(m),
+            Self::ListTasks(m) => pbin::check_list(m),
+            _ => Ok(()),
+        }
+    }
+
+    /// The message as ProtoJSON, for the JSON-RPC params decoders: what the fuzz target
+    /// `grpc` and the tests compare [`execute`]'s decoding with (no call takes this way).
+    pub(crate) fn protojson(&self, op: Op) -> Result<Box<RawValue>, crate::Error> {
         each!(self, m => protojson(op, m))
     }
+
+    /// The operation's request, decoded straight from the message, and what a
+    /// ListTaskPushNotificationConfigs call asks of its page.
+    pub(crate) fn request(
+        self,
+        op: Op,
+        cx: &CallContext,
+    ) -> Result<(OpRequest, Option<(i32, String)>), crate::Error> {
+        let limits = &cx.agent.config.limits;
+        Ok(match self {
+            Self::Send(m) => (pbin::send(m, limits, op == Op::SendStreamingMessage)?, None),
+            Self::GetTask(m) => (pbin::get_task(cx, m)?, None),
+            Self::ListTasks(m) => (pbin::list_tasks(cx, m)?, None),
+            Self::CancelTask(m) => (pbin::cancel_task(cx, m)?, None),
+            Self::Subscribe(m) => (pbin::subscribe(cx, m)?, None),
+            Self::CreatePushConfig(m) => (pbin::create_push_config(cx, m)?, None),
+            Self::GetPushConfig(m) => (pbin::get_push_config(cx, m)?, None),
+            Self::ListPushConfigs(m) => {
+                let request = pbin::list_push_configs(cx, &m)?;
+                (request, Some((m.page_size, m.page_token)))
+            }
+            Self::GetExtendedCard(_) => (OpRequest::GetExtendedCard, None),
+            Self::DeletePushConfig(m) => (pbin::delete_push_config(cx, m)?, None),
+        })
+    }
+}
+
+/// What a ListTaskPushNotificationConfigs message asks of its page (0 and empty: nothing).
+pub(crate) fn page_ask(page: Option<&(i32, String)>) -> PageAsk<'_> {
+    match page {
+        Some((size, token)) => PageAsk::Given {
+            size: (*size != 0).then_some(i64::from(*size)),
+            token: (!token.is_empty()).then_some(token.as_str()),
+        },
+        None => PageAsk::Given {
+            size: None,
+            token: None,
+        },
+    }
+}
+
+/// Runs a 1.0 operation on a decoded message: the agent's capabilities, the request decoded
+/// straight from protobuf (`pbin`), then as every binding ([`rest::finish`]).
+pub(crate) async fn execute<T>(
+    runtime: &Runtime,
+    cx: &CallContext,
+    op: Op,
+    decoded: Decoded,
+    direct: impl FnOnce(OpResponse) -> Result<T, OpResponse>,
+) -> Result<Result<T, Reply>, RpcError> {
+    let run = async {
+        op.admit(cx)?;
+        let (request, page) = decoded.request(op, cx)?;
+        rest::finish(runtime, cx, op, request, page_ask(page.as_ref()), direct).await
+    };
+    run.await
+        .map_err(|e: crate::Error| errors::rpc_error(Version::V10, &e))
 }
 
 /// What the fuzz target `grpc` drives (`crate::fuzzing::grpc`): a request body of the
 /// `method % 11`th operation unframed within `max`, its message decoded and its tenant taken
-/// out as the edge does, and the ProtoJSON the shared params decoders then read. `Err`
-/// names why the call would be refused before any operation ran.
+/// out as the edge does, its values checked, and its ProtoJSON (for the params decoders the
+/// target compares `pbin` with). `Err` names why the call would be refused before any
+/// operation ran.
 pub(crate) fn fuzz_decode(
     method: u8,
     body: &[u8],
@@ -155,13 +228,14 @@ pub(crate) fn fuzz_decode(
     };
     let mut decoded = Decoded::decode(op, message).map_err(|_| "not a message of the call")?;
     let tenant = decoded.take_tenant();
+    decoded.check().map_err(|_| "a value A2A does not define")?;
     let params = decoded
-        .params(op)
+        .protojson(op)
         .map_err(|_| "a value A2A does not define")?;
     Ok((op, tenant, params))
 }
 
-/// A request message as the ProtoJSON the shared params decoders read. Protobuf carries an
+/// A request message as ProtoJSON (what the fuzz target compares `pbin` with). Protobuf carries an
 /// enum as any number, ProtoJSON only as one of its names: a number the protocol does not
 /// define (a `role` of 98, a `status` of 40) cannot be written, and is an invalid param of
 /// the field that holds it (found by the fuzz target `grpc`: it was INTERNAL).

@@ -54,7 +54,15 @@ async fn run(runtime: &Runtime, cx: &CallContext, call: &Call, v: Version) -> Re
     op.admit(cx)?;
     let request = decode(op, v, cx, &p)?;
     let response = ops::execute(runtime, cx, v, request).await?;
-    encode(op, v, runtime, cx, Framing::JsonRpc(&call.id), &p, response)
+    encode(
+        op,
+        v,
+        runtime,
+        cx,
+        Framing::JsonRpc(&call.id),
+        PageAsk::Params(&p),
+        response,
+    )
 }
 
 /// How an operation's answer is framed: as a JSON-RPC response echoing the request's id,
@@ -200,7 +208,7 @@ pub(crate) fn encode(
     runtime: &Runtime,
     cx: &CallContext,
     framing: Framing<'_>,
-    p: &Obj<'_>,
+    page: PageAsk<'_>,
     response: OpResponse,
 ) -> Result<Reply, Error> {
     Ok(match response {
@@ -249,7 +257,7 @@ pub(crate) fn encode(
             match v {
                 Version::V03 => framing.ok(&rendered),
                 Version::V10 => {
-                    let (page, next) = config_page(p, rendered)?;
+                    let (page, next) = config_page(page, rendered)?;
                     framing.ok(&json!({"configs": page, "nextPageToken": next}))
                 }
             }
@@ -280,7 +288,7 @@ fn task_param(cx: &CallContext, p: &Obj<'_>, name: &str) -> Result<TaskId, Error
 }
 
 /// A field path without the prefix a nested parser gave it.
-fn unprefix(e: Error, prefix: &str) -> Error {
+pub(crate) fn unprefix(e: Error, prefix: &str) -> Error {
     match e {
         Error::InvalidParams { field, reason } => Error::InvalidParams {
             field: field.strip_prefix(prefix).unwrap_or(&field).to_string(),
@@ -352,16 +360,57 @@ fn list_tasks(cx: &CallContext, p: &Obj<'_>) -> Result<OpRequest, Error> {
     })
 }
 
+/// What a ListTaskPushNotificationConfigs call asks of its page, read when the page is made
+/// (after the operation ran, so that an unknown task answers first).
+#[derive(Clone, Copy)]
+pub(crate) enum PageAsk<'a> {
+    /// In the call's JSON params (`pageSize`, `pageToken`).
+    Params(&'a Obj<'a>),
+    /// Given by a binding that decoded them itself (gRPC).
+    Given {
+        size: Option<i64>,
+        token: Option<&'a str>,
+    },
+}
+
+impl PageAsk<'_> {
+    fn size(self) -> Result<Option<i64>, Error> {
+        match self {
+            Self::Params(p) => params::opt_int(p, "pageSize", "pageSize"),
+            Self::Given { size, .. } => Ok(size),
+        }
+    }
+
+    fn token(self) -> Result<Option<String>, Error> {
+        match self {
+            Self::Params(p) => params::opt_str(p, "pageToken", "pageToken"),
+            Self::Given { token, .. } => Ok(token.map(str::to_owned)),
+        }
+    }
+}
+
 /// One page of a task's push configurations (1.0): `pageSize` (absent: all), `pageToken`
 /// (the offset of the page, as issued).
-fn config_page(p: &Obj<'_>, all: Vec<Value>) -> Result<(Vec<Value>, String), Error> {
-    let size = match params::opt_int(p, "pageSize", "pageSize")? {
+fn config_page(ask: PageAsk<'_>, all: Vec<Value>) -> Result<(Vec<Value>, String), Error> {
+    let (start, end) = page_bounds(ask, all.len())?;
+    let next = if end < all.len() {
+        URL_SAFE_NO_PAD.encode(format!("offset:{end}"))
+    } else {
+        String::new()
+    };
+    let page = all.into_iter().skip(start).take(end - start).collect();
+    Ok((page, next))
+}
+
+/// The range of a page of `len` configurations that `ask` names.
+pub(crate) fn page_bounds(ask: PageAsk<'_>, len: usize) -> Result<(usize, usize), Error> {
+    let size = match ask.size()? {
         // 0 is ProtoJSON's default: no page size asked.
-        None | Some(0) => all.len().max(1),
+        None | Some(0) => len.max(1),
         Some(n) if (1..=1000).contains(&n) => usize::try_from(n).unwrap_or(1),
         Some(_) => return Err(Error::invalid("pageSize", "must be between 1 and 1000")),
     };
-    let start = match params::opt_str(p, "pageToken", "pageToken")? {
+    let start = match ask.token()? {
         None => 0,
         Some(t) if t.is_empty() => 0,
         Some(t) => URL_SAFE_NO_PAD
@@ -372,15 +421,9 @@ fn config_page(p: &Obj<'_>, all: Vec<Value>) -> Result<(Vec<Value>, String), Err
                 s.strip_prefix("offset:")
                     .and_then(|n| n.parse::<usize>().ok())
             })
-            .filter(|n| *n <= all.len())
+            .filter(|n| *n <= len)
             .ok_or_else(|| Error::invalid("pageToken", "is not a token this server issued"))?,
     };
-    let end = start.saturating_add(size).min(all.len());
-    let next = if end < all.len() {
-        URL_SAFE_NO_PAD.encode(format!("offset:{end}"))
-    } else {
-        String::new()
-    };
-    let page = all.into_iter().skip(start).take(end - start).collect();
-    Ok((page, next))
+    let end = start.saturating_add(size).min(len);
+    Ok((start, end))
 }

@@ -13,7 +13,7 @@ use hyper::{Method, StatusCode};
 use serde_json::value::RawValue;
 use serde_json::{Map, Value, json};
 
-use super::jsonrpc::{self, Framing};
+use super::jsonrpc::{self, Framing, PageAsk};
 use crate::error::Error;
 use crate::rpc::a2a::Version;
 use crate::rpc::a2a::errors;
@@ -271,25 +271,39 @@ pub(crate) async fn execute_with<T>(
     let run = async {
         let p = json::params(Some(raw))?;
         op.admit(cx)?;
-        let mut request = jsonrpc::decode(op, Version::V10, cx, &p)?;
-        if let (OpRequest::SubscribeToTask { after, .. }, Some(last)) =
-            (&mut request, &cx.last_event_id)
-        {
-            *after = Some(
-                last.trim()
-                    .parse()
-                    .map_err(|_| Error::invalid("Last-Event-ID", "must be an event number"))?,
-            );
-        }
-        match direct(ops::execute(runtime, cx, Version::V10, request).await?) {
-            Ok(done) => Ok(Ok(done)),
-            Err(response) => {
-                jsonrpc::encode(op, Version::V10, runtime, cx, Framing::Bare, &p, response).map(Err)
-            }
-        }
+        let request = jsonrpc::decode(op, Version::V10, cx, &p)?;
+        finish(runtime, cx, op, request, PageAsk::Params(&p), direct).await
     };
     run.await
         .map_err(|e: Error| errors::rpc_error(Version::V10, &e))
+}
+
+/// The rest of a 1.0 call once its request is decoded, on any binding: `Last-Event-ID`
+/// (the header, or gRPC's `a2a-last-event-id`) resumes a subscription, the operation runs,
+/// and its result is given to `direct` or else framed bare.
+pub(crate) async fn finish<T>(
+    runtime: &Runtime,
+    cx: &CallContext,
+    op: Op,
+    mut request: OpRequest,
+    page: PageAsk<'_>,
+    direct: impl FnOnce(OpResponse) -> Result<T, OpResponse>,
+) -> Result<Result<T, Reply>, Error> {
+    if let (OpRequest::SubscribeToTask { after, .. }, Some(last)) =
+        (&mut request, &cx.last_event_id)
+    {
+        *after = Some(
+            last.trim()
+                .parse()
+                .map_err(|_| Error::invalid("Last-Event-ID", "must be an event number"))?,
+        );
+    }
+    match direct(ops::execute(runtime, cx, Version::V10, request).await?) {
+        Ok(done) => Ok(Ok(done)),
+        Err(response) => {
+            jsonrpc::encode(op, Version::V10, runtime, cx, Framing::Bare, page, response).map(Err)
+        }
+    }
 }
 
 /// The `google.rpc.Status` body (S10 §11.6) and HTTP status of a 1.0 error (`e.data` the
