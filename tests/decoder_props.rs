@@ -158,3 +158,53 @@ fn the_grpc_corpus_passes() {
     let n = run_corpus("grpc", fuzzing::grpc);
     assert!(n >= 10, "{n} seeds");
 }
+
+/// The fuzz targets, each with the entry of `a2ad::fuzzing` it drives.
+const TARGETS: [(&str, fn(&[u8])); 10] = [
+    ("decode", fuzzing::decode),
+    ("params", fuzzing::params),
+    ("official", fuzzing::official),
+    ("file_part", fuzzing::file_part),
+    ("config", fuzzing::config),
+    ("sse", fuzzing::sse),
+    ("webhook_url", fuzzing::webhook_url),
+    ("store_record", fuzzing::store_record),
+    ("log_frame", fuzzing::log_frame),
+    ("grpc", fuzzing::grpc),
+];
+
+/// Every fuzz target's seed corpus passes its checks, run here without the fuzzer (CI's
+/// default run replays them; the coverage-guided runs are docs/RELIABILITY.md's), and the
+/// harness cannot drift from the library: each target in `fuzz/Cargo.toml` is a file of
+/// `fuzz/fuzz_targets/` that calls the entry this table names, with a corpus of its own.
+#[test]
+fn every_fuzz_target_builds_on_an_entry_and_passes_its_seed_corpus() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz");
+    let manifest = std::fs::read_to_string(root.join("Cargo.toml")).expect("fuzz/Cargo.toml");
+    let declared: Vec<&str> = manifest
+        .lines()
+        .filter_map(|l| l.strip_prefix("name = \""))
+        .filter_map(|l| l.strip_suffix('"'))
+        .filter(|n| *n != "a2ad-fuzz")
+        .collect();
+    let mut named: Vec<&str> = TARGETS.iter().map(|(n, _)| *n).collect();
+    let mut sorted = declared.clone();
+    sorted.sort_unstable();
+    named.sort_unstable();
+    assert_eq!(sorted, named, "fuzz/Cargo.toml's targets are this table's");
+    for (name, check) in TARGETS {
+        let source = std::fs::read_to_string(root.join("fuzz_targets").join(format!("{name}.rs")))
+            .unwrap_or_else(|e| panic!("fuzz_targets/{name}.rs: {e}"));
+        assert!(
+            source.contains(&format!("a2ad::fuzzing::{name}(")),
+            "fuzz_targets/{name}.rs drives a2ad::fuzzing::{name}"
+        );
+        let dir = root.join("corpus").join(name);
+        let mut n = 0;
+        for entry in std::fs::read_dir(&dir).unwrap_or_else(|e| panic!("corpus/{name}: {e}")) {
+            check(&std::fs::read(entry.expect("an entry").path()).expect("an input"));
+            n += 1;
+        }
+        assert!(n >= 1, "{name}: a corpus of its own");
+    }
+}
