@@ -159,8 +159,11 @@ fn the_grpc_corpus_passes() {
     assert!(n >= 10, "{n} seeds");
 }
 
+/// An entry of `a2ad::fuzzing`: what a fuzz target drives with its input.
+type Entry = fn(&[u8]);
+
 /// The fuzz targets, each with the entry of `a2ad::fuzzing` it drives.
-const TARGETS: [(&str, fn(&[u8])); 10] = [
+const TARGETS: [(&str, Entry); 10] = [
     ("decode", fuzzing::decode),
     ("params", fuzzing::params),
     ("official", fuzzing::official),
