@@ -51,64 +51,105 @@ pub(crate) enum RestRoute {
     NotFound,
 }
 
-/// The fields of `segments` when they have a route's `pattern` (`None`: another shape). A
-/// `{field}` segment takes a non-empty value, ending in the suffix the pattern writes after
-/// it (`{id}:cancel`); a segment that ends in the suffix with nothing before it matches no
-/// route (`Some(None)`).
-fn fields(
-    pattern: &'static str,
-    segments: &[String],
-) -> Option<Option<Vec<(&'static str, String)>>> {
-    if pattern.split('/').count() != segments.len() {
-        return None;
-    }
-    let mut out = Vec::new();
-    for (part, seg) in pattern.split('/').zip(segments) {
-        let Some(field) = part.strip_prefix('{') else {
-            if part != seg {
-                return None;
-            }
-            continue;
-        };
-        let (name, suffix) = field.split_once('}').unwrap_or((field, ""));
-        let value = seg.strip_suffix(suffix)?;
-        if value.is_empty() {
-            return Some(None);
-        }
-        out.push((name, value.to_string()));
-    }
-    Some(Some(out))
+/// One segment of a route's pattern.
+enum Seg {
+    /// Itself.
+    Literal(&'static str),
+    /// A field of the request: a non-empty value, then `suffix` (`{id}:cancel`).
+    Field {
+        name: &'static str,
+        suffix: &'static str,
+    },
 }
 
-/// The literal characters of a route's pattern: of two routes a path has, the one that
-/// says more names it (`tasks/{id}:cancel` before `tasks/{id}`).
-fn literal_len(pattern: &str) -> usize {
-    let mut n = 0;
-    let mut in_field = false;
-    for c in pattern.chars() {
-        match c {
-            '{' => in_field = true,
-            '}' => in_field = false,
-            _ if !in_field => n += 1,
-            _ => {}
-        }
+/// A route's pattern, split into its segments once.
+struct Pattern {
+    text: &'static str,
+    segs: Vec<Seg>,
+}
+
+impl Pattern {
+    fn new(text: &'static str) -> Self {
+        let segs = text
+            .split('/')
+            .map(|part| match part.strip_prefix('{') {
+                None => Seg::Literal(part),
+                Some(field) => {
+                    let (name, suffix) = field.split_once('}').unwrap_or((field, ""));
+                    Seg::Field { name, suffix }
+                }
+            })
+            .collect();
+        Self { text, segs }
     }
-    n
+
+    /// The characters it writes itself: of two patterns a path has, the one that says more
+    /// names it (`tasks/{id}:cancel` before `tasks/{id}`).
+    fn literal_len(&self) -> usize {
+        self.segs
+            .iter()
+            .map(|s| match s {
+                Seg::Literal(l) => l.len(),
+                Seg::Field { suffix, .. } => suffix.len(),
+            })
+            .sum()
+    }
+
+    /// Whether `segments` have this shape: `None` if not; `Some(false)` if a field's suffix
+    /// is there with nothing before it (no route matches such a path); `Some(true)` if so.
+    fn matches(&self, segments: &[String]) -> Option<bool> {
+        if self.segs.len() != segments.len() {
+            return None;
+        }
+        for (seg, value) in self.segs.iter().zip(segments) {
+            match seg {
+                Seg::Literal(l) if l == value => {}
+                Seg::Literal(_) => return None,
+                Seg::Field { suffix, .. } => match value.strip_suffix(suffix) {
+                    None => return None,
+                    Some("") => return Some(false),
+                    Some(_) => {}
+                },
+            }
+        }
+        Some(true)
+    }
+
+    /// The fields of `segments`, which have this shape.
+    fn fields(&self, segments: &[String]) -> Vec<(&'static str, String)> {
+        self.segs
+            .iter()
+            .zip(segments)
+            .filter_map(|(seg, value)| match seg {
+                Seg::Literal(_) => None,
+                Seg::Field { name, suffix } => {
+                    let v = value.strip_suffix(suffix).unwrap_or(value);
+                    Some((*name, v.to_string()))
+                }
+            })
+            .collect()
+    }
 }
 
 /// The route `segments` have (the most literal pattern of the operation table that they
 /// match) and its fields.
 fn shape(segments: &[String]) -> Option<(&'static str, Vec<(&'static str, String)>)> {
-    static PATTERNS: std::sync::LazyLock<Vec<&'static str>> = std::sync::LazyLock::new(|| {
-        let mut patterns: Vec<&'static str> = TABLE.iter().map(|n| n.rest.1).collect();
-        patterns.sort_by_key(|p| std::cmp::Reverse(literal_len(p)));
-        patterns.dedup();
+    static PATTERNS: std::sync::LazyLock<Vec<Pattern>> = std::sync::LazyLock::new(|| {
+        let mut texts: Vec<&'static str> = TABLE.iter().map(|n| n.rest.1).collect();
+        texts.dedup();
+        let mut patterns: Vec<Pattern> = texts.into_iter().map(Pattern::new).collect();
+        patterns.sort_by_key(|p| std::cmp::Reverse(p.literal_len()));
+        patterns.dedup_by(|a, b| a.text == b.text);
         patterns
     });
-    PATTERNS
-        .iter()
-        .find_map(|p| fields(p, segments).map(|f| f.map(|f| (*p, f))))
-        .flatten()
+    for p in PATTERNS.iter() {
+        match p.matches(segments) {
+            None => continue,
+            Some(false) => return None,
+            Some(true) => return Some((p.text, p.fields(segments))),
+        }
+    }
+    None
 }
 
 /// The `Allow` value of a route: the HTTP methods of the operations on its pattern.
