@@ -32,6 +32,7 @@ use tls::Tls;
 /// # async fn run() -> a2ad::Result<()> {
 /// let mut config = a2ad::Config::default();
 /// config.server.listen = "127.0.0.1:0".into(); // any free port
+/// config.store = a2ad::config::StoreConfig::memory(); // the default keeps ./a2ad-data
 /// let server = a2ad::Server::bind(config.validated()?).await?;
 /// let handle = server.serve()?;
 /// println!("listening on http://{}", handle.local_addr());
