@@ -89,6 +89,25 @@ pub(crate) fn file_part(
     })
 }
 
+/// A user message of these parts, within the agent's `max_message_length` (what every
+/// dialect's params decoder makes of a message it has read).
+///
+/// # Errors
+/// As [`message_length`].
+pub(crate) fn user_message(
+    message_id: String,
+    parts: Vec<Part>,
+    limits: &AgentLimits,
+) -> Result<Message, Error> {
+    let message = Message {
+        role: crate::model::Role::User,
+        parts,
+        message_id,
+    };
+    message_length(&message, limits)?;
+    Ok(message)
+}
+
 /// Checks the total length of the text parts.
 ///
 /// # Errors

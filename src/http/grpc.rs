@@ -23,7 +23,7 @@ use crate::model::AgentId;
 use crate::rpc::a2a::Version;
 use crate::rpc::a2a::bindings::grpc::{self as codec, Decoded, Unframed};
 use crate::rpc::a2a::errors;
-use crate::rpc::a2a::ops::Op;
+use crate::rpc::a2a::ops::{Op, OpResponse};
 use crate::rpc::error::{METHOD_NOT_FOUND, RpcError};
 use crate::rpc::{Binding, Dialect, Refusal, Reply};
 
@@ -122,24 +122,7 @@ async fn call(app: &App, req: Request<Incoming>) -> Result<Body, Status> {
         .map_err(|e| refused(&errors::rpc_error(Version::V10, &e)))?;
     let cx = admitted.context(app, facts, true);
     if codec::streams(op) {
-        let work = async {
-            match admit::token(app, &cx) {
-                Err(r) => Err(errors::refusal(Version::V10, &r)),
-                // Boxed: the operations' futures are large (~12 KB); inline, every call's
-                // future would be that large, copied each time it moves.
-                Ok(()) => {
-                    Box::pin(codec::execute(
-                        &app.runtime,
-                        &cx,
-                        op,
-                        decoded,
-                        codec::events,
-                    ))
-                    .await
-                }
-            }
-        };
-        return match observed(app, DIALECT, Binding::Grpc, &cx, Some(op.name()), work).await {
+        return match run(app, &cx, op, decoded, codec::events).await {
             Ok(Ok(events)) => Ok(Body::grpc_stream(events)),
             Ok(Err(_)) => Err(Status::internal(
                 "a single result answered a streaming call",
@@ -147,22 +130,7 @@ async fn call(app: &App, req: Request<Incoming>) -> Result<Body, Status> {
             Err(e) => Err(codec::status(&e)),
         };
     }
-    let work = async {
-        match admit::token(app, &cx) {
-            Err(r) => Err(errors::refusal(Version::V10, &r)),
-            Ok(()) => {
-                Box::pin(codec::execute(
-                    &app.runtime,
-                    &cx,
-                    op,
-                    decoded,
-                    codec::direct(op),
-                ))
-                .await
-            }
-        }
-    };
-    let framed = match observed(app, DIALECT, Binding::Grpc, &cx, Some(op.name()), work).await {
+    let framed = match run(app, &cx, op, decoded, codec::direct(op)).await {
         Ok(Ok(framed)) => framed,
         Ok(Err(Reply::Json { body, .. })) => codec::unary_from_json(op, &body)?,
         Ok(Err(Reply::Stream { .. } | Reply::Events { .. })) => {
@@ -171,6 +139,26 @@ async fn call(app: &App, req: Request<Incoming>) -> Result<Body, Status> {
         Err(e) => return Err(codec::status(&e)),
     };
     Ok(Body::grpc_one(framed))
+}
+
+/// Runs an admitted call: its rate token, then the operation (`direct` writes the results
+/// the codec writes itself), counted and traced as every binding's calls are.
+async fn run<T>(
+    app: &App,
+    cx: &crate::rpc::CallContext,
+    op: Op,
+    decoded: Decoded,
+    direct: impl FnOnce(OpResponse) -> Result<T, OpResponse>,
+) -> Result<Result<T, Reply>, RpcError> {
+    let work = async {
+        match admit::token(app, cx) {
+            Err(r) => Err(errors::refusal(Version::V10, &r)),
+            // Boxed: the operations' futures are large (~12 KB); inline, every call's
+            // future would be that large, copied each time it moves.
+            Ok(()) => Box::pin(codec::execute(&app.runtime, cx, op, decoded, direct)).await,
+        }
+    };
+    observed(app, DIALECT, Binding::Grpc, cx, Some(op.name()), work).await
 }
 
 /// The status of a refusal every binding shares (no key, no agent, too large, …).

@@ -245,16 +245,21 @@ pub(crate) fn message_parts(raw: Option<&RawValue>, max: usize) -> Result<Vec<&R
         return Err(Error::invalid(field, "must be an array"));
     }
     let parts = seq(raw.get(), max).map_err(|e| match e {
-        SeqError::TooMany => Error::invalid(
-            field,
-            format!("holds more than {max} parts; this agent accepts at most {max} per message"),
-        ),
+        SeqError::TooMany => too_many_parts(max),
         SeqError::Json(e) => invalid_json(field, &e, "an array"),
     })?;
     if parts.is_empty() {
         return Err(Error::invalid(field, "must not be empty"));
     }
     Ok(parts)
+}
+
+/// `message.parts` over the agent's `max_parts`.
+pub(crate) fn too_many_parts(max: usize) -> Error {
+    Error::invalid(
+        "message.parts",
+        format!("holds more than {max} parts; this agent accepts at most {max} per message"),
+    )
 }
 
 /// Why [`seq`] failed.

@@ -9,7 +9,7 @@ use serde_json::value::RawValue;
 use super::Version;
 use crate::config::AgentLimits;
 use crate::error::Error;
-use crate::model::{ContextId, Message, Part, Role, TaskId, TaskState};
+use crate::model::{ContextId, Message, Part, TaskId, TaskState};
 use crate::push::{Events, PushAuth, PushConfig, RetryPolicy};
 use crate::rpc::json::{self, Kind, Obj};
 use crate::runtime::SendRequest;
@@ -207,13 +207,7 @@ fn message(v: Version, m: &Obj<'_>, limits: &AgentLimits) -> Result<Message, Err
         .enumerate()
         .map(|(i, raw)| part(v, i, raw, limits))
         .collect::<Result<Vec<_>, _>>()?;
-    let message = Message {
-        role: Role::User,
-        parts,
-        message_id,
-    };
-    validate::message_length(&message, limits)?;
-    Ok(message)
+    validate::user_message(message_id, parts, limits)
 }
 
 pub(crate) fn unsupported(field: impl Into<String>) -> Error {
@@ -473,6 +467,43 @@ pub(crate) fn state_10(raw: &RawValue, path: &str) -> Result<TaskState, Error> {
         }
     };
     Ok(state)
+}
+
+/// The widest ListTasks page.
+const MAX_PAGE_SIZE: i64 = 100;
+/// The ListTasks page size when none is asked.
+const DEFAULT_PAGE_SIZE: usize = 50;
+
+/// ListTasks `pageSize`: 1–100, 50 when none is asked.
+pub(crate) fn list_page_size(asked: Option<i64>) -> Result<usize, Error> {
+    match asked {
+        None => Ok(DEFAULT_PAGE_SIZE),
+        Some(n) if (1..=MAX_PAGE_SIZE).contains(&n) => Ok(usize::try_from(n).unwrap_or(1)),
+        Some(_) => Err(Error::invalid(
+            "pageSize",
+            format!("must be between 1 and {MAX_PAGE_SIZE}"),
+        )),
+    }
+}
+
+/// ListTasks `pageToken`: empty is none; else a token this server issued.
+pub(crate) fn list_after(token: Option<&str>) -> Result<Option<crate::store::PageToken>, Error> {
+    match token {
+        None | Some("") => Ok(None),
+        Some(t) => super::token::decode(t).map(Some),
+    }
+}
+
+/// ListTasks `statusTimestampAfter`, an RFC 3339 time.
+pub(crate) fn list_status_after(text: &str) -> Result<chrono::DateTime<chrono::Utc>, Error> {
+    chrono::DateTime::parse_from_rfc3339(text)
+        .map(|t| t.with_timezone(&chrono::Utc))
+        .map_err(|_| {
+            Error::invalid(
+                "statusTimestampAfter",
+                "must be an ISO 8601 time such as 2026-01-01T00:00:00Z",
+            )
+        })
 }
 
 #[cfg(test)]

@@ -13,10 +13,10 @@ use base64::engine::general_purpose::STANDARD;
 use serde_json::value::RawValue;
 
 use super::params::{self, MAX_ID_LEN, SendParams};
-use super::{pb, token};
+use super::pb;
 use crate::config::AgentLimits;
 use crate::error::Error;
-use crate::model::{ContextId, Message, Part, Role, TaskId, TaskState};
+use crate::model::{ContextId, Message, Part, TaskId, TaskState};
 use crate::push::PushConfig;
 use crate::rpc::CallContext;
 use crate::rpc::json::{self, Obj, PART};
@@ -150,16 +150,11 @@ fn message(m: pb::Message, limits: &AgentLimits) -> Result<Message, Error> {
         _ => return Err(Error::invalid("message.role", "must be \"ROLE_USER\"")),
     }
     let message_id = id(m.message_id, "message.messageId")?;
-    let field = "message.parts";
     if m.parts.is_empty() {
-        return Err(Error::invalid(field, "is required"));
+        return Err(Error::invalid("message.parts", "is required"));
     }
-    let max = limits.max_parts;
-    if m.parts.len() > max {
-        return Err(Error::invalid(
-            field,
-            format!("holds more than {max} parts; this agent accepts at most {max} per message"),
-        ));
+    if m.parts.len() > limits.max_parts {
+        return Err(json::too_many_parts(limits.max_parts));
     }
     let parts = m
         .parts
@@ -167,13 +162,7 @@ fn message(m: pb::Message, limits: &AgentLimits) -> Result<Message, Error> {
         .enumerate()
         .map(|(i, p)| part(p, limits).map_err(|e| json::at_part(i, e)))
         .collect::<Result<Vec<_>, _>>()?;
-    let message = Message {
-        role: Role::User,
-        parts,
-        message_id,
-    };
-    validate::message_length(&message, limits)?;
-    Ok(message)
+    validate::user_message(message_id, parts, limits)
 }
 
 fn part(p: pb::Part, limits: &AgentLimits) -> Result<Part, Error> {
@@ -243,10 +232,6 @@ pub(crate) fn get_task(cx: &CallContext, m: pb::GetTaskRequest) -> Result<OpRequ
     })
 }
 
-/// The widest ListTasks page, and the page when none is asked.
-const MAX_PAGE_SIZE: i32 = 100;
-const DEFAULT_PAGE_SIZE: usize = 50;
-
 /// ListTasks (its states and time checked before admission: [`check_list`]).
 pub(crate) fn list_tasks(cx: &CallContext, m: pb::ListTasksRequest) -> Result<OpRequest, Error> {
     let context = opt_id(m.context_id, "contextId")?.map(ContextId::new);
@@ -262,20 +247,8 @@ pub(crate) fn list_tasks(cx: &CallContext, m: pb::ListTasksRequest) -> Result<Op
         // TASK_STATE_UNSPECIFIED filters nothing (and no other number gets this far).
         Ok(pb::TaskState::Unspecified) | Err(_) => None,
     };
-    let page_size = match m.page_size {
-        None => DEFAULT_PAGE_SIZE,
-        Some(n) if (1..=MAX_PAGE_SIZE).contains(&n) => usize::try_from(n).unwrap_or(1),
-        Some(_) => {
-            return Err(Error::invalid(
-                "pageSize",
-                format!("must be between 1 and {MAX_PAGE_SIZE}"),
-            ));
-        }
-    };
-    let after = match m.page_token.as_str() {
-        "" => None,
-        t => Some(token::decode(t)?),
-    };
+    let page_size = params::list_page_size(m.page_size.map(i64::from))?;
+    let after = params::list_after(Some(m.page_token.as_str()))?;
     let history_length = history_length(m.history_length, "historyLength")?;
     let status_after = match m.status_timestamp_after {
         None => None,
@@ -285,16 +258,7 @@ pub(crate) fn list_tasks(cx: &CallContext, m: pb::ListTasksRequest) -> Result<Op
             let written = chrono::DateTime::<chrono::Utc>::try_from(t)
                 .map_err(|e| undefined("status", e))?
                 .to_rfc3339();
-            Some(
-                chrono::DateTime::parse_from_rfc3339(&written)
-                    .map_err(|_| {
-                        Error::invalid(
-                            "statusTimestampAfter",
-                            "must be an ISO 8601 time such as 2026-01-01T00:00:00Z",
-                        )
-                    })?
-                    .with_timezone(&chrono::Utc),
-            )
+            Some(params::list_status_after(&written)?)
         }
     };
     Ok(OpRequest::ListTasks {

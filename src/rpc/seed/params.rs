@@ -5,7 +5,7 @@ use serde_json::value::RawValue;
 use super::super::json::{self, Kind, Obj};
 use crate::config::AgentLimits;
 use crate::error::Error;
-use crate::model::{ContextId, Message, Part, Role, TaskId};
+use crate::model::{ContextId, Message, Part, TaskId};
 use crate::push::{Events, PushConfig, RetryPolicy, WebhookEvent};
 use crate::runtime::SendRequest;
 use crate::validate;
@@ -163,13 +163,7 @@ fn parse_message(raw: &RawValue, limits: &AgentLimits) -> Result<Message, Error>
         .enumerate()
         .map(|(i, p)| parse_part(i, p, limits))
         .collect::<Result<Vec<_>, _>>()?;
-    let message = Message {
-        role: Role::User,
-        parts,
-        message_id,
-    };
-    validate::message_length(&message, limits)?;
-    Ok(message)
+    validate::user_message(message_id, parts, limits)
 }
 
 fn parse_part(i: usize, raw: &RawValue, limits: &AgentLimits) -> Result<Part, Error> {

@@ -15,7 +15,7 @@ use crate::model::{ContextId, TaskId};
 use crate::rpc::a2a::ops::{self, Op, OpRequest, OpResponse};
 use crate::rpc::a2a::params::{self, field};
 use crate::rpc::a2a::render::{self, SendResultOut, TaskOut};
-use crate::rpc::a2a::{Version, card, errors, token};
+use crate::rpc::a2a::{Version, card, errors};
 use crate::rpc::json::{self, Obj};
 use crate::rpc::{Call, CallContext, Reply, RpcError};
 use crate::runtime::Runtime;
@@ -298,11 +298,6 @@ pub(crate) fn unprefix(e: Error, prefix: &str) -> Error {
     }
 }
 
-/// The widest ListTasks page.
-const MAX_PAGE_SIZE: i64 = 100;
-/// The ListTasks page size when none is asked.
-const DEFAULT_PAGE_SIZE: i64 = 50;
-
 /// ListTasks params (1.0 only).
 fn list_tasks(cx: &CallContext, p: &Obj<'_>) -> Result<OpRequest, Error> {
     params::no_tenant(p)?;
@@ -314,36 +309,12 @@ fn list_tasks(cx: &CallContext, p: &Obj<'_>) -> Result<OpRequest, Error> {
             .map(|raw| params::state_10(raw, "status"))
             .transpose()?,
     };
-    let page_size = match params::opt_int(p, "pageSize", "pageSize")? {
-        None => DEFAULT_PAGE_SIZE,
-        Some(n) if (1..=MAX_PAGE_SIZE).contains(&n) => n,
-        Some(_) => {
-            return Err(Error::invalid(
-                "pageSize",
-                format!("must be between 1 and {MAX_PAGE_SIZE}"),
-            ));
-        }
-    };
-    let page_size = usize::try_from(page_size).unwrap_or(1);
-    let after = match params::opt_str(p, "pageToken", "pageToken")? {
-        None => None,
-        Some(t) if t.is_empty() => None,
-        Some(t) => Some(token::decode(&t)?),
-    };
+    let page_size = params::list_page_size(params::opt_int(p, "pageSize", "pageSize")?)?;
+    let after = params::list_after(params::opt_str(p, "pageToken", "pageToken")?.as_deref())?;
     let history_length = params::history_length(p, "historyLength")?;
-    let status_after = match params::opt_str(p, "statusTimestampAfter", "statusTimestampAfter")? {
-        None => None,
-        Some(t) => Some(
-            chrono::DateTime::parse_from_rfc3339(&t)
-                .map_err(|_| {
-                    Error::invalid(
-                        "statusTimestampAfter",
-                        "must be an ISO 8601 time such as 2026-01-01T00:00:00Z",
-                    )
-                })?
-                .with_timezone(&chrono::Utc),
-        ),
-    };
+    let status_after = params::opt_str(p, "statusTimestampAfter", "statusTimestampAfter")?
+        .map(|t| params::list_status_after(&t))
+        .transpose()?;
     let artifacts = params::opt_bool(p, "includeArtifacts", "includeArtifacts")?.unwrap_or(false);
     Ok(OpRequest::ListTasks {
         query: ListQuery {
