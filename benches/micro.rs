@@ -47,10 +47,12 @@ fn task_life(c: &mut Criterion) {
                             role: Role::User,
                             parts: vec![Part::Text("hello".into())],
                             message_id: uuid::Uuid::new_v4().to_string(),
+                            extensions: Default::default(),
                         },
                         context_id: None,
                         task_id: None,
                         metadata: None,
+                        extensions: Default::default(),
                     };
                     let t = runtime
                         .send(me, echo, request, Some(Duration::from_secs(10)))
@@ -98,6 +100,7 @@ fn snapshot(status: TaskStatus) -> TaskSnapshot {
         artifacts: Vec::new(),
         metadata: None,
         status,
+        extensions: Default::default(),
     }
 }
 

@@ -15,7 +15,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use tokio_util::sync::CancellationToken;
 
 use crate::config::AgentConfig;
-use crate::model::{Artifact, ArtifactUpdate, ContextId, Message, TaskId};
+use crate::model::{Artifact, ArtifactUpdate, ContextId, Extensions, Message, TaskId};
 
 mod echo;
 mod openai;
@@ -144,6 +144,10 @@ pub struct AgentRequest {
     pub task_history: Vec<Arc<Message>>,
     /// This turn's number in the context, from 1.
     pub turn: u32,
+    /// The extensions the request activated (those this agent declares that the client
+    /// asked for, in the agent's declared order). The message's own list is
+    /// `message.extensions`.
+    pub extensions: Extensions,
     /// Fires when the task is canceled or times out. The future is dropped then anyway;
     /// this lets a backend stop work it spawned elsewhere.
     pub cancel: CancellationToken,

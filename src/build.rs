@@ -3,6 +3,7 @@
 //! generator writes the messages and the service's client (for `a2ad-load` and embedders;
 //! the server side is a2ad's own, `src/http/grpc.rs`), pbjson-build their ProtoJSON (serde)
 //! forms, through which the binding shares the JSON-RPC binding's request decoding.
+//! `google.protobuf.Value` (a data part) is a2ad's own `JsonValue` (src/rpc/a2a/pbvalue.rs).
 
 use std::path::PathBuf;
 
@@ -19,10 +20,20 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         // ProtoJSON forms too.
         .compile_well_known_types(true)
         .extern_path(".google.protobuf", "::pbjson_types")
+        // A data part's `Value`: read under a2ad's own depth bound, kept as JSON text
+        // (src/rpc/a2a/pbvalue.rs says why).
+        .extern_path(
+            ".google.protobuf.Value",
+            "crate::rpc::a2a::pbvalue::JsonValue",
+        )
         .compile_fds(fds)?;
     pbjson_build::Builder::new()
         .register_descriptors(&std::fs::read(&descriptors)?)?
         .extern_path(".google.protobuf", "::pbjson_types")
+        .extern_path(
+            ".google.protobuf.Value",
+            "crate::rpc::a2a::pbvalue::JsonValue",
+        )
         .ignore_unknown_fields()
         .build(&[".lf.a2a.v1"])?;
     Ok(())

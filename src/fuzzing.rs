@@ -279,6 +279,7 @@ pub fn sse(data: &[u8]) {
         history: Vec::new(),
         artifacts: Vec::new(),
         metadata: None,
+        extensions: Default::default(),
     };
     let item = StreamItem {
         event: Arc::new(event),

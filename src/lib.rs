@@ -56,6 +56,8 @@ pub mod runtime;
 /// (`a2a_service_client::A2aServiceClient` over a `tonic::transport::Channel`).
 pub mod proto {
     pub use crate::rpc::a2a::pb::*;
+    /// `google.protobuf.Value` (a data part's `data`), kept as its JSON text.
+    pub use crate::rpc::a2a::pbvalue::JsonValue;
 }
 mod server;
 mod store;
@@ -71,7 +73,8 @@ pub use agent::{Agent, AgentError, AgentFuture, AgentRequest, Outcome, OutcomeFu
 pub use config::Config;
 pub use error::{Error, Result};
 pub use model::{
-    AgentId, ContextId, Message, Part, Principal, Role, TaskId, TaskSnapshot, TaskState,
+    AgentId, Artifact, ContextId, DataPart, Extensions, FileContent, FileUrl, Message, Part,
+    Principal, RawJson, Role, TaskId, TaskSnapshot, TaskState,
 };
 pub use runtime::{Runtime, SendRequest, StreamItem, TaskStream};
 pub use server::{Server, ServerBuilder, ServerHandle};

@@ -195,6 +195,58 @@ pub struct Message {
     pub parts: Vec<Part>,
     /// The message id (UUID v4 for user messages on the seed path; generated for agent messages).
     pub message_id: String,
+    /// The extensions this message says it uses (A2A `Message.extensions`); an agent's
+    /// messages in a task also list the extensions the request activated.
+    pub extensions: Extensions,
+}
+
+/// A list of extension URIs: those a request activated, or those a message or artifact
+/// names. Empty costs no allocation.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Extensions(Option<Arc<[String]>>);
+
+impl Extensions {
+    /// These URIs, in this order.
+    pub fn new(uris: Vec<String>) -> Self {
+        if uris.is_empty() {
+            Self(None)
+        } else {
+            Self(Some(uris.into()))
+        }
+    }
+
+    /// The URIs.
+    pub fn as_slice(&self) -> &[String] {
+        self.0.as_deref().unwrap_or(&[])
+    }
+
+    /// No URI.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_none()
+    }
+
+    /// Whether `uri` is one of them.
+    pub fn contains(&self, uri: &str) -> bool {
+        self.as_slice().iter().any(|u| u == uri)
+    }
+
+    /// These URIs, then those of `more` not among them (the activated set first, then a
+    /// message's own).
+    pub fn with(&self, more: &Extensions) -> Extensions {
+        if more.is_empty() {
+            return self.clone();
+        }
+        if self.is_empty() {
+            return more.clone();
+        }
+        let mut all = self.as_slice().to_vec();
+        for uri in more.as_slice() {
+            if !all.contains(uri) {
+                all.push(uri.clone());
+            }
+        }
+        Extensions::new(all)
+    }
 }
 
 impl Message {
@@ -226,6 +278,7 @@ impl Message {
             role: Role::Agent,
             parts: texts.into_iter().map(|t| Part::Text(t.into())).collect(),
             message_id: uuid::Uuid::new_v4().to_string(),
+            extensions: Extensions::default(),
         }
     }
 
@@ -237,11 +290,17 @@ impl Message {
             .map(|p| match p {
                 Part::Text(t) => t.len(),
                 Part::File(f) => f.name.len() + f.mime_type.len() + f.bytes.len() + 48,
-                Part::Data(d) => d.get().len() + 16,
-                Part::Url(u) => u.url.len() + 64,
+                Part::Data(d) => d.approx_bytes(),
+                Part::Url(u) => u.approx_bytes(),
             } + std::mem::size_of::<Part>())
             .sum();
-        parts + self.message_id.len() + std::mem::size_of::<Self>()
+        let extensions: usize = self
+            .extensions
+            .as_slice()
+            .iter()
+            .map(|u| u.len() + 24)
+            .sum();
+        parts + extensions + self.message_id.len() + std::mem::size_of::<Self>()
     }
 
     /// The text parts joined by a newline.
@@ -264,22 +323,62 @@ pub enum Part {
     Text(String),
     /// A file carried inline (boxed: text parts, the common case, stay small).
     File(Box<FileContent>),
-    /// Structured data (a JSON value, kept as its text). Agents may produce it; clients'
-    /// messages may not carry it (docs/PROTOCOL.md §10.4).
-    Data(RawJson),
-    /// A file by reference. Agents may produce it; clients' messages may not carry it.
+    /// Structured data: any JSON value (docs/PROTOCOL.md §12).
+    Data(Box<DataPart>),
+    /// A file by reference: a2ad never fetches it; the agent sees the URL.
     Url(Box<FileUrl>),
 }
 
+/// A data part: a JSON value, with the media type and metadata it came with.
+#[derive(Clone, Debug, PartialEq)]
+pub struct DataPart {
+    /// The value, kept as its compact JSON text.
+    pub data: RawJson,
+    /// The media type, when one was given (a data part is `application/json` otherwise).
+    pub media_type: Option<String>,
+    /// The part's `metadata` object, if any.
+    pub metadata: Option<RawJson>,
+}
+
+impl DataPart {
+    /// A data part of this value.
+    pub fn new(data: RawJson) -> Self {
+        Self {
+            data,
+            media_type: None,
+            metadata: None,
+        }
+    }
+
+    fn approx_bytes(&self) -> usize {
+        self.data.get().len()
+            + self.media_type.as_ref().map_or(0, String::len)
+            + self.metadata.as_ref().map_or(0, |m| m.get().len())
+            + 64
+    }
+}
+
 /// A file part that points at its content instead of carrying it.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct FileUrl {
-    /// The URL.
+    /// The URL (`http` or `https` when a client sent it).
     pub url: String,
     /// The file name, if known.
     pub name: Option<String>,
     /// The MIME type, if known.
     pub mime_type: Option<String>,
+    /// The part's `metadata` object, if any.
+    pub metadata: Option<RawJson>,
+}
+
+impl FileUrl {
+    fn approx_bytes(&self) -> usize {
+        self.url.len()
+            + self.name.as_ref().map_or(0, String::len)
+            + self.mime_type.as_ref().map_or(0, String::len)
+            + self.metadata.as_ref().map_or(0, |m| m.get().len())
+            + 96
+    }
 }
 
 /// A JSON value kept as its text (compact, never a tree; compared by its text).
@@ -290,6 +389,20 @@ impl RawJson {
     /// The JSON text.
     pub fn get(&self) -> &str {
         self.0.get()
+    }
+
+    /// Keeps this JSON text.
+    pub fn from_raw(raw: Box<serde_json::value::RawValue>) -> Self {
+        Self(Arc::from(raw))
+    }
+
+    /// The JSON text of `value`.
+    pub fn of(value: &serde_json::Value) -> Self {
+        // A `Value` always serializes.
+        Self::from_raw(
+            serde_json::value::to_raw_value(value)
+                .unwrap_or_else(|_| serde_json::value::RawValue::NULL.to_owned()),
+        )
     }
 }
 
@@ -320,6 +433,8 @@ pub struct Artifact {
     pub description: Option<String>,
     /// The content.
     pub parts: Vec<Part>,
+    /// The extensions it uses (those the request activated, at least).
+    pub extensions: Extensions,
 }
 
 impl Artifact {
@@ -330,6 +445,7 @@ impl Artifact {
             name: name.map(str::to_string),
             description: None,
             parts,
+            extensions: Extensions::default(),
         }
     }
 }
@@ -472,6 +588,8 @@ pub struct TaskSnapshot {
     pub artifacts: Vec<Arc<Artifact>>,
     /// The request's `metadata` (a JSON object, kept as its text), if any.
     pub metadata: Option<Arc<serde_json::value::RawValue>>,
+    /// The extensions the creating request activated, in the agent's declared order.
+    pub extensions: Extensions,
 }
 
 impl TaskSnapshot {
@@ -501,6 +619,7 @@ impl TaskSnapshot {
                     role: Role::Agent,
                     parts: a.parts.clone(),
                     message_id: String::new(),
+                    extensions: a.extensions.clone(),
                 };
                 m.approx_bytes() + a.artifact_id.len() + 64
             })
@@ -512,6 +631,12 @@ impl TaskSnapshot {
             + history
             + status
             + self.metadata.as_ref().map_or(0, |m| m.get().len())
+            + self
+                .extensions
+                .as_slice()
+                .iter()
+                .map(|u| u.len() + 24)
+                .sum::<usize>()
     }
 
     /// The event that produced the current status.
@@ -666,6 +791,7 @@ mod tests {
                 Part::Text("b".into()),
             ],
             message_id: "x".into(),
+            extensions: Extensions::default(),
         };
         assert_eq!(m.joined_text(), "a\nb");
     }

@@ -601,6 +601,7 @@ mod tests {
             role: Role::User,
             parts: vec![Part::Text("hi".into())],
             message_id: "m1".into(),
+            extensions: Default::default(),
         };
         let reply = Message::agent_text(["echo: hi"]);
         let mut turn = TurnMessages::Stored(codec::encode_turn(&user, Some(&reply)).into());

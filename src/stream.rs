@@ -169,6 +169,7 @@ mod tests {
                 history: Vec::new(),
                 artifacts: Vec::new(),
                 metadata: None,
+                extensions: Default::default(),
             }),
         }
     }

@@ -7,9 +7,21 @@
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD;
 
+use serde_json::value::RawValue;
+
 use crate::config::AgentLimits;
 use crate::error::Error;
-use crate::model::{FileContent, Message, Part};
+use crate::model::{DataPart, Extensions, FileContent, FileUrl, Message, Part, RawJson};
+
+/// Nesting depth of free-form JSON kept as is (`metadata`, a data part's value, which is
+/// level 1) at most.
+pub(crate) const MAX_DEPTH: usize = 64;
+
+/// The longest file URL a client may send (docs/PROTOCOL.md §12).
+pub(crate) const MAX_URL_LEN: usize = 2048;
+
+/// The most extension URIs a message may list, and the longest one.
+pub(crate) const MAX_EXTENSIONS: usize = 32;
 
 /// Checks a file part and returns its validated content.
 ///
@@ -89,6 +101,200 @@ pub(crate) fn file_part(
     })
 }
 
+/// Checks a data part: `data` nests no deeper than [`MAX_DEPTH`] levels (the value itself
+/// is level 1) and is kept as its compact text; `metadata`, when given, is an object.
+/// `field` is the part's path, e.g. `message.parts[0]`.
+///
+/// # Errors
+/// [`Error::InvalidParams`] naming `{field}.data` or `{field}.metadata`.
+pub(crate) fn data_part(
+    field: &str,
+    data: &RawValue,
+    media_type: Option<String>,
+    metadata: Option<&RawValue>,
+) -> Result<Part, Error> {
+    let data = compact(data, &format!("{field}.data"))?;
+    let metadata = metadata.map(|m| part_metadata(field, m)).transpose()?;
+    Ok(Part::Data(Box::new(DataPart {
+        data,
+        media_type: media_type.filter(|m| !m.is_empty()),
+        metadata,
+    })))
+}
+
+/// A part's `metadata`: an object within the nesting bound.
+pub(crate) fn part_metadata(field: &str, m: &RawValue) -> Result<RawJson, Error> {
+    let at = format!("{field}.metadata");
+    if !m.get().starts_with('{') {
+        return Err(Error::invalid(at, "must be an object"));
+    }
+    compact(m, &at)
+}
+
+/// The JSON text without the whitespace between its tokens (strings and numbers kept byte
+/// for byte), refused when it nests deeper than [`MAX_DEPTH`].
+///
+/// # Errors
+/// [`Error::InvalidParams`] on `field`.
+pub(crate) fn compact(raw: &RawValue, field: &str) -> Result<RawJson, Error> {
+    let text = raw.get();
+    let (mut depth, mut in_string, mut escaped, mut spaces) = (0usize, false, false, false);
+    for &b in text.as_bytes() {
+        if in_string {
+            match (escaped, b) {
+                (true, _) => escaped = false,
+                (false, b'\\') => escaped = true,
+                (false, b'"') => in_string = false,
+                _ => {}
+            }
+            continue;
+        }
+        match b {
+            b'"' => in_string = true,
+            b'{' | b'[' => {
+                depth += 1;
+                if depth > MAX_DEPTH {
+                    return Err(Error::invalid(
+                        field,
+                        format!("nests deeper than {MAX_DEPTH} levels"),
+                    ));
+                }
+            }
+            b'}' | b']' => depth = depth.saturating_sub(1),
+            b' ' | b'\t' | b'\n' | b'\r' => spaces = true,
+            _ => {}
+        }
+    }
+    if !spaces {
+        return Ok(RawJson::from_raw(raw.to_owned()));
+    }
+    let mut out = String::with_capacity(text.len());
+    let (mut in_string, mut escaped) = (false, false);
+    for c in text.chars() {
+        if in_string {
+            match (escaped, c) {
+                (true, _) => escaped = false,
+                (false, '\\') => escaped = true,
+                (false, '"') => in_string = false,
+                _ => {}
+            }
+            out.push(c);
+            continue;
+        }
+        match c {
+            ' ' | '\t' | '\n' | '\r' => {}
+            '"' => {
+                in_string = true;
+                out.push(c);
+            }
+            _ => out.push(c),
+        }
+    }
+    RawValue::from_string(out)
+        .map(RawJson::from_raw)
+        .map_err(|_| Error::invalid(field, "is not JSON"))
+}
+
+/// Checks a file by URL: `http` or `https`, at most [`MAX_URL_LEN`] characters, a MIME
+/// type (when given) that the agent accepts, as inline files'. a2ad never fetches it.
+/// `field` is the path of the file object (`message.parts[0].file`, or the part itself
+/// on 1.0); `url_key` and `mime_key` name its fields in the dialect.
+///
+/// # Errors
+/// [`Error::InvalidParams`] naming the URL or the MIME type;
+/// [`Error::UnsupportedContentType`] for a type outside `supported_types`.
+pub(crate) fn file_url(
+    field: &str,
+    keys: (&str, &str),
+    url: String,
+    name: Option<String>,
+    mime_type: Option<String>,
+    metadata: Option<RawJson>,
+    limits: &AgentLimits,
+) -> Result<Part, Error> {
+    let (url_key, mime_key) = keys;
+    let url_field = || format!("{field}.{url_key}");
+    if url.chars().count() > MAX_URL_LEN {
+        return Err(Error::invalid(
+            url_field(),
+            format!("is longer than {MAX_URL_LEN} characters"),
+        ));
+    }
+    match url::Url::parse(&url) {
+        Ok(u) if matches!(u.scheme(), "http" | "https") && u.host().is_some() => {}
+        Ok(u) => {
+            return Err(Error::invalid(
+                url_field(),
+                format!(
+                    "must be an http or https URL (not {:?}); a2ad passes it on and never fetches it",
+                    u.scheme()
+                ),
+            ));
+        }
+        Err(e) => {
+            return Err(Error::invalid(
+                url_field(),
+                format!("is not a URL ({e}); send an absolute http or https URL"),
+            ));
+        }
+    }
+    let mime_type = mime_type.filter(|m| !m.is_empty());
+    if let Some(mime) = &mime_type {
+        let mime_field = || format!("{field}.{mime_key}");
+        let essence = mime_essence(mime);
+        if !is_mime_type(&essence) {
+            return Err(Error::invalid(
+                mime_field(),
+                format!("{mime:?} is not a MIME type such as \"text/plain\""),
+            ));
+        }
+        if !type_supported(&essence, &limits.supported_types) {
+            return Err(Error::UnsupportedContentType {
+                field: mime_field(),
+                reason: format!(
+                    "MIME type {essence:?} is not supported by this agent (supported: {})",
+                    limits.supported_types.join(", ")
+                ),
+            });
+        }
+    }
+    Ok(Part::Url(Box::new(FileUrl {
+        url,
+        name: name.filter(|n| !n.is_empty()),
+        mime_type,
+        metadata,
+    })))
+}
+
+/// A message's own `extensions`: at most [`MAX_EXTENSIONS`] non-empty URIs of at most
+/// [`MAX_URL_LEN`] characters.
+///
+/// # Errors
+/// [`Error::InvalidParams`] on `message.extensions`.
+pub(crate) fn message_extensions(uris: Vec<String>) -> Result<Extensions, Error> {
+    const FIELD: &str = "message.extensions";
+    if uris.len() > MAX_EXTENSIONS {
+        // As `json::array` words it.
+        return Err(Error::invalid(
+            FIELD,
+            format!("must hold at most {MAX_EXTENSIONS} elements"),
+        ));
+    }
+    if let Some(bad) = uris
+        .iter()
+        .find(|u| u.is_empty() || u.chars().count() > MAX_URL_LEN)
+    {
+        return Err(Error::invalid(
+            FIELD,
+            format!(
+                "holds {:?}: each must be a URI of 1 to {MAX_URL_LEN} characters",
+                bad.chars().take(64).collect::<String>()
+            ),
+        ));
+    }
+    Ok(Extensions::new(uris))
+}
+
 /// A user message of these parts, within the agent's `max_message_length` (what every
 /// dialect's params decoder makes of a message it has read).
 ///
@@ -97,31 +303,43 @@ pub(crate) fn file_part(
 pub(crate) fn user_message(
     message_id: String,
     parts: Vec<Part>,
+    extensions: Extensions,
     limits: &AgentLimits,
 ) -> Result<Message, Error> {
     let message = Message {
         role: crate::model::Role::User,
         parts,
         message_id,
+        extensions,
     };
     message_length(&message, limits)?;
     Ok(message)
 }
 
-/// Checks the total length of the text parts.
+/// Checks the total length of the text parts and the data parts' compact JSON.
 ///
 /// # Errors
 /// [`Error::InvalidParams`] on `message.parts` when over `max_message_length`.
 pub(crate) fn message_length(message: &Message, limits: &AgentLimits) -> Result<(), Error> {
     let mut total = 0usize;
-    for text in message.parts.iter().filter_map(Part::as_text) {
-        total = total.saturating_add(text.chars().count());
+    let mut data = false;
+    for part in &message.parts {
+        let n = match part {
+            Part::Text(t) => t.chars().count(),
+            Part::Data(d) => {
+                data = true;
+                d.data.get().chars().count()
+            }
+            Part::File(_) | Part::Url(_) => 0,
+        };
+        total = total.saturating_add(n);
     }
     if total > limits.max_message_length {
+        let what = if data { "text and data are" } else { "text is" };
         return Err(Error::invalid(
             "message.parts",
             format!(
-                "text is {total} characters long; this agent accepts at most {}",
+                "{what} {total} characters long; this agent accepts at most {}",
                 limits.max_message_length
             ),
         ));
@@ -349,6 +567,7 @@ mod tests {
             role: crate::model::Role::User,
             parts: vec![Part::Text(t.into())],
             message_id: String::new(),
+            extensions: Extensions::default(),
         };
         assert!(message_length(&m("ééé"), &l).is_ok());
         assert!(message_length(&m("éééé"), &l).is_err());

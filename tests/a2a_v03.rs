@@ -143,7 +143,7 @@ async fn version_headers_absent_empty_or_0_3_are_served() {
 }
 
 #[tokio::test]
-async fn parts_need_a_kind_and_only_text_and_inline_files_are_taken() {
+async fn parts_need_a_kind_and_data_and_file_urls_keep_their_bounds() {
     let s = server().await;
     let with_parts = |parts: Value| {
         json!({"message": {"kind": "message", "messageId": support::new_id(), "role": "user",
@@ -152,11 +152,15 @@ async fn parts_need_a_kind_and_only_text_and_inline_files_are_taken() {
     for (parts, field) in [
         (json!([{"text": "no kind"}]), "message.parts[0].kind"),
         (
-            json!([{"kind": "data", "data": {"a": 1}}]),
-            "message.parts[0]",
+            json!([{"kind": "data", "data": 5}]),
+            "message.parts[0].data",
         ),
         (
-            json!([{"kind": "file", "file": {"uri": "https://x/y", "mimeType": "text/plain"}}]),
+            json!([{"kind": "file", "file": {"uri": "file:///etc/passwd", "mimeType": "text/plain"}}]),
+            "message.parts[0].file.uri",
+        ),
+        (
+            json!([{"kind": "file", "file": {"uri": "https://x/y", "bytes": "aGk="}}]),
             "message.parts[0].file",
         ),
         (

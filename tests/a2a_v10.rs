@@ -492,12 +492,23 @@ async fn bad_messages_are_refused_before_any_task_exists() {
     let with = |m: Value| json!({"message": m});
     for (params, code, field) in [
         (
-            with(json!({"messageId": "m", "role": "ROLE_USER", "parts": [{"url": "https://x/y"}]})),
+            with(
+                json!({"messageId": "m", "role": "ROLE_USER", "parts": [{"url": "data:text/plain,hi"}]}),
+            ),
             -32602,
-            "message.parts[0]",
+            "message.parts[0].url",
         ),
         (
-            with(json!({"messageId": "m", "role": "ROLE_USER", "parts": [{"data": {"a": 1}}]})),
+            with(
+                json!({"messageId": "m", "role": "ROLE_USER", "parts": [{"url": "https://x/y", "mediaType": "video/mp4"}]}),
+            ),
+            -32005,
+            "message.parts[0].mediaType",
+        ),
+        (
+            with(
+                json!({"messageId": "m", "role": "ROLE_USER", "parts": [{"data": {"a": 1}, "url": "https://x/y"}]}),
+            ),
             -32602,
             "message.parts[0]",
         ),

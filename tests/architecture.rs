@@ -38,7 +38,7 @@ fn layer(module: &str) -> &'static str {
         "rpc" if module.starts_with("rpc/seed") => "dialect:seed",
         "rpc" if module.starts_with("rpc/a2a") => "dialect:a2a",
         "rpc" => "rpc",
-        "bin" => "tool",
+        "bin" | "build" => "tool",
         _ => "core",
     }
 }

@@ -43,10 +43,12 @@ fn request(text: &str, context: Option<a2ad::ContextId>) -> SendRequest {
             role: Role::User,
             parts: vec![Part::Text(text.into())],
             message_id: uuid::Uuid::new_v4().to_string(),
+            extensions: Default::default(),
         },
         context_id: context,
         task_id: None,
         metadata: None,
+        extensions: Default::default(),
     }
 }
 

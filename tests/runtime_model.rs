@@ -95,10 +95,12 @@ fn request(text: &str, task: Option<&TaskId>) -> SendRequest {
             role: a2ad::Role::User,
             parts: vec![Part::Text(text.into())],
             message_id: uuid::Uuid::new_v4().to_string(),
+            extensions: Default::default(),
         },
         context_id: None,
         task_id: task.cloned(),
         metadata: None,
+        extensions: Default::default(),
     }
 }
 

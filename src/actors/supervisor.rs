@@ -112,6 +112,10 @@ impl Actor for TaskSupervisor {
                             .map(|t| t.artifacts.clone())
                             .unwrap_or_default(),
                         metadata: last.as_ref().and_then(|t| t.metadata.clone()),
+                        extensions: last
+                            .as_ref()
+                            .map(|t| t.extensions.clone())
+                            .unwrap_or_default(),
                     };
                     // Its turn will never be recorded: release the conversation.
                     let _ = state.shared.contexts.cast(ContextMsg::Abandon {

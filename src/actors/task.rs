@@ -28,8 +28,8 @@ use crate::agent::{AgentError, Flow, MAX_UPDATES_IN_FLIGHT, Outcome};
 use crate::error::Error;
 use crate::limits::Admission;
 use crate::model::{
-    AGENT_ERROR_CODE, Artifact, ArtifactUpdate, ContextId, Message, TaskError, TaskEvent, TaskKey,
-    TaskSnapshot, TaskState, TaskStatus,
+    AGENT_ERROR_CODE, Artifact, ArtifactUpdate, ContextId, Extensions, Message, TaskError,
+    TaskEvent, TaskKey, TaskSnapshot, TaskState, TaskStatus,
 };
 use crate::store::{Committed, Orphan, TurnId, Write};
 use crate::stream::{Replay, StreamItem};
@@ -145,6 +145,8 @@ pub(crate) struct TaskArgs {
     pub(crate) context_id: ContextId,
     pub(crate) message: Arc<Message>,
     pub(crate) metadata: Option<Arc<serde_json::value::RawValue>>,
+    /// The extensions the creating request activated.
+    pub(crate) extensions: Extensions,
     pub(crate) history: Vec<Arc<Message>>,
     pub(crate) turn: TurnId,
     /// A slot in the agent's queue; `None` for a task that cannot run (restored from a
@@ -177,6 +179,9 @@ pub(crate) struct TaskActorState {
     context_id: ContextId,
     message: Arc<Message>,
     metadata: Option<Arc<serde_json::value::RawValue>>,
+    /// The extensions the creating request activated: listed on the agent's messages and
+    /// artifacts.
+    extensions: Extensions,
     /// The conversation's earlier turns, as the agent saw them.
     context_history: Vec<Arc<Message>>,
     turn: TurnId,
@@ -251,6 +256,7 @@ impl Actor for TaskActor {
             context_id: args.context_id,
             message: args.message,
             metadata: args.metadata,
+            extensions: args.extensions,
             context_history: args.history,
             turn: args.turn,
             status: status.clone(),
@@ -342,7 +348,7 @@ impl Actor for TaskActor {
             }
             TaskMsg::Started => state.transition(&myself, TaskStatus::new(TaskState::Working)),
             TaskMsg::Progress { message, keep } if state.status.state == TaskState::Working => {
-                let message = Arc::new(message);
+                let message = Arc::new(state.stamped(message));
                 // A bounded history: past the cap, updates are streamed but not kept.
                 if keep && state.history.len() < state.shared.config.server.max_task_history {
                     state.history.push(message.clone());
@@ -352,6 +358,7 @@ impl Actor for TaskActor {
                 state.update(&myself, |state, myself| state.transition(myself, status));
             }
             TaskMsg::Artifact(update) if state.status.state == TaskState::Working => {
+                let update = state.stamped_artifact(update);
                 state.update(&myself, |state, _| state.artifact(update));
             }
             TaskMsg::Overrun if state.status.state == TaskState::Working => {
@@ -496,5 +503,6 @@ fn placeholder(key: &TaskKey, context: &ContextId, status: &TaskStatus) -> TaskS
         history: Vec::new(),
         artifacts: Vec::new(),
         metadata: None,
+        extensions: Extensions::default(),
     }
 }

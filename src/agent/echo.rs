@@ -4,9 +4,10 @@ use std::time::Duration;
 
 use super::{Agent, AgentError, AgentFuture, AgentRequest, Updates};
 use crate::config::EchoConfig;
-use crate::model::{Message, Part};
+use crate::model::{Extensions, Message, Part};
 
-/// Replies `echo: <text>`, one line per file part, then `turn <n>`.
+/// Replies `echo: <text>`, one line per file part, the data parts, the activated
+/// extensions, then `turn <n>` (docs/CONFIG.md, docs/PROTOCOL.md §12).
 #[derive(Clone, Debug, Default)]
 pub struct EchoAgent {
     config: EchoConfig,
@@ -18,17 +19,37 @@ impl EchoAgent {
         Self { config }
     }
 
-    /// The reply to a message in turn `turn`.
-    pub fn reply(message: &Message, turn: u32) -> Message {
-        let mut parts = Vec::with_capacity(message.parts.len() + 2);
+    /// The reply to a message in turn `turn` of a request that activated `extensions`.
+    pub fn reply(message: &Message, turn: u32, extensions: &Extensions) -> Message {
+        let mut parts = Vec::with_capacity(message.parts.len() + 3);
         parts.push(Part::Text(format!("echo: {}", message.joined_text())));
         for part in &message.parts {
-            if let Part::File(f) = part {
-                parts.push(Part::Text(format!(
+            match part {
+                Part::File(f) => parts.push(Part::Text(format!(
                     "file {} ({}, {} bytes)",
                     f.name, f.mime_type, f.size
-                )));
+                ))),
+                Part::Url(u) => parts.push(Part::Text(format!(
+                    "file {} ({}, {})",
+                    u.name.as_deref().unwrap_or("unnamed"),
+                    u.mime_type.as_deref().unwrap_or("application/octet-stream"),
+                    u.url
+                ))),
+                Part::Text(_) | Part::Data(_) => {}
             }
+        }
+        parts.extend(
+            message
+                .parts
+                .iter()
+                .filter(|p| matches!(p, Part::Data(_)))
+                .cloned(),
+        );
+        if !extensions.is_empty() {
+            parts.push(Part::Text(format!(
+                "extensions: {}",
+                extensions.as_slice().join(", ")
+            )));
         }
         parts.push(Part::Text(format!("turn {turn}")));
         let mut reply = Message::agent_text(std::iter::empty::<String>());
@@ -67,7 +88,11 @@ impl Agent for EchoAgent {
             if config.fail {
                 return Err(AgentError::new("echo backend is configured to fail"));
             }
-            Ok(EchoAgent::reply(&request.message, request.turn))
+            Ok(EchoAgent::reply(
+                &request.message,
+                request.turn,
+                &request.extensions,
+            ))
         })
     }
 }
@@ -92,8 +117,9 @@ mod tests {
                 Part::Text("there".into()),
             ],
             message_id: "m".into(),
+            extensions: Extensions::default(),
         };
-        let r = EchoAgent::reply(&m, 3);
+        let r = EchoAgent::reply(&m, 3, &Extensions::default());
         let texts: Vec<_> = r.parts.iter().filter_map(Part::as_text).collect();
         assert_eq!(
             texts,

@@ -273,7 +273,7 @@ fn chat_message(m: &Message) -> Value {
             .map(|p| match p {
                 Part::Text(t) => t.clone(),
                 Part::File(f) => describe_file(f),
-                Part::Data(d) => d.get().to_string(),
+                Part::Data(d) => d.data.get().to_string(),
                 Part::Url(u) => format!("[file at {}]", u.url),
             })
             .collect();
@@ -289,7 +289,7 @@ fn chat_message(m: &Message) -> Value {
                 "image_url": {"url": format!("data:{};base64,{}", essence(&f.mime_type), f.bytes)},
             }),
             Part::File(f) => json!({"type": "text", "text": describe_file(f)}),
-            Part::Data(d) => json!({"type": "text", "text": d.get()}),
+            Part::Data(d) => json!({"type": "text", "text": d.data.get()}),
             Part::Url(u) => json!({"type": "text", "text": format!("[file at {}]", u.url)}),
         })
         .collect();
@@ -372,6 +372,7 @@ mod tests {
             role,
             parts: vec![Part::Text(t.into())],
             message_id: "m".into(),
+            extensions: Default::default(),
         })
     }
 
@@ -394,6 +395,7 @@ mod tests {
             ],
             turn: 3,
             cancel: Default::default(),
+            extensions: Default::default(),
         };
         let body = OpenAiAgent::request_body(&c, &request);
         assert_eq!(body["model"], "m1");
@@ -430,6 +432,7 @@ mod tests {
                 })),
             ],
             message_id: "m".into(),
+            extensions: Default::default(),
         };
         let v = chat_message(&m);
         assert_eq!(v["content"][0], json!({"type": "text", "text": "look"}));

@@ -2,12 +2,11 @@
 //! expects of its system under test, keyed on the prefix of each message's `messageId`
 //! (the kit's `scenarios/*.feature`). See docs/CONFIG.md.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use super::{Agent, AgentError, AgentFuture, AgentRequest, Outcome, OutcomeFuture, Updates};
 use crate::config::TckConfig;
-use crate::model::{Artifact, FileContent, FileUrl, Message, Part, RawJson};
+use crate::model::{Artifact, DataPart, FileContent, FileUrl, Message, Part, RawJson};
 
 /// The conformance backend.
 #[derive(Clone, Debug, Default)]
@@ -86,6 +85,7 @@ impl Agent for TckAgent {
                             url: "https://example.com/output.txt".into(),
                             name: Some("output.txt".into()),
                             mime_type: Some("text/plain".into()),
+                            metadata: None,
                         }))],
                     );
                 } else {
@@ -105,7 +105,8 @@ impl Agent for TckAgent {
                     r#"{"key":"value","count":42}"#.to_string(),
                 )
                 .map_err(|_| AgentError::new("data"))?;
-                artifact(&updates, vec![Part::Data(RawJson(Arc::from(data)))]);
+                let data = DataPart::new(RawJson::from_raw(data));
+                artifact(&updates, vec![Part::Data(Box::new(data))]);
                 return done();
             }
             if starts("tck-stream-") {

@@ -11,6 +11,7 @@ pub(crate) mod params;
 pub(crate) mod pb;
 pub(crate) mod pbin;
 pub(crate) mod pbout;
+pub(crate) mod pbvalue;
 pub(crate) mod render;
 pub(crate) mod token;
 pub(crate) mod webhook;

@@ -14,12 +14,13 @@ use serde::de::{self, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde_json::value::RawValue;
 
 use crate::error::Error;
+use crate::model::Extensions;
 
 /// Members of one object at most (params carry a handful; unknown ones are ignored).
 pub(crate) const MAX_MEMBERS: usize = 1024;
 
-/// Nesting depth of free-form JSON kept as is (such as `metadata`) at most.
-pub(crate) const MAX_DEPTH: usize = 64;
+/// Nesting depth of free-form JSON kept as is (`metadata`, data parts) at most.
+pub(crate) use crate::validate::MAX_DEPTH;
 
 /// An object read member by member.
 #[derive(Debug, Default)]
@@ -203,6 +204,22 @@ pub(crate) fn array<'a>(
         SeqError::TooMany => Error::invalid(field, format!("must hold at most {max} elements")),
         SeqError::Json(e) => invalid_json(field, &e, "an array"),
     })
+}
+
+/// A message's `extensions`: an array of URI strings (absent: none), every dialect.
+///
+/// # Errors
+/// -32602 on `message.extensions`.
+pub(crate) fn message_extensions(raw: Option<&RawValue>) -> Result<Extensions, Error> {
+    const FIELD: &str = "message.extensions";
+    let Some(raw) = raw else {
+        return Ok(Extensions::default());
+    };
+    let uris = array(raw, FIELD, crate::validate::MAX_EXTENSIONS)?
+        .into_iter()
+        .map(|v| string(v, FIELD).map(Cow::into_owned))
+        .collect::<Result<Vec<_>, _>>()?;
+    crate::validate::message_extensions(uris)
 }
 
 /// How a message part's fields are named while the part is parsed: `message.parts[#]…`.

@@ -4,7 +4,7 @@ use std::sync::Arc;
 
 use crate::config::AgentConfig;
 use crate::metrics::AgentMetricsSnapshot;
-use crate::model::{ContextId, Message, TaskId, TaskSnapshot};
+use crate::model::{ContextId, Extensions, Message, TaskId, TaskSnapshot};
 use crate::push::PushConfig;
 use crate::runtime::TaskStream;
 
@@ -20,6 +20,9 @@ pub struct SendRequest {
     pub task_id: Option<TaskId>,
     /// Free-form metadata kept with the task: a JSON object, kept as its text.
     pub metadata: Option<Box<serde_json::value::RawValue>>,
+    /// The extensions the request activated (those the agent declares, in its order):
+    /// kept with the task, shown to the agent, listed on its messages and artifacts.
+    pub extensions: Extensions,
 }
 
 impl SendRequest {
@@ -30,6 +33,7 @@ impl SendRequest {
             context_id: None,
             task_id: None,
             metadata: None,
+            extensions: Extensions::default(),
         }
     }
 }

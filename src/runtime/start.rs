@@ -235,6 +235,7 @@ impl Runtime {
             context_id: context_id.clone(),
             message: message.clone(),
             metadata: r.task.metadata.clone(),
+            extensions: r.task.extensions.clone(),
             history: Vec::new(),
             turn: r.turn,
             admission,

@@ -91,6 +91,7 @@ impl Runtime {
             context_id: context_id.clone(),
             message: message.clone(),
             metadata: request.metadata.map(Arc::from),
+            extensions: request.extensions,
             history,
             turn,
             admission: Some(admission),

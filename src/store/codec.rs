@@ -14,8 +14,9 @@ use serde_json::value::RawValue;
 use super::TurnId;
 use super::seal::{Sealer, Unsealed};
 use crate::model::{
-    AgentId, Artifact, ArtifactUpdate, ContextId, FileContent, FileUrl, Message, Part, Principal,
-    RawJson, Role, TaskError, TaskEvent, TaskId, TaskKey, TaskSnapshot, TaskState, TaskStatus,
+    AgentId, Artifact, ArtifactUpdate, ContextId, DataPart, Extensions, FileContent, FileUrl,
+    Message, Part, Principal, RawJson, Role, TaskError, TaskEvent, TaskId, TaskKey, TaskSnapshot,
+    TaskState, TaskStatus,
 };
 use crate::push::{
     Events, Namespace, PushAuth, PushConfig, PushScope, RetryPolicy, StoredPushConfig, WebhookEvent,
@@ -23,8 +24,10 @@ use crate::push::{
 
 /// The version of the file layout this build reads and writes: 3 writes the hot rows in
 /// the compact form of codec/binary.rs (2's JSON rows still read); 4 lets a task's record
-/// carry its conversation turn and leaves tombstones of forgotten conversations.
-pub(crate) const SCHEMA_VERSION: u32 = 4;
+/// carry its conversation turn and leaves tombstones of forgotten conversations; 5 writes
+/// compact rows of tag 2, with the content model's extensions and part metadata (rows of
+/// tag 1 still read).
+pub(crate) const SCHEMA_VERSION: u32 = 5;
 
 mod binary;
 mod keys;
@@ -114,6 +117,7 @@ impl MessageRec {
             },
             message_id: self.id,
             parts: exact(self.parts.into_iter().map(PartRec::into_part)),
+            extensions: Extensions::default(),
         }
     }
 }
@@ -134,7 +138,7 @@ impl PartRec {
                 n: u.name.clone(),
                 m: u.mime_type.clone(),
             },
-            Part::Data(d) => Self::Data((*d.0).to_owned()),
+            Part::Data(d) => Self::Data((*d.data.0).to_owned()),
         }
     }
 
@@ -151,8 +155,9 @@ impl PartRec {
                 url: u,
                 name: n,
                 mime_type: m,
+                metadata: None,
             })),
-            Self::Data(d) => Part::Data(RawJson(Arc::from(d))),
+            Self::Data(d) => Part::Data(Box::new(DataPart::new(RawJson::from_raw(d)))),
         }
     }
 }
@@ -236,6 +241,7 @@ impl ArtifactRec {
             name: self.n,
             description: self.d,
             parts: exact(self.p.into_iter().map(PartRec::into_part)),
+            extensions: Extensions::default(),
         }
     }
 }
@@ -279,7 +285,7 @@ pub(crate) fn decode_task(key: &TaskKey, bytes: &[u8]) -> Option<(TaskSnapshot, 
 /// Decodes a task's record: the task, its conversation turn, and whether the record
 /// carries the turn ([`encode_record`]).
 pub(crate) fn decode_record(key: &TaskKey, bytes: &[u8]) -> Option<(TaskSnapshot, TurnId, bool)> {
-    if bytes.first() == Some(&binary::TAG) {
+    if binary::is_compact(bytes) {
         return binary::decode_task(key, bytes);
     }
     let rec: TaskRec = serde_json::from_slice(bytes).ok()?;
@@ -296,6 +302,7 @@ pub(crate) fn decode_record(key: &TaskKey, bytes: &[u8]) -> Option<(TaskSnapshot
             history,
             artifacts: exact(rec.a.into_iter().map(|a| Arc::new(a.into_artifact()))),
             metadata: rec.md.map(Arc::from),
+            extensions: Extensions::default(),
         },
         TurnId {
             number: rec.turn,
@@ -326,7 +333,7 @@ pub(crate) fn event_row_is_valid(key: &[u8], value: &[u8]) -> bool {
 
 /// Whether [`decode_event`] reads an event's value.
 pub(crate) fn event_is_valid(value: &[u8]) -> bool {
-    if value.first() == Some(&binary::TAG) {
+    if binary::is_compact(value) {
         binary::check_event(value)
     } else {
         serde_json::from_slice::<EventRec>(value).is_ok()
@@ -335,7 +342,7 @@ pub(crate) fn event_is_valid(value: &[u8]) -> bool {
 
 /// Decodes event `seq`; `history` lends messages the event shares with its task.
 pub(crate) fn decode_event(seq: u64, bytes: &[u8], history: &[Arc<Message>]) -> Option<TaskEvent> {
-    if bytes.first() == Some(&binary::TAG) {
+    if binary::is_compact(bytes) {
         return binary::decode_event(seq, bytes, history);
     }
     let rec: EventRec = serde_json::from_slice(bytes).ok()?;
@@ -566,7 +573,7 @@ pub(crate) fn encode_turn(user: &Message, reply: Option<&Message>) -> Vec<u8> {
 
 /// Decodes a conversation turn.
 pub(crate) fn decode_turn(bytes: &[u8]) -> Option<(Arc<Message>, Option<Arc<Message>>)> {
-    if bytes.first() == Some(&binary::TAG) {
+    if binary::is_compact(bytes) {
         return binary::decode_turn(bytes);
     }
     let rec: TurnRec = serde_json::from_slice(bytes).ok()?;
@@ -730,8 +737,9 @@ mod tests {
                 url: "u".into(),
                 name: Some("n".into()),
                 mime_type: None,
+                metadata: None,
             })),
-            Part::Data(RawJson(Arc::from(data))),
+            Part::Data(Box::new(DataPart::new(RawJson(Arc::from(data))))),
         ];
         let event = TaskEvent {
             seq: 1,
@@ -788,6 +796,7 @@ mod tests {
                 })),
             ],
             message_id: "m1".into(),
+            extensions: Default::default(),
         });
         let mut status = TaskStatus::new(TaskState::Completed);
         status.message = Some(reply.clone());
@@ -802,11 +811,14 @@ mod tests {
             history: vec![user.clone(), reply.clone()],
             artifacts: vec![Arc::new(Artifact::new(
                 Some("reply"),
-                vec![Part::Data(RawJson(Arc::from(data)))],
+                vec![Part::Data(Box::new(DataPart::new(RawJson(Arc::from(
+                    data,
+                )))))],
             ))],
             metadata: Some(Arc::from(
                 RawValue::from_string(r#"{"trace":"x"}"#.into()).expect("json"),
             )),
+            extensions: Default::default(),
         };
         let t = TurnId {
             number: 4,
@@ -828,6 +840,7 @@ mod tests {
                         url: "https://x/y".into(),
                         name: None,
                         mime_type: Some("image/png".into()),
+                        metadata: None,
                     }))],
                 )),
                 append: true,
@@ -849,7 +862,7 @@ mod tests {
                 json::turn(&user, Some(&reply)),
             ),
         ];
-        assert_eq!(forms[0].0.first(), Some(&1), "the compact form's tag");
+        assert_eq!(forms[0].0.first(), Some(&2), "the compact form's tag");
         assert_eq!(forms[1].0.first(), Some(&b'{'));
         for (record, event, chunk_row, turn_row) in &forms {
             let (back, turn) = decode_task(&key(), record).expect("decodes");
@@ -895,5 +908,118 @@ mod tests {
         let mut longer = record.clone();
         longer.push(0);
         assert!(decode_task(&key(), &longer).is_none());
+    }
+
+    fn raw(text: &str) -> RawJson {
+        RawJson::from_raw(RawValue::from_string(text.into()).expect("json"))
+    }
+
+    #[test]
+    fn compact_rows_keep_extensions_and_part_metadata() {
+        let ext = Extensions::new(vec!["https://ext.example/a".into(), "urn:b".into()]);
+        let parts = vec![
+            Part::Data(Box::new(DataPart {
+                data: raw(r#"[1,{"k":null}]"#),
+                media_type: Some("application/vnd.x+json".into()),
+                metadata: Some(raw(r#"{"m":1}"#)),
+            })),
+            Part::Url(Box::new(FileUrl {
+                url: "https://files.example/a.pdf".into(),
+                name: Some("a.pdf".into()),
+                mime_type: None,
+                metadata: Some(raw(r#"{"n":"x"}"#)),
+            })),
+        ];
+        let user = Arc::new(Message {
+            role: Role::User,
+            parts: parts.clone(),
+            message_id: "m".into(),
+            extensions: ext.clone(),
+        });
+        let mut artifact = Artifact::new(Some("a"), parts);
+        artifact.extensions = ext.clone();
+        let task = TaskSnapshot {
+            id: key().task,
+            context_id: ContextId::new("ctx"),
+            status: TaskStatus::new(TaskState::Working),
+            seq: 2,
+            created_at: Utc::now(),
+            updated_at: Utc::now(),
+            history: vec![user.clone()],
+            artifacts: vec![Arc::new(artifact.clone())],
+            metadata: None,
+            extensions: ext.clone(),
+        };
+        let t = TurnId {
+            number: 1,
+            since: 1,
+        };
+        let (back, _) = decode_task(&key(), &encode_task(&task, t)).expect("record");
+        assert_eq!(*back.history[0], *user);
+        assert_eq!(*back.artifacts[0], artifact);
+        assert_eq!(back.extensions, ext);
+        let event = TaskEvent {
+            seq: 3,
+            status: TaskStatus::new(TaskState::Working),
+            artifact: Some(ArtifactUpdate {
+                artifact: Arc::new(artifact.clone()),
+                append: false,
+                last_chunk: true,
+            }),
+        };
+        let row = encode_event(&event);
+        assert!(event_is_valid(&row));
+        let e = decode_event(3, &row, &[]).expect("event");
+        assert_eq!(*e.artifact.expect("artifact").artifact, artifact);
+        let (u, _) = decode_turn(&encode_turn(&user, None)).expect("turn");
+        assert_eq!(*u, *user);
+    }
+
+    /// Rows of tag 1 (schemas 3 and 4), written byte by byte as that build wrote them.
+    #[test]
+    fn compact_rows_of_tag_1_still_read() {
+        fn s(out: &mut Vec<u8>, t: &str) {
+            out.extend_from_slice(&(t.len() as u32).to_le_bytes());
+            out.extend_from_slice(t.as_bytes());
+        }
+        // A turn: the user message `m1` of a text part and a data part, no reply.
+        let mut turn = vec![1u8, 0];
+        s(&mut turn, "m1");
+        turn.extend_from_slice(&2u32.to_le_bytes());
+        turn.push(0);
+        s(&mut turn, "hi");
+        turn.push(3);
+        s(&mut turn, r#"{"a":1}"#);
+        turn.push(0);
+        let (u, r) = decode_turn(&turn).expect("a tag-1 turn reads");
+        assert!(r.is_none());
+        assert_eq!(u.message_id, "m1");
+        assert!(u.extensions.is_empty());
+        assert_eq!(
+            u.parts,
+            vec![
+                Part::Text("hi".into()),
+                Part::Data(Box::new(DataPart::new(raw(r#"{"a":1}"#))))
+            ]
+        );
+        // An event: `working`, no message, then an artifact of one URL part.
+        let mut event = vec![1u8, 1, 0, 0, 0];
+        event.extend_from_slice(&7i64.to_le_bytes());
+        event.push(1);
+        s(&mut event, "art");
+        event.extend_from_slice(&[0, 0]);
+        event.extend_from_slice(&1u32.to_le_bytes());
+        event.push(2);
+        s(&mut event, "https://x/y");
+        event.extend_from_slice(&[0, 0]);
+        event.extend_from_slice(&[0, 1]);
+        assert!(event_is_valid(&event));
+        let e = decode_event(9, &event, &[]).expect("a tag-1 event reads");
+        let a = e.artifact.expect("artifact");
+        assert_eq!(a.artifact.artifact_id, "art");
+        assert!(
+            matches!(&a.artifact.parts[0], Part::Url(u) if u.url == "https://x/y" && u.metadata.is_none())
+        );
+        assert!(a.last_chunk && !a.append);
     }
 }

@@ -50,6 +50,7 @@ fn snapshot(key: &TaskKey, context: &str, seq: u64, state: TaskState) -> Arc<Tas
         role: Role::User,
         parts: vec![Part::Text(format!("hello from {}", key.task))],
         message_id: format!("m-{}", key.task),
+        extensions: Default::default(),
     });
     let mut history = vec![user];
     let mut status = TaskStatus::new(state);
@@ -69,6 +70,7 @@ fn snapshot(key: &TaskKey, context: &str, seq: u64, state: TaskState) -> Arc<Tas
         history,
         artifacts: Vec::new(),
         metadata: None,
+        extensions: Default::default(),
     })
 }
 

@@ -393,6 +393,7 @@ mod tests {
             role: Role::User,
             parts: vec![crate::model::Part::Text("hi".into())],
             message_id: "m1".into(),
+            extensions: Default::default(),
         });
         let reply = Arc::new(Message::agent_text(["echo: hi"]));
         let mut status = TaskStatus::new(TaskState::Completed);
@@ -407,6 +408,7 @@ mod tests {
             history: vec![user, reply],
             artifacts: Vec::new(),
             metadata: None,
+            extensions: Default::default(),
         };
         Finished {
             path: dir.join("a2ad.redb"),

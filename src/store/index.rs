@@ -707,6 +707,7 @@ mod tests {
             history: vec![],
             artifacts: vec![],
             metadata: None,
+            extensions: Default::default(),
         })
     }
 

@@ -54,8 +54,10 @@ use listen::{lease_loop, listener};
 use reads::PushParams;
 use schema::migrate;
 
-/// The schema version this build writes.
-pub(crate) const SCHEMA_VERSION: i32 = 1;
+/// The schema version this build writes. 2: records and events of codec/binary.rs's tag 2
+/// (extensions, part metadata); version 1's rows still read, and a node of version 1
+/// refuses a schema of 2 (upgrade every node before sending content that needs it).
+pub(crate) const SCHEMA_VERSION: i32 = 2;
 /// Bound on every read and every cross-node operation.
 const QUERY_TIMEOUT: Duration = Duration::from_secs(5);
 /// Bound on one batch's transaction.

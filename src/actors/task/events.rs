@@ -334,6 +334,7 @@ impl TaskActorState {
             history: self.history.clone(),
             artifacts: self.artifacts.clone(),
             metadata: self.metadata.clone(),
+            extensions: self.extensions.clone(),
         }
     }
 }

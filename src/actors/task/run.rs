@@ -17,7 +17,8 @@ use crate::agent::{AgentError, AgentRequest, Flow, Outcome, Update, UpdateSink, 
 use crate::error::Error;
 use crate::limits::Admission;
 use crate::model::{
-    AGENT_ERROR_CODE, Message, TaskError, TaskEvent, TaskSnapshot, TaskState, TaskStatus,
+    AGENT_ERROR_CODE, ArtifactUpdate, Message, TaskError, TaskEvent, TaskSnapshot, TaskState,
+    TaskStatus,
 };
 
 impl TaskActorState {
@@ -37,7 +38,7 @@ impl TaskActorState {
                 };
                 let mut s = TaskStatus::new(to);
                 if let Some(reply) = reply {
-                    let reply = Arc::new(reply);
+                    let reply = Arc::new(self.stamped(reply));
                     self.history.push(reply.clone());
                     s.message = Some(reply);
                 }
@@ -67,8 +68,30 @@ impl TaskActorState {
             history: self.context_history.clone(),
             task_history,
             turn: self.turn.number,
+            extensions: self.extensions.clone(),
             cancel: self.cancel.clone(),
         }
+    }
+
+    /// An agent message listing the extensions the request activated (docs/PROTOCOL.md
+    /// §12), before its own.
+    pub(super) fn stamped(&self, mut message: Message) -> Message {
+        if !self.extensions.is_empty() {
+            message.extensions = self.extensions.with(&message.extensions);
+        }
+        message
+    }
+
+    /// An artifact update whose artifact lists the activated extensions, as
+    /// [`Self::stamped`].
+    pub(super) fn stamped_artifact(&self, mut update: ArtifactUpdate) -> ArtifactUpdate {
+        if !self.extensions.is_empty() {
+            let merged = self.extensions.with(&update.artifact.extensions);
+            if merged != update.artifact.extensions {
+                Arc::make_mut(&mut update.artifact).extensions = merged;
+            }
+        }
+        update
     }
 
     /// Starts a run of the agent: its driver, under a fresh generation and deadline. The

@@ -9,9 +9,9 @@ use serde_json::value::RawValue;
 use super::Version;
 use crate::config::AgentLimits;
 use crate::error::Error;
-use crate::model::{ContextId, Message, Part, TaskId, TaskState};
+use crate::model::{ContextId, Extensions, Message, Part, TaskId, TaskState};
 use crate::push::{Events, PushAuth, PushConfig, RetryPolicy};
-use crate::rpc::json::{self, Kind, Obj};
+use crate::rpc::json::{self, Kind, Obj, PART};
 use crate::runtime::SendRequest;
 use crate::validate;
 
@@ -167,6 +167,7 @@ pub(crate) fn send_params(
             context_id,
             task_id,
             metadata,
+            extensions: Extensions::default(),
         },
         blocking,
         history_length: history,
@@ -207,14 +208,13 @@ fn message(v: Version, m: &Obj<'_>, limits: &AgentLimits) -> Result<Message, Err
         .enumerate()
         .map(|(i, raw)| part(v, i, raw, limits))
         .collect::<Result<Vec<_>, _>>()?;
-    validate::user_message(message_id, parts, limits)
+    let extensions = json::message_extensions(field(m, "extensions"))?;
+    validate::user_message(message_id, parts, extensions, limits)
 }
 
-pub(crate) fn unsupported(field: impl Into<String>) -> Error {
-    Error::invalid(
-        field,
-        "part kind not supported: send text, or a file with its bytes inline",
-    )
+/// A 1.0 part that holds more than one of text, raw, url and data.
+pub(crate) fn several_kinds() -> Error {
+    Error::invalid(PART, "must hold exactly one of text, raw, url or data")
 }
 
 fn part(v: Version, i: usize, raw: &RawValue, limits: &AgentLimits) -> Result<Part, Error> {
@@ -226,8 +226,35 @@ fn part_of(v: Version, raw: &RawValue, limits: &AgentLimits) -> Result<Part, Err
     let p = Obj::parse(raw, &at(""))?;
     match v {
         Version::V10 => {
+            let kinds = ["text", "raw", "url", "data"]
+                .iter()
+                .filter(|k| field(&p, k).is_some())
+                .count();
+            if kinds > 1 {
+                return Err(several_kinds());
+            }
+            let metadata = || {
+                field(&p, "metadata")
+                    .map(|m| validate::part_metadata(PART, m))
+                    .transpose()
+            };
             if let Some(t) = field(&p, "text") {
                 return Ok(Part::Text(json::string(t, &at(".text"))?.into_owned()));
+            }
+            if let Some(url) = field(&p, "url") {
+                return validate::file_url(
+                    PART,
+                    ("url", "mediaType"),
+                    json::string(url, &at(".url"))?.into_owned(),
+                    opt_str(&p, "filename", &at(".filename"))?,
+                    opt_str(&p, "mediaType", &at(".mediaType"))?,
+                    metadata()?,
+                    limits,
+                );
+            }
+            if let Some(data) = field(&p, "data") {
+                let media = opt_str(&p, "mediaType", &at(".mediaType"))?;
+                return validate::data_part(PART, data, media, field(&p, "metadata"));
             }
             if let Some(raw) = field(&p, "raw") {
                 let bytes = base64_field(raw, &at(".raw"))?;
@@ -236,9 +263,6 @@ fn part_of(v: Version, raw: &RawValue, limits: &AgentLimits) -> Result<Part, Err
                 let mime = opt_str(&p, "mediaType", &at(".mediaType"))?
                     .unwrap_or_else(|| "application/octet-stream".into());
                 return file(&at(""), name, mime, bytes, limits, "raw", "mediaType");
-            }
-            if field(&p, "url").is_some() || field(&p, "data").is_some() {
-                return Err(unsupported(at("")));
             }
             Err(Error::invalid(
                 at(""),
@@ -257,11 +281,28 @@ fn part_of(v: Version, raw: &RawValue, limits: &AgentLimits) -> Result<Part, Err
                         return Err(Error::invalid(at(".file"), "is required"));
                     };
                     let f = Obj::parse(f, &at(".file"))?;
-                    if field(&f, "uri").is_some() {
-                        return Err(unsupported(at(".file")));
+                    if let Some(uri) = field(&f, "uri") {
+                        if field(&f, "bytes").is_some() {
+                            return Err(Error::invalid(
+                                at(".file"),
+                                "holds both bytes and uri; send one of them",
+                            ));
+                        }
+                        let metadata = field(&p, "metadata")
+                            .map(|m| validate::part_metadata(PART, m))
+                            .transpose()?;
+                        return validate::file_url(
+                            &at(".file"),
+                            ("uri", "mimeType"),
+                            json::string(uri, &at(".file.uri"))?.into_owned(),
+                            opt_str(&f, "name", &at(".file.name"))?,
+                            opt_str(&f, "mimeType", &at(".file.mimeType"))?,
+                            metadata,
+                            limits,
+                        );
                     }
                     let Some(raw) = field(&f, "bytes") else {
-                        return Err(Error::invalid(at(".file.bytes"), "is required"));
+                        return Err(Error::invalid(at(".file"), "must hold bytes or uri"));
                     };
                     let bytes = base64_field(raw, &at(".file.bytes"))?;
                     let name =
@@ -270,14 +311,23 @@ fn part_of(v: Version, raw: &RawValue, limits: &AgentLimits) -> Result<Part, Err
                         .unwrap_or_else(|| "application/octet-stream".into());
                     file(&at(".file"), name, mime, bytes, limits, "bytes", "mimeType")
                 }
-                Some("data") => Err(unsupported(at(""))),
+                Some("data") => match field(&p, "data") {
+                    Some(d) if json::kind(d) == Kind::Object => {
+                        validate::data_part(PART, d, None, field(&p, "metadata"))
+                    }
+                    Some(_) => Err(Error::invalid(
+                        at(".data"),
+                        "must be an object (an A2A 0.3 DataPart)",
+                    )),
+                    None => Err(Error::invalid(at(".data"), "is required")),
+                },
                 Some(other) => Err(Error::invalid(
                     at(".kind"),
-                    format!("unknown part kind {other:?}; expected \"text\" or \"file\""),
+                    format!("unknown part kind {other:?}; expected \"text\", \"file\" or \"data\""),
                 )),
                 None => Err(Error::invalid(
                     at(".kind"),
-                    "is required (\"text\" or \"file\")",
+                    "is required (\"text\", \"file\" or \"data\")",
                 )),
             }
         }
@@ -547,6 +597,77 @@ mod tests {
     }
 
     #[test]
+    fn data_parts_files_by_url_and_extensions_are_read_on_both_versions() {
+        let deep = |n: usize| format!("{}1{}", "[".repeat(n), "]".repeat(n));
+        let data = |v: &str| serde_json::from_str::<serde_json::Value>(v).expect("json");
+        let p = send(
+            Version::V10,
+            json!({"message": {"messageId": "m", "role": "ROLE_USER", "extensions": ["urn:x"], "parts": [
+                {"data": data(&deep(64)), "mediaType": "application/vnd.a+json", "metadata": {"k": 1}},
+                {"data": "a string"},
+                {"url": "https://files.example/a.pdf", "filename": "a.pdf", "mediaType": "application/pdf"},
+                {"url": "http://files.example/b"}]}}),
+        )
+        .expect("valid");
+        let parts = &p.request.message.parts;
+        assert_eq!(p.request.message.extensions.as_slice(), ["urn:x"]);
+        match (&parts[0], &parts[1], &parts[2], &parts[3]) {
+            (Part::Data(a), Part::Data(b), Part::Url(c), Part::Url(d)) => {
+                assert_eq!(a.data.get(), deep(64));
+                assert_eq!(a.media_type.as_deref(), Some("application/vnd.a+json"));
+                assert_eq!(a.metadata.as_ref().map(|m| m.get()), Some(r#"{"k":1}"#));
+                assert_eq!(b.data.get(), r#""a string""#);
+                assert_eq!(
+                    (c.url.as_str(), c.name.as_deref(), c.mime_type.as_deref()),
+                    (
+                        "https://files.example/a.pdf",
+                        Some("a.pdf"),
+                        Some("application/pdf")
+                    )
+                );
+                assert_eq!((d.name.as_deref(), d.mime_type.as_deref()), (None, None));
+            }
+            other => panic!("{other:?}"),
+        }
+        let too_deep = send(
+            Version::V10,
+            json!({"message": {"messageId": "m", "role": "ROLE_USER", "parts": [{"data": data(&deep(65))}]}}),
+        );
+        assert_eq!(field_of(too_deep), "message.parts[0].data");
+        let p = send(
+            Version::V03,
+            json!({"message": {"kind": "message", "messageId": "m", "role": "user", "parts": [
+                {"kind": "data", "data": {"a": [1, 2]}, "metadata": {"z": true}},
+                {"kind": "file", "file": {"uri": "https://x.example/f", "name": "f", "mimeType": "text/plain"}}]}}),
+        )
+        .expect("valid");
+        match &p.request.message.parts[..] {
+            [Part::Data(a), Part::Url(b)] => {
+                assert_eq!(a.data.get(), r#"{"a":[1,2]}"#);
+                assert_eq!(a.metadata.as_ref().map(|m| m.get()), Some(r#"{"z":true}"#));
+                assert_eq!(b.name.as_deref(), Some("f"));
+            }
+            other => panic!("{other:?}"),
+        }
+        // The data's compact text counts against `max_message_length`.
+        let raw = RawValue::from_string(
+            json!({"message": {"messageId": "m", "role": "ROLE_USER", "parts": [{"data": {"abc": "defg"}}]}})
+                .to_string(),
+        )
+        .expect("json");
+        let o = Obj::parse(&raw, "params").expect("object");
+        let limits = |n| AgentLimits {
+            max_message_length: n,
+            ..AgentLimits::default()
+        };
+        assert!(send_params(Version::V10, &o, &limits(14)).is_ok());
+        assert_eq!(
+            field_of(send_params(Version::V10, &o, &limits(13))),
+            "message.parts"
+        );
+    }
+
+    #[test]
     fn refusals_name_their_field() {
         for (v, p, field) in [
             (
@@ -556,13 +677,48 @@ mod tests {
             ),
             (
                 Version::V10,
-                json!({"message": {"messageId": "m", "role": "ROLE_USER", "parts": [{"url": "http://x"}]}}),
+                json!({"message": {"messageId": "m", "role": "ROLE_USER", "parts": [{"url": "ftp://x/y"}]}}),
+                "message.parts[0].url",
+            ),
+            (
+                Version::V10,
+                json!({"message": {"messageId": "m", "role": "ROLE_USER", "parts": [{"text": "a"}, {"url": format!("https://x/{}", "a".repeat(2040))}]}}),
+                "message.parts[1].url",
+            ),
+            (
+                Version::V10,
+                json!({"message": {"messageId": "m", "role": "ROLE_USER", "parts": [{"url": "https://x/y", "mediaType": "video/mp4"}]}}),
+                "message.parts[0].mediaType",
+            ),
+            (
+                Version::V10,
+                json!({"message": {"messageId": "m", "role": "ROLE_USER", "parts": [{"data": {}, "text": "a"}]}}),
                 "message.parts[0]",
             ),
             (
                 Version::V10,
-                json!({"message": {"messageId": "m", "role": "ROLE_USER", "parts": [{"data": {}}]}}),
-                "message.parts[0]",
+                json!({"message": {"messageId": "m", "role": "ROLE_USER", "parts": [{"data": {}, "metadata": 5}]}}),
+                "message.parts[0].metadata",
+            ),
+            (
+                Version::V10,
+                json!({"message": {"messageId": "m", "role": "ROLE_USER", "parts": [{"text": "a"}], "extensions": [""]}}),
+                "message.extensions",
+            ),
+            (
+                Version::V03,
+                json!({"message": {"kind": "message", "messageId": "m", "role": "user", "parts": [{"kind": "data", "data": [1]}]}}),
+                "message.parts[0].data",
+            ),
+            (
+                Version::V03,
+                json!({"message": {"kind": "message", "messageId": "m", "role": "user", "parts": [{"kind": "file", "file": {"uri": "https://x/y", "bytes": "aGk="}}]}}),
+                "message.parts[0].file",
+            ),
+            (
+                Version::V03,
+                json!({"message": {"kind": "message", "messageId": "m", "role": "user", "parts": [{"kind": "file", "file": {"name": "a"}}]}}),
+                "message.parts[0].file",
             ),
             (
                 Version::V10,
@@ -581,8 +737,8 @@ mod tests {
             ),
             (
                 Version::V03,
-                json!({"message": {"kind": "message", "messageId": "m", "role": "user", "parts": [{"kind": "file", "file": {"uri": "http://x"}}]}}),
-                "message.parts[0].file",
+                json!({"message": {"kind": "message", "messageId": "m", "role": "user", "parts": [{"kind": "file", "file": {"uri": "javascript:alert(1)"}}]}}),
+                "message.parts[0].file.uri",
             ),
             (
                 Version::V03,

@@ -16,7 +16,7 @@ use super::params::{self, MAX_ID_LEN, SendParams};
 use super::pb;
 use crate::config::AgentLimits;
 use crate::error::Error;
-use crate::model::{ContextId, Message, Part, TaskId, TaskState};
+use crate::model::{ContextId, Extensions, Message, Part, TaskId, TaskState};
 use crate::push::PushConfig;
 use crate::rpc::CallContext;
 use crate::rpc::json::{self, Obj, PART};
@@ -134,6 +134,7 @@ pub(crate) fn send(
                 context_id,
                 task_id,
                 metadata,
+                extensions: Extensions::default(),
             },
             blocking,
             history_length: history_length_asked,
@@ -162,7 +163,14 @@ fn message(m: pb::Message, limits: &AgentLimits) -> Result<Message, Error> {
         .enumerate()
         .map(|(i, p)| part(p, limits).map_err(|e| json::at_part(i, e)))
         .collect::<Result<Vec<_>, _>>()?;
-    validate::user_message(message_id, parts, limits)
+    let extensions = validate::message_extensions(m.extensions)?;
+    validate::user_message(message_id, parts, extensions, limits)
+}
+
+/// A `Struct` or `Value` as the JSON it stands for.
+fn json_of(v: &impl serde::Serialize, field: &str) -> Result<Box<RawValue>, Error> {
+    serde_json::value::to_raw_value(v)
+        .map_err(|e| Error::invalid(field, format!("is not JSON ({e})")))
 }
 
 fn part(p: pb::Part, limits: &AgentLimits) -> Result<Part, Error> {
@@ -183,7 +191,34 @@ fn part(p: pb::Part, limits: &AgentLimits) -> Result<Part, Error> {
             let bytes = STANDARD.encode(bytes);
             params::file(PART, name, mime, bytes, limits, "raw", "mediaType")
         }
-        Some(Content::Url(_) | Content::Data(_)) => Err(params::unsupported(PART)),
+        Some(Content::Url(url)) => {
+            let metadata = match &p.metadata {
+                Some(m) => Some(validate::part_metadata(PART, &json_of(m, PART)?)?),
+                None => None,
+            };
+            validate::file_url(
+                PART,
+                ("url", "mediaType"),
+                url,
+                Some(p.filename),
+                Some(p.media_type),
+                metadata,
+                limits,
+            )
+        }
+        Some(Content::Data(data)) => {
+            let field = format!("{PART}.data");
+            if data.too_deep() {
+                return Err(Error::invalid(
+                    field,
+                    format!("nests deeper than {} levels", json::MAX_DEPTH),
+                ));
+            }
+            let data = RawValue::from_string(data.json().to_string())
+                .map_err(|_| Error::invalid(&field, "is not JSON"))?;
+            let metadata = p.metadata.as_ref().map(|m| json_of(m, PART)).transpose()?;
+            validate::data_part(PART, &data, Some(p.media_type), metadata.as_deref())
+        }
         None => Err(Error::invalid(
             PART,
             "must hold one of text, raw, url or data",
@@ -408,7 +443,9 @@ mod tests {
     /// through ProtoJSON: the same request or the same error, field and words.
     #[test]
     fn a_send_decodes_as_its_protojson_does_whatever_it_holds() {
+        use super::super::pbvalue::JsonValue;
         use pb::part::Content;
+        let deep = |n: usize| format!("{}1.0{}", "[".repeat(n), "]".repeat(n));
         let mut cases: Vec<pb::SendMessageRequest> = vec![
             send(None),
             send(Some(user(vec![text("hi")]))),
@@ -436,7 +473,18 @@ mod tests {
             Some(Content::Raw(Vec::new())),
             Some(Content::Raw(vec![7; 5000])),
             Some(Content::Url("https://example.com/a.pdf".into())),
-            Some(Content::Data(pbjson_types::Value::from(3.0))),
+            Some(Content::Url("ftp://example.com/a.pdf".into())),
+            Some(Content::Url(format!(
+                "https://example.com/{}",
+                "a".repeat(2040)
+            ))),
+            Some(Content::Url("not a url".into())),
+            Some(Content::Data(JsonValue::from_json("3.0"))),
+            Some(Content::Data(JsonValue::from_json(
+                r#"{"a":[1.0,"b",null,{"c":true}]}"#,
+            ))),
+            Some(Content::Data(JsonValue::from_json(&deep(64)))),
+            Some(Content::Data(JsonValue::from_json(&deep(65)))),
         ] {
             for (filename, media_type) in
                 [("", ""), ("a.pdf", "application/pdf"), ("x", "image/png")]
@@ -447,8 +495,34 @@ mod tests {
                     media_type: media_type.into(),
                     ..Default::default()
                 };
-                cases.push(send(Some(user(vec![text("first"), part]))));
+                cases.push(send(Some(user(vec![text("first"), part.clone()]))));
             }
+        }
+        for metadata in [
+            serde_json::json!({"k": 1}),
+            serde_json::json!({"deep": serde_json::from_str::<serde_json::Value>(&deep(64)).expect("json")}),
+        ] {
+            for content in [
+                Content::Data(JsonValue::from_json("{}")),
+                Content::Url("https://example.com/x".into()),
+            ] {
+                let part = pb::Part {
+                    content: Some(content),
+                    metadata: Some(strukt(metadata.clone())),
+                    ..Default::default()
+                };
+                cases.push(send(Some(user(vec![part]))));
+            }
+        }
+        for extensions in [
+            vec![],
+            vec!["urn:a".to_string()],
+            vec![String::new()],
+            vec!["u".to_string(); 33],
+        ] {
+            let mut m = user(vec![text("hi")]);
+            m.extensions = extensions;
+            cases.push(send(Some(m)));
         }
         cases.push(send(Some(user(vec![text(&"y".repeat(200_000))]))));
         let config = |c: pb::SendMessageConfiguration| pb::SendMessageRequest {

@@ -199,29 +199,34 @@ fn message(
     if let Some(meta) = metadata {
         w.message(6, &meta);
     }
+    for uri in m.extensions.as_slice() {
+        w.one_of(7, uri.as_bytes());
+    }
 }
 
 fn part(w: &mut Wire, p: &Part) {
-    let (filename, media_type) = match p {
+    let (filename, media_type, metadata) = match p {
         Part::Text(t) => {
             w.one_of(1, t.as_bytes());
-            (None, None)
+            (None, None, None)
         }
         // Checked Base64 when it came in; the bytes themselves on this wire.
         Part::File(f) => {
             w.one_of(2, &STANDARD.decode(&f.bytes).unwrap_or_default());
-            (Some(&f.name), Some(&f.mime_type))
+            (Some(&f.name), Some(&f.mime_type), None)
         }
         Part::Url(u) => {
             w.one_of(3, u.url.as_bytes());
-            (u.name.as_ref(), u.mime_type.as_ref())
+            (u.name.as_ref(), u.mime_type.as_ref(), u.metadata.as_ref())
         }
         Part::Data(d) => {
-            let value: pbjson_types::Value = serde_json::from_str(d.get()).unwrap_or_default();
-            w.message(4, &value);
-            (None, None)
+            w.message(4, &super::pbvalue::JsonValue::from_json(d.data.get()));
+            (None, d.media_type.as_ref(), d.metadata.as_ref())
         }
     };
+    if let Some(meta) = metadata.and_then(|m| structure(&m.0)) {
+        w.message(5, &meta);
+    }
     w.bytes(6, filename.map_or(&[][..], |f| f.as_bytes()));
     w.bytes(7, media_type.map_or(&[][..], |m| m.as_bytes()));
 }
@@ -267,6 +272,9 @@ fn artifact(w: &mut Wire, a: &Artifact) {
     for p in &a.parts {
         w.nested(4, |w| part(w, p));
     }
+    for uri in a.extensions.as_slice() {
+        w.one_of(6, uri.as_bytes());
+    }
 }
 
 /// A JSON object as a `Struct` (`None`: not an object).
@@ -310,6 +318,7 @@ mod tests {
             history: vec![Arc::new(Message::user_text(["hello"]))],
             artifacts: Vec::new(),
             metadata: None,
+            extensions: Default::default(),
         };
         // An empty text and an empty file are parts too (a `oneof` set to its default).
         let mut reply = Message::agent_text(["hi", &"long ".repeat(60), ""]);
@@ -329,18 +338,22 @@ mod tests {
             url: "https://example.com/f".into(),
             name: None,
             mime_type: Some("image/png".into()),
+            metadata: None,
         })));
-        reply.parts.push(Part::Data(RawJson(
-            RawValue::from_string(r#"{"n":[1,2.5,"x",null,true]}"#.into())
-                .expect("json")
-                .into(),
-        )));
+        reply
+            .parts
+            .push(Part::Data(Box::new(crate::model::DataPart::new(RawJson(
+                RawValue::from_string(r#"{"n":[1,2.5,"x",null,true]}"#.into())
+                    .expect("json")
+                    .into(),
+            )))));
         t.history.push(Arc::new(reply.clone()));
         t.artifacts.push(Arc::new(Artifact {
             artifact_id: "a-1".into(),
             name: Some("out".into()),
             description: None,
             parts: reply.parts.clone(),
+            extensions: Default::default(),
         }));
         t.status.message = Some(Arc::new(reply));
         t.metadata = Some(

@@ -169,6 +169,9 @@ impl Serialize for MessageOut<'_> {
         if let Some(meta) = &self.metadata {
             map.serialize_entry("metadata", meta)?;
         }
+        if !m.extensions.is_empty() {
+            map.serialize_entry("extensions", m.extensions.as_slice())?;
+        }
         map.end()
     }
 }
@@ -205,8 +208,19 @@ impl Serialize for PartOut<'_> {
                 if let Some(m) = &u.mime_type {
                     map.serialize_entry("mediaType", m)?;
                 }
+                if let Some(m) = &u.metadata {
+                    map.serialize_entry("metadata", &*m.0)?;
+                }
             }
-            (Version::V10, Part::Data(d)) => map.serialize_entry("data", &*d.0)?,
+            (Version::V10, Part::Data(d)) => {
+                map.serialize_entry("data", &*d.data.0)?;
+                if let Some(m) = &d.media_type {
+                    map.serialize_entry("mediaType", m)?;
+                }
+                if let Some(m) = &d.metadata {
+                    map.serialize_entry("metadata", &*m.0)?;
+                }
+            }
             (Version::V03, Part::Text(t)) => {
                 map.serialize_entry("kind", "text")?;
                 map.serialize_entry("text", t)?;
@@ -228,10 +242,21 @@ impl Serialize for PartOut<'_> {
                     file["mimeType"] = json!(m);
                 }
                 map.serialize_entry("file", &file)?;
+                if let Some(m) = &u.metadata {
+                    map.serialize_entry("metadata", &*m.0)?;
+                }
             }
             (Version::V03, Part::Data(d)) => {
                 map.serialize_entry("kind", "data")?;
-                map.serialize_entry("data", &*d.0)?;
+                // 0.3's data is an object: another value is shown as `{"value": …}`.
+                if d.data.get().starts_with('{') {
+                    map.serialize_entry("data", &*d.data.0)?;
+                } else {
+                    map.serialize_entry("data", &ValueObject(&d.data.0))?;
+                }
+                if let Some(m) = &d.metadata {
+                    map.serialize_entry("metadata", &*m.0)?;
+                }
             }
         }
         map.end()
@@ -323,6 +348,20 @@ impl Serialize for ArtifactOut<'_> {
             map.serialize_entry("description", d)?;
         }
         map.serialize_entry("parts", &PartsOut(self.0, &a.parts))?;
+        if !a.extensions.is_empty() {
+            map.serialize_entry("extensions", a.extensions.as_slice())?;
+        }
+        map.end()
+    }
+}
+
+/// `{"value": <v>}`: how 0.3 shows a data part whose value is not an object.
+struct ValueObject<'a>(&'a RawValue);
+
+impl Serialize for ValueObject<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let mut map = s.serialize_map(Some(1))?;
+        map.serialize_entry("value", self.0)?;
         map.end()
     }
 }

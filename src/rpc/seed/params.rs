@@ -1,11 +1,13 @@
 //! Seed params in: loosely typed JSON into the neutral model, with field-level errors.
 
+use std::borrow::Cow;
+
 use serde_json::value::RawValue;
 
 use super::super::json::{self, Kind, Obj};
 use crate::config::AgentLimits;
 use crate::error::Error;
-use crate::model::{ContextId, Message, Part, TaskId};
+use crate::model::{ContextId, Extensions, Message, Part, TaskId};
 use crate::push::{Events, PushConfig, RetryPolicy, WebhookEvent};
 use crate::runtime::SendRequest;
 use crate::validate;
@@ -89,6 +91,7 @@ pub(crate) fn send_params(p: &Obj<'_>, limits: &AgentLimits) -> Result<SendParam
             context_id,
             task_id: task_id.map(TaskId::new),
             metadata,
+            extensions: Extensions::default(),
         },
         blocking,
         history_length,
@@ -163,7 +166,8 @@ fn parse_message(raw: &RawValue, limits: &AgentLimits) -> Result<Message, Error>
         .enumerate()
         .map(|(i, p)| parse_part(i, p, limits))
         .collect::<Result<Vec<_>, _>>()?;
-    validate::user_message(message_id, parts, limits)
+    let extensions = json::message_extensions(m.get("extensions"))?;
+    validate::user_message(message_id, parts, extensions, limits)
 }
 
 fn parse_part(i: usize, raw: &RawValue, limits: &AgentLimits) -> Result<Part, Error> {
@@ -181,10 +185,14 @@ fn part(raw: &RawValue, limits: &AgentLimits) -> Result<Part, Error> {
         (None, None) => {
             return Err(Error::invalid(
                 at(".type"),
-                "is required (\"text\" or \"file\")",
+                "is required (\"text\", \"file\" or \"data\")",
             ));
         }
     };
+    let metadata = p
+        .get("metadata")
+        .map(|m| validate::part_metadata(&at(""), m))
+        .transpose()?;
     match &*kind {
         "text" => match p.get("text") {
             Some(v) => Ok(Part::Text(json::string(v, &at(".text"))?.into_owned())),
@@ -196,26 +204,53 @@ fn part(raw: &RawValue, limits: &AgentLimits) -> Result<Part, Error> {
                 _ => {
                     return Err(Error::invalid(
                         at(".file"),
-                        "must be an object with name, mimeType and bytes",
+                        "must be an object with name, mimeType and bytes (or uri)",
                     ));
                 }
             };
-            let take = |k: &str| {
-                let field = format!("{}.file.{k}", json::PART);
-                match f.str(k, &field)? {
-                    Some(s) => Ok(s.into_owned()),
-                    None => Err(Error::invalid(field, "is required")),
-                }
+            let opt = |k: &str| f.str(k, &format!("{}.file.{k}", json::PART));
+            let take = |k: &str| match opt(k)? {
+                Some(s) => Ok(s.into_owned()),
+                None => Err(Error::invalid(
+                    format!("{}.file.{k}", json::PART),
+                    "is required",
+                )),
             };
-            let name = take("name")?;
-            let mime = take("mimeType")?;
-            let bytes = take("bytes")?;
-            validate::file_part(&at(".file"), name, mime, bytes, limits)
-                .map(|f| Part::File(Box::new(f)))
+            match (f.get("bytes"), f.get("uri")) {
+                (Some(_), Some(_)) => Err(Error::invalid(
+                    at(".file"),
+                    "holds both bytes and uri; send one of them",
+                )),
+                (None, Some(_)) => validate::file_url(
+                    &at(".file"),
+                    ("uri", "mimeType"),
+                    take("uri")?,
+                    opt("name")?.map(Cow::into_owned),
+                    opt("mimeType")?.map(Cow::into_owned),
+                    metadata,
+                    limits,
+                ),
+                _ => {
+                    let name = take("name")?;
+                    let mime = take("mimeType")?;
+                    let bytes = take("bytes")?;
+                    validate::file_part(&at(".file"), name, mime, bytes, limits)
+                        .map(|f| Part::File(Box::new(f)))
+                }
+            }
         }
+        "data" => match p.get("data") {
+            Some(v) => validate::data_part(
+                &at(""),
+                v,
+                p.str("mediaType", &at(".mediaType"))?.map(Cow::into_owned),
+                p.get("metadata"),
+            ),
+            None => Err(Error::invalid(at(".data"), "is required")),
+        },
         other => Err(Error::invalid(
             at(".type"),
-            format!("unknown part type {other:?}; expected \"text\" or \"file\""),
+            format!("unknown part type {other:?}; expected \"text\", \"file\" or \"data\""),
         )),
     }
 }

@@ -30,6 +30,9 @@ impl Serialize for MessageOut<'_> {
         map.serialize_entry("role", role)?;
         map.serialize_entry("parts", &PartsOut(&m.parts))?;
         map.serialize_entry("messageId", &m.message_id)?;
+        if !m.extensions.is_empty() {
+            map.serialize_entry("extensions", m.extensions.as_slice())?;
+        }
         map.end()
     }
 }
@@ -50,13 +53,31 @@ impl Serialize for PartsOut<'_> {
                         bytes: &f.bytes,
                     },
                 })?,
-                // Only backends make data parts; the seed spec has none, so they are shown
-                // the way official clients know them.
-                Part::Data(d) => seq.serialize_element(&json!({"type": "data", "data": &*d.0}))?,
-                Part::Url(u) => seq.serialize_element(&json!({
-                    "type": "file",
-                    "file": {"name": u.name, "mimeType": u.mime_type, "uri": u.url},
-                }))?,
+                // docs/PROTOCOL.md §12: the shapes of the official 0.3 dialect, with `type`.
+                Part::Data(d) => {
+                    let mut out = json!({"type": "data", "data": &*d.data.0});
+                    if let Some(m) = &d.media_type {
+                        out["mediaType"] = json!(m);
+                    }
+                    if let Some(m) = &d.metadata {
+                        out["metadata"] = json!(&*m.0);
+                    }
+                    seq.serialize_element(&out)?
+                }
+                Part::Url(u) => {
+                    let mut file = json!({"uri": u.url});
+                    if let Some(n) = &u.name {
+                        file["name"] = json!(n);
+                    }
+                    if let Some(m) = &u.mime_type {
+                        file["mimeType"] = json!(m);
+                    }
+                    let mut out = json!({"type": "file", "file": file});
+                    if let Some(m) = &u.metadata {
+                        out["metadata"] = json!(&*m.0);
+                    }
+                    seq.serialize_element(&out)?
+                }
             }
         }
         seq.end()
@@ -139,6 +160,9 @@ impl Serialize for TaskOut<'_> {
         match &t.metadata {
             Some(m) => map.serialize_entry("metadata", &**m)?,
             None => map.serialize_entry("metadata", &Map::new())?,
+        }
+        if !t.extensions.is_empty() {
+            map.serialize_entry("extensions", t.extensions.as_slice())?;
         }
         map.end()
     }

@@ -4,6 +4,10 @@
 //! bytes, optional fields after a 0/1 byte. Raw JSON (data parts, metadata) is kept as its
 //! text. Rows of schema 2 are JSON objects (their first byte is `{`) and still read.
 //!
+//! Tag 2 (schema 5) adds the content model of docs/PROTOCOL.md §12: a message's and an
+//! artifact's extensions, a task's activated extensions, a data part's media type and
+//! metadata, a file URL's metadata. Rows of tag 1 ([`TAG_1`]) still read, without them.
+//!
 //! Encoding borrows from the model (nothing is cloned on the way to the bytes): about a
 //! third of the instructions of serde_json over owned record types, and half the bytes.
 
@@ -14,12 +18,20 @@ use serde_json::value::RawValue;
 use super::super::TurnId;
 use super::{share, time};
 use crate::model::{
-    Artifact, ArtifactUpdate, ContextId, FileContent, FileUrl, Message, Part, RawJson, Role,
-    TaskError, TaskEvent, TaskKey, TaskSnapshot, TaskState, TaskStatus,
+    Artifact, ArtifactUpdate, ContextId, DataPart, Extensions, FileContent, FileUrl, Message, Part,
+    RawJson, Role, TaskError, TaskEvent, TaskKey, TaskSnapshot, TaskState, TaskStatus,
 };
 
-/// The first byte of a compact row (a JSON row starts with `{`).
-pub(crate) const TAG: u8 = 1;
+/// The first byte of a compact row written now (a JSON row starts with `{`).
+pub(crate) const TAG: u8 = 2;
+
+/// The first byte of a compact row of schemas 3 and 4.
+pub(crate) const TAG_1: u8 = 1;
+
+/// Whether `bytes` is a compact row (of either tag).
+pub(crate) fn is_compact(bytes: &[u8]) -> bool {
+    matches!(bytes.first(), Some(&TAG | &TAG_1))
+}
 
 const STATES: [TaskState; 8] = [
     TaskState::Submitted,
@@ -76,6 +88,17 @@ impl W {
         }
     }
 
+    fn opt_raw(&mut self, r: Option<&RawJson>) {
+        self.opt_str(r.map(RawJson::get));
+    }
+
+    fn extensions(&mut self, e: &Extensions) {
+        self.len(e.as_slice().len());
+        for uri in e.as_slice() {
+            self.str(uri);
+        }
+    }
+
     fn message(&mut self, m: &Message) {
         self.u8(match m.role {
             Role::User => 0,
@@ -83,6 +106,7 @@ impl W {
         });
         self.str(&m.message_id);
         self.parts(&m.parts);
+        self.extensions(&m.extensions);
     }
 
     fn parts(&mut self, parts: &[Part]) {
@@ -105,10 +129,13 @@ impl W {
                     self.str(&u.url);
                     self.opt_str(u.name.as_deref());
                     self.opt_str(u.mime_type.as_deref());
+                    self.opt_raw(u.metadata.as_ref());
                 }
                 Part::Data(d) => {
                     self.u8(3);
-                    self.str(d.0.get());
+                    self.str(d.data.get());
+                    self.opt_str(d.media_type.as_deref());
+                    self.opt_raw(d.metadata.as_ref());
                 }
             }
         }
@@ -141,21 +168,71 @@ impl W {
         self.opt_str(a.name.as_deref());
         self.opt_str(a.description.as_deref());
         self.parts(&a.parts);
+        self.extensions(&a.extensions);
     }
 }
 
-struct R<'a>(&'a [u8]);
+/// A row's reader: its bytes, and whether it is of tag 2 (with the fields of schema 5).
+struct R<'a>(&'a [u8], bool);
 
 impl<'a> R<'a> {
     fn open(bytes: &'a [u8]) -> Option<Self> {
-        let (&tag, rest) = bytes.split_first()?;
-        (tag == TAG).then_some(Self(rest))
+        match bytes.split_first()? {
+            (&TAG, rest) => Some(Self(rest, true)),
+            (&TAG_1, rest) => Some(Self(rest, false)),
+            _ => None,
+        }
     }
 
     fn u8(&mut self) -> Option<u8> {
         let (&v, rest) = self.0.split_first()?;
         self.0 = rest;
         Some(v)
+    }
+
+    /// A tag-2 row's optional raw JSON (a tag-1 row has none).
+    fn opt_raw(&mut self) -> Option<Option<RawJson>> {
+        if !self.1 || !self.bool()? {
+            return Some(None);
+        }
+        Some(Some(RawJson::from_raw(self.raw()?)))
+    }
+
+    /// A tag-2 row's optional string (a tag-1 row has none).
+    fn opt_string_2(&mut self) -> Option<Option<String>> {
+        if !self.1 {
+            return Some(None);
+        }
+        self.opt_string()
+    }
+
+    /// A tag-2 row's extension list (a tag-1 row has none).
+    fn extensions(&mut self) -> Option<Extensions> {
+        if !self.1 {
+            return Some(Extensions::default());
+        }
+        let n = self.count()?;
+        let mut uris = Vec::with_capacity(n);
+        for _ in 0..n {
+            uris.push(self.string()?);
+        }
+        Some(Extensions::new(uris))
+    }
+
+    fn skip_extensions(&mut self) -> Option<()> {
+        if self.1 {
+            for _ in 0..self.count()? {
+                self.str()?;
+            }
+        }
+        Some(())
+    }
+
+    fn skip_opt_raw(&mut self) -> Option<()> {
+        if self.1 && self.bool()? {
+            serde_json::from_str::<&RawValue>(self.str()?).ok()?;
+        }
+        Some(())
     }
 
     fn bool(&mut self) -> Option<bool> {
@@ -226,6 +303,7 @@ impl<'a> R<'a> {
             role,
             message_id: self.string()?,
             parts: self.parts()?,
+            extensions: self.extensions()?,
         })
     }
 
@@ -245,8 +323,13 @@ impl<'a> R<'a> {
                     url: self.string()?,
                     name: self.opt_string()?,
                     mime_type: self.opt_string()?,
+                    metadata: self.opt_raw()?,
                 })),
-                3 => Part::Data(RawJson(Arc::from(self.raw()?))),
+                3 => Part::Data(Box::new(DataPart {
+                    data: RawJson::from_raw(self.raw()?),
+                    media_type: self.opt_string_2()?,
+                    metadata: self.opt_raw()?,
+                })),
                 _ => return None,
             });
         }
@@ -285,7 +368,8 @@ impl<'a> R<'a> {
     fn skip_message(&mut self) -> Option<()> {
         (self.u8()? <= 1).then_some(())?;
         self.str()?;
-        self.skip_parts()
+        self.skip_parts()?;
+        self.skip_extensions()
     }
 
     fn skip_opt_str(&mut self) -> Option<()> {
@@ -311,9 +395,14 @@ impl<'a> R<'a> {
                     self.str()?;
                     self.skip_opt_str()?;
                     self.skip_opt_str()?;
+                    self.skip_opt_raw()?;
                 }
                 3 => {
                     serde_json::from_str::<&RawValue>(self.str()?).ok()?;
+                    if self.1 {
+                        self.skip_opt_str()?;
+                    }
+                    self.skip_opt_raw()?;
                 }
                 _ => return None,
             }
@@ -338,7 +427,8 @@ impl<'a> R<'a> {
         self.str()?;
         self.skip_opt_str()?;
         self.skip_opt_str()?;
-        self.skip_parts()
+        self.skip_parts()?;
+        self.skip_extensions()
     }
 
     fn artifact(&mut self) -> Option<Artifact> {
@@ -347,6 +437,7 @@ impl<'a> R<'a> {
             name: self.opt_string()?,
             description: self.opt_string()?,
             parts: self.parts()?,
+            extensions: self.extensions()?,
         })
     }
 }
@@ -370,6 +461,7 @@ pub(crate) fn encode_task(task: &TaskSnapshot, turn: TurnId, carries_turn: bool)
         w.artifact(a);
     }
     w.opt_str(task.metadata.as_deref().map(RawValue::get));
+    w.extensions(&task.extensions);
     w.u32(turn.number);
     w.i64(turn.since);
     if carries_turn {
@@ -402,6 +494,7 @@ pub(crate) fn decode_task(key: &TaskKey, bytes: &[u8]) -> Option<(TaskSnapshot, 
     } else {
         None
     };
+    let extensions = r.extensions()?;
     let turn = TurnId {
         number: r.u32()?,
         since: r.i64()?,
@@ -421,6 +514,7 @@ pub(crate) fn decode_task(key: &TaskKey, bytes: &[u8]) -> Option<(TaskSnapshot, 
             history,
             artifacts,
             metadata,
+            extensions,
         },
         turn,
         carries_turn,

@@ -22,9 +22,9 @@ use super::super::tables::Table;
 pub(crate) const MAGIC: &[u8; 8] = b"A2ADLOG\n";
 /// The format this build writes (and the newest it reads). 2: a task's record may carry
 /// its conversation turn, and a forgotten conversation leaves a tombstone (turn 0) — rows
-/// an a2ad of format 1 would misread, so it is told to refuse the directory. Format 1
-/// segments read as they are.
-pub(crate) const VERSION: u32 = 2;
+/// an a2ad of format 1 would misread, so it is told to refuse the directory. 3: rows of
+/// tag 2 (codec/binary.rs: extensions, part metadata). Older segments read as they are.
+pub(crate) const VERSION: u32 = 3;
 /// A segment's header: magic, version, reserved.
 pub(crate) const HEADER: usize = 16;
 /// A frame's header: payload length, CRC-32.
