@@ -75,7 +75,7 @@ pub(super) fn check_schema(db: &Database, path: &Path) -> Result<()> {
     if !empty {
         return match check_existing(db, path)? {
             1 => migrate_v1(db, path),
-            2 | 3 => set_schema(db, path),
+            2..=4 => set_schema(db, path),
             _ => Ok(()),
         };
     }
@@ -149,10 +149,10 @@ pub(super) fn check_existing(db: &impl ReadableDatabase, path: &Path) -> Result<
     }
 }
 
-/// Schema 2 or 3 → 4: nothing to convert (rows of schema 2 read as they are; new rows are
-/// written in schema 3's compact form; schema 4 adds records that carry their turn and
-/// tombstones of forgotten conversations), only the version, so that an older a2ad
-/// refuses the file instead of reading what is new as damage or losing turns.
+/// Schema 2, 3 or 4 → 5: nothing to convert (rows of schema 2 read as they are; schema 4
+/// adds records that carry their turn and tombstones of forgotten conversations; schema 5
+/// writes compact rows of tag 2), only the version, so that an older a2ad refuses the file
+/// instead of reading what is new as damage or losing turns.
 fn set_schema(db: &Database, path: &Path) -> Result<()> {
     let write = || -> std::result::Result<(), redb::Error> {
         let w = db.begin_write()?;
