@@ -18,7 +18,9 @@ mod check;
 mod server;
 mod store;
 
-pub use agents::{AgentConfig, AgentLimits, ApiKeyConfig, EchoConfig, OpenAiConfig, TckConfig};
+pub use agents::{
+    AgentConfig, AgentLimits, ApiKeyConfig, EchoConfig, ExtensionConfig, OpenAiConfig, TckConfig,
+};
 pub(crate) use auth::looks_like_jwt;
 pub use auth::{
     AuthConfig, CardSigningConfig, CardsConfig, CertificateConfig, OidcConfig, SecretKeys,

@@ -24,6 +24,12 @@ pub enum Error {
         /// What is wrong with it.
         reason: String,
     },
+    /// The agent declares an extension as required and the request did not activate it.
+    #[error("extension support required: {uri}")]
+    ExtensionRequired {
+        /// The extension's URI.
+        uri: String,
+    },
     /// No such task for this caller (or it was evicted).
     #[error("task not found")]
     TaskNotFound {

@@ -328,6 +328,8 @@ pub(crate) struct CallContext {
     pub(crate) local_addr: std::net::SocketAddr,
     /// Signs the cards a call returns (`[cards.signing]`).
     pub(crate) card_signer: Option<Arc<a2a::card::CardSigner>>,
+    /// The extensions the request activated (docs/PROTOCOL.md §12).
+    pub(crate) extensions: crate::model::Extensions,
 }
 
 impl CallContext {
@@ -363,6 +365,7 @@ impl CallContext {
             host: None,
             local_addr: std::net::SocketAddr::from(([127, 0, 0, 1], 0)),
             card_signer: None,
+            extensions: crate::model::Extensions::default(),
         }
     }
 

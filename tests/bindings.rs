@@ -17,7 +17,7 @@ use support::{ALICE, BOB, CAROL, SseReader, TestServer, agent, config, metric, n
 
 /// How a call is framed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum B {
+pub(crate) enum B {
     JsonRpc,
     Rest,
     Grpc,
@@ -26,7 +26,7 @@ enum B {
 /// A call's outcome, framing aside: the result, or the error's `ErrorInfo` (reason and
 /// metadata) and status (HTTP, or on gRPC the status code's number).
 #[derive(Debug)]
-enum Out {
+pub(crate) enum Out {
     Ok(Value),
     Err {
         status: u16,
@@ -37,7 +37,7 @@ enum Out {
 
 impl Out {
     #[track_caller]
-    fn ok(self) -> Value {
+    pub(crate) fn ok(self) -> Value {
         match self {
             Out::Ok(v) => v,
             Out::Err { body, .. } => panic!("unexpected error: {body}"),
@@ -45,7 +45,7 @@ impl Out {
     }
 
     #[track_caller]
-    fn reason(&self) -> &str {
+    pub(crate) fn reason(&self) -> &str {
         match self {
             Out::Err { info, .. } => info["reason"].as_str().expect("reason"),
             Out::Ok(v) => panic!("expected an error, got {v}"),
@@ -185,7 +185,7 @@ fn rest_request(
 }
 
 /// A gRPC client of the server (HTTP/2 on its one port).
-async fn grpc(s: &TestServer) -> A2aServiceClient<tonic::transport::Channel> {
+pub(crate) async fn grpc(s: &TestServer) -> A2aServiceClient<tonic::transport::Channel> {
     let channel = tonic::transport::Channel::from_shared(s.base.clone())
         .expect("uri")
         .connect()
@@ -196,7 +196,7 @@ async fn grpc(s: &TestServer) -> A2aServiceClient<tonic::transport::Channel> {
 
 /// A gRPC request: the params as the message (ProtoJSON), the agent as its tenant, the key
 /// and version as metadata.
-fn grpc_request<T: serde::de::DeserializeOwned>(
+pub(crate) fn grpc_request<T: serde::de::DeserializeOwned>(
     key: &str,
     agent: &str,
     params: &Value,
@@ -216,7 +216,7 @@ fn grpc_request<T: serde::de::DeserializeOwned>(
 }
 
 /// A gRPC error as an outcome: its code's number, its `ErrorInfo`.
-fn grpc_error(st: &tonic::Status) -> Out {
+pub(crate) fn grpc_error(st: &tonic::Status) -> Out {
     use tonic_types::StatusExt as _;
     let details = st.get_error_details();
     let info = details.error_info().map_or(Value::Null, |i| {
@@ -256,7 +256,14 @@ async fn grpc_call(s: &TestServer, key: &str, agent: &str, op: &str, params: &Va
 }
 
 /// One call over a binding as `key`.
-async fn call_as(s: &TestServer, b: B, key: &str, agent: &str, op: &str, params: Value) -> Out {
+pub(crate) async fn call_as(
+    s: &TestServer,
+    b: B,
+    key: &str,
+    agent: &str,
+    op: &str,
+    params: Value,
+) -> Out {
     if b == B::Grpc {
         return grpc_call(s, key, agent, op, &params).await;
     }
@@ -341,12 +348,12 @@ async fn call_as(s: &TestServer, b: B, key: &str, agent: &str, op: &str, params:
     }
 }
 
-async fn call(s: &TestServer, b: B, agent: &str, op: &str, params: Value) -> Out {
+pub(crate) async fn call(s: &TestServer, b: B, agent: &str, op: &str, params: Value) -> Out {
     call_as(s, b, ALICE, agent, op, params).await
 }
 
 /// A streaming call's events (the `StreamResponse`s), or its error before the stream.
-async fn stream(
+pub(crate) async fn stream(
     s: &TestServer,
     b: B,
     agent: &str,

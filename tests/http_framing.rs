@@ -235,7 +235,7 @@ async fn options_preflight_needs_no_key() {
     assert_eq!(h["access-control-allow-methods"], "POST, OPTIONS");
     assert_eq!(
         h["access-control-allow-headers"],
-        "Content-Type, x-api-key, Authorization, Accept, Last-Event-ID"
+        "Content-Type, x-api-key, Authorization, Accept, Last-Event-ID, A2A-Extensions, X-A2A-Extensions"
     );
     assert!(h.contains_key("access-control-max-age"));
 }

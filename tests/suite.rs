@@ -17,6 +17,7 @@ mod bindings;
 mod bounds;
 mod cli;
 mod cluster;
+mod content;
 mod crash;
 mod decoder_props;
 mod embed;

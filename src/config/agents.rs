@@ -57,6 +57,65 @@ pub struct AgentConfig {
     /// `[agents.tck]`
     #[serde(default)]
     pub tck: TckConfig,
+    /// `[[agents.extensions]]`: the A2A extensions this agent supports, declared in its
+    /// cards and activated per request (docs/PROTOCOL.md §12).
+    #[serde(default)]
+    pub extensions: Vec<ExtensionConfig>,
+}
+
+/// `[[agents.extensions]]`: one A2A extension an agent supports (S10 `AgentExtension`).
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ExtensionConfig {
+    /// The extension's URI: what clients name to activate it.
+    pub uri: String,
+    /// What it does.
+    #[serde(default)]
+    pub description: String,
+    /// Requests that do not activate it are refused (ExtensionSupportRequiredError).
+    #[serde(default)]
+    pub required: bool,
+    /// Extension-specific parameters, shown in the cards (a TOML table, as JSON).
+    #[serde(default)]
+    pub params: Option<toml::Table>,
+}
+
+impl AgentConfig {
+    /// The declared extensions that `requested` names (URIs, in any order, unknown ones
+    /// ignored), in the order the agent declares them: the request's activated set.
+    pub fn activated<'a>(&self, requested: impl Iterator<Item = &'a str> + Clone) -> Vec<String> {
+        self.extensions
+            .iter()
+            .filter(|e| requested.clone().any(|r| r == e.uri))
+            .map(|e| e.uri.clone())
+            .collect()
+    }
+
+    /// The declared extensions as a card shows them (`AgentExtension`: `uri`,
+    /// `description`, `required`, `params`), in the order declared.
+    pub fn extensions_json(&self) -> serde_json::Value {
+        self.extensions
+            .iter()
+            .map(|e| {
+                let mut x = serde_json::json!({"uri": e.uri, "required": e.required});
+                if !e.description.is_empty() {
+                    x["description"] = serde_json::json!(e.description);
+                }
+                if let Some(p) = &e.params {
+                    x["params"] = serde_json::to_value(p).unwrap_or_default();
+                }
+                x
+            })
+            .collect()
+    }
+
+    /// The first declared `required` extension that `activated` lacks.
+    pub fn missing_required<'a>(&'a self, activated: &[String]) -> Option<&'a str> {
+        self.extensions
+            .iter()
+            .find(|e| e.required && !activated.contains(&e.uri))
+            .map(|e| e.uri.as_str())
+    }
 }
 
 /// `[agents.tck]`: the conformance backend (docs/PROTOCOL.md §10; docs/CONFIG.md).
@@ -180,6 +239,7 @@ impl AgentConfig {
             echo: EchoConfig::default(),
             openai: None,
             tck: TckConfig::default(),
+            extensions: Vec::new(),
         }
     }
 

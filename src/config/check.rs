@@ -489,12 +489,53 @@ fn agent_config(a: &mut AgentConfig, i: usize) -> Result<(), ConfigError> {
     }
     limits(&mut a.limits, &at)?;
     echo(&a.echo, &at)?;
+    extensions(&a.extensions, &at)?;
     int(
         &at("tck.long_running_ms"),
         a.tck.long_running_ms,
         0,
         (MAX_SECONDS * 1000.0) as u64,
     )
+}
+
+/// The most extensions an agent may declare.
+const MAX_EXTENSIONS: usize = 32;
+
+fn extensions(
+    list: &[crate::config::ExtensionConfig],
+    at: &dyn Fn(&str) -> String,
+) -> Result<(), ConfigError> {
+    if list.len() > MAX_EXTENSIONS {
+        return Err(ConfigError::key(
+            at("extensions"),
+            format!(
+                "declares {} extensions; at most {MAX_EXTENSIONS}",
+                list.len()
+            ),
+        ));
+    }
+    for (j, e) in list.iter().enumerate() {
+        let key = at(&format!("extensions[{j}].uri"));
+        let uri = e.uri.trim();
+        if uri.is_empty() || uri.len() > 2048 || uri != e.uri {
+            return Err(ConfigError::key(
+                key,
+                "must be a URI of 1 to 2048 characters without surrounding spaces",
+            ));
+        }
+        if uri.contains(',') || uri.chars().any(char::is_whitespace) {
+            return Err(ConfigError::key(
+                key,
+                format!(
+                    "{uri:?} holds a comma or a space: clients list extensions comma-separated in a header"
+                ),
+            ));
+        }
+        if list[..j].iter().any(|o| o.uri == e.uri) {
+            return Err(ConfigError::key(key, format!("{uri:?} is declared twice")));
+        }
+    }
+    Ok(())
 }
 
 fn limits(l: &mut AgentLimits, at: &dyn Fn(&str) -> String) -> Result<(), ConfigError> {

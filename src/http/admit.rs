@@ -16,7 +16,7 @@ use hyper::{HeaderMap, Request};
 use super::{App, ENDPOINT_PREFIX, base_url};
 use crate::actors::AgentEntry;
 use crate::auth::{Caller, PeerCertificate};
-use crate::model::AgentId;
+use crate::model::{AgentId, Extensions};
 use crate::rpc::{Binding, CallContext, Dialect, Refusal};
 
 /// 401 unless the request carries a usable credential: an API key (`x-api-key` or
@@ -130,6 +130,7 @@ impl Admitted {
 
     /// The context every operation runs in.
     pub(crate) fn context(self, app: &App, facts: Facts, accepts_sse: bool) -> CallContext {
+        let extensions = activated(&self.agent.config, facts.extensions.as_deref());
         CallContext {
             caller: self.caller,
             agent: self.agent,
@@ -141,7 +142,35 @@ impl Admitted {
             host: facts.host,
             local_addr: app.local_addr,
             card_signer: app.card_signer.clone(),
+            extensions,
         }
+    }
+}
+
+/// The extensions a request activates (docs/PROTOCOL.md §12): the URIs of its
+/// `A2A-Extensions` / `X-A2A-Extensions` headers (gRPC: `a2a-extensions` metadata),
+/// comma-separated, that the agent declares — in the agent's order; unknown ones ignored.
+fn activated(agent: &crate::config::AgentConfig, requested: Option<&str>) -> Extensions {
+    match requested {
+        Some(list) if !agent.extensions.is_empty() => Extensions::new(
+            agent.activated(list.split(',').map(str::trim).filter(|u| !u.is_empty())),
+        ),
+        _ => Extensions::default(),
+    }
+}
+
+/// The header that names a response's activated extensions: `X-A2A-Extensions` on A2A
+/// 0.3, `A2A-Extensions` elsewhere (gRPC: `a2a-extensions` metadata).
+pub(crate) fn extensions_header(cx: &CallContext, dialect: Dialect, headers: &mut HeaderMap) {
+    if cx.extensions.is_empty() {
+        return;
+    }
+    let name = match dialect {
+        Dialect::A2a(crate::rpc::a2a::Version::V03) => "x-a2a-extensions",
+        _ => "a2a-extensions",
+    };
+    if let Ok(v) = HeaderValue::from_str(&cx.extensions.as_slice().join(", ")) {
+        headers.insert(name, v);
     }
 }
 
@@ -164,6 +193,8 @@ pub(crate) struct Facts {
     pub(crate) base_url: String,
     host: Option<HeaderValue>,
     version: Option<String>,
+    /// The extension URIs asked for, comma-separated (every header that names them).
+    extensions: Option<String>,
 }
 
 impl Facts {
@@ -180,6 +211,7 @@ impl Facts {
                 .get(header::HOST)
                 .and_then(|v| HeaderValue::from_bytes(v.as_bytes()).ok()),
             version: super::requested_version(req),
+            extensions: joined(headers, &["a2a-extensions", "x-a2a-extensions"]),
         }
     }
 
@@ -190,8 +222,27 @@ impl Facts {
             base_url: base_url(app, headers),
             host: headers.get(header::HOST).cloned(),
             version: text(headers, "a2a-version"),
+            extensions: joined(headers, &["a2a-extensions"]),
         }
     }
+}
+
+/// Every value of these headers, joined by commas (`None`: none sent).
+fn joined(headers: &HeaderMap, names: &[&str]) -> Option<String> {
+    let mut out: Option<String> = None;
+    for name in names {
+        for v in headers.get_all(*name) {
+            let v = String::from_utf8_lossy(v.as_bytes());
+            match &mut out {
+                Some(o) => {
+                    o.push(',');
+                    o.push_str(&v);
+                }
+                None => out = Some(v.into_owned()),
+            }
+        }
+    }
+    out
 }
 
 /// A header's value as text (bytes that are not UTF-8 replaced).

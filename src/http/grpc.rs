@@ -44,9 +44,11 @@ const SERVICE: &str = "/lf.a2a.v1.A2AService/";
 /// run as the other bindings' calls are; the response message and `grpc-status: 0` in the
 /// trailers, or the error's status alone (a trailers-only response).
 pub(crate) async fn serve(app: Arc<App>, req: Request<Incoming>) -> hyper::Response<Body> {
-    match call(&app, req).await {
+    let mut headers = hyper::HeaderMap::new();
+    match call(&app, req, &mut headers).await {
         Ok(body) => {
             let mut response = hyper::Response::new(body);
+            *response.headers_mut() = headers;
             response
                 .headers_mut()
                 .insert(hyper::header::CONTENT_TYPE, GRPC_CONTENT_TYPE);
@@ -59,7 +61,13 @@ pub(crate) async fn serve(app: Arc<App>, req: Request<Incoming>) -> hyper::Respo
 const GRPC_CONTENT_TYPE: hyper::header::HeaderValue =
     hyper::header::HeaderValue::from_static("application/grpc");
 
-async fn call(app: &App, req: Request<Incoming>) -> Result<Body, Status> {
+/// Serves a call; `headers`: the response's metadata beside its content type (the
+/// activated extensions).
+async fn call(
+    app: &App,
+    req: Request<Incoming>,
+    headers: &mut hyper::HeaderMap,
+) -> Result<Body, Status> {
     let Some(op) = req.uri().path().strip_prefix(SERVICE).and_then(Op::of_grpc) else {
         crate::telemetry::refused(METHOD_NOT_FOUND);
         return Err(Status::unimplemented(format!(
@@ -121,6 +129,7 @@ async fn call(app: &App, req: Request<Incoming>) -> Result<Body, Status> {
         .check()
         .map_err(|e| refused(&errors::rpc_error(Version::V10, &e)))?;
     let cx = admitted.context(app, facts, true);
+    admit::extensions_header(&cx, DIALECT, headers);
     if codec::streams(op) {
         return match run(app, &cx, op, decoded, codec::events).await {
             Ok(Ok(events)) => Ok(Body::grpc_stream(events)),

@@ -97,7 +97,7 @@ pub(super) async fn endpoint(
     let mut cx = admitted.context(app, facts, accepts_sse);
     cx.in_batch = matches!(decoded, rpc::Body::Batch(_));
     let cx = cx;
-    match decoded {
+    let mut response = match decoded {
         rpc::Body::Single(call) => reply_response(app, one(app, dialect, &cx, call).await).await,
         rpc::Body::Batch(calls) => {
             // The items run concurrently, but each answer is weighed as soon as it is
@@ -144,7 +144,9 @@ pub(super) async fn endpoint(
             out.push(b']');
             json(StatusCode::OK, out)
         }
-    }
+    };
+    admit::extensions_header(&cx, dialect, response.headers_mut());
+    response
 }
 
 /// A refusal by admission, in the dialect's framing (401 with its challenge).

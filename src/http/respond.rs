@@ -56,7 +56,8 @@ pub(super) fn not_found_path() -> Response<Body> {
 pub(super) fn preflight() -> Response<Body> {
     preflight_with(
         "POST, OPTIONS",
-        "Content-Type, x-api-key, Authorization, Accept, Last-Event-ID",
+        "Content-Type, x-api-key, Authorization, Accept, Last-Event-ID, A2A-Extensions, \
+         X-A2A-Extensions",
     )
 }
 
@@ -96,6 +97,6 @@ pub(crate) fn cors(h: &mut hyper::HeaderMap) {
     );
     h.insert(
         header::ACCESS_CONTROL_EXPOSE_HEADERS,
-        HeaderValue::from_static("Retry-After, WWW-Authenticate"),
+        HeaderValue::from_static("Retry-After, WWW-Authenticate, A2A-Extensions, X-A2A-Extensions"),
     );
 }

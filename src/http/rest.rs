@@ -111,7 +111,9 @@ pub(super) async fn endpoint(
         }
     };
     let reply = observed(app, DIALECT, Binding::Rest, &cx, Some(call.method()), work).await;
-    response(reply_response(app, reply).await)
+    let mut out = response(reply_response(app, reply).await);
+    admit::extensions_header(&cx, DIALECT, out.headers_mut());
+    out
 }
 
 /// A response of the HTTP+JSON binding: JSON as `application/a2a+json` (S10 §11.1).

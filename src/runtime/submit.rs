@@ -65,6 +65,11 @@ impl Runtime {
             return Err(Error::ShuttingDown);
         }
         let agent = self.agents.get(agent_id).ok_or(Error::AgentNotFound)?;
+        if let Some(uri) = agent.config.missing_required(request.extensions.as_slice()) {
+            return Err(Error::ExtensionRequired {
+                uri: uri.to_string(),
+            });
+        }
         if options.task_id == TaskIdUse::Continue
             && let Some(task) = request.task_id.clone()
         {

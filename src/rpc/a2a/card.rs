@@ -93,6 +93,9 @@ pub(crate) fn card(
             "tags": [c.backend],
         }],
     });
+    if !c.extensions.is_empty() {
+        out["capabilities"]["extensions"] = c.extensions_json();
+    }
     // Client certificates that are principals: one more way in.
     let mtls = config
         .server

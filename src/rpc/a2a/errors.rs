@@ -23,6 +23,8 @@ pub(crate) const PUSH_NOT_SUPPORTED: i64 = -32003;
 pub(crate) const UNSUPPORTED_OPERATION: i64 = -32004;
 /// -32005: a content type is not supported.
 pub(crate) const CONTENT_TYPE_NOT_SUPPORTED: i64 = -32005;
+/// -32008: the agent requires an extension the request did not activate.
+pub(crate) const EXTENSION_SUPPORT_REQUIRED: i64 = -32008;
 /// -32009: the A2A version is not served at this URL.
 pub(crate) const VERSION_NOT_SUPPORTED: i64 = -32009;
 /// -31401: no or unknown credentials (a2a-go's code, outside the reserved range).
@@ -35,12 +37,13 @@ pub(crate) const AGENT_NOT_FOUND: i64 = -31404;
 pub(crate) const RATE_LIMITED: i64 = -31429;
 
 /// The codes the official dialects answer with, for the request metrics.
-pub(crate) const CODES: [i64; 10] = [
+pub(crate) const CODES: [i64; 11] = [
     TASK_NOT_FOUND,
     TASK_NOT_CANCELABLE,
     PUSH_NOT_SUPPORTED,
     UNSUPPORTED_OPERATION,
     CONTENT_TYPE_NOT_SUPPORTED,
+    EXTENSION_SUPPORT_REQUIRED,
     VERSION_NOT_SUPPORTED,
     UNAUTHENTICATED,
     UNAUTHORIZED,
@@ -72,7 +75,7 @@ const fn row(code: i64, reason: &'static str, http: StatusCode, grpc: Code) -> E
 /// the error carries a status), HTTP+JSON its `http` status with a `google.rpc.Status` named
 /// after `grpc`, gRPC its `grpc` status; all three carry `reason` in their `ErrorInfo`.
 #[rustfmt::skip]
-pub(crate) const TABLE: [ErrorRow; 15] = {
+pub(crate) const TABLE: [ErrorRow; 16] = {
     use StatusCode as H;
     [
         row(PARSE_ERROR, "PARSE_ERROR", H::BAD_REQUEST, Code::InvalidArgument),
@@ -85,6 +88,7 @@ pub(crate) const TABLE: [ErrorRow; 15] = {
         row(PUSH_NOT_SUPPORTED, "PUSH_NOTIFICATION_NOT_SUPPORTED", H::BAD_REQUEST, Code::FailedPrecondition),
         row(UNSUPPORTED_OPERATION, "UNSUPPORTED_OPERATION", H::BAD_REQUEST, Code::FailedPrecondition),
         row(CONTENT_TYPE_NOT_SUPPORTED, "CONTENT_TYPE_NOT_SUPPORTED", H::BAD_REQUEST, Code::InvalidArgument),
+        row(EXTENSION_SUPPORT_REQUIRED, "EXTENSION_SUPPORT_REQUIRED", H::BAD_REQUEST, Code::FailedPrecondition),
         row(VERSION_NOT_SUPPORTED, "VERSION_NOT_SUPPORTED", H::BAD_REQUEST, Code::FailedPrecondition),
         row(UNAUTHENTICATED, "UNAUTHENTICATED", H::UNAUTHORIZED, Code::Unauthenticated),
         row(UNAUTHORIZED, "UNAUTHORIZED", H::FORBIDDEN, Code::PermissionDenied),
@@ -220,6 +224,14 @@ pub(crate) fn rpc_error(v: Version, e: &Error) -> RpcError {
             "Content type not supported",
             json!({ "field": field, "reason": reason }),
         ),
+        Error::ExtensionRequired { uri } => RpcError::new(
+            EXTENSION_SUPPORT_REQUIRED,
+            "Extension support required",
+        )
+        .with_data(json!({
+            "extension": uri,
+            "reason": format!("this agent requires the extension {uri}; activate it with the A2A-Extensions header (0.3: X-A2A-Extensions; gRPC: a2a-extensions)"),
+        })),
         Error::TaskNotFound { task: t } => with(TASK_NOT_FOUND, "Task not found", task(t)),
         Error::TaskFinished { task: t, state } | Error::CancelFailed { task: t, state } => {
             let mut d = task(t);

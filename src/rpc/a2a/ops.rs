@@ -248,7 +248,8 @@ pub(crate) async fn execute(
     let principal = &cx.caller.principal;
     let agent = &cx.agent_id;
     match request {
-        OpRequest::Send { params, stream } => {
+        OpRequest::Send { mut params, stream } => {
+            params.request.extensions = cx.extensions.clone();
             let context = params.request.context_id.clone();
             let options = submission(runtime, cx, v, params.push)?;
             if stream {

@@ -87,11 +87,12 @@ async fn send(runtime: &Runtime, cx: &CallContext, call: &Call) -> Result<Reply,
     let limits = &agent.config.limits;
     let p = params::send_params(&params(call)?, limits)?;
     let SendParams {
-        request,
+        mut request,
         blocking,
         history_length,
         push,
     } = p;
+    request.extensions = cx.extensions.clone();
     let options = inline_push(runtime, agent, push)?;
     let wait = blocking.then(|| limits.sync_wait());
     let task = match runtime
@@ -126,7 +127,8 @@ async fn stream(runtime: &Runtime, cx: &CallContext, call: &Call) -> Result<Repl
     if !agent.config.streaming {
         return Err(not_streaming(None));
     }
-    let p = params::send_params(&params(call)?, limits)?;
+    let mut p = params::send_params(&params(call)?, limits)?;
+    p.request.extensions = cx.extensions.clone();
     let options = inline_push(runtime, agent, p.push)?;
     match runtime
         .stream_with(principal, &cx.agent_id, p.request, options)

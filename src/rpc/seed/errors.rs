@@ -63,6 +63,12 @@ pub(crate) fn rpc_error(e: &Error) -> RpcError {
         | Error::UnsupportedContentType { field, reason } => {
             RpcError::invalid_params(field, reason)
         }
+        Error::ExtensionRequired { uri } => RpcError::new(INVALID_PARAMS, "Invalid params")
+            .with_data(json!({
+                "field": "A2A-Extensions",
+                "reason": format!("this agent requires the extension {uri}; activate it with the A2A-Extensions header"),
+                "extension": uri,
+            })),
         Error::TaskNotFound { task } => task_error(
             TASK_NOT_FOUND,
             "Task not found",

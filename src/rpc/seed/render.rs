@@ -343,6 +343,9 @@ pub(crate) fn card_out(card: &AgentCard, capabilities: bool, metrics: bool) -> V
             "multiTurn": true,
             "webhooks": c.webhooks,
         });
+        if !c.extensions.is_empty() {
+            out["capabilities"]["extensions"] = c.extensions_json();
+        }
     }
     if metrics {
         out["metrics"] = json!({
