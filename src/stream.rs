@@ -31,6 +31,32 @@ pub struct StreamItem {
     pub task: Arc<TaskSnapshot>,
 }
 
+impl StreamItem {
+    /// The task as this event left it, for a stream whose first frame is the task: a
+    /// replayed event's item holds the task as it stands now, so its status (and number)
+    /// are taken from the event (docs/PROTOCOL.md §12: a resumed stream's first frame shows
+    /// the state of the first event it resumes with).
+    pub fn task_at_event(&self) -> std::borrow::Cow<'_, TaskSnapshot> {
+        task_at(&self.event, &self.task)
+    }
+}
+
+/// `task` as `event` left it: itself when it is that event's (or a live artifact event's,
+/// which changes no status), else a copy with the event's status and number.
+pub(crate) fn task_at<'a>(
+    event: &TaskEvent,
+    task: &'a TaskSnapshot,
+) -> std::borrow::Cow<'a, TaskSnapshot> {
+    if task.seq == event.seq || (event.artifact.is_some() && task.seq < event.seq) {
+        return std::borrow::Cow::Borrowed(task);
+    }
+    let mut t = task.clone();
+    t.status = event.status.clone();
+    t.seq = event.seq;
+    t.updated_at = event.status.timestamp;
+    std::borrow::Cow::Owned(t)
+}
+
 impl Deref for StreamItem {
     type Target = TaskEvent;
 

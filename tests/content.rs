@@ -633,3 +633,208 @@ async fn a_streamed_send_over_every_binding_carries_the_content() {
     }
     s.stop().await;
 }
+
+/// The server of the replay tests: `slow` works 2 s in 4 progress steps.
+async fn slow_server() -> TestServer {
+    let mut c = config(&["echo"]);
+    let mut slow = agent("slow");
+    slow.echo.delay_ms = 2_000;
+    slow.echo.progress_steps = 4;
+    c.agents.push(slow);
+    TestServer::start(c).await
+}
+
+/// (id, state, text) of an official stream's event.
+fn digest(v: V, id: Option<u64>, data: &Value) -> (u64, String, String) {
+    let r = &data["result"];
+    let st = match v {
+        V::V10 if r.get("task").is_some() => &r["task"]["status"],
+        V::V10 => &r["statusUpdate"]["status"],
+        V::V03 => &r["status"],
+    };
+    let state = st["state"].as_str().unwrap_or("").to_string();
+    (id.expect("id"), state, texts(&st["message"]).join("|"))
+}
+
+/// Starts a task on `slow` with an official stream and reads its first `n` events; the
+/// task's id, and the stream (read on, it gives the rest: the truth a resumed stream is
+/// held to).
+async fn started(
+    s: &TestServer,
+    v: V,
+    n: usize,
+) -> (String, support::SseReader, Vec<(u64, String, String)>) {
+    let message = support::official::message(v, "resume me", None);
+    let resp = s
+        .official_stream("slow", v, v.stream(), json!({"message": message}))
+        .await;
+    let mut r = support::SseReader::new(resp);
+    let mut seen = Vec::new();
+    let mut task = String::new();
+    while seen.len() < n {
+        let (id, data) = r.next_event().await.expect("an event");
+        if seen.is_empty() {
+            let t = match v {
+                V::V10 => &data["result"]["task"]["id"],
+                V::V03 => &data["result"]["id"],
+            };
+            task = t.as_str().expect("task id").to_string();
+        }
+        seen.push(digest(v, id, &data));
+    }
+    (task, r, seen)
+}
+
+/// The rest of a stream.
+async fn rest_of(v: V, r: &mut support::SseReader) -> Vec<(u64, String, String)> {
+    r.collect()
+        .await
+        .into_iter()
+        .map(|(id, d)| digest(v, id, &d))
+        .collect()
+}
+
+#[tokio::test]
+async fn last_event_id_resumes_every_official_stream_without_gap_or_duplicate() {
+    let s = slow_server().await;
+    for v in [V::V10, V::V03] {
+        let (task, mut first, seen) = started(&s, v, 3).await;
+        assert_eq!(
+            seen.iter().map(|e| e.0).collect::<Vec<_>>(),
+            [1, 2, 3],
+            "{v:?}"
+        );
+        // Resumed after 3, as a client whose stream broke there.
+        let resp = s
+            .client
+            .post(s.official_url("slow", v))
+            .header("content-type", "application/json")
+            .header("accept", "text/event-stream")
+            .header("a2a-version", v.header())
+            .header("x-api-key", ALICE)
+            .header("last-event-id", "3")
+            .body(json!({"jsonrpc": "2.0", "id": "r", "method": v.subscribe(), "params": {"id": task}}).to_string())
+            .send()
+            .await
+            .expect("resubscribe");
+        let resumed = support::SseReader::new(resp).collect().await;
+        let truth = rest_of(v, &mut first).await;
+        let ids: Vec<u64> = resumed.iter().map(|e| e.0.expect("id")).collect();
+        let want: Vec<u64> = truth.iter().map(|e| e.0).collect();
+        assert_eq!(ids, want, "{v:?}: every later event once, in order");
+        assert_eq!(want.first(), Some(&4), "{v:?}");
+        // The first frame is the task as event 4 left it; then the events as they were.
+        assert!(
+            if v == V::V10 {
+                resumed[0].1["result"].get("task").is_some()
+            } else {
+                resumed[0].1["result"]["kind"] == "task"
+            },
+            "{v:?}: a Task first: {}",
+            resumed[0].1
+        );
+        let got: Vec<(u64, String, String)> =
+            resumed.iter().map(|(id, d)| digest(v, *id, d)).collect();
+        assert_eq!(got, truth, "{v:?}");
+    }
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn http_json_and_grpc_resume_with_the_state_of_the_next_event() {
+    let s = slow_server().await;
+    for b in [B::Rest, B::Grpc] {
+        let (task, mut first, _) = started(&s, V::V10, 2).await;
+        let resumed = stream(
+            &s,
+            b,
+            "slow",
+            "SubscribeToTask",
+            json!({"id": task}),
+            Some(2),
+        )
+        .await
+        .unwrap_or_else(|_| panic!("{b:?} resumes"));
+        let truth = rest_of(V::V10, &mut first).await;
+        let got: Vec<(String, String)> = resumed
+            .iter()
+            .map(|(_, d)| {
+                let d = json!({"result": d});
+                let (_, state, text) = digest(V::V10, Some(0), &d);
+                (state, text)
+            })
+            .collect();
+        let want: Vec<(String, String)> =
+            truth.iter().map(|e| (e.1.clone(), e.2.clone())).collect();
+        assert_eq!(
+            got, want,
+            "{b:?}: the state of event 3 first, then every later event once"
+        );
+        if b == B::Rest {
+            let ids: Vec<u64> = resumed.iter().map(|e| e.0.expect("id")).collect();
+            assert_eq!(ids, truth.iter().map(|e| e.0).collect::<Vec<_>>());
+        }
+    }
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn a_0_3_stream_error_is_one_data_frame_and_http_refusals_stay_http() {
+    let s = server().await;
+    let resp = s
+        .client
+        .post(s.official_url("echo", V::V03))
+        .header("content-type", "application/json")
+        .header("accept", "text/event-stream")
+        .header("a2a-version", "0.3")
+        .header("x-api-key", ALICE)
+        .body(json!({"jsonrpc": "2.0", "id": 9, "method": "tasks/resubscribe", "params": {"id": "no-such-task"}}).to_string())
+        .send()
+        .await
+        .expect("request");
+    assert_eq!(resp.status(), 200);
+    assert_eq!(resp.headers()["content-type"], "text/event-stream");
+    let text = resp.text().await.expect("body");
+    let frame = text.strip_prefix("data: ").expect("a data: frame");
+    let frame = frame.strip_suffix("\n\n").expect("one frame, then the end");
+    let out: Value = serde_json::from_str(frame).expect("JSON-RPC");
+    assert_eq!(
+        (out["id"].clone(), out["error"]["code"].clone()),
+        (json!(9), json!(-32001))
+    );
+    // A bad message on message/stream: the same form.
+    let (status, headers, out) = s
+        .official_raw(
+            "echo",
+            V::V03,
+            &[("content-type", "application/json"), ("a2a-version", "0.3"), ("x-api-key", ALICE)],
+            json!({"jsonrpc": "2.0", "id": 2, "method": "message/stream", "params": {"message": {"kind": "message", "role": "user", "messageId": "m", "parts": []}}}).to_string(),
+        )
+        .await;
+    assert_eq!(
+        (status, headers["content-type"].to_str().ok()),
+        (200, Some("text/event-stream"))
+    );
+    assert_eq!(out["error"]["code"], -32602);
+    // 1.0 keeps a plain JSON answer; a missing key stays 401.
+    let (_, headers, out) = s
+        .official_raw(
+            "echo",
+            V::V10,
+            &[("content-type", "application/json"), ("a2a-version", "1.0"), ("x-api-key", ALICE)],
+            json!({"jsonrpc": "2.0", "id": 2, "method": "SubscribeToTask", "params": {"id": "no-such-task"}}).to_string(),
+        )
+        .await;
+    assert_eq!(headers["content-type"], "application/json");
+    assert_eq!(out["error"]["code"], -32001);
+    let (status, _, _) = s
+        .official_raw(
+            "echo",
+            V::V03,
+            &[("content-type", "application/json"), ("a2a-version", "0.3")],
+            json!({"jsonrpc": "2.0", "id": 2, "method": "tasks/resubscribe", "params": {"id": "x"}}).to_string(),
+        )
+        .await;
+    assert_eq!(status, 401);
+    s.stop().await;
+}

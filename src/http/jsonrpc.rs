@@ -97,16 +97,28 @@ pub(super) async fn endpoint(
     let mut cx = admitted.context(app, facts, accepts_sse);
     cx.in_batch = matches!(decoded, rpc::Body::Batch(_));
     let cx = cx;
-    let mut response = match decoded {
-        rpc::Body::Single(call) => reply_response(app, one(app, dialect, &cx, call).await).await,
-        rpc::Body::Batch(calls) => {
-            // The items run concurrently, but each answer is weighed as soon as it is
-            // rendered (one poll at a time): what the batch holds stays within the budget
-            // plus one item's answer.
-            let budget = Budget::new(app.runtime.config().server.max_batch_response_bytes);
-            let replies =
-                join_all(
-                    calls.into_iter().map(|c| {
+    let mut response =
+        match decoded {
+            rpc::Body::Single(call) => {
+                let streams = dialect == Dialect::A2a(Version::V03)
+                    && call.as_ref().is_ok_and(|c| {
+                        matches!(c.method.as_str(), "message/stream" | "tasks/resubscribe")
+                    });
+                let reply = one(app, dialect, &cx, call).await;
+                let reply = if streams {
+                    error_as_event(reply)
+                } else {
+                    reply
+                };
+                reply_response(app, reply).await
+            }
+            rpc::Body::Batch(calls) => {
+                // The items run concurrently, but each answer is weighed as soon as it is
+                // rendered (one poll at a time): what the batch holds stays within the budget
+                // plus one item's answer.
+                let budget = Budget::new(app.runtime.config().server.max_batch_response_bytes);
+                let replies =
+                    join_all(calls.into_iter().map(|c| {
                         let id = match &c {
                             Ok(call) => Some(call.id.clone()),
                             Err(r) => r.id.clone(),
@@ -115,38 +127,59 @@ pub(super) async fn endpoint(
                         async move {
                             budget.weigh(one(app, dialect, cx, c).await, id.as_deref(), dialect)
                         }
-                    }),
-                )
-                .await;
-            let mut out = Vec::with_capacity(replies.len() * 128 + 2);
-            out.push(b'[');
-            for (i, reply) in replies.into_iter().enumerate() {
-                if i > 0 {
-                    out.push(b',');
-                }
-                match reply {
-                    Reply::Json { body, .. } => out.extend_from_slice(&body),
-                    // Refused by dispatch inside a batch; kept total for safety.
-                    Reply::Stream { id, .. } => out.extend_from_slice(&rpc::failure(
-                        Some(&id),
-                        &dialect.dress(RpcError::invalid_request(
-                            "streaming methods cannot be used inside a batch",
+                    }))
+                    .await;
+                let mut out = Vec::with_capacity(replies.len() * 128 + 2);
+                out.push(b'[');
+                for (i, reply) in replies.into_iter().enumerate() {
+                    if i > 0 {
+                        out.push(b',');
+                    }
+                    match reply {
+                        Reply::Json { body, .. } => out.extend_from_slice(&body),
+                        // Refused by dispatch inside a batch; kept total for safety.
+                        Reply::Stream { id, .. } => out.extend_from_slice(&rpc::failure(
+                            Some(&id),
+                            &dialect.dress(RpcError::invalid_request(
+                                "streaming methods cannot be used inside a batch",
+                            )),
                         )),
-                    )),
-                    Reply::Events { .. } => out.extend_from_slice(&rpc::failure(
-                        None,
-                        &dialect.dress(RpcError::invalid_request(
-                            "streaming methods cannot be used inside a batch",
+                        Reply::Events { .. } => out.extend_from_slice(&rpc::failure(
+                            None,
+                            &dialect.dress(RpcError::invalid_request(
+                                "streaming methods cannot be used inside a batch",
+                            )),
                         )),
-                    )),
+                    }
                 }
+                out.push(b']');
+                json(StatusCode::OK, out)
             }
-            out.push(b']');
-            json(StatusCode::OK, out)
-        }
-    };
+        };
     admit::extensions_header(&cx, dialect, response.headers_mut());
     response
+}
+
+/// A 0.3 stream's JSON-RPC error before its first event, as J03 §7.9 has it (and a2a-sdk's
+/// 0.3 server sends it; its 0.3 client reads no other form): HTTP 200, `text/event-stream`,
+/// one `data:` frame holding the error response, then the end. An error with an HTTP status
+/// of its own (429) stays an HTTP answer.
+fn error_as_event(reply: Reply) -> Reply {
+    match reply {
+        Reply::Json {
+            body,
+            code: Some(_),
+            status: StatusCode::OK,
+            ..
+        } => {
+            let mut frame = Vec::with_capacity(body.len() + 8);
+            frame.extend_from_slice(b"data: ");
+            frame.extend_from_slice(&body);
+            frame.extend_from_slice(b"\n\n");
+            Reply::Events { body: frame.into() }
+        }
+        other => other,
+    }
 }
 
 /// A refusal by admission, in the dialect's framing (401 with its challenge).

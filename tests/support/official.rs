@@ -112,6 +112,21 @@ impl TestServer {
         let status = resp.status().as_u16();
         let headers = resp.headers().clone();
         let bytes = resp.bytes().await.expect("body");
+        // A 0.3 stream's error before its first event is one `data:` frame (J03 §7.9).
+        let bytes = match headers.get("content-type") {
+            Some(ct) if ct == "text/event-stream" => {
+                let text = String::from_utf8_lossy(&bytes).into_owned();
+                let frames: Vec<&str> = text
+                    .split("\n\n")
+                    .filter(|f| !f.trim().is_empty())
+                    .collect();
+                assert_eq!(frames.len(), 1, "one error frame: {text}");
+                let data = frames[0].strip_prefix("data: ").expect("a data: frame");
+                assert!(!data.contains('\n'), "one line: {text}");
+                data.as_bytes().to_vec().into()
+            }
+            _ => bytes,
+        };
         let json = serde_json::from_slice(&bytes)
             .unwrap_or_else(|_| panic!("not JSON: {}", String::from_utf8_lossy(&bytes)));
         (status, headers, json)

@@ -317,6 +317,16 @@ pub(crate) async fn execute(
             if !cx.agent.config.streaming {
                 return Err(not_streaming(Some(task)));
             }
+            // `Last-Event-ID` (gRPC: `a2a-last-event-id`) resumes, on every binding.
+            let after = match (after, &cx.last_event_id) {
+                (Some(n), _) => Some(n),
+                (None, Some(last)) => Some(
+                    last.trim()
+                        .parse()
+                        .map_err(|_| Error::invalid("Last-Event-ID", "must be an event number"))?,
+                ),
+                (None, None) => None,
+            };
             let followed = match after {
                 None => runtime.follow(principal, agent, &task).await?,
                 Some(n) => runtime.follow_from(principal, agent, &task, n).await?,

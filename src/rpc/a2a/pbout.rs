@@ -130,7 +130,7 @@ pub(crate) fn event(item: &StreamItem, first: bool) -> Bytes {
     let t = &item.task;
     let mut w = Wire::framed();
     if first {
-        w.nested(1, |w| task(w, t, None, true));
+        w.nested(1, |w| task(w, &item.task_at_event(), None, true));
     } else if let Some(update) = &item.event.artifact {
         w.nested(4, |w| {
             w.bytes(1, t.id.as_str().as_bytes());

@@ -379,7 +379,8 @@ impl Serialize for EventOut<'_> {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         let (v, event, t) = (self.v, self.event, self.task);
         if self.first {
-            return SendResultOut(TaskOut::full(v, t)).serialize(s);
+            let t = crate::stream::task_at(event, t);
+            return SendResultOut(TaskOut::full(v, &t)).serialize(s);
         }
         let mut map = s.serialize_map(None)?;
         let status = StatusOut {

@@ -319,26 +319,16 @@ pub(crate) async fn execute_with<T>(
         .map_err(|e: Error| errors::rpc_error(Version::V10, &e))
 }
 
-/// The rest of a 1.0 call once its request is decoded, on any binding: `Last-Event-ID`
-/// (the header, or gRPC's `a2a-last-event-id`) resumes a subscription, the operation runs,
+/// The rest of a 1.0 call once its request is decoded, on any binding: the operation runs,
 /// and its result is given to `direct` or else framed bare.
 pub(crate) async fn finish<T>(
     runtime: &Runtime,
     cx: &CallContext,
     op: Op,
-    mut request: OpRequest,
+    request: OpRequest,
     page: PageAsk<'_>,
     direct: impl FnOnce(OpResponse) -> Result<T, OpResponse>,
 ) -> Result<Result<T, Reply>, Error> {
-    if let (OpRequest::SubscribeToTask { after, .. }, Some(last)) =
-        (&mut request, &cx.last_event_id)
-    {
-        *after = Some(
-            last.trim()
-                .parse()
-                .map_err(|_| Error::invalid("Last-Event-ID", "must be an event number"))?,
-        );
-    }
     match direct(ops::execute(runtime, cx, Version::V10, request).await?) {
         Ok(done) => Ok(Ok(done)),
         Err(response) => {
