@@ -120,10 +120,14 @@ impl serde::Serialize for JsonValue {
     }
 }
 
+/// ProtoJSON in: the value as the protobuf wire would carry it (numbers as doubles), so a
+/// message read from JSON equals the one read from its bytes.
 impl<'de> serde::Deserialize<'de> for JsonValue {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        use prost::Message as _;
         let v = serde_json::Value::deserialize(d)?;
-        Ok(Self::from_json(&v.to_string()))
+        let wire = Self::from_json(&v.to_string()).encode_to_vec();
+        Self::decode(&wire[..]).map_err(serde::de::Error::custom)
     }
 }
 
