@@ -125,9 +125,10 @@ impl serde::Serialize for JsonValue {
 impl<'de> serde::Deserialize<'de> for JsonValue {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         use prost::Message as _;
-        let v = serde_json::Value::deserialize(d)?;
-        let wire = Self::from_json(&v.to_string()).encode_to_vec();
-        Self::decode(&wire[..]).map_err(serde::de::Error::custom)
+        let v = Self::from_json(&serde_json::Value::deserialize(d)?.to_string());
+        let read = Self::decode(&v.encode_to_vec()[..]).map_err(serde::de::Error::custom)?;
+        // One too deep to read is sent as it is: the reader refuses it.
+        Ok(if read.too_deep { v } else { read })
     }
 }
 

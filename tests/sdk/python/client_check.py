@@ -20,6 +20,7 @@ import uuid
 
 import grpc
 import httpx
+from google.protobuf import struct_pb2
 from a2a.client import ClientConfig, ClientFactory
 from a2a.types.a2a_pb2 import (
     AuthenticationInfo,
@@ -184,6 +185,24 @@ async def run(version, binding):
     reply = " ".join(p.text for p in task.status.message.parts)
     check(f"{v} the reply echoes the text", "echo: hello" in reply, reply)
     check(f"{v} history holds the user message and the reply", len(task.history) == 2, task.history)
+
+    # Every part kind: a data part and a file by URL go in, come back in the reply and the
+    # task (docs/PROTOCOL.md §12).
+    data = struct_pb2.Value()
+    data.struct_value.update({"form": {"name": "Ada", "tags": ["x", 1.5, True]}})
+    url = "https://files.example/report.pdf"
+    content = Message(
+        message_id=str(uuid.uuid4()),
+        role=Role.ROLE_USER,
+        parts=[Part(text="content"), Part(data=data), Part(url=url, filename="report.pdf", media_type="application/pdf")],
+    )
+    _, ct = await last_task(blocking.send_message(SendMessageRequest(message=content)))
+    lines = [p.text for p in ct.status.message.parts if p.HasField("text")]
+    check(f"{v} a file by URL is named in the echo", f"file report.pdf (application/pdf, {url})" in lines, lines)
+    echoed = [p.data for p in ct.status.message.parts if p.HasField("data")]
+    check(f"{v} the data part comes back unchanged", echoed == [data], echoed)
+    kept = (await blocking.get_task(GetTaskRequest(id=ct.id))).history[0].parts
+    check(f"{v} the task keeps the data part and the URL", len(kept) == 3 and kept[1].data == data and kept[2].url == url, kept)
 
     # Streaming send: the task first, then updates to completed.
     n, streamed = await last_task(streaming.send_message(SendMessageRequest(message=user_message("stream me"))))
