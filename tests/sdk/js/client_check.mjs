@@ -163,20 +163,20 @@ async function run(version, binding) {
 
   // Every part kind: a data part and a file by URL (docs/PROTOCOL.md §12).
   const data = { form: { name: 'Ada', tags: ['x', 1.5, true] } };
-  const url = 'https://files.example/report.pdf';
+  const fileUrl = 'https://files.example/report.pdf';
   const content = userMessage('content');
   content.parts.push(
     { content: { $case: 'data', value: data }, filename: '', mediaType: '', metadata: undefined },
-    { content: { $case: 'url', value: url }, filename: 'report.pdf', mediaType: 'application/pdf', metadata: undefined },
+    { content: { $case: 'url', value: fileUrl }, filename: 'report.pdf', mediaType: 'application/pdf', metadata: undefined },
   );
   const ct = await echo.sendMessage({ ...sendRequest('x'), message: content });
   const parts = ct.status?.message?.parts ?? [];
   const lines = parts.filter((p) => p.content?.$case === 'text').map((p) => p.content.value);
-  check(`${v} a file by URL is named in the echo`, lines.includes(`file report.pdf (application/pdf, ${url})`), lines);
+  check(`${v} a file by URL is named in the echo`, lines.includes(`file report.pdf (application/pdf, ${fileUrl})`), lines);
   const echoed = parts.filter((p) => p.content?.$case === 'data').map((p) => JSON.stringify(p.content.value));
   check(`${v} the data part comes back unchanged`, echoed.length === 1 && echoed[0] === JSON.stringify(data), echoed);
   const kept = (await echo.getTask({ tenant: '', id: ct.id })).history[0].parts;
-  check(`${v} the task keeps the URL`, kept.length === 3 && kept[2].content?.value === url, kept);
+  check(`${v} the task keeps the URL`, kept.length === 3 && kept[2].content?.value === fileUrl, kept);
 
   // Streaming send.
   const [n, streamed] = await drain(echo.sendMessageStream(sendRequest('stream me')));
