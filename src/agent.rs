@@ -128,7 +128,83 @@ impl<A: Agent + ?Sized> Agent for Arc<A> {
     }
 }
 
-/// What an agent gets for one task.
+/// What an agent gets for one task: the message with every part kind A2A has (text,
+/// inline files, files by URL, data), the extensions the request activated, the
+/// conversation so far. An agent answers with any part kinds too, in its reply and in
+/// artifacts (docs/PROTOCOL.md §12).
+///
+/// ```
+/// use a2ad::{
+///     Agent, AgentError, AgentFuture, AgentRequest, Artifact, DataPart, Extensions, Message,
+///     Part, RawJson, Updates,
+/// };
+///
+/// /// Reads a form (a data part) and the files it points at; answers with a summary as
+/// /// data, in its reply and as an artifact.
+/// struct Forms;
+///
+/// const TRACE: &str = "https://example.com/ext/trace/v1";
+///
+/// impl Agent for Forms {
+///     fn kind(&self) -> &str {
+///         "forms"
+///     }
+///
+///     fn run(&self, request: AgentRequest, updates: Updates) -> AgentFuture {
+///         Box::pin(async move {
+///             let (mut fields, mut files) = (0, Vec::new());
+///             for part in &request.message.parts {
+///                 match part {
+///                     Part::Data(d) => {
+///                         let form: serde_json::Value = serde_json::from_str(d.data.get())
+///                             .map_err(|e| AgentError::new(e.to_string()))?;
+///                         fields += form.as_object().map_or(0, |o| o.len());
+///                     }
+///                     // Never fetched by a2ad: the agent decides what to do with it.
+///                     Part::Url(u) => files.push(u.url.clone()),
+///                     Part::Text(_) | Part::File(_) => {}
+///                 }
+///             }
+///             let summary = serde_json::json!({
+///                 "fields": fields,
+///                 "files": files,
+///                 "traced": request.extensions.contains(TRACE),
+///             });
+///             let data = || Part::Data(Box::new(DataPart::new(RawJson::of(&summary))));
+///             updates.artifact(Artifact::new(Some("summary"), vec![data()]), false, true);
+///             let mut reply = Message::agent_text([format!("{fields} fields")]);
+///             reply.parts.push(data());
+///             Ok(reply)
+///         })
+///     }
+/// }
+///
+/// // Run once outside a server, as a unit test of the agent would.
+/// let form = RawJson::of(&serde_json::json!({"name": "Ada", "role": "engineer"}));
+/// let mut message = Message::user_text(["please file this"]);
+/// message.parts.push(Part::Data(Box::new(DataPart::new(form))));
+/// message.parts.push(Part::Url(Box::new(a2ad::FileUrl {
+///     url: "https://files.example/cv.pdf".into(),
+///     name: Some("cv.pdf".into()),
+///     mime_type: Some("application/pdf".into()),
+///     metadata: None,
+/// })));
+/// let request = AgentRequest {
+///     task_id: a2ad::TaskId::new("t"),
+///     context_id: a2ad::ContextId::new("c"),
+///     message: std::sync::Arc::new(message),
+///     history: Vec::new(),
+///     task_history: Vec::new(),
+///     turn: 1,
+///     extensions: Extensions::new(vec![TRACE.to_string()]),
+///     cancel: Default::default(),
+/// };
+/// let runtime = tokio::runtime::Builder::new_current_thread().build().unwrap();
+/// let reply = runtime.block_on(Forms.run(request, Updates::detached())).unwrap();
+/// assert_eq!(reply.joined_text(), "2 fields");
+/// let Part::Data(d) = &reply.parts[1] else { panic!("a data part") };
+/// assert_eq!(d.data.get(), r#"{"fields":2,"files":["https://files.example/cv.pdf"],"traced":true}"#);
+/// ```
 #[derive(Clone, Debug)]
 pub struct AgentRequest {
     /// The task.

@@ -462,7 +462,23 @@ async fn extensions_are_declared_activated_echoed_and_required_on_every_binding(
     let declared = &card["capabilities"]["extensions"];
     assert_eq!(declared[0]["uri"], EXT_A, "{card}");
     assert_eq!(declared[1]["uri"], EXT_B);
-    assert_eq!(declared[0]["required"], false);
+    assert!(
+        declared[0].get("required").is_none(),
+        "false is left out, as ProtoJSON does"
+    );
+    let strict: Value = s
+        .client
+        .get(format!("{}/.well-known/agent-card.json", s.url("strict")))
+        .send()
+        .await
+        .expect("card")
+        .json()
+        .await
+        .expect("json");
+    assert_eq!(
+        strict["capabilities"]["extensions"][0]["required"], true,
+        "{strict}"
+    );
     let seed_card = s.ok(s
         .call("echo", "agent/authenticatedExtendedCard", json!({}))
         .await);

@@ -92,12 +92,17 @@ impl AgentConfig {
     }
 
     /// The declared extensions as a card shows them (`AgentExtension`: `uri`,
-    /// `description`, `required`, `params`), in the order declared.
+    /// `description`, `required`, `params`), in the order declared. As ProtoJSON does, a
+    /// field at its default (`required: false`, no description) is left out: a signed card's
+    /// canonical form is the one the official verifiers rebuild from their parsed card.
     pub fn extensions_json(&self) -> serde_json::Value {
         self.extensions
             .iter()
             .map(|e| {
-                let mut x = serde_json::json!({"uri": e.uri, "required": e.required});
+                let mut x = serde_json::json!({"uri": e.uri});
+                if e.required {
+                    x["required"] = serde_json::json!(true);
+                }
                 if !e.description.is_empty() {
                     x["description"] = serde_json::json!(e.description);
                 }

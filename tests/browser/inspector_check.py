@@ -105,10 +105,12 @@ upstream = ThreadingHTTPServer(("127.0.0.1", UPSTREAM_PORT), Upstream)
 threading.Thread(target=upstream.serve_forever, daemon=True).start()
 
 
-def http(method, path, key, body=None):
+def http(method, path, key, body=None, headers=None):
     req = urllib.request.Request(BASE + path, method=method)
     req.add_header("x-api-key", key)
     req.add_header("A2A-Version", "1.0")
+    for k, v in (headers or {}).items():
+        req.add_header(k, v)
     data = None
     if body is not None:
         data = json.dumps(body).encode()
@@ -408,6 +410,53 @@ try:
         wait(lambda d: len(d.find_elements(By.CSS_SELECTOR, "#task-rows tr[data-task]")) >= 5, "alice's echo tasks")
         ids = [r.get_attribute("data-task") for r in driver.find_elements(By.CSS_SELECTOR, "#task-rows tr[data-task]")]
         assert bob_task not in ids, "bob's task shows to alice"
+
+    @check("chat sends a data part from its JSON editor; invalid JSON never leaves the browser")
+    def _():
+        nav("chat")
+        Select(by_id("chat-agent")).select_by_value("echo")
+        Select(by_id("chat-wire")).select_by_value("v1")
+        driver.find_element(By.CSS_SELECTOR, "#data-box summary").click()
+        editor = by_id("data-json")
+        editor.clear()
+        editor.send_keys('{"form": ')
+        box = by_id("message")
+        box.clear()
+        box.send_keys("with data")
+        before = len(bubbles())
+        by_id("send").click()
+        wait(lambda d: by_id("compose-error").is_displayed(), "the JSON error")
+        assert "not valid JSON" in by_id("compose-error").text, by_id("compose-error").text
+        assert len(bubbles()) == before, "nothing was sent"
+        assert by_id("message").get_attribute("value") == "with data", "the typed text is kept"
+        editor.clear()
+        editor.send_keys('{"form": {"name": "Ada", "n": [1, 2]}}')
+        by_id("send").click()
+        wait(lambda d: len(bubbles()) > before, "a reply")
+        reply = bubbles()[-1]
+        wait(lambda d: reply.get_attribute("data-state") == "completed", "completed")
+        pre = reply.find_elements(By.CSS_SELECTOR, "pre.part-data")
+        assert pre and '"name": "Ada"' in pre[0].text, reply.get_attribute("innerHTML")
+        shot("chat-data")
+
+    @check("a task's data parts show as JSON, files by URL as links, with its extensions")
+    def _():
+        url = "https://files.example/report.pdf"
+        task = http("POST", "/api/v1/a2a/echo/rest/message:send", ALICE, {
+            "message": {"messageId": "ui-content-1", "role": "ROLE_USER", "parts": [
+                {"text": "content"}, {"data": {"k": [1, "two"]}},
+                {"url": url, "filename": "report.pdf", "mediaType": "application/pdf"}]}},
+            headers={"A2A-Extensions": "https://ext.example/trace/v1"})["task"]["id"]
+        nav("tasks")
+        Select(by_id("task-agent")).select_by_value("echo")
+        wait(lambda d: d.find_elements(By.CSS_SELECTOR, f'#task-rows tr[data-task="{task}"] button'), "the task listed")
+        driver.find_element(By.CSS_SELECTOR, f'#task-rows tr[data-task="{task}"] button').click()
+        wait(lambda d: d.find_elements(By.CSS_SELECTOR, "#task-detail ol.history pre.part-data"), "the data part")
+        links = driver.find_elements(By.CSS_SELECTOR, "#task-detail ol.history a")
+        assert links and links[0].get_attribute("href") == url, [l.get_attribute("outerHTML") for l in links]
+        assert "noopener" in links[0].get_attribute("rel")
+        assert by_id("task-extensions").text == "https://ext.example/trace/v1"
+        shot("task-content")
 
     @check("the pulse charts draw from /metrics")
     def _():

@@ -3,7 +3,7 @@
 // files (size and type checked against the agent's limits before sending) and a cancel for
 // the running task. Every request and response/SSE frame shows in the "On the wire" panel.
 
-import { cancel, el, fillAgents, onRaw, send, sendParams, showError } from './wire.js';
+import { cancel, el, fillAgents, hasRichParts, onRaw, partsView, send, sendParams, showError } from './wire.js';
 
 let app;
 let contextId = null;
@@ -119,16 +119,36 @@ function bubble(kind, text) {
   return b;
 }
 
+/** The data editor's value: `undefined` when empty; refused (an error shown, nothing sent)
+ *  when it is not JSON. */
+function dataValue() {
+  const raw = $('data-json').value.trim();
+  if (!raw) return { ok: true, value: undefined };
+  try {
+    return { ok: true, value: JSON.parse(raw) };
+  } catch (e) {
+    return { ok: false, error: new Error(`The data part is not valid JSON (${e.message}); nothing was sent.`) };
+  }
+}
+
 async function submit() {
   const text = $('message').value.trim();
   const a = agent();
-  if (!a || (!text && !files.length) || running?.busy) return;
+  const data = dataValue();
+  if (!data.ok) {
+    showError($('compose-error'), data.error);
+    $('data-json').focus();
+    return;
+  }
+  if (!a || (!text && !files.length && data.value === undefined) || running?.busy) return;
   showError($('compose-error'), null);
   const wire = $('chat-wire').value;
   const stream = $('chat-stream').checked;
-  const params = sendParams(wire, { text, files, contextId });
-  bubble('user', text + (files.length ? `\n${files.map((f) => `[file ${f.name}]`).join(' ')}` : ''));
+  const params = sendParams(wire, { text, files, data: data.value, contextId });
+  const mine = bubble('user', text + (files.length ? `\n${files.map((f) => `[file ${f.name}]`).join(' ')}` : ''));
+  if (data.value !== undefined) mine.querySelector('.body').append(el('pre.part-data', { text: JSON.stringify(data.value, null, 2) }));
   $('message').value = '';
+  $('data-json').value = '';
   files = [];
   renderFiles();
   const reply = bubble('agent', '…');
@@ -147,7 +167,9 @@ async function submit() {
     $('cancel').disabled = v.final || !running.taskId;
     state.textContent = `${v.state}${id !== null && id !== undefined ? ` · event ${id}` : ''}${v.taskId ? ` · task ${v.taskId}` : ''}`;
     reply.dataset.state = v.state;
-    if (v.text) {
+    if (v.final && hasRichParts(v.message)) {
+      body.replaceChildren(...partsView(v.message));
+    } else if (v.text) {
       if (v.final) body.textContent = v.text;
       else if (deltas && v.state === 'working') body.textContent = (streamed += v.text);
       else body.textContent = v.text;

@@ -3,7 +3,7 @@
 // (GetTask), its numbered events as a timeline (seed tasks/resubscribe from event 1,
 // resumed with Last-Event-ID when the connection drops), and cancel.
 
-import { ApiError, el, fillAgents, isEnd, rest, rpc, stateName, textOf, when } from './wire.js';
+import { ApiError, el, fillAgents, isEnd, partsView, rest, rpc, stateName, textOf, when } from './wire.js';
 
 let app;
 let timer = null;
@@ -103,16 +103,19 @@ async function openDetail(agent, id) {
       if (openTask?.id !== id) return;
       const state = stateName(t.status?.state);
       cancelBtn.disabled = isEnd(state);
+      // The activated extensions: an agent message of the task lists them first.
+      const extensions = [...new Set((t.history ?? []).filter((m) => m.role === 'ROLE_AGENT').flatMap((m) => m.extensions ?? []))];
       info.replaceChildren(
         el('dl.kv', {},
           el('dt', { text: 'state' }), el('dd', {}, el(`span.st.st-${state}`, { text: state })),
           el('dt', { text: 'context' }), el('dd', { text: t.contextId ?? '' }),
-          el('dt', { text: 'updated' }), el('dd', { title: t.status?.timestamp ?? '', text: when(t.status?.timestamp) })),
+          el('dt', { text: 'updated' }), el('dd', { title: t.status?.timestamp ?? '', text: when(t.status?.timestamp) }),
+          ...(extensions.length ? [el('dt', { text: 'extensions' }), el('dd', { id: 'task-extensions', text: extensions.join(', ') })] : [])),
         el('h3', { text: 'History' }),
-        el('ol', {}, (t.history ?? []).map((m) => el('li', {}, el('strong', { text: m.role === 'ROLE_USER' ? 'user: ' : 'agent: ' }), textOf(m)))),
+        el('ol.history', {}, (t.history ?? []).map((m) => el('li', {}, el('strong', { text: m.role === 'ROLE_USER' ? 'user: ' : 'agent: ' }), ...partsView(m)))),
         ...((t.artifacts ?? []).length ? [
           el('h3', { text: 'Artifacts' }),
-          el('ul', {}, t.artifacts.map((a) => el('li', {}, el('strong', { text: `${a.name ?? a.artifactId}: ` }), textOf(a)))),
+          el('ul', {}, t.artifacts.map((a) => el('li', {}, el('strong', { text: `${a.name ?? a.artifactId}: ` }), ...partsView(a)))),
         ] : []));
     } catch (e) {
       info.replaceChildren(el('p.error', { text: e.message }));

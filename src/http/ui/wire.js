@@ -217,6 +217,41 @@ export function stateName(s) {
 
 export const isEnd = (state) => ENDS.has(state);
 
+/** A file by URL's address, in any dialect's part shape (`url`, `file.uri`). */
+function urlOf(p) {
+  return typeof p.url === 'string' ? p.url : (typeof p.file?.uri === 'string' ? p.file.uri : null);
+}
+
+/** Whether a part is a data part, in any dialect's shape. */
+const isData = (p) => p.data !== undefined && (p.kind === undefined || p.kind === 'data') && (p.type === undefined || p.type === 'data');
+
+/** A message's or artifact's parts as nodes: text as text, a data part as formatted JSON,
+ *  a file by URL as a link (http/https only; never fetched, never rendered inline), an
+ *  inline file named. Nothing from the agent becomes HTML. */
+export function partsView(m) {
+  if (!m || !Array.isArray(m.parts)) return [];
+  return m.parts.map((p) => {
+    if (typeof p.text === 'string') return el('span.part-text', { text: p.text });
+    if (isData(p)) return el('pre.part-data', { text: JSON.stringify(p.data, null, 2) });
+    const url = urlOf(p);
+    const name = p.filename ?? p.file?.name ?? p.name;
+    if (url !== null) {
+      const safe = /^https?:\/\//i.test(url);
+      const label = `${name ?? 'unnamed'} (${p.mediaType ?? p.file?.mimeType ?? 'application/octet-stream'})`;
+      return el('span.part-file', {}, 'file ',
+        safe ? el('a', { href: url, rel: 'noopener noreferrer nofollow', target: '_blank', text: label }) : label,
+        ` ${url}`);
+    }
+    if (p.raw !== undefined || p.file) return el('span.part-file', { text: `[file ${name ?? 'unnamed'}]` });
+    return null;
+  }).filter(Boolean);
+}
+
+/** Whether a message holds more than text (data parts, files by URL). */
+export function hasRichParts(m) {
+  return Array.isArray(m?.parts) && m.parts.some((p) => isData(p) || urlOf(p) !== null);
+}
+
 /** The text of a message or artifact (files named), in any dialect's part shape. */
 export function textOf(m) {
   if (!m || !Array.isArray(m.parts)) return '';
@@ -224,6 +259,7 @@ export function textOf(m) {
     .map((p) => {
       if (typeof p.text === 'string') return p.text;
       const name = p.filename ?? p.file?.name ?? p.name;
+      if (urlOf(p) !== null) return `[file ${name ?? 'unnamed'} at ${urlOf(p)}]`;
       if (p.raw !== undefined || p.file) return `[file ${name ?? 'unnamed'}]`;
       if (p.data !== undefined) return JSON.stringify(p.data);
       return '';
@@ -238,14 +274,14 @@ export function eventView(wire, r) {
   if (wire === 'seed') {
     const state = stateName(r.status?.state);
     const text = textOf(r.status?.message) || r.status?.reason || r.status?.error?.message || '';
-    return { taskId: r.id, contextId: r.contextId, state, text, final: Boolean(r.final) || isEnd(state) };
+    return { taskId: r.id, contextId: r.contextId, state, text, message: r.status?.message, final: Boolean(r.final) || isEnd(state) };
   }
   const t = r.task ?? r.statusUpdate ?? null;
   if (t) {
     const state = stateName(t.status?.state);
     return {
       taskId: t.id ?? t.taskId, contextId: t.contextId, state,
-      text: textOf(t.status?.message), final: isEnd(state),
+      text: textOf(t.status?.message), message: t.status?.message, final: isEnd(state),
     };
   }
   if (r.artifactUpdate) {
@@ -258,12 +294,14 @@ export function eventView(wire, r) {
   return { state: '', text: '' };
 }
 
-/** The params of a send on a wire: text, files `{name, type, base64}`, conversation. */
-export function sendParams(wire, { text, files = [], contextId }) {
+/** The params of a send on a wire: text, files `{name, type, base64}`, a data part's value
+ *  (`data`, any JSON; `undefined`: none), conversation. */
+export function sendParams(wire, { text, files = [], data, contextId }) {
   if (wire === 'seed') {
     const parts = [];
     if (text) parts.push({ type: 'text', text });
     for (const f of files) parts.push({ type: 'file', file: { name: f.name, mimeType: f.type, bytes: f.base64 } });
+    if (data !== undefined) parts.push({ type: 'data', data });
     const params = { message: { role: 'user', messageId: uuid4(), parts } };
     if (contextId) params.contextId = contextId;
     return params;
@@ -271,6 +309,7 @@ export function sendParams(wire, { text, files = [], contextId }) {
   const parts = [];
   if (text) parts.push({ text });
   for (const f of files) parts.push({ raw: f.base64, filename: f.name, mediaType: f.type });
+  if (data !== undefined) parts.push({ data });
   const message = { messageId: uuid4(), role: 'ROLE_USER', parts };
   if (contextId) message.contextId = contextId;
   return { message };

@@ -6,7 +6,7 @@
 //! per JSON level (`Value` → `Struct` → map entry → `Value`), so prost would refuse a data
 //! part well short of the 64 JSON levels every other binding accepts
 //! (docs/PROTOCOL.md §12). This type reads the `Value`'s bytes itself, straight into
-//! compact JSON text, under its own bound of [`MAX_DEPTH`] JSON levels (the value itself
+//! compact JSON text, under its own bound of 64 (`MAX_DEPTH`) JSON levels (the value itself
 //! is level 1): a deeper one is kept as [`JsonValue::too_deep`], and the request decoder
 //! refuses it with the JSON bindings' words. Object members keep their wire order (a
 //! repeated key keeps its last value). A number is a double on this wire: `2` comes back
@@ -29,7 +29,7 @@ use crate::rpc::json::MAX_DEPTH;
 pub struct JsonValue {
     /// The JSON text; empty for a `Value` with no kind set (`null`).
     json: String,
-    /// It nests deeper than [`MAX_DEPTH`] levels: `json` is empty.
+    /// It nests deeper than 64 (`MAX_DEPTH`) levels: `json` is empty.
     too_deep: bool,
 }
 
@@ -51,7 +51,7 @@ impl JsonValue {
         }
     }
 
-    /// It nested deeper than [`MAX_DEPTH`] levels and was not kept.
+    /// It nested deeper than 64 (`MAX_DEPTH`) levels and was not kept.
     pub fn too_deep(&self) -> bool {
         self.too_deep
     }

@@ -22,6 +22,8 @@ import grpc
 import httpx
 from google.protobuf import struct_pb2
 from a2a.client import ClientConfig, ClientFactory
+from a2a.client.client import ClientCallContext
+from a2a.client.service_parameters import ServiceParametersFactory, with_a2a_extensions
 from a2a.types.a2a_pb2 import (
     AuthenticationInfo,
     CancelTaskRequest,
@@ -203,6 +205,15 @@ async def run(version, binding):
     check(f"{v} the data part comes back unchanged", echoed == [data], echoed)
     kept = (await blocking.get_task(GetTaskRequest(id=ct.id))).history[0].parts
     check(f"{v} the task keeps the data part and the URL", len(kept) == 3 and kept[1].data == data and kept[2].url == url, kept)
+
+    # An extension activated by the SDK's own means (service parameters: the A2A-Extensions
+    # header, or gRPC metadata): the echo names it, the reply lists it.
+    ext = "https://ext.example/trace/v1"
+    cx = ClientCallContext(service_parameters=ServiceParametersFactory.create([with_a2a_extensions([ext])]))
+    _, et = await last_task(blocking.send_message(SendMessageRequest(message=user_message("ext")), context=cx))
+    lines = [p.text for p in et.status.message.parts if p.HasField("text")]
+    check(f"{v} an activated extension is named by the echo", f"extensions: {ext}" in lines, lines)
+    check(f"{v} the reply lists the activated extension", list(et.status.message.extensions) == [ext], et.status.message)
 
     # Streaming send: the task first, then updates to completed.
     n, streamed = await last_task(streaming.send_message(SendMessageRequest(message=user_message("stream me"))))
