@@ -281,7 +281,8 @@ fn part_of(v: Version, raw: &RawValue, limits: &AgentLimits) -> Result<Part, Err
                         return Err(Error::invalid(at(".file"), "is required"));
                     };
                     let f = Obj::parse(f, &at(".file"))?;
-                    if let Some(uri) = field(&f, "uri") {
+                    // `url` is taken for `uri` (the 0.3 conformance kit sends it).
+                    if let Some(uri) = field(&f, "uri").or_else(|| field(&f, "url")) {
                         if field(&f, "bytes").is_some() {
                             return Err(Error::invalid(
                                 at(".file"),
@@ -311,14 +312,10 @@ fn part_of(v: Version, raw: &RawValue, limits: &AgentLimits) -> Result<Part, Err
                         .unwrap_or_else(|| "application/octet-stream".into());
                     file(&at(".file"), name, mime, bytes, limits, "bytes", "mimeType")
                 }
+                // J03's DataPart holds an object; any JSON value is taken (the 0.3
+                // conformance kit sends arrays), and shown back as `{"value": …}`.
                 Some("data") => match field(&p, "data") {
-                    Some(d) if json::kind(d) == Kind::Object => {
-                        validate::data_part(PART, d, None, field(&p, "metadata"))
-                    }
-                    Some(_) => Err(Error::invalid(
-                        at(".data"),
-                        "must be an object (an A2A 0.3 DataPart)",
-                    )),
+                    Some(d) => validate::data_part(PART, d, None, field(&p, "metadata")),
                     None => Err(Error::invalid(at(".data"), "is required")),
                 },
                 Some(other) => Err(Error::invalid(
@@ -649,6 +646,21 @@ mod tests {
             }
             other => panic!("{other:?}"),
         }
+        // As the 0.3 conformance kit sends them: an array as data, `file.url` for `uri`.
+        let p = send(
+            Version::V03,
+            json!({"message": {"kind": "message", "messageId": "m", "role": "user", "parts": [
+                {"kind": "data", "data": [{"name": "Alice"}, 2]},
+                {"kind": "file", "file": {"url": "https://x.example/t.txt", "mimeType": "text/plain", "sizeInBytes": 3}}]}}),
+        )
+        .expect("valid");
+        match &p.request.message.parts[..] {
+            [Part::Data(a), Part::Url(b)] => {
+                assert_eq!(a.data.get(), r#"[{"name":"Alice"},2]"#);
+                assert_eq!(b.url, "https://x.example/t.txt");
+            }
+            other => panic!("{other:?}"),
+        }
         // The data's compact text counts against `max_message_length`.
         let raw = RawValue::from_string(
             json!({"message": {"messageId": "m", "role": "ROLE_USER", "parts": [{"data": {"abc": "defg"}}]}})
@@ -704,11 +716,6 @@ mod tests {
                 Version::V10,
                 json!({"message": {"messageId": "m", "role": "ROLE_USER", "parts": [{"text": "a"}], "extensions": [""]}}),
                 "message.extensions",
-            ),
-            (
-                Version::V03,
-                json!({"message": {"kind": "message", "messageId": "m", "role": "user", "parts": [{"kind": "data", "data": [1]}]}}),
-                "message.parts[0].data",
             ),
             (
                 Version::V03,

@@ -216,15 +216,21 @@ fn part(raw: &RawValue, limits: &AgentLimits) -> Result<Part, Error> {
                     "is required",
                 )),
             };
-            match (f.get("bytes"), f.get("uri")) {
+            // `url` is taken for `uri`, as on 0.3.
+            let uri_key = if f.get("uri").is_none() && f.get("url").is_some() {
+                "url"
+            } else {
+                "uri"
+            };
+            match (f.get("bytes"), f.get(uri_key)) {
                 (Some(_), Some(_)) => Err(Error::invalid(
                     at(".file"),
                     "holds both bytes and uri; send one of them",
                 )),
                 (None, Some(_)) => validate::file_url(
                     &at(".file"),
-                    ("uri", "mimeType"),
-                    take("uri")?,
+                    (uri_key, "mimeType"),
+                    take(uri_key)?,
                     opt("name")?.map(Cow::into_owned),
                     opt("mimeType")?.map(Cow::into_owned),
                     metadata,

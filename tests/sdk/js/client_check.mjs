@@ -18,6 +18,8 @@ import {
   JsonRpcTransportFactory,
   RestTransportFactory,
   createAuthenticatingFetchWithRetry,
+  ServiceParameters,
+  withA2AExtensions,
 } from '@a2a-js/sdk/client';
 import { GrpcTransportFactory } from '@a2a-js/sdk/client/grpc';
 import * as grpc from '@grpc/grpc-js';
@@ -177,6 +179,16 @@ async function run(version, binding) {
   check(`${v} the data part comes back unchanged`, echoed.length === 1 && echoed[0] === JSON.stringify(data), echoed);
   const kept = (await echo.getTask({ tenant: '', id: ct.id })).history[0].parts;
   check(`${v} the task keeps the URL`, kept.length === 3 && kept[2].content?.value === fileUrl, kept);
+
+  // An extension activated by the SDK's own means (service parameters): the echo names it
+  // and the reply lists it, whatever the wire.
+  const ext = 'https://ext.example/trace/v1';
+  const et = await echo.sendMessage(sendRequest('ext'), {
+    serviceParameters: ServiceParameters.create(withA2AExtensions(ext)),
+  });
+  const extLines = (et.status?.message?.parts ?? []).filter((p) => p.content?.$case === 'text').map((p) => p.content.value);
+  check(`${v} an activated extension is named by the echo`, extLines.includes(`extensions: ${ext}`), extLines);
+  check(`${v} the reply lists the activated extension`, JSON.stringify(et.status?.message?.extensions) === JSON.stringify([ext]), et.status?.message);
 
   // Streaming send.
   const [n, streamed] = await drain(echo.sendMessageStream(sendRequest('stream me')));
