@@ -26,7 +26,7 @@ pub use auth::{
     AuthConfig, CardSigningConfig, CardsConfig, CertificateConfig, OidcConfig, SecretKeys,
     SecretsConfig, TelemetryConfig,
 };
-pub use server::{ServerConfig, TlsConfig, UiConfig, WebhooksConfig};
+pub use server::{LogConfig, LogFormat, ServerConfig, TlsConfig, UiConfig, WebhooksConfig};
 pub use store::{ClusterConfig, ClusterEngine, NodeLoss, StoreBackend, StoreConfig};
 
 /// The whole configuration: read with [`Config::load`] or [`Config::from_toml`], or built
@@ -85,6 +85,9 @@ pub struct Config {
     /// `[ui]`: the inspector at `/ui`.
     #[serde(default)]
     pub ui: UiConfig,
+    /// `[log]`
+    #[serde(default)]
+    pub log: LogConfig,
     /// `[[agents]]`; empty means the built-in `echo` agent.
     #[serde(default)]
     pub agents: Vec<AgentConfig>,
@@ -227,6 +230,7 @@ impl Default for Config {
             secrets: SecretsConfig::default(),
             telemetry: TelemetryConfig::default(),
             ui: UiConfig::default(),
+            log: LogConfig::default(),
             agents: vec![AgentConfig::new(Self::DEFAULT_AGENT_ID)],
         }
     }

@@ -265,7 +265,12 @@ async fn observed<T: Outcome>(
         agent = %cx.agent_id,
         task = tracing::field::Empty,
         outcome = tracing::field::Empty,
+        trace_id = tracing::field::Empty,
     );
+    // The request's trace id on every event of the call (JSON logs show it).
+    if let Some(id) = traced.as_ref().and_then(crate::telemetry::trace_id) {
+        span.record("trace_id", id);
+    }
     let reply = work.instrument(span.clone()).await;
     let code = reply.code();
     if let Some(request) = traced {

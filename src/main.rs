@@ -133,15 +133,31 @@ async fn serve(config: Config) -> ExitCode {
         }
     };
     {
+        use std::io::IsTerminal as _;
         use tracing_subscriber::Layer as _;
         use tracing_subscriber::layer::SubscriberExt as _;
         use tracing_subscriber::util::SubscriberInitExt as _;
-        let logs = tracing_subscriber::fmt::layer()
-            .with_writer(std::io::stderr)
-            .with_filter(
-                tracing_subscriber::EnvFilter::try_from_default_env()
-                    .unwrap_or_else(|_| "info".into()),
-            );
+        // `RUST_LOG` wins over `[log] level` (checked with the configuration), else `info`.
+        let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| {
+            tracing_subscriber::EnvFilter::new(config.log.level.as_deref().unwrap_or("info"))
+        });
+        // Colour only on a terminal, and never with `NO_COLOR` set (no-color.org).
+        let colour = std::io::stderr().is_terminal()
+            && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty());
+        let logs = match config.log.format {
+            a2ad::config::LogFormat::Text => tracing_subscriber::fmt::layer()
+                .with_writer(std::io::stderr)
+                .with_ansi(colour)
+                .with_filter(filter)
+                .boxed(),
+            a2ad::config::LogFormat::Json => tracing_subscriber::fmt::layer()
+                .json()
+                .with_current_span(true)
+                .with_span_list(false)
+                .with_writer(std::io::stderr)
+                .with_filter(filter)
+                .boxed(),
+        };
         tracing_subscriber::registry()
             .with(logs)
             .with(telemetry.as_ref().map(a2ad::telemetry::Telemetry::layer))

@@ -137,9 +137,12 @@ impl Server {
         // Said once the store is open (a store that refuses the start says only that).
         let durable =
             config.cluster.is_some() || config.store.backend != crate::config::StoreBackend::Memory;
-        if durable && config.secrets.resolve().is_ok_and(|k| k.current.is_none()) {
-            tracing::warn!(
-                "no [secrets] key (or A2AD_SECRETS_KEY): push-configuration secrets, tokens and header values are stored in clear"
+        // A note for a configured, durable deployment; nothing on the built-in development
+        // configuration (no keys configured), whose newcomer has nothing to act on.
+        let configured = !config.api_keys.is_empty() || !config.auth.oidc.is_empty();
+        if durable && configured && config.secrets.resolve().is_ok_and(|k| k.current.is_none()) {
+            tracing::info!(
+                "note: no [secrets] key (or A2AD_SECRETS_KEY): push-configuration secrets, tokens and header values are stored in clear (docs/CONFIG.md, [secrets])"
             );
         }
         let s = &config.server;
@@ -357,11 +360,12 @@ fn connection_cap(configured: usize) -> usize {
     let reserve = (limit / 8).clamp(64, 4096);
     let fit = usize::try_from(limit.saturating_sub(reserve).max(16)).unwrap_or(usize::MAX);
     if configured > fit {
-        tracing::warn!(
+        // A note: only connections actually held up by it are a warning (`accept_loop`).
+        tracing::info!(
             configured,
             allowed = fit,
             open_file_limit = limit,
-            "server.max_connections lowered to fit the open-file limit; raise `ulimit -n` to allow more"
+            "server.max_connections lowered to fit the open-file limit (raise `ulimit -n` to allow more)"
         );
         return fit;
     }

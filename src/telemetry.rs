@@ -170,6 +170,14 @@ pub(crate) fn request_span(headers: &HeaderMap, path: &str) -> tracing::Span {
     span
 }
 
+/// A span's trace id (32 hex digits), when it belongs to a trace: what JSON logs show as
+/// the request's `trace_id`.
+pub(crate) fn trace_id(span: &tracing::Span) -> Option<String> {
+    let cx = span.context();
+    let sc = cx.span().span_context().clone();
+    sc.is_valid().then(|| sc.trace_id().to_string())
+}
+
 /// Marks the current request's span (a request refused before any operation ran: no key,
 /// an agent not allowed or unknown, a wrong method or content type, a body too large) as
 /// an error with its code, as [`request_span`]'s operations are marked when they fail.

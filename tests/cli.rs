@@ -352,3 +352,114 @@ async fn a_fixed_global_queue_interval_serves_more_connections_than_the_local_qu
     terminate(&child);
     assert_eq!(wait_exit(&mut child), 0);
 }
+
+/// Starts the binary with stderr written to `log` (a file: not a terminal), as `a2ad > log`
+/// would.
+fn start_logging(dir: &tempdir::Dir, args: &[&str], log: &std::path::Path) -> (Child, String) {
+    let mut child = Command::new(BIN)
+        .args(args)
+        .current_dir(&dir.path)
+        .stdout(Stdio::piped())
+        .stderr(std::fs::File::create(log).expect("log file"))
+        .env_remove("RUST_LOG")
+        .env_remove("NO_COLOR")
+        .spawn()
+        .expect("spawn a2ad");
+    let stdout = child.stdout.take().expect("stdout");
+    let mut lines = BufReader::new(stdout).lines();
+    for line in lines.by_ref() {
+        let line = line.expect("line");
+        if let Some(at) = line.find("listening on http://") {
+            let url = line[at + "listening on ".len()..].trim().to_string();
+            std::thread::spawn(move || for _ in lines {});
+            return (child, url);
+        }
+    }
+    let _ = child.kill();
+    let status = child.wait();
+    panic!("a2ad exited before listening ({status:?})");
+}
+
+#[tokio::test]
+async fn json_logs_are_one_object_a_line_and_redirected_text_logs_carry_no_colour() {
+    for format in ["json", "text"] {
+        let (dir, path) = write_config(&format!(
+            "[server]\nlisten = \"127.0.0.1:0\"\n[log]\nformat = \"{format}\"\nlevel = \"a2ad=debug,info\"\n[[api_keys]]\nname = \"a\"\nkey = \"k-0123456789\"\n[[agents]]\nid = \"echo\"\n"
+        ));
+        let log = dir.path.join("a2ad.log");
+        let (mut child, url) = start_logging(&dir, &["--config", &path], &log);
+        let mid = uuid::Uuid::new_v4().to_string();
+        let body = json!({"jsonrpc": "2.0", "id": 1, "method": "message/send", "params": {"message": {"role": "user", "messageId": mid, "parts": [{"type": "text", "text": "x"}]}}});
+        let resp = rpc(&reqwest::Client::new(), &url, "echo", "k-0123456789", &body)
+            .send()
+            .await
+            .expect("send");
+        assert_eq!(resp.status().as_u16(), 200);
+        terminate(&child);
+        assert_eq!(wait_exit(&mut child), 0);
+        let text = std::fs::read_to_string(&log).expect("log");
+        assert!(
+            !text.contains('\u{1b}'),
+            "{format}: no escape codes in a file: {text}"
+        );
+        let lines: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
+        assert!(lines.len() >= 2, "{format}: {text}");
+        // `level = "a2ad=debug,info"` took effect: the request's debug line is there.
+        assert!(text.contains("request done"), "{format}: {text}");
+        if format == "json" {
+            for line in &lines {
+                let v: serde_json::Value = serde_json::from_str(line)
+                    .unwrap_or_else(|e| panic!("not one JSON object ({e}): {line}"));
+                assert!(
+                    v["timestamp"].is_string() && v["level"].is_string(),
+                    "{line}"
+                );
+                assert!(
+                    v["target"].is_string() && v["fields"]["message"].is_string(),
+                    "{line}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn a_bad_log_setting_names_its_key() {
+    let (dir, path) = write_config("[log]\nformat = \"xml\"\n");
+    let out = Command::new(BIN)
+        .args(["--config", &path])
+        .current_dir(&dir.path)
+        .output()
+        .expect("run");
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("log.format"),
+        "{out:?}"
+    );
+    let (dir, path) = write_config("[log]\nlevel = \"a2ad=loud\"\n");
+    let out = Command::new(BIN)
+        .args(["--config", &path])
+        .current_dir(&dir.path)
+        .output()
+        .expect("run");
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("log.level"),
+        "{out:?}"
+    );
+}
+
+#[test]
+fn a_first_start_on_the_built_in_configuration_warns_about_nothing() {
+    let dir = tempdir::Dir::new();
+    let log = dir.path.join("a2ad.log");
+    let (mut child, _url) = start_logging(&dir, &["--listen", "127.0.0.1:0"], &log);
+    terminate(&child);
+    assert_eq!(wait_exit(&mut child), 0);
+    let text = std::fs::read_to_string(&log).expect("log");
+    assert!(text.contains("INFO"), "the log is there: {text}");
+    assert!(
+        !text.contains("WARN") && !text.contains("ERROR"),
+        "nothing a newcomer must act on: {text}"
+    );
+}

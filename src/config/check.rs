@@ -18,6 +18,14 @@ pub(super) const MAX_FILE_SIZE: u64 = 512 << 20;
 
 pub(super) fn config(c: &mut Config) -> Result<(), ConfigError> {
     server(&mut c.server)?;
+    if let Some(level) = &c.log.level
+        && let Err(e) = tracing_subscriber::EnvFilter::builder().parse(level)
+    {
+        return Err(ConfigError::key(
+            "log.level",
+            format!("{level:?} is not a log filter such as \"info\" or \"a2ad=debug,info\" ({e})"),
+        ));
+    }
     webhooks(&c.webhooks)?;
     store(&c.store)?;
     if let Some(cluster) = &c.cluster {

@@ -164,6 +164,29 @@ pub struct WebhooksConfig {
     pub max_configs_per_task: usize,
 }
 
+/// `[log]`: how the binary writes its log to stderr (docs/CONFIG.md).
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LogConfig {
+    /// `text` (human lines; colour only on a terminal) or `json` (one object per line).
+    pub format: LogFormat,
+    /// What is logged, as `RUST_LOG` says it (`info`, `a2ad=debug,info`, ...); `RUST_LOG`,
+    /// when set, wins. Default `info`.
+    pub level: Option<String>,
+}
+
+/// `[log] format`.
+#[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    /// One human-readable line per event.
+    #[default]
+    Text,
+    /// One JSON object per line: `timestamp`, `level`, `target`, `fields` (with the
+    /// `message`), the current span's fields (a request's `trace_id` when traced).
+    Json,
+}
+
 /// `[ui]`: the inspector served at `/ui` (docs/CONFIG.md).
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields, default)]

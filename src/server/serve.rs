@@ -199,8 +199,23 @@ pub(super) async fn accept_loop(
     let metrics = &app.runtime.metrics().connections;
     const MIN_BACKOFF: Duration = Duration::from_millis(10);
     let mut backoff = MIN_BACKOFF;
+    // `max_connections` lowered to fit the open-file limit: warned when it holds
+    // connections up (every permit taken), once per streak.
+    let lowered = max < s.max_connections;
+    let mut full = false;
 
     loop {
+        if lowered {
+            let now_full = slots.permits.available_permits() == 0;
+            if now_full && !full {
+                tracing::warn!(
+                    connections = max,
+                    configured = s.max_connections,
+                    "every connection slot is in use; new connections wait: server.max_connections was lowered to fit the open-file limit — raise `ulimit -n` to allow more"
+                );
+            }
+            full = now_full;
+        }
         // One permit per open connection; further connections wait in the kernel backlog.
         let permit = tokio::select! {
             () = stop_requested(&mut stop) => break,
