@@ -30,6 +30,11 @@ struct Cli {
     /// Override `server.listen`, e.g. 127.0.0.1:0 (port 0 picks a free port).
     #[arg(long, value_name = "ADDR")]
     listen: Option<String>,
+    /// Load and check FILE as a start would (TLS, key and certificate files read, the store
+    /// path's access), print `ok` (exit 0) or the error (exit 2), and start nothing: no
+    /// store is opened, no port bound. Safe beside a server running on the same file.
+    #[arg(long, value_name = "FILE", conflicts_with = "config")]
+    check_config: Option<PathBuf>,
     /// Start even though some records of the store file cannot be read: copy them to
     /// `<store>.damaged-<time>.jsonl` beside it, remove them from the store, and serve the
     /// rest (without this, such a file refuses the start with exit status 2).
@@ -39,7 +44,34 @@ struct Cli {
 
 fn main() -> ExitCode {
     tune_allocator();
-    let config = match load() {
+    let cli = Cli::parse();
+    if let Some(file) = &cli.check_config {
+        let checked = Config::load(file)
+            .and_then(|c| c.validated())
+            .map_err(|mut e| {
+                e.file = Some(file.display().to_string());
+                a2ad::Error::Config(e)
+            })
+            .and_then(|c| Server::check(&c))
+            .map_err(|e| match e {
+                a2ad::Error::Config(mut ce) => {
+                    ce.file.get_or_insert_with(|| file.display().to_string());
+                    a2ad::Error::Config(ce)
+                }
+                other => other,
+            });
+        return match checked {
+            Ok(()) => {
+                println!("ok");
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("a2ad: {e}");
+                ExitCode::from(2)
+            }
+        };
+    }
+    let config = match load(cli) {
         Ok(c) => c,
         Err(e) => {
             eprintln!("a2ad: {e}");
@@ -104,8 +136,7 @@ fn tune_allocator() {
 
 /// The command line and the configuration it names, checked — before the runtime, which
 /// the configuration shapes.
-fn load() -> Result<Config, a2ad::config::ConfigError> {
-    let cli = Cli::parse();
+fn load(cli: Cli) -> Result<Config, a2ad::config::ConfigError> {
     let loaded = match &cli.config {
         Some(path) => Config::load(path),
         None => Ok(Config::default()),
@@ -214,6 +245,9 @@ async fn run(config: a2ad::Config) -> (ExitCode, Option<std::time::Instant>) {
             return (ExitCode::from(1), None);
         }
     };
+    // The signals are ours before the address is printed: a script that stops the server
+    // as soon as it reads the address must not kill it before it can drain.
+    let signals = Signals::install();
     if let Some(key) = server.dev_key() {
         println!("development API key (principal \"dev\", all agents): {key}");
     }
@@ -229,7 +263,7 @@ async fn run(config: a2ad::Config) -> (ExitCode, Option<std::time::Instant>) {
             return (ExitCode::from(1), None);
         }
     };
-    shutdown_signal(&handle).await;
+    signals.shutdown(&handle).await;
     let signalled = Some(std::time::Instant::now());
     tracing::info!("signal received; shutting down");
     handle.stop();
@@ -256,32 +290,49 @@ fn raise_open_file_limit() {
     }
 }
 
-/// Waits for SIGINT or SIGTERM; meanwhile each SIGHUP checks the TLS files at once.
-async fn shutdown_signal(handle: &a2ad::ServerHandle) {
-    let ctrl_c = tokio::signal::ctrl_c();
+/// SIGINT, SIGTERM and SIGHUP, handled from the moment they are installed.
+struct Signals {
     #[cfg(unix)]
-    {
-        use tokio::signal::unix::{SignalKind, signal};
-        tokio::pin!(ctrl_c);
-        let mut hup = signal(SignalKind::hangup()).ok();
-        match signal(SignalKind::terminate()) {
-            Ok(mut term) => loop {
+    unix: Option<(
+        tokio::signal::unix::Signal,
+        tokio::signal::unix::Signal,
+        Option<tokio::signal::unix::Signal>,
+    )>,
+}
+
+impl Signals {
+    fn install() -> Self {
+        #[cfg(unix)]
+        {
+            use tokio::signal::unix::{SignalKind, signal};
+            let unix = match (
+                signal(SignalKind::interrupt()),
+                signal(SignalKind::terminate()),
+            ) {
+                (Ok(int), Ok(term)) => Some((int, term, signal(SignalKind::hangup()).ok())),
+                _ => None,
+            };
+            Self { unix }
+        }
+        #[cfg(not(unix))]
+        Self {}
+    }
+
+    /// Waits for SIGINT or SIGTERM; meanwhile each SIGHUP checks the TLS files at once.
+    async fn shutdown(self, handle: &a2ad::ServerHandle) {
+        #[cfg(unix)]
+        if let Some((mut int, mut term, mut hup)) = self.unix {
+            loop {
                 tokio::select! {
-                    _ = ctrl_c.as_mut() => return,
+                    _ = int.recv() => return,
                     _ = term.recv() => return,
                     Some(()) = async { match hup.as_mut() { Some(h) => h.recv().await, None => None } } => {
                         tracing::info!("SIGHUP: checking the TLS files");
                         handle.reload_tls().await;
                     }
                 }
-            },
-            Err(_) => {
-                let _ = ctrl_c.await;
             }
         }
-    }
-    #[cfg(not(unix))]
-    {
-        let _ = ctrl_c.await;
+        let _ = tokio::signal::ctrl_c().await;
     }
 }

@@ -70,6 +70,29 @@ impl Server {
         Self::builder(config).build().await
     }
 
+    /// What a start checks beyond [`Config::validated`] before it opens anything, without
+    /// opening anything (`a2ad --check-config`): the TLS certificate, key and client CA
+    /// files and the card-signing key are read and checked; the store's path is checked for
+    /// access (an existing directory or file a2ad may read and write, or a place it may
+    /// create one) — no store is opened and no lock taken, so it runs beside a server on
+    /// the same file. `config` must be validated.
+    ///
+    /// # Errors
+    /// [`Error::Config`] naming the key, as a start would.
+    pub fn check(config: &Config) -> Result<()> {
+        if let Some(settings) = &config.server.tls {
+            Tls::load(settings)?;
+        }
+        if let Some(settings) = &config.cards.signing {
+            crate::rpc::a2a::card::CardSigner::load(settings)?;
+        }
+        if config.cluster.is_none() && config.store.backend != crate::config::StoreBackend::Memory {
+            store_path_usable(std::path::Path::new(config.store.path()))
+                .map_err(|m| crate::config::ConfigError::key("store.path", m))?;
+        }
+        Ok(())
+    }
+
     /// A server to build: its agents' backends and, if the caller binds it, its listener.
     ///
     /// ```
@@ -339,6 +362,43 @@ async fn reload_loop(tls: Arc<Tls>, mut stop: watch::Receiver<bool>) {
         let tls = tls.clone();
         let _ = tokio::task::spawn_blocking(move || tls.reload_logged()).await;
     }
+}
+
+/// Whether a2ad may use `path` for its store: read and write it when it exists, else
+/// create it in its nearest existing directory.
+fn store_path_usable(path: &std::path::Path) -> std::result::Result<(), String> {
+    use rustix::fs::Access;
+    let shown = path.display();
+    if path.exists() {
+        let need = if path.is_dir() {
+            Access::READ_OK | Access::WRITE_OK | Access::EXEC_OK
+        } else {
+            Access::READ_OK | Access::WRITE_OK
+        };
+        return rustix::fs::access(path, need)
+            .map_err(|e| format!("{shown} cannot be read and written by this user ({e})"));
+    }
+    let mut dir = path.parent();
+    while let Some(d) = dir {
+        let d = if d.as_os_str().is_empty() {
+            std::path::Path::new(".")
+        } else {
+            d
+        };
+        if d.exists() {
+            if !d.is_dir() {
+                return Err(format!("{} is not a directory", d.display()));
+            }
+            return rustix::fs::access(d, Access::WRITE_OK | Access::EXEC_OK).map_err(|e| {
+                format!(
+                    "{shown} does not exist and cannot be created in {} ({e})",
+                    d.display()
+                )
+            });
+        }
+        dir = d.parent();
+    }
+    Err(format!("{shown} has no existing directory above it"))
 }
 
 fn listen(addr: SocketAddr, backlog: u32) -> std::io::Result<TcpListener> {

@@ -463,3 +463,69 @@ fn a_first_start_on_the_built_in_configuration_warns_about_nothing() {
         "nothing a newcomer must act on: {text}"
     );
 }
+
+#[test]
+fn check_config_says_ok_or_names_the_key_and_starts_nothing() {
+    let check = |path: &str| {
+        Command::new(BIN)
+            .args(["--check-config", path])
+            .output()
+            .expect("run")
+    };
+    // A good file whose store would be made in directories that do not exist yet: `ok`,
+    // exit 0, and nothing made.
+    let nested = std::env::temp_dir()
+        .join(format!("a2ad-check-{}", uuid::Uuid::new_v4()))
+        .join("data");
+    let (_dir, path) = write_config(&format!(
+        "[server]\nlisten = \"127.0.0.1:0\"\n[store]\npath = \"{}\"\n[[api_keys]]\nname = \"a\"\nkey = \"k-0123456789\"\n",
+        nested.display()
+    ));
+    let out = check(&path);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "ok");
+    assert!(
+        !nested.parent().expect("parent").exists(),
+        "nothing was created"
+    );
+    let (dir, path) = write_config(
+        "[server]\nlisten = \"127.0.0.1:0\"\n[[api_keys]]\nname = \"a\"\nkey = \"k-0123456789\"\n[[agents]]\nid = \"echo\"\n",
+    );
+    let out = Command::new(BIN)
+        .args(["--check-config", &path])
+        .current_dir(&dir.path)
+        .output()
+        .expect("run");
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "ok");
+    assert!(!dir.path.join("a2ad-data").exists(), "no store was opened");
+    // While a server runs on the same file (and its store): still `ok`.
+    let (mut child, _url) = start_logging(&dir, &["--config", &path], &dir.path.join("log"));
+    let out = Command::new(BIN)
+        .args(["--check-config", &path])
+        .current_dir(&dir.path)
+        .output()
+        .expect("run");
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    terminate(&child);
+    assert_eq!(wait_exit(&mut child), 0);
+    // A bad key, a missing TLS file, an unreadable file, a store path under a file.
+    for (text, key) in [
+        ("[[agents]]\nid = \"a b\"\n", "agents[0].id"),
+        (
+            "[server.tls]\ncert_file = \"/nonexistent/cert.pem\"\nkey_file = \"/nonexistent/key.pem\"\n",
+            "server.tls",
+        ),
+        ("[store]\npath = \"/etc/hostname/data\"\n", "store.path"),
+    ] {
+        let (_dir, path) = write_config(text);
+        let out = check(&path);
+        assert_eq!(out.status.code(), Some(2), "{text}: {out:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(key) && err.contains(&path), "{text}: {err}");
+        assert!(out.stdout.is_empty());
+    }
+    let out = check("/nonexistent/a2ad.toml");
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("/nonexistent/a2ad.toml"));
+}
