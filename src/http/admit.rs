@@ -211,7 +211,7 @@ impl Facts {
                 .get(header::HOST)
                 .and_then(|v| HeaderValue::from_bytes(v.as_bytes()).ok()),
             version: super::requested_version(req),
-            extensions: joined(headers, &["a2a-extensions", "x-a2a-extensions"]),
+            extensions: joined(headers, &[A2A_EXTENSIONS, X_A2A_EXTENSIONS]),
         }
     }
 
@@ -222,16 +222,21 @@ impl Facts {
             base_url: base_url(app, headers),
             host: headers.get(header::HOST).cloned(),
             version: text(headers, "a2a-version"),
-            extensions: joined(headers, &["a2a-extensions"]),
+            extensions: joined(headers, &[A2A_EXTENSIONS]),
         }
     }
 }
 
+/// `A2A-Extensions` (and gRPC's `a2a-extensions` metadata).
+const A2A_EXTENSIONS: header::HeaderName = header::HeaderName::from_static("a2a-extensions");
+/// `X-A2A-Extensions` (A2A 0.3).
+const X_A2A_EXTENSIONS: header::HeaderName = header::HeaderName::from_static("x-a2a-extensions");
+
 /// Every value of these headers, joined by commas (`None`: none sent).
-fn joined(headers: &HeaderMap, names: &[&str]) -> Option<String> {
+fn joined(headers: &HeaderMap, names: &[header::HeaderName]) -> Option<String> {
     let mut out: Option<String> = None;
     for name in names {
-        for v in headers.get_all(*name) {
+        for v in headers.get_all(name) {
             let v = String::from_utf8_lossy(v.as_bytes());
             match &mut out {
                 Some(o) => {

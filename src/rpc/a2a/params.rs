@@ -21,8 +21,11 @@ pub(crate) const MAX_ID_LEN: usize = 256;
 /// The raw value of a field by its JSON (camelCase) name or its proto (snake_case) name.
 pub(crate) fn field<'a>(o: &Obj<'a>, camel: &str) -> Option<&'a RawValue> {
     o.get(camel).or_else(|| {
-        let snake = snake_case(camel);
-        (snake != camel).then(|| o.get(&snake)).flatten()
+        // A one-word name is its own snake_case: no second look, no allocation.
+        if !camel.bytes().any(|b| b.is_ascii_uppercase()) {
+            return None;
+        }
+        o.get(&snake_case(camel))
     })
 }
 
@@ -226,11 +229,19 @@ fn part_of(v: Version, raw: &RawValue, limits: &AgentLimits) -> Result<Part, Err
     let p = Obj::parse(raw, &at(""))?;
     match v {
         Version::V10 => {
-            let kinds = ["text", "raw", "url", "data"]
-                .iter()
-                .filter(|k| field(&p, k).is_some())
-                .count();
-            if kinds > 1 {
+            // The part's content: one of four one-word members (their own snake_case),
+            // found in one pass over the members.
+            let mut kinds = 0u8;
+            for (name, _) in p.members() {
+                kinds |= match name {
+                    "text" => 1,
+                    "raw" => 2,
+                    "url" => 4,
+                    "data" => 8,
+                    _ => 0,
+                };
+            }
+            if kinds.count_ones() > 1 {
                 return Err(several_kinds());
             }
             let metadata = || {
@@ -238,10 +249,14 @@ fn part_of(v: Version, raw: &RawValue, limits: &AgentLimits) -> Result<Part, Err
                     .map(|m| validate::part_metadata(PART, m))
                     .transpose()
             };
-            if let Some(t) = field(&p, "text") {
+            if kinds & 1 != 0
+                && let Some(t) = field(&p, "text")
+            {
                 return Ok(Part::Text(json::string(t, &at(".text"))?.into_owned()));
             }
-            if let Some(url) = field(&p, "url") {
+            if kinds & 4 != 0
+                && let Some(url) = field(&p, "url")
+            {
                 return validate::file_url(
                     PART,
                     ("url", "mediaType"),
@@ -252,11 +267,15 @@ fn part_of(v: Version, raw: &RawValue, limits: &AgentLimits) -> Result<Part, Err
                     limits,
                 );
             }
-            if let Some(data) = field(&p, "data") {
+            if kinds & 8 != 0
+                && let Some(data) = field(&p, "data")
+            {
                 let media = opt_str(&p, "mediaType", &at(".mediaType"))?;
                 return validate::data_part(PART, data, media, field(&p, "metadata"));
             }
-            if let Some(raw) = field(&p, "raw") {
+            if kinds & 2 != 0
+                && let Some(raw) = field(&p, "raw")
+            {
                 let bytes = base64_field(raw, &at(".raw"))?;
                 let name =
                     opt_str(&p, "filename", &at(".filename"))?.unwrap_or_else(|| "unnamed".into());
