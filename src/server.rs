@@ -78,7 +78,7 @@ impl Server {
     /// the same file. `config` must be validated.
     ///
     /// # Errors
-    /// [`Error::Config`] naming the key, as a start would.
+    /// [`crate::Error::Config`] naming the key, as a start would.
     pub fn check(config: &Config) -> Result<()> {
         if let Some(settings) = &config.server.tls {
             Tls::load(settings)?;
