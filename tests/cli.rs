@@ -529,3 +529,23 @@ fn check_config_says_ok_or_names_the_key_and_starts_nothing() {
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("/nonexistent/a2ad.toml"));
 }
+
+/// The production example in docs/deploy checks as it is documented to.
+#[test]
+fn the_production_example_passes_check_config() {
+    let file = concat!(env!("CARGO_MANIFEST_DIR"), "/docs/deploy/production.toml");
+    let out = Command::new(BIN)
+        .args(["--check-config", file])
+        .env("A2AD_SECRETS_KEY", "MDEyMzQ1Njc4OWFiY2RlZjAxMjM0NTY3ODlhYmNkZWY=")
+        .output()
+        .expect("run");
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    // Without the secrets key it names the key that needs it.
+    let out = Command::new(BIN)
+        .args(["--check-config", file])
+        .env_remove("A2AD_SECRETS_KEY")
+        .output()
+        .expect("run");
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("secrets.key"), "{out:?}");
+}
