@@ -536,7 +536,10 @@ fn the_production_example_passes_check_config() {
     let file = concat!(env!("CARGO_MANIFEST_DIR"), "/docs/deploy/production.toml");
     let out = Command::new(BIN)
         .args(["--check-config", file])
-        .env("A2AD_SECRETS_KEY", "MDEyMzQ1Njc4OWFiY2RlZjAxMjM0NTY3ODlhYmNkZWY=")
+        .env(
+            "A2AD_SECRETS_KEY",
+            "MDEyMzQ1Njc4OWFiY2RlZjAxMjM0NTY3ODlhYmNkZWY=",
+        )
         .output()
         .expect("run");
     assert_eq!(out.status.code(), Some(0), "{out:?}");
@@ -547,5 +550,8 @@ fn the_production_example_passes_check_config() {
         .output()
         .expect("run");
     assert_eq!(out.status.code(), Some(2), "{out:?}");
-    assert!(String::from_utf8_lossy(&out.stderr).contains("secrets.key"), "{out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("secrets.key"),
+        "{out:?}"
+    );
 }
