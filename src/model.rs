@@ -289,7 +289,13 @@ impl Message {
             .iter()
             .map(|p| match p {
                 Part::Text(t) => t.len(),
-                Part::File(f) => f.name.len() + f.mime_type.len() + f.bytes.len() + 48,
+                Part::File(f) => {
+                    f.name.len()
+                        + f.mime_type.len()
+                        + f.bytes.len()
+                        + f.metadata.as_ref().map_or(0, |m| m.get().len())
+                        + 48
+                }
                 Part::Data(d) => d.approx_bytes(),
                 Part::Url(u) => u.approx_bytes(),
             } + std::mem::size_of::<Part>())
@@ -472,6 +478,8 @@ pub struct FileContent {
     pub bytes: String,
     /// Decoded size in bytes.
     pub size: usize,
+    /// The part's `metadata` object, if any (docs/PROTOCOL.md §12).
+    pub metadata: Option<RawJson>,
 }
 
 /// Why a task failed, carried in `status.error`.
@@ -787,6 +795,7 @@ mod tests {
                     mime_type: "text/plain".into(),
                     bytes: "YQ==".into(),
                     size: 1,
+                    metadata: None,
                 })),
                 Part::Text("b".into()),
             ],

@@ -98,6 +98,7 @@ pub(crate) fn file_part(
         mime_type,
         size: decoded.len(),
         bytes,
+        metadata: None,
     })
 }
 
@@ -120,6 +121,19 @@ pub(crate) fn data_part(
         media_type: media_type.filter(|m| !m.is_empty()),
         metadata,
     })))
+}
+
+/// `part` with its `metadata` (a file's or a data part's; a text part keeps none).
+pub(crate) fn with_metadata(mut part: Part, metadata: Option<RawJson>) -> Part {
+    if metadata.is_some() {
+        match &mut part {
+            Part::File(f) => f.metadata = metadata,
+            Part::Url(u) => u.metadata = metadata,
+            Part::Data(d) => d.metadata = metadata,
+            Part::Text(_) => {}
+        }
+    }
+    part
 }
 
 /// A part's `metadata`: an object within the nesting bound.

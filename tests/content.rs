@@ -46,6 +46,7 @@ fn content_10(text: &str) -> Value {
         {"data": {"form": {"name": "Ada", "tags": ["x", 1.5, null, true]}}, "metadata": {"k": "v"}},
         {"url": "https://files.example/report.pdf", "filename": "report.pdf", "mediaType": "application/pdf"},
         {"url": "http://files.example/raw"},
+        {"raw": "aGk=", "filename": "a.txt", "mediaType": "text/plain", "metadata": {"f": "one"}},
     ]})
 }
 
@@ -55,6 +56,7 @@ fn echo_texts(text: &str, extensions: &[&str]) -> Vec<String> {
         format!("echo: {text}"),
         "file report.pdf (application/pdf, https://files.example/report.pdf)".to_string(),
         "file unnamed (application/octet-stream, http://files.example/raw)".to_string(),
+        "file a.txt (text/plain, 2 bytes)".to_string(),
     ];
     if !extensions.is_empty() {
         t.push(format!("extensions: {}", extensions.join(", ")));
@@ -131,6 +133,11 @@ async fn data_parts_and_file_urls_travel_on_every_binding_and_render_in_every_di
                 got["history"][0]["parts"][3],
                 json!({"url": "http://files.example/raw"})
             );
+            assert_eq!(
+                got["history"][0]["parts"][4]["metadata"],
+                json!({"f": "one"}),
+                "{b:?} → {other:?}: an inline file's metadata"
+            );
         }
         let v03 = s.result(
             s.official("echo", V::V03, "tasks/get", json!({"id": id}))
@@ -154,6 +161,11 @@ async fn data_parts_and_file_urls_travel_on_every_binding_and_render_in_every_di
             seed["history"][0]["parts"][3],
             json!({"type": "file", "file": {"uri": "http://files.example/raw"}})
         );
+        assert_eq!(
+            seed["history"][0]["parts"][4]["metadata"],
+            json!({"f": "one"})
+        );
+        assert_eq!(parts[4]["metadata"], json!({"f": "one"}), "0.3: {parts}");
     }
     s.stop().await;
 }

@@ -113,6 +113,7 @@ mod tests {
                     mime_type: "text/plain".into(),
                     bytes: "aGk=".into(),
                     size: 2,
+                    metadata: None,
                 })),
                 Part::Text("there".into()),
             ],

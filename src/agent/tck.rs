@@ -31,6 +31,7 @@ fn file() -> Part {
         mime_type: "text/plain".into(),
         bytes: "dGNr".into(), // "tck"
         size: 3,
+        metadata: None,
     }))
 }
 

@@ -150,6 +150,7 @@ impl PartRec {
                 mime_type: m,
                 bytes: b,
                 size: s,
+                metadata: None,
             })),
             Self::Url { u, n, m } => Part::Url(Box::new(FileUrl {
                 url: u,
@@ -732,6 +733,7 @@ mod tests {
                 mime_type: "m".into(),
                 bytes: "aGk=".into(),
                 size: 2,
+                metadata: None,
             })),
             Part::Url(Box::new(FileUrl {
                 url: "u".into(),
@@ -793,6 +795,7 @@ mod tests {
                     mime_type: "text/plain".into(),
                     bytes: "aGk=".into(),
                     size: 2,
+                    metadata: None,
                 })),
             ],
             message_id: "m1".into(),
@@ -928,6 +931,13 @@ mod tests {
                 name: Some("a.pdf".into()),
                 mime_type: None,
                 metadata: Some(raw(r#"{"n":"x"}"#)),
+            })),
+            Part::File(Box::new(FileContent {
+                name: "a.txt".into(),
+                mime_type: "text/plain".into(),
+                bytes: "aGk=".into(),
+                size: 2,
+                metadata: Some(raw(r#"{"f":[1]}"#)),
             })),
         ];
         let user = Arc::new(Message {

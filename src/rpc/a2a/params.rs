@@ -281,7 +281,9 @@ fn part_of(v: Version, raw: &RawValue, limits: &AgentLimits) -> Result<Part, Err
                     opt_str(&p, "filename", &at(".filename"))?.unwrap_or_else(|| "unnamed".into());
                 let mime = opt_str(&p, "mediaType", &at(".mediaType"))?
                     .unwrap_or_else(|| "application/octet-stream".into());
-                return file(&at(""), name, mime, bytes, limits, "raw", "mediaType");
+                let metadata = metadata()?;
+                return file(&at(""), name, mime, bytes, limits, "raw", "mediaType")
+                    .map(|part| validate::with_metadata(part, metadata));
             }
             Err(Error::invalid(
                 at(""),
@@ -329,7 +331,11 @@ fn part_of(v: Version, raw: &RawValue, limits: &AgentLimits) -> Result<Part, Err
                         opt_str(&f, "name", &at(".file.name"))?.unwrap_or_else(|| "unnamed".into());
                     let mime = opt_str(&f, "mimeType", &at(".file.mimeType"))?
                         .unwrap_or_else(|| "application/octet-stream".into());
+                    let metadata = field(&p, "metadata")
+                        .map(|m| validate::part_metadata(PART, m))
+                        .transpose()?;
                     file(&at(".file"), name, mime, bytes, limits, "bytes", "mimeType")
+                        .map(|part| validate::with_metadata(part, metadata))
                 }
                 // J03's DataPart holds an object; any JSON value is taken (the 0.3
                 // conformance kit sends arrays), and shown back as `{"value": …}`.

@@ -189,7 +189,12 @@ fn part(p: pb::Part, limits: &AgentLimits) -> Result<Part, Error> {
                 p.media_type
             };
             let bytes = STANDARD.encode(bytes);
+            let metadata = match &p.metadata {
+                Some(m) => Some(validate::part_metadata(PART, &json_of(m, PART)?)?),
+                None => None,
+            };
             params::file(PART, name, mime, bytes, limits, "raw", "mediaType")
+                .map(|part| validate::with_metadata(part, metadata))
         }
         Some(Content::Url(url)) => {
             let metadata = match &p.metadata {
@@ -505,6 +510,7 @@ mod tests {
             for content in [
                 Content::Data(JsonValue::from_json("{}")),
                 Content::Url("https://example.com/x".into()),
+                Content::Raw(b"hi".to_vec()),
             ] {
                 let part = pb::Part {
                     content: Some(content),

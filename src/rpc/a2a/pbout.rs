@@ -213,7 +213,7 @@ fn part(w: &mut Wire, p: &Part) {
         // Checked Base64 when it came in; the bytes themselves on this wire.
         Part::File(f) => {
             w.one_of(2, &STANDARD.decode(&f.bytes).unwrap_or_default());
-            (Some(&f.name), Some(&f.mime_type), None)
+            (Some(&f.name), Some(&f.mime_type), f.metadata.as_ref())
         }
         Part::Url(u) => {
             w.one_of(3, u.url.as_bytes());
@@ -327,12 +327,14 @@ mod tests {
             mime_type: "application/octet-stream".into(),
             bytes: String::new(),
             size: 0,
+            metadata: None,
         })));
         reply.parts.push(Part::File(Box::new(FileContent {
             name: "a.txt".into(),
             mime_type: "text/plain".into(),
             bytes: "aGVsbG8=".into(),
             size: 5,
+            metadata: None,
         })));
         reply.parts.push(Part::Url(Box::new(FileUrl {
             url: "https://example.com/f".into(),

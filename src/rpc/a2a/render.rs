@@ -199,6 +199,9 @@ impl Serialize for PartOut<'_> {
                 map.serialize_entry("raw", &f.bytes)?;
                 map.serialize_entry("filename", &f.name)?;
                 map.serialize_entry("mediaType", &f.mime_type)?;
+                if let Some(m) = &f.metadata {
+                    map.serialize_entry("metadata", &*m.0)?;
+                }
             }
             (Version::V10, Part::Url(u)) => {
                 map.serialize_entry("url", &u.url)?;
@@ -231,6 +234,9 @@ impl Serialize for PartOut<'_> {
                     "file",
                     &json!({"bytes": f.bytes, "name": f.name, "mimeType": f.mime_type}),
                 )?;
+                if let Some(m) = &f.metadata {
+                    map.serialize_entry("metadata", &*m.0)?;
+                }
             }
             (Version::V03, Part::Url(u)) => {
                 map.serialize_entry("kind", "file")?;

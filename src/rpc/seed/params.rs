@@ -241,7 +241,7 @@ fn part(raw: &RawValue, limits: &AgentLimits) -> Result<Part, Error> {
                     let mime = take("mimeType")?;
                     let bytes = take("bytes")?;
                     validate::file_part(&at(".file"), name, mime, bytes, limits)
-                        .map(|f| Part::File(Box::new(f)))
+                        .map(|f| validate::with_metadata(Part::File(Box::new(f)), metadata))
                 }
             }
         }

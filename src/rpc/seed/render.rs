@@ -52,6 +52,7 @@ impl Serialize for PartsOut<'_> {
                         mime_type: &f.mime_type,
                         bytes: &f.bytes,
                     },
+                    metadata: f.metadata.as_ref().map(|m| &*m.0),
                 })?,
                 // docs/PROTOCOL.md §12: the shapes of the official 0.3 dialect, with `type`.
                 Part::Data(d) => {
@@ -100,6 +101,8 @@ struct FileOut<'a> {
     #[serde(rename = "type")]
     kind: &'static str,
     file: FileInner<'a>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    metadata: Option<&'a RawValue>,
 }
 
 #[derive(Serialize)]

@@ -6,7 +6,7 @@
 //!
 //! Tag 2 (schema 5) adds the content model of docs/PROTOCOL.md §12: a message's and an
 //! artifact's extensions, a task's activated extensions, a data part's media type and
-//! metadata, a file URL's metadata. Rows of tag 1 ([`TAG_1`]) still read, without them.
+//! metadata, a file's metadata (inline or by URL). Rows of tag 1 ([`TAG_1`]) still read, without them.
 //!
 //! Encoding borrows from the model (nothing is cloned on the way to the bytes): about a
 //! third of the instructions of serde_json over owned record types, and half the bytes.
@@ -123,6 +123,7 @@ impl W {
                     self.str(&f.mime_type);
                     self.str(&f.bytes);
                     self.u64(f.size as u64);
+                    self.opt_raw(f.metadata.as_ref());
                 }
                 Part::Url(u) => {
                     self.u8(2);
@@ -318,6 +319,7 @@ impl<'a> R<'a> {
                     mime_type: self.string()?,
                     bytes: self.string()?,
                     size: usize::try_from(self.u64()?).ok()?,
+                    metadata: self.opt_raw()?,
                 })),
                 2 => Part::Url(Box::new(FileUrl {
                     url: self.string()?,
@@ -390,6 +392,7 @@ impl<'a> R<'a> {
                     self.str()?;
                     self.str()?;
                     usize::try_from(self.u64()?).ok()?;
+                    self.skip_opt_raw()?;
                 }
                 2 => {
                     self.str()?;
