@@ -25,6 +25,7 @@ from selenium import webdriver
 from selenium.common.exceptions import StaleElementReferenceException, WebDriverException
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
+from selenium.webdriver.common.keys import Keys
 from selenium.webdriver.support.ui import Select, WebDriverWait
 
 BASE, ALICE, BOB, SHOTS = sys.argv[1:5]
@@ -338,6 +339,11 @@ try:
         frames = by_id("raw").text
         assert "SendStreamingMessage" in frames
 
+    looks = {}
+
+    def look(b):
+        return (b.value_of_css_property("background-color"), b.value_of_css_property("border-left-color"))
+
     @check("a slow task streams progress and is canceled from the chat")
     def _():
         Select(by_id("chat-agent")).select_by_value("slow")
@@ -346,6 +352,29 @@ try:
         wait(lambda d: by_id("cancel").is_enabled(), "cancel enabled")
         by_id("cancel").click()
         wait(lambda d: reply.get_attribute("data-state") == "canceled", "canceled")
+        assert "canceled" in reply.find_element(By.CSS_SELECTOR, ".state").text
+        looks["canceled"] = look(reply)
+
+    @check("Enter sends, Shift+Enter starts a new line, and the placeholder says so")
+    def _():
+        Select(by_id("chat-agent")).select_by_value("echo")
+        box = by_id("message")
+        assert "Enter sends" in box.get_attribute("placeholder")
+        before = len(bubbles())
+        box.clear()
+        box.send_keys("first line")
+        box.send_keys(Keys.SHIFT, Keys.ENTER)
+        box.send_keys("second line")
+        assert box.get_attribute("value") == "first line\nsecond line", repr(box.get_attribute("value"))
+        assert len(bubbles()) == before, "Shift+Enter sent nothing"
+        box.send_keys(Keys.ENTER)
+        wait(lambda d: len(bubbles()) > before, "Enter sent it")
+        reply = bubbles()[-1]
+        wait(lambda d: reply.get_attribute("data-state") == "completed", "completed")
+        assert "echo: first line\nsecond line" in reply.text, reply.text
+        # A canceled reply (above) does not look like a completed one.
+        assert look(reply) != looks["canceled"], (look(reply), looks["canceled"])
+        Select(by_id("chat-agent")).select_by_value("slow")
 
     slow = {}
 

@@ -20,8 +20,9 @@ export function mount(a) {
   $('chat-wire').addEventListener('change', newConversation);
   $('chat-new').addEventListener('click', newConversation);
   $('compose').addEventListener('submit', (ev) => { ev.preventDefault(); submit(); });
+  // Enter sends; Shift+Enter starts a new line (an IME composition's Enter is its own).
   $('message').addEventListener('keydown', (ev) => {
-    if (ev.key === 'Enter' && (ev.ctrlKey || ev.metaKey)) { ev.preventDefault(); submit(); }
+    if (ev.key === 'Enter' && !ev.shiftKey && !ev.isComposing) { ev.preventDefault(); submit(); }
   });
   $('cancel').addEventListener('click', cancelRunning);
   $('raw-clear').addEventListener('click', () => $('raw').replaceChildren());
