@@ -233,7 +233,7 @@ try:
         wait(lambda d: by_id("nav").is_displayed(), "signed in")
         assert "alice" in by_id("principal").text
         names = [b.get_attribute("data-agent") for b in driver.find_elements(By.CSS_SELECTOR, "#agent-list button")]
-        assert names == ["echo", "slow", "llm"], names
+        assert names == ["echo", "slow", "llm", "private"], names
         wait(lambda d: "checks pass" in by_id("agent-detail").text, "the card check")
         wait(lambda d: "totalRequests" in by_id("agent-detail").text, "live metrics")
         detail = by_id("agent-detail").text
@@ -242,6 +242,20 @@ try:
         assert stored == ALICE
         assert driver.execute_script("return localStorage.length") == 0
         shot("agents")
+
+    @check("a private card is said not to be served (its URL answers 404), the extended card checked")
+    def _():
+        driver.find_element(By.CSS_SELECTOR, '#agent-list button[data-agent="private"]').click()
+        wait(lambda d: d.find_elements(By.ID, "public-card-state"), "the public card's state")
+        state = by_id("public-card-state").text
+        assert "Not served" in state and "404" in state, state
+        detail = by_id("agent-detail").text
+        # The checks are under the extended card, never under the public one.
+        public = detail.split("Public card (A2A 1.0)")[1].split("Extended card")[0]
+        assert "checks pass" not in public, public
+        wait(lambda d: "checks pass" in by_id("agent-detail").text.split("Extended card")[1], "the extended card checked")
+        driver.find_element(By.CSS_SELECTOR, '#agent-list button[data-agent="echo"]').click()
+        wait(lambda d: "checks pass" in by_id("agent-detail").text.split("Extended card")[0], "echo's public card checked")
 
     # Bob's task, which alice must never see.
     bob_task = http("POST", "/api/v1/a2a/echo/rest/message:send", BOB, {
@@ -559,7 +573,13 @@ try:
 
     @check("no script or policy errors in the console")
     def _():
-        errors = [e for e in severe_logs() if "401" not in e.get("message", "")]
+        # Expected: the wrong key's 401, and the 404 the Agents view asks for on purpose
+        # (a private agent's public card, to say what its URL answers).
+        errors = [
+            e for e in severe_logs()
+            if "401" not in e.get("message", "")
+            and not ("/private/.well-known/agent-card.json" in e.get("message", "") and "404" in e.get("message", ""))
+        ]
         assert not errors, errors
 finally:
     driver.quit()

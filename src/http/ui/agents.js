@@ -80,13 +80,28 @@ async function select(id) {
       cardBox.replaceChildren(el('p.error', { text: e.message }));
     }
   } else {
-    cardBox.replaceChildren(el('p.meta', { text: 'Not served (public_card = false): clients need the extended card.' }));
+    // Said as it is, and checked: the URL is asked, and what it answers is shown.
+    const url = `${agentBase(id)}/.well-known/agent-card.json`;
+    let answer;
+    try {
+      const res = await request('GET', url, { wire: 'v1', headers: {} });
+      answer = `it answers ${res.status}`;
+    } catch (e) {
+      answer = e.status ? `it answers ${e.status}` : `it cannot be read (${e.message})`;
+    }
+    if (selected !== id) return;
+    cardBox.replaceChildren(el('p.meta', {
+      id: 'public-card-state',
+      text: `Not served (public_card = false): ${url} — ${answer}. Clients need the extended card, checked below.`,
+    }));
   }
   try {
     const ext = await rest(id, 'GET', '/extendedAgentCard');
     if (selected !== id) return;
-    extBox.replaceChildren(json('GetExtendedAgentCard (HTTP+JSON)', ext));
-    if (!agent.publicCard) cardBox.replaceChildren(...cardCheck(ext));
+    extBox.replaceChildren(
+      ...(agent.publicCard ? [] : cardCheck(ext)),
+      json('GetExtendedAgentCard (HTTP+JSON)', ext),
+    );
   } catch (e) {
     extBox.replaceChildren(el('p.error', { text: e.message }));
   }
