@@ -294,6 +294,26 @@ try:
         raw = by_id("raw").text
         assert "SendStreamingMessage" in raw and "/rest/message:stream" in raw and "/rest/message:send" in raw
 
+    @check("switching wire keeps the conversation shown; a failed send keeps the typed text")
+    def _():
+        before = len(bubbles())
+        Select(by_id("chat-wire")).select_by_value("v1")
+        assert len(bubbles()) == before, "the transcript stays"
+        dividers = driver.find_elements(By.CSS_SELECTOR, "#transcript li.divider")
+        assert dividers and "New conversation" in dividers[-1].text, [d.text for d in dividers]
+        assert by_id("chat-context").text == "new"
+        # The next send fails in the network: what was typed comes back to the editor.
+        driver.execute_script("""
+          const original = window.fetch;
+          window.fetch = async () => { window.fetch = original; throw new TypeError('network down (the test)'); };""")
+        box = by_id("message")
+        box.clear()
+        box.send_keys("do not lose me")
+        by_id("send").click()
+        wait(lambda d: d.find_elements(By.CSS_SELECTOR, "#transcript .bubble.error"), "the error shown")
+        assert box.get_attribute("value") == "do not lose me", box.get_attribute("value")
+        box.clear()
+
     @check("a small file is checked and sent; a refused type never leaves the browser")
     def _():
         Select(by_id("chat-wire")).select_by_value("seed")
@@ -445,6 +465,8 @@ try:
         shot("tasks")
         by_id("task-cancel").click()
         wait(lambda d: "canceled" in d.find_elements(By.CSS_SELECTOR, "#task-detail .timeline li")[-1].text, "canceled on the timeline")
+        wait(lambda d: d.find_elements(By.ID, "task-reason"), "the reason shown")
+        assert "Canceled" in by_id("task-reason").text, by_id("task-reason").text
         wait(lambda d: "canceled" in d.find_element(By.CSS_SELECTOR, f'#task-rows tr[data-task="{slow["id"]}"]').text, "the list updates")
         wait(lambda d: any(r["event"] == "task.canceled" for r in received), "the receiver hears the end")
         numbers = [li.get_attribute("data-event") for li in driver.find_elements(By.CSS_SELECTOR, "#task-detail .timeline li")]

@@ -16,9 +16,10 @@ export function mount(a) {
   fillAgents($('chat-agent'), app.agents);
   if (mount.done) return;
   mount.done = true;
-  $('chat-agent').addEventListener('change', () => { newConversation(); syncStream(); });
-  $('chat-wire').addEventListener('change', newConversation);
-  $('chat-new').addEventListener('click', newConversation);
+  // Another agent or wire starts a new conversation, and says so: what was said stays.
+  $('chat-agent').addEventListener('change', () => { newConversation(true); syncStream(); });
+  $('chat-wire').addEventListener('change', () => newConversation(true));
+  $('chat-new').addEventListener('click', () => newConversation(false));
   $('compose').addEventListener('submit', (ev) => { ev.preventDefault(); submit(); });
   // Enter sends; Shift+Enter starts a new line (an IME composition's Enter is its own).
   $('message').addEventListener('keydown', (ev) => {
@@ -57,10 +58,18 @@ function syncStream() {
   if (!a?.streaming) box.checked = false;
 }
 
-function newConversation() {
+/** A new conversation: `keep` leaves the transcript in place under a divider naming what
+ *  comes next (a switch of agent or wire); the button clears it. Typed text stays. */
+function newConversation(keep) {
   contextId = null;
   $('chat-context').textContent = 'new';
-  $('transcript').replaceChildren();
+  const transcript = $('transcript');
+  if (keep && transcript.children.length) {
+    const wire = $('chat-wire').selectedOptions[0]?.textContent ?? $('chat-wire').value;
+    transcript.append(el('li.divider', { role: 'separator', text: `New conversation with ${$('chat-agent').value} over ${wire}` }));
+  } else {
+    transcript.replaceChildren();
+  }
   files = [];
   renderFiles();
 }
@@ -185,6 +194,10 @@ async function submit() {
   } catch (e) {
     reply.remove();
     bubble('error', e.message);
+    // Nothing typed is lost: the text (and a data part) come back to the editor, unless
+    // something new was typed meanwhile.
+    if (!$('message').value) $('message').value = text;
+    if (data.value !== undefined && !$('data-json').value) $('data-json').value = JSON.stringify(data.value);
   } finally {
     running.busy = false;
     $('send').disabled = false;

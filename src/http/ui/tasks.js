@@ -110,6 +110,9 @@ async function openDetail(agent, id) {
           el('dt', { text: 'state' }), el('dd', {}, el(`span.st.st-${state}`, { text: state })),
           el('dt', { text: 'context' }), el('dd', { text: t.contextId ?? '' }),
           el('dt', { text: 'updated' }), el('dd', { title: t.status?.timestamp ?? '', text: when(t.status?.timestamp) }),
+          ...(['failed', 'canceled', 'rejected'].includes(state)
+            ? [el('dt', { text: 'reason' }), el('dd', { id: 'task-reason', text: textOf(t.status?.message) || 'none given' })]
+            : []),
           ...(extensions.length ? [el('dt', { text: 'extensions' }), el('dd', { id: 'task-extensions', text: extensions.join(', ') })] : [])),
         el('h3', { text: 'History' }),
         el('ol.history', {}, (t.history ?? []).map((m) => el('li', {}, el('strong', { text: m.role === 'ROLE_USER' ? 'user: ' : 'agent: ' }), ...partsView(m)))),
