@@ -425,6 +425,8 @@ try:
         wait(lambda d: len(d.find_elements(By.CSS_SELECTOR, "#hook-rows tr[data-config]")) == 1, "the configuration listed")
         assert HOOK_URL in by_id("hook-rows").text
         wait(lambda d: d.find_elements(By.CSS_SELECTOR, '#delivery-rows tr[data-outcome="delivered"]'), "a delivery shown")
+        wait(lambda d: HOOK_URL.split("?")[0] in d.find_element(By.CSS_SELECTOR, '#delivery-rows tr[data-outcome="delivered"] small.url').text,
+             "the delivery names the URL it went to")
         row = driver.find_element(By.CSS_SELECTOR, '#delivery-rows tr[data-outcome="delivered"]')
         assert "task.working" in row.text and "200" in row.text and slow["id"] in row.text, row.text
         assert received and received[0]["event"] == "task.working", received[:1]
@@ -538,6 +540,11 @@ try:
         assert blank > 20, f"the line is drawn ({blank} line pixels)"
         for c in ["p50", "p99", "working", "streams", "commit", "batch", "hooks"]:
             assert int(by_id(f"chart-{c}").find_element(By.CSS_SELECTOR, "canvas").get_attribute("data-points")) >= 2, c
+        # A time axis, and no made-up webhook success rate: nothing was delivered while
+        # this view watched.
+        assert int(by_id("chart-rps").find_element(By.CSS_SELECTOR, "canvas").get_attribute("data-span")) >= 20
+        hooks = by_id("chart-hooks").find_element(By.CSS_SELECTOR, ".now").text
+        assert hooks == "no deliveries", hooks
         shot("pulse")
 
     @check("bob signed in sees none of alice's tasks and only his agent")

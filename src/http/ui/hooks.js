@@ -95,7 +95,8 @@ async function deliveries() {
     const rows = (r.deliveries ?? []).map((d) =>
       el('tr', { 'data-delivery': d.deliveryId, 'data-outcome': d.outcome },
         el('td', { text: when(d.at) }),
-        el('td', { text: d.event }),
+        // The target it went to, masked as the server shows it (query values, password).
+        el('td', {}, d.event, d.url ? el('small.url', { text: d.url }) : null),
         el('td', {}, el('code', { text: d.taskId })),
         el('td', {}, el('code', { title: d.deliveryId, text: d.deliveryId.slice(0, 8) })),
         el('td', { text: `${d.attempt}/${d.maxAttempts}` }),

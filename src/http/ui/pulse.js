@@ -21,7 +21,7 @@ const CHARTS = [
   { id: 'streams', title: 'Streams held', unit: '' },
   { id: 'commit', title: 'Store commit latency', unit: ' ms' },
   { id: 'batch', title: 'Store batch size', unit: ' writes' },
-  { id: 'hooks', title: 'Webhook success rate', unit: ' %' },
+  { id: 'hooks', title: 'Webhook success rate', unit: ' %', empty: 'no deliveries' },
 ];
 
 export function mount() {
@@ -130,9 +130,10 @@ async function sample() {
     const commits = now.commits - previous.commits;
     push('commit', now.t, commits > 0 ? ((now.commitSeconds - previous.commitSeconds) / commits) * 1000 : 0);
     push('batch', now.t, commits > 0 ? (now.writes - previous.writes) / commits : 0);
+    // A rate of nothing is no rate: with no delivery ended in the interval the point is
+    // empty (a gap in the line, "no deliveries" as the value), never a made-up 100 %.
     const ended = (now.delivered - previous.delivered) + (now.failed - previous.failed);
-    const last = series.get('hooks')?.at(-1)?.v;
-    push('hooks', now.t, ended > 0 ? ((now.delivered - previous.delivered) / ended) * 100 : (last ?? 100));
+    push('hooks', now.t, ended > 0 ? ((now.delivered - previous.delivered) / ended) * 100 : null);
   }
   previous = now;
   for (const c of CHARTS) draw(c);
@@ -140,7 +141,7 @@ async function sample() {
 
 function push(id, t, v) {
   const list = series.get(id) ?? [];
-  list.push({ t, v: Number.isFinite(v) ? v : 0 });
+  list.push({ t, v: v === null ? null : (Number.isFinite(v) ? v : 0) });
   while (list.length > KEEP) list.shift();
   series.set(id, list);
 }
@@ -152,7 +153,10 @@ function draw(chart) {
   if (!fig) return;
   const canvas = fig.querySelector('canvas');
   const points = series.get(chart.id) ?? [];
-  fig.querySelector('.now').textContent = points.length ? `${round(points.at(-1).v)}${chart.unit}` : '—';
+  const lastV = points.at(-1)?.v;
+  fig.querySelector('.now').textContent = !points.length
+    ? '—'
+    : lastV === null ? (chart.empty ?? '—') : `${round(lastV)}${chart.unit}`;
   // Drawn at the canvas's size on screen, in device pixels: sharp, never stretched.
   const box = canvas.getBoundingClientRect();
   const dpr = window.devicePixelRatio || 1;
@@ -175,7 +179,8 @@ function draw(chart) {
     g.lineTo(w, (h * i) / 4);
     g.stroke();
   }
-  const max = Math.max(...points.map((p) => p.v), chart.unit === ' %' ? 100 : 1e-9);
+  const values = points.filter((p) => p.v !== null).map((p) => p.v);
+  const max = Math.max(...values, chart.unit === ' %' ? 100 : 1e-9);
   g.fillStyle = '#4a5361';
   g.font = '11px sans-serif';
   g.fillText(`max ${round(max)}${chart.unit}`, 4, 12);
@@ -184,17 +189,34 @@ function draw(chart) {
     const span = Math.min((KEEP * EVERY_MS) / 1000, Math.max(20, points.at(-1).t - points[0].t));
     const t0 = points.at(-1).t - span;
     const x = (t) => ((t - t0) / span) * (w - 4);
-    const y = (v) => h - 4 - (v / max) * (h - 22);
+    const y = (v) => h - 16 - (v / max) * (h - 34);
+    // The time axis: how far back the left edge is, and now on the right.
+    g.fillStyle = '#4a5361';
+    g.fillText(`−${Math.round(span)} s`, 4, h - 3);
+    const nowLabel = 'now';
+    g.fillText(nowLabel, w - 4 - g.measureText(nowLabel).width, h - 3);
+    canvas.dataset.span = String(Math.round(span));
     g.strokeStyle = '#0b5cad';
     g.lineWidth = 2;
     g.beginPath();
-    points.forEach((p, i) => (i ? g.lineTo(x(p.t), y(p.v)) : g.moveTo(x(p.t), y(p.v))));
+    let pen = false;
+    for (const p of points) {
+      if (p.v === null) {
+        pen = false;
+        continue;
+      }
+      if (pen) g.lineTo(x(p.t), y(p.v));
+      else g.moveTo(x(p.t), y(p.v));
+      pen = true;
+    }
     g.stroke();
-    g.fillStyle = '#0b5cad';
     const lastP = points.at(-1);
-    g.beginPath();
-    g.arc(x(lastP.t), y(lastP.v), 3, 0, Math.PI * 2);
-    g.fill();
+    if (lastP.v !== null) {
+      g.fillStyle = '#0b5cad';
+      g.beginPath();
+      g.arc(x(lastP.t), y(lastP.v), 3, 0, Math.PI * 2);
+      g.fill();
+    }
   }
   canvas.dataset.points = String(points.length);
 }
