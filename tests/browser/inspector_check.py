@@ -408,6 +408,20 @@ try:
         assert look(reply) != looks["canceled"], (look(reply), looks["canceled"])
         Select(by_id("chat-agent")).select_by_value("slow")
 
+    @check("a send that is not streamed can be canceled from the chat while it runs (seed and 1.0)")
+    def _():
+        Select(by_id("chat-agent")).select_by_value("slow")
+        by_id("chat-stream").click()  # off
+        assert not by_id("chat-stream").is_selected()
+        for wire in ["seed", "v1"]:
+            Select(by_id("chat-wire")).select_by_value(wire)
+            reply = send_chat(f"block me over {wire}", state=None)
+            wait(lambda d: by_id("cancel").is_enabled(), f"{wire}: cancel enabled while the send runs")
+            by_id("cancel").click()
+            wait(lambda d: reply.get_attribute("data-state") == "canceled", f"{wire}: canceled")
+        by_id("chat-stream").click()  # on again
+        assert by_id("chat-stream").is_selected()
+
     slow = {}
 
     @check("a webhook configuration on a running task, and its deliveries to a local receiver")

@@ -3,7 +3,7 @@
 // files (size and type checked against the agent's limits before sending) and a cancel for
 // the running task. Every request and response/SSE frame shows in the "On the wire" panel.
 
-import { cancel, el, fillAgents, hasRichParts, onRaw, partsView, send, sendParams, showError } from './wire.js';
+import { cancel, el, fillAgents, getTask, hasRichParts, onRaw, partsView, send, sendParams, showError, uuid4 } from './wire.js';
 
 let app;
 let contextId = null;
@@ -187,9 +187,28 @@ async function submit() {
     reply.scrollIntoView({ block: 'end' });
   };
   try {
-    const last = await send(wire, a.id, params, { stream, onEvent });
-    if (last && !last.final && !stream) {
-      state.textContent += ' · still running: see Tasks';
+    if (stream) {
+      await send(wire, a.id, params, { stream, onEvent });
+    } else if (wire === 'seed') {
+      // The seed names a new task by the client's id: Cancel works while the send waits.
+      params.taskId = uuid4();
+      running.taskId = params.taskId;
+      reply.dataset.task = params.taskId;
+      $('cancel').disabled = false;
+      const last = await send(wire, a.id, params, { stream, onEvent });
+      if (last && !last.final) state.textContent += ' · still running: see Tasks';
+    } else {
+      // The official wires: the task at once (returnImmediately), then read until it ends,
+      // so that Cancel works while it runs.
+      params.configuration = { ...(params.configuration ?? {}), returnImmediately: true };
+      let view = await send(wire, a.id, params, { stream, onEvent });
+      const until = Date.now() + (a.limits?.syncWaitSeconds ?? 30) * 1000;
+      while (view?.taskId && !view.final && Date.now() < until) {
+        await new Promise((r) => setTimeout(r, 500));
+        view = await getTask(wire, a.id, view.taskId);
+        onEvent(view, null);
+      }
+      if (view && !view.final) state.textContent += ' · still running: see Tasks';
     }
   } catch (e) {
     reply.remove();

@@ -340,6 +340,13 @@ export async function send(wire, agent, params, { stream, onEvent, signal }) {
   return view;
 }
 
+/** A task as it stands, on a wire, as an event view. */
+export async function getTask(wire, agent, taskId) {
+  if (wire === 'rest') return eventView('rest', { task: await rest(agent, 'GET', `/tasks/${encodeURIComponent(taskId)}`) });
+  if (wire === 'seed') return eventView('seed', await rpc('seed', agent, 'tasks/get', { taskId }));
+  return eventView('v1', { task: await rpc('v1', agent, 'GetTask', { id: taskId }) });
+}
+
 /** Cancels a task on a wire. */
 export async function cancel(wire, agent, taskId) {
   if (wire === 'rest') return rest(agent, 'POST', `/tasks/${encodeURIComponent(taskId)}:cancel`, { body: {} });
