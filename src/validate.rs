@@ -48,21 +48,7 @@ pub(crate) fn file_part(
             ),
         ));
     }
-    if !is_mime_type(&essence) {
-        return Err(Error::invalid(
-            mime_field(),
-            format!("{mime_type:?} is not a MIME type such as \"text/plain\""),
-        ));
-    }
-    if !type_supported(&essence, &limits.supported_types) {
-        return Err(Error::UnsupportedContentType {
-            field: mime_field(),
-            reason: format!(
-                "MIME type {essence:?} is not supported by this agent (supported: {})",
-                limits.supported_types.join(", ")
-            ),
-        });
-    }
+    accepted_type(&mime_field(), &mime_type, &essence, limits)?;
     if bytes
         .as_bytes()
         .get(..5)
@@ -145,13 +131,12 @@ pub(crate) fn part_metadata(field: &str, m: &RawValue) -> Result<RawJson, Error>
     compact(m, &at)
 }
 
-/// The JSON text without the whitespace between its tokens (strings and numbers kept byte
-/// for byte), refused when it nests deeper than [`MAX_DEPTH`].
+/// Walks JSON text outside its strings: refused past [`MAX_DEPTH`] nested arrays and objects
+/// (naming `field`); whether whitespace lies between its tokens.
 ///
 /// # Errors
 /// [`Error::InvalidParams`] on `field`.
-pub(crate) fn compact(raw: &RawValue, field: &str) -> Result<RawJson, Error> {
-    let text = raw.get();
+pub(crate) fn scan(text: &str, field: &str) -> Result<bool, Error> {
     let (mut depth, mut in_string, mut escaped, mut spaces) = (0usize, false, false, false);
     for &b in text.as_bytes() {
         if in_string {
@@ -179,7 +164,17 @@ pub(crate) fn compact(raw: &RawValue, field: &str) -> Result<RawJson, Error> {
             _ => {}
         }
     }
-    if !spaces {
+    Ok(spaces)
+}
+
+/// The JSON text without the whitespace between its tokens (strings and numbers kept byte
+/// for byte), refused when it nests deeper than [`MAX_DEPTH`].
+///
+/// # Errors
+/// [`Error::InvalidParams`] on `field`.
+pub(crate) fn compact(raw: &RawValue, field: &str) -> Result<RawJson, Error> {
+    let text = raw.get();
+    if !scan(text, field)? {
         return Ok(RawJson::from_raw(raw.to_owned()));
     }
     let mut out = String::with_capacity(text.len());
@@ -254,23 +249,12 @@ pub(crate) fn file_url(
     }
     let mime_type = mime_type.filter(|m| !m.is_empty());
     if let Some(mime) = &mime_type {
-        let mime_field = || format!("{field}.{mime_key}");
-        let essence = mime_essence(mime);
-        if !is_mime_type(&essence) {
-            return Err(Error::invalid(
-                mime_field(),
-                format!("{mime:?} is not a MIME type such as \"text/plain\""),
-            ));
-        }
-        if !type_supported(&essence, &limits.supported_types) {
-            return Err(Error::UnsupportedContentType {
-                field: mime_field(),
-                reason: format!(
-                    "MIME type {essence:?} is not supported by this agent (supported: {})",
-                    limits.supported_types.join(", ")
-                ),
-            });
-        }
+        accepted_type(
+            &format!("{field}.{mime_key}"),
+            mime,
+            &mime_essence(mime),
+            limits,
+        )?;
     }
     Ok(Part::Url(Box::new(FileUrl {
         url,
@@ -390,6 +374,32 @@ fn too_large(field: String, size: usize, max: u64) -> Error {
 fn decoded_len(b64: &str) -> usize {
     let padding = b64.bytes().rev().take(2).filter(|&b| b == b'=').count();
     (b64.len() / 4 * 3).saturating_sub(padding)
+}
+
+/// A file's MIME type (`essence`: [`mime_essence`] of `mime`) is one, and one the agent
+/// accepts: inline files and files by URL alike.
+fn accepted_type(
+    field: &str,
+    mime: &str,
+    essence: &str,
+    limits: &AgentLimits,
+) -> Result<(), Error> {
+    if !is_mime_type(essence) {
+        return Err(Error::invalid(
+            field,
+            format!("{mime:?} is not a MIME type such as \"text/plain\""),
+        ));
+    }
+    if !type_supported(essence, &limits.supported_types) {
+        return Err(Error::UnsupportedContentType {
+            field: field.to_string(),
+            reason: format!(
+                "MIME type {essence:?} is not supported by this agent (supported: {})",
+                limits.supported_types.join(", ")
+            ),
+        });
+    }
+    Ok(())
 }
 
 /// `type/subtype` lowercased, without parameters.

@@ -310,35 +310,7 @@ pub(crate) fn seq(text: &str, max: usize) -> Result<Vec<&RawValue>, SeqError> {
 /// # Errors
 /// -32602 naming `field`.
 pub(crate) fn check_depth(raw: &RawValue, field: &str) -> Result<(), Error> {
-    let mut depth = 0usize;
-    let mut in_string = false;
-    let mut escaped = false;
-    for &b in raw.get().as_bytes() {
-        if in_string {
-            match (escaped, b) {
-                (true, _) => escaped = false,
-                (false, b'\\') => escaped = true,
-                (false, b'"') => in_string = false,
-                _ => {}
-            }
-            continue;
-        }
-        match b {
-            b'"' => in_string = true,
-            b'{' | b'[' => {
-                depth += 1;
-                if depth > MAX_DEPTH {
-                    return Err(Error::invalid(
-                        field,
-                        format!("nests deeper than {MAX_DEPTH} levels"),
-                    ));
-                }
-            }
-            b'}' | b']' => depth = depth.saturating_sub(1),
-            _ => {}
-        }
-    }
-    Ok(())
+    crate::validate::scan(raw.get(), field).map(drop)
 }
 
 /// -32602 for a value that did not decode: says what is wrong in words, without the
