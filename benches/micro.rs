@@ -101,6 +101,7 @@ fn snapshot(status: TaskStatus) -> TaskSnapshot {
         metadata: None,
         status,
         extensions: Default::default(),
+        note: None,
     }
 }
 

@@ -15,7 +15,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use tokio_util::sync::CancellationToken;
 
 use crate::config::AgentConfig;
-use crate::model::{Artifact, ArtifactUpdate, ContextId, Extensions, Message, TaskId};
+use crate::model::{Artifact, ArtifactUpdate, ContextId, Extensions, Message, Principal, TaskId};
 
 mod echo;
 mod openai;
@@ -43,6 +43,9 @@ pub enum Outcome {
     AuthRequired(Option<Message>),
     /// The agent refuses the task (terminal `rejected`).
     Rejected(Option<Message>),
+    /// The work was canceled where it ran (an upstream agent canceled its task): the task
+    /// ends `canceled`, with this reason.
+    Canceled(String),
 }
 
 /// An agent backend: plug it in with [`crate::ServerBuilder::agent`] or
@@ -102,6 +105,68 @@ pub trait Agent: Send + Sync + 'static {
     fn resumable(&self) -> bool {
         false
     }
+
+    /// Whether a task this backend was working on, and on which it left a note
+    /// ([`Updates::note`]), is taken up again after a restart or a node loss instead of
+    /// failing: [`Agent::run_task`] is called again with [`AgentRequest::taken_up`] set
+    /// and the note, and picks up the work where it runs (the `a2a` backend: the upstream
+    /// task). Default: no.
+    fn takes_up(&self) -> bool {
+        false
+    }
+
+    /// The task that left this note was canceled (by a client, or its time ran out), or
+    /// ended while its work may still run elsewhere: stop that work. Called from the
+    /// task's actor, so it must not wait: a backend that has to call out spawns the call.
+    fn canceled(&self, _note: &str) {}
+
+    /// A backend that fronts an agent elsewhere: that agent's health, counters and card
+    /// (for `/metrics`, the inspector and this agent's cards). Default: none.
+    fn upstream(&self) -> Option<UpstreamView> {
+        None
+    }
+}
+
+/// An upstream agent as its fronting backend sees it ([`Agent::upstream`]).
+#[derive(Clone, Debug)]
+pub struct UpstreamView {
+    /// Its card's last fetch and the last error.
+    pub health: UpstreamHealth,
+    /// Its calls, failures and latencies.
+    pub metrics: Arc<crate::metrics::UpstreamMetrics>,
+    /// What its card says of it, once read.
+    pub card: Option<UpstreamFacts>,
+}
+
+/// What the inspector and the cards show of an upstream.
+#[derive(Clone, Debug, Default)]
+pub struct UpstreamHealth {
+    /// The upstream's card URL.
+    pub card_url: String,
+    /// When its card was last fetched and read.
+    pub card_fetched_at: Option<chrono::DateTime<chrono::Utc>>,
+    /// The last error (card fetch or call), and when.
+    pub last_error: Option<(chrono::DateTime<chrono::Utc>, String)>,
+    /// The interface called: binding and protocol version.
+    pub interface: Option<(String, String)>,
+}
+
+/// What an upstream's card says that this agent's cards take over, unless its
+/// `[[agents]]` entry sets it.
+#[derive(Clone, Debug, Default)]
+pub struct UpstreamFacts {
+    /// `name`.
+    pub name: Option<String>,
+    /// `description`.
+    pub description: Option<String>,
+    /// `skills` (a JSON array as the card has it).
+    pub skills: Option<serde_json::Value>,
+    /// `defaultInputModes`.
+    pub input_modes: Option<serde_json::Value>,
+    /// `defaultOutputModes`.
+    pub output_modes: Option<serde_json::Value>,
+    /// `capabilities.streaming`.
+    pub streaming: bool,
 }
 
 /// A shared backend is a backend: one `Arc<dyn Agent>` may serve several agents or
@@ -125,6 +190,18 @@ impl<A: Agent + ?Sized> Agent for Arc<A> {
 
     fn resumable(&self) -> bool {
         (**self).resumable()
+    }
+
+    fn takes_up(&self) -> bool {
+        (**self).takes_up()
+    }
+
+    fn canceled(&self, note: &str) {
+        (**self).canceled(note);
+    }
+
+    fn upstream(&self) -> Option<UpstreamView> {
+        (**self).upstream()
     }
 }
 
@@ -192,12 +269,16 @@ impl<A: Agent + ?Sized> Agent for Arc<A> {
 /// let request = AgentRequest {
 ///     task_id: a2ad::TaskId::new("t"),
 ///     context_id: a2ad::ContextId::new("c"),
+///     principal: a2ad::Principal::new("alice"),
 ///     message: std::sync::Arc::new(message),
 ///     history: Vec::new(),
 ///     task_history: Vec::new(),
 ///     turn: 1,
 ///     extensions: Extensions::new(vec![TRACE.to_string()]),
 ///     cancel: Default::default(),
+///     note: None,
+///     taken_up: false,
+///     artifacts: Vec::new(),
 /// };
 /// let runtime = tokio::runtime::Builder::new_current_thread().build().unwrap();
 /// let reply = runtime.block_on(Forms.run(request, Updates::detached())).unwrap();
@@ -211,6 +292,8 @@ pub struct AgentRequest {
     pub task_id: TaskId,
     /// Its conversation.
     pub context_id: ContextId,
+    /// Who owns the task (and the conversation): the caller's principal.
+    pub principal: Principal,
     /// This turn's user message.
     pub message: Arc<Message>,
     /// Earlier turns of the context, oldest first: user and agent messages alternating.
@@ -227,6 +310,15 @@ pub struct AgentRequest {
     /// Fires when the task is canceled or times out. The future is dropped then anyway;
     /// this lets a backend stop work it spawned elsewhere.
     pub cancel: CancellationToken,
+    /// The note this backend left on the task ([`Updates::note`]), on a run that
+    /// continues it or takes it up again; `None` on a task's first run.
+    pub note: Option<Arc<str>>,
+    /// This run takes up a task that was working when the server (or its node) stopped
+    /// ([`Agent::takes_up`]): `message` is the task's first message, already handled;
+    /// the work goes on where the note says.
+    pub taken_up: bool,
+    /// The task's artifacts so far (empty on its first run).
+    pub artifacts: Vec<Arc<Artifact>>,
 }
 
 /// Why an agent failed. The message is shown to the client in `status.error`: it must not
@@ -315,6 +407,8 @@ pub(crate) enum Update {
     },
     /// An artifact, or a chunk of one.
     Artifact(ArtifactUpdate),
+    /// The backend's durable note on the task.
+    Note(Arc<str>),
     /// More updates than may wait for the store were sent ([`MAX_UPDATES_IN_FLIGHT`]).
     Overrun,
 }
@@ -427,6 +521,18 @@ impl Updates {
         self.cast(Update::Artifact(update))
     }
 
+    /// Leaves a durable note on the task (at most [`MAX_NOTE_BYTES`]): kept with its
+    /// record, never shown to clients, and handed back in [`AgentRequest::note`] when the
+    /// task is continued or taken up again. It is stored with a `working` event of its
+    /// own, made durable before the next update is. Returns false when the task is gone
+    /// or the note is too long.
+    pub fn note(&self, note: &str) -> bool {
+        if note.len() > MAX_NOTE_BYTES {
+            return false;
+        }
+        self.cast(Update::Note(Arc::from(note)))
+    }
+
     fn send(&self, message: Message, keep: bool) -> bool {
         self.cast(Update::Progress { message, keep })
     }
@@ -451,6 +557,26 @@ impl Updates {
     }
 }
 
+/// Stands in for a backend this build of the runtime cannot make.
+struct Unavailable;
+
+impl Agent for Unavailable {
+    fn kind(&self) -> &str {
+        "unavailable"
+    }
+
+    fn run(&self, _request: AgentRequest, _updates: Updates) -> AgentFuture {
+        Box::pin(async {
+            Err(AgentError::new(
+                "this agent's backend is not available (start the runtime with Runtime::builder)",
+            ))
+        })
+    }
+}
+
+/// The longest note a backend may leave on a task ([`Updates::note`]).
+pub const MAX_NOTE_BYTES: usize = 4096;
+
 /// Builds the backend named by an agent's configuration.
 pub fn from_config(config: &AgentConfig) -> Arc<dyn Agent> {
     // `Config::validated` only lets known backends through, each with its own table.
@@ -460,6 +586,9 @@ pub fn from_config(config: &AgentConfig) -> Arc<dyn Agent> {
             config.limits.max_message_length,
         )),
         ("tck", _) => Arc::new(TckAgent::new(config.tck.clone())),
+        // Built beside the dialects it speaks ([`crate::Runtime::builder`]); a runtime
+        // started without it has no client to call the upstream with.
+        ("a2a", _) => Arc::new(Unavailable),
         _ => Arc::new(EchoAgent::new(config.echo.clone())),
     }
 }

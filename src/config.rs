@@ -19,7 +19,8 @@ mod server;
 mod store;
 
 pub use agents::{
-    AgentConfig, AgentLimits, ApiKeyConfig, EchoConfig, ExtensionConfig, OpenAiConfig, TckConfig,
+    A2aConfig, AgentConfig, AgentLimits, ApiKeyConfig, EchoConfig, ExtensionConfig, OpenAiConfig,
+    TckConfig,
 };
 pub(crate) use auth::looks_like_jwt;
 pub use auth::{

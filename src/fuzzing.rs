@@ -280,6 +280,7 @@ pub fn sse(data: &[u8]) {
         artifacts: Vec::new(),
         metadata: None,
         extensions: Default::default(),
+        note: None,
     };
     let item = StreamItem {
         event: Arc::new(event),

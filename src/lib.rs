@@ -48,6 +48,7 @@ mod http;
 mod limits;
 pub mod metrics;
 pub mod model;
+mod net;
 pub mod push;
 mod rpc;
 pub mod runtime;
@@ -76,6 +77,7 @@ pub use model::{
     AgentId, Artifact, ContextId, DataPart, Extensions, FileContent, FileUrl, Message, Part,
     Principal, RawJson, Role, TaskId, TaskSnapshot, TaskState,
 };
+pub use rpc::a2a::upstream::A2aAgent;
 pub use runtime::{Runtime, SendRequest, StreamItem, TaskStream};
 pub use server::{Server, ServerBuilder, ServerHandle};
 pub use store::runtime_parked as store_runtime_parked;

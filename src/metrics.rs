@@ -198,3 +198,71 @@ pub struct WebhookMetrics {
     /// Deliveries accepted and not finished yet.
     pub pending: AtomicI64,
 }
+
+/// The kinds of upstream failure counted by `a2ad_upstream_errors_total{kind}`.
+pub const UPSTREAM_ERROR_KINDS: [&str; 10] = [
+    "connect",
+    "timeout",
+    "refused",
+    "redirect",
+    "http",
+    "auth",
+    "garbage",
+    "error",
+    "too_large",
+    "failed",
+];
+
+/// The upper bounds of `a2ad_upstream_request_duration_seconds`' buckets.
+pub const UPSTREAM_LATENCY_BUCKETS: [f64; 11] = [
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+];
+
+/// Counters of one upstream A2A agent (the `a2a` backend): calls, failures by kind, and
+/// the time to each call's answer (to its first byte of a stream).
+#[derive(Debug, Default)]
+pub struct UpstreamMetrics {
+    /// Calls made.
+    pub requests: AtomicU64,
+    errors: [AtomicU64; UPSTREAM_ERROR_KINDS.len()],
+    buckets: [AtomicU64; UPSTREAM_LATENCY_BUCKETS.len() + 1],
+    latency_micros: AtomicU64,
+}
+
+impl UpstreamMetrics {
+    /// Counts a failure of `kind` (one of [`UPSTREAM_ERROR_KINDS`]; another counts as
+    /// `error`).
+    pub fn error(&self, kind: &str) {
+        let i = UPSTREAM_ERROR_KINDS
+            .iter()
+            .position(|k| *k == kind)
+            .unwrap_or(7);
+        self.errors[i].fetch_add(1, Relaxed);
+    }
+
+    /// Records one call's time to its answer.
+    pub fn latency(&self, took: Duration) {
+        let secs = took.as_secs_f64();
+        let i = UPSTREAM_LATENCY_BUCKETS
+            .iter()
+            .position(|le| secs <= *le)
+            .unwrap_or(UPSTREAM_LATENCY_BUCKETS.len());
+        self.buckets[i].fetch_add(1, Relaxed);
+        self.latency_micros
+            .fetch_add(u64::try_from(took.as_micros()).unwrap_or(u64::MAX), Relaxed);
+    }
+
+    /// Failures by kind, in [`UPSTREAM_ERROR_KINDS`]' order.
+    pub fn errors(&self) -> [u64; UPSTREAM_ERROR_KINDS.len()] {
+        std::array::from_fn(|i| self.errors[i].load(Relaxed))
+    }
+
+    /// The latency histogram: calls per bucket (the last past every bound), and the sum
+    /// in seconds.
+    pub fn histogram(&self) -> ([u64; UPSTREAM_LATENCY_BUCKETS.len() + 1], f64) {
+        (
+            std::array::from_fn(|i| self.buckets[i].load(Relaxed)),
+            self.latency_micros.load(Relaxed) as f64 / 1e6,
+        )
+    }
+}

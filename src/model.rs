@@ -598,6 +598,11 @@ pub struct TaskSnapshot {
     pub metadata: Option<Arc<serde_json::value::RawValue>>,
     /// The extensions the creating request activated, in the agent's declared order.
     pub extensions: Extensions,
+    /// The backend's own durable note on the task (the `a2a` backend: the upstream task
+    /// it is carried by), kept with the record and given back to the backend when the
+    /// task is continued or taken up again ([`crate::AgentRequest::note`]). Never shown
+    /// to clients.
+    pub note: Option<Arc<str>>,
 }
 
 impl TaskSnapshot {

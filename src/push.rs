@@ -1,7 +1,7 @@
 //! Push notification (webhook) configurations: the neutral model, its rules, and the
 //! target-address policy shared by `set` (literal addresses) and delivery (resolved ones).
 
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::net::IpAddr;
 use std::sync::Arc;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
@@ -10,6 +10,7 @@ use chrono::{DateTime, Utc};
 
 use crate::error::Error;
 use crate::model::{AgentId, Principal, TaskId, TaskKey, TaskState};
+pub(crate) use crate::net::address_allowed;
 
 /// A webhook event name.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -321,94 +322,6 @@ impl StoredPushConfig {
     pub fn last_used(&self) -> Option<DateTime<Utc>> {
         *self.last_used.lock().unwrap_or_else(|e| e.into_inner())
     }
-}
-
-/// Whether a target address may receive deliveries.
-///
-/// Link-local, unspecified and multicast addresses are always refused; loopback and
-/// private ranges only when `allow_private` is set. An IPv6 address that carries an IPv4
-/// address (IPv4-mapped, IPv4-compatible, IPv4-translated, NAT64, 6to4, Teredo) is judged
-/// by the IPv4 rules for what it carries, so `[64:ff9b::a9fe:a9fe]` is 169.254.169.254.
-pub(crate) fn address_allowed(ip: IpAddr, allow_private: bool) -> Result<(), &'static str> {
-    match ip {
-        IpAddr::V4(v4) => v4_allowed(v4, allow_private),
-        IpAddr::V6(v6) => {
-            for v4 in embedded_ipv4(v6).into_iter().flatten() {
-                v4_allowed(v4, allow_private)?;
-            }
-            if embedded_ipv4(v6)[0].is_some() {
-                // Mapped, compatible and translated forms are only their IPv4 address.
-                return Ok(());
-            }
-            v6_allowed(v6, allow_private)
-        }
-    }
-}
-
-fn v4_allowed(v4: Ipv4Addr, allow_private: bool) -> Result<(), &'static str> {
-    if v4.is_link_local() {
-        return Err("link-local addresses are never allowed");
-    }
-    if v4.is_unspecified() || v4.is_multicast() || v4.is_broadcast() {
-        return Err("unspecified, broadcast and multicast addresses are never allowed");
-    }
-    let o = v4.octets();
-    let private = v4.is_loopback()
-        || v4.is_private()
-        || (o[0] == 100 && (o[1] & 0xc0) == 64) // shared address space 100.64/10
-        || o[0] == 0;
-    if private && !allow_private {
-        return Err("loopback and private addresses are not allowed by this server");
-    }
-    Ok(())
-}
-
-fn v6_allowed(v6: Ipv6Addr, allow_private: bool) -> Result<(), &'static str> {
-    let seg0 = v6.segments()[0];
-    if (seg0 & 0xffc0) == 0xfe80 {
-        return Err("link-local addresses are never allowed");
-    }
-    if v6.is_unspecified() || v6.is_multicast() {
-        return Err("unspecified and multicast addresses are never allowed");
-    }
-    let private = v6.is_loopback()
-        || (seg0 & 0xfe00) == 0xfc00 // unique local fc00::/7
-        || (seg0 & 0xffc0) == 0xfec0; // site local fec0::/10 (deprecated)
-    if private && !allow_private {
-        return Err("loopback and private addresses are not allowed by this server");
-    }
-    Ok(())
-}
-
-/// The IPv4 addresses an IPv6 address carries. Slot 0: forms that *are* an IPv4 address
-/// (mapped `::ffff:a.b.c.d`, compatible `::a.b.c.d`, translated `::ffff:0:a.b.c.d`);
-/// slots 1 and 2: tunnelling and translation prefixes (NAT64 `64:ff9b::/96` and
-/// `64:ff9b:1::/48`, 6to4 `2002::/16`, Teredo `2001::/32` server and client).
-fn embedded_ipv4(v6: Ipv6Addr) -> [Option<Ipv4Addr>; 3] {
-    let s = v6.segments();
-    let tail = Ipv4Addr::new((s[6] >> 8) as u8, s[6] as u8, (s[7] >> 8) as u8, s[7] as u8);
-    let pair =
-        |hi: u16, lo: u16| Ipv4Addr::new((hi >> 8) as u8, hi as u8, (lo >> 8) as u8, lo as u8);
-    if let Some(v4) = v6.to_ipv4_mapped() {
-        return [Some(v4), None, None];
-    }
-    if s[..6] == [0, 0, 0, 0, 0, 0] && !(s[6] == 0 && s[7] <= 1) {
-        return [Some(tail), None, None];
-    }
-    if s[..6] == [0, 0, 0, 0, 0xffff, 0] {
-        return [Some(tail), None, None];
-    }
-    if s[0] == 0x64 && s[1] == 0xff9b && (s[2..6] == [0, 0, 0, 0] || s[2] == 1) {
-        return [None, Some(tail), None];
-    }
-    if s[0] == 0x2002 {
-        return [None, Some(pair(s[1], s[2])), None];
-    }
-    if s[0] == 0x2001 && s[1] == 0 {
-        let client = Ipv4Addr::from(!u32::from(tail));
-        return [None, Some(pair(s[2], s[3])), Some(client)];
-    }
-    [None, None, None]
 }
 
 /// Whether a URL carries what may be a credential: userinfo, or a query.

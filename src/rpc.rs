@@ -158,7 +158,16 @@ impl crate::runtime::Runtime {
     /// # tokio::runtime::Runtime::new().expect("runtime").block_on(run()).expect("runs");
     /// ```
     pub fn builder(config: Arc<crate::Config>) -> crate::runtime::RuntimeBuilder {
-        crate::runtime::RuntimeBuilder::with_renderers(config, payload_renderers())
+        let agents = config.agents.clone();
+        let builder = crate::runtime::RuntimeBuilder::with_renderers(config, payload_renderers());
+        // The `a2a` backends: clients of the official dialects, built here beside them.
+        agents.iter().fold(builder, |b, a| match &a.a2a {
+            Some(u) if a.backend == "a2a" => b.agent(
+                &a.id,
+                a2a::upstream::A2aAgent::new(&a.id, u.clone(), &a.limits),
+            ),
+            _ => b,
+        })
     }
 }
 

@@ -153,10 +153,21 @@ impl Runtime {
 
     /// The agent's card with live metrics.
     pub fn card(&self, agent: &AgentId) -> Option<AgentCard> {
-        self.agents.get(agent).map(|a| AgentCard {
-            config: a.config.clone(),
-            kind: a.backend.kind().to_string(),
-            metrics: a.metrics.snapshot(),
+        self.agents.get(agent).map(|a| {
+            let mut config = a.config.clone();
+            let upstream = a.backend.upstream().and_then(|u| u.card);
+            if let Some(u) = &upstream {
+                // The entry's own settings win over the upstream's card.
+                config.name = config.name.or_else(|| u.name.clone());
+                config.description = config.description.or_else(|| u.description.clone());
+                config.streaming = config.streaming.or(Some(u.streaming));
+            }
+            AgentCard {
+                config,
+                kind: a.backend.kind().to_string(),
+                metrics: a.metrics.snapshot(),
+                upstream,
+            }
         })
     }
 

@@ -196,6 +196,7 @@ mod tests {
                 artifacts: Vec::new(),
                 metadata: None,
                 extensions: Default::default(),
+                note: None,
             }),
         }
     }

@@ -423,6 +423,9 @@ fn is_mime_type(essence: &str) -> bool {
 fn type_supported(essence: &str, supported: &[String]) -> bool {
     supported.iter().any(|pattern| {
         let pattern = pattern.to_ascii_lowercase();
+        if pattern == "*/*" {
+            return true;
+        }
         match pattern.strip_suffix("/*") {
             Some(prefix) => essence.split_once('/').is_some_and(|(ty, _)| ty == prefix),
             None => pattern == essence,

@@ -13,7 +13,7 @@ async fn server(edit: impl FnOnce(&mut a2ad::config::Config)) -> TestServer {
     hidden.public_card = false;
     let mut main = agent("main");
     main.name = Some("Main agent".into());
-    main.description = "the default one".into();
+    main.description = Some("the default one".into());
     c.agents.extend([hidden, main]);
     c.server.default_agent = Some("main".into());
     edit(&mut c);

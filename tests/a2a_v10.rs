@@ -23,7 +23,7 @@ async fn server() -> TestServer {
     stuck.echo.delay_ms = 60_000;
     let mut quiet = agent("quiet");
     quiet.webhooks = false;
-    quiet.streaming = false;
+    quiet.streaming = Some(false);
     let mut tck = agent("tck");
     tck.backend = "tck".into();
     c.agents.extend([slow, stuck, quiet, tck]);

@@ -70,7 +70,7 @@ async fn server() -> TestServer {
     slow.echo.progress_steps = 2;
     let mut quiet = agent("quiet");
     quiet.webhooks = false;
-    quiet.streaming = false;
+    quiet.streaming = Some(false);
     let mut tight = agent("tight");
     tight.limits.requests_per_minute = 1;
     c.agents.extend([slow, quiet, tight]);

@@ -161,8 +161,8 @@ async fn the_inspector_can_be_turned_off() {
 #[tokio::test]
 async fn the_agents_listing_names_what_the_key_may_use() {
     let mut c = support::config(&["echo", "secret"]);
-    c.agents[0].description = "Says back".into();
-    c.agents[1].streaming = false;
+    c.agents[0].description = Some("Says back".into());
+    c.agents[1].streaming = Some(false);
     let s = TestServer::start(c).await;
 
     let (status, body) = json_of(get(&s, "/api/v1/agents", Some(ALICE)).await).await;

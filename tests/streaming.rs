@@ -76,7 +76,7 @@ async fn a_stream_carries_every_state_change_numbered_from_one_then_closes() {
 #[tokio::test]
 async fn errors_before_the_stream_are_plain_json() {
     let mut off = agent("off");
-    off.streaming = false;
+    off.streaming = Some(false);
     let s = server(vec![echo(0, 0), off]).await;
     let resp = s
         .stream(

@@ -23,6 +23,7 @@ mod decoder_props;
 mod embed;
 mod evo_clients;
 mod faults;
+mod gateway;
 mod hostile;
 mod http_framing;
 mod inspector;

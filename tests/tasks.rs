@@ -558,7 +558,7 @@ async fn a_full_queue_is_429_too_many_tasks_and_queued_tasks_run_in_order() {
 async fn the_card_reports_identity_capabilities_limits_and_live_metrics() {
     let mut a = agent("echo");
     a.name = Some("Echo".into());
-    a.description = "Replies".into();
+    a.description = Some("Replies".into());
     a.version = "2.1.0".into();
     a.limits.requests_per_minute = 1000;
     let s = server_with(vec![a]).await;

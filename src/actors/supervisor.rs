@@ -116,6 +116,7 @@ impl Actor for TaskSupervisor {
                             .as_ref()
                             .map(|t| t.extensions.clone())
                             .unwrap_or_default(),
+                        note: None,
                     };
                     // Its turn will never be recorded: release the conversation.
                     let _ = state.shared.contexts.cast(ContextMsg::Abandon {

@@ -56,6 +56,8 @@ pub(crate) enum TaskMsg {
     },
     /// An artifact, or a chunk of one.
     Artifact(ArtifactUpdate),
+    /// The backend's durable note on the task ([`crate::agent::Updates::note`]).
+    Note(Arc<str>),
     /// The agent's run ended.
     Finished(Result<Outcome, AgentError>),
     /// The agent answered at its first poll: `Started` and `Finished` in one message.
@@ -165,7 +167,7 @@ pub(crate) struct TaskArgs {
 enum Deferred {
     Cancel(
         RpcReplyPort<Result<TaskSnapshot, Error>>,
-        Result<TaskSnapshot, Error>,
+        Box<Result<TaskSnapshot, Error>>,
     ),
     /// A read of a task none of whose events is durable yet: it answers with the first.
     Get(RpcReplyPort<TaskSnapshot>),
@@ -212,6 +214,11 @@ pub(crate) struct TaskActorState {
     start: Option<Admission>,
     /// Restored from the store while it was running: fails at `Start`, with this error.
     orphaned: Option<&'static str>,
+    /// The backend's durable note ([`crate::agent::Updates::note`]).
+    note: Option<Arc<str>>,
+    /// Restored while working, and its backend takes it up again: the first run at
+    /// `Start` is a take-up ([`crate::AgentRequest::taken_up`]).
+    taking_up: bool,
     /// Where the agent's updates come from, and how many are not durable yet (shared
     /// with its [`Updates`]).
     link: Arc<TaskLink>,
@@ -267,6 +274,8 @@ impl Actor for TaskActor {
             generation: 0,
             start: args.admission,
             orphaned: None,
+            note: None,
+            taking_up: false,
             link: Arc::new(TaskLink {
                 actor: myself.clone(),
                 flow: Flow::default(),
@@ -296,7 +305,13 @@ impl Actor for TaskActor {
                     }
                     TaskState::Working => {
                         m.tasks_working.fetch_add(1, submitted());
+                        let takes_up = state.agent.backend.takes_up()
+                            && task.note.is_some()
+                            && args.why != Orphan::Held;
+                        state.taking_up = takes_up && state.start.is_some();
                         state.orphaned = match args.why {
+                            // Its work goes on elsewhere (an upstream task): taken up.
+                            _ if state.taking_up => None,
                             // Run again from its first message (`on_node_loss = "resume"`).
                             Orphan::NodeLost { rerun: true } if state.start.is_some() => None,
                             Orphan::NodeLost { .. } => Some(NODE_LOST_ERROR),
@@ -361,6 +376,14 @@ impl Actor for TaskActor {
                 let update = state.stamped_artifact(update);
                 state.update(&myself, |state, _| state.artifact(update));
             }
+            TaskMsg::Note(note) if state.status.state == TaskState::Working => {
+                // Stored with an event of its own, so it is durable before whatever the
+                // backend does next is.
+                state.note = Some(note);
+                state.update(&myself, |state, myself| {
+                    state.transition(myself, TaskStatus::new(TaskState::Working));
+                });
+            }
             TaskMsg::Overrun if state.status.state == TaskState::Working => {
                 tracing::warn!(task = %state.key.task, "the agent's updates outpace the store; the task fails");
                 let mut s = TaskStatus::new(TaskState::Failed);
@@ -384,6 +407,7 @@ impl Actor for TaskActor {
             }
             TaskMsg::TimedOut(generation) if generation == state.generation && !terminal => {
                 state.transition(&myself, canceled("timeout".into()));
+                state.cancel_elsewhere();
             }
             TaskMsg::Cancel { reason, reply } => {
                 let outcome = if terminal {
@@ -394,11 +418,12 @@ impl Actor for TaskActor {
                     })
                 } else {
                     state.transition(&myself, canceled(reason));
+                    state.cancel_elsewhere();
                     Ok((*state.snapshot).clone())
                 };
                 if let Some(reply) = reply {
                     // Told only once what it reports is durable.
-                    state.defer(Deferred::Cancel(reply, outcome));
+                    state.defer(Deferred::Cancel(reply, Box::new(outcome)));
                 }
             }
             TaskMsg::Continue {
@@ -448,7 +473,12 @@ impl Actor for TaskActor {
                     && state.durable.status.state == state.status.state;
                 let queued = state.status.state == TaskState::Submitted
                     && state.durable.status.state == TaskState::Submitted;
-                if (waiting && keep_waiting) || (queued && keep_queued) {
+                // Its work goes on elsewhere, and the store knows where: taken up after
+                // the restart.
+                let elsewhere = state.status.state == TaskState::Working
+                    && state.durable.note.is_some()
+                    && state.agent.backend.takes_up();
+                if ((waiting || elsewhere) && keep_waiting) || (queued && keep_queued) {
                     let me = myself.get_id();
                     state
                         .shared
@@ -459,10 +489,13 @@ impl Actor for TaskActor {
                     myself.stop(None);
                 } else if !terminal {
                     state.transition(&myself, canceled("shutdown".into()));
+                    state.cancel_elsewhere();
                 }
             }
             // Late messages for a task that already moved on: nothing to do.
-            TaskMsg::Progress { .. } | TaskMsg::Artifact(_) => state.link.flow.release(1),
+            TaskMsg::Progress { .. } | TaskMsg::Artifact(_) | TaskMsg::Note(_) => {
+                state.link.flow.release(1);
+            }
             TaskMsg::Finished(_) | TaskMsg::TimedOut(_) | TaskMsg::Overrun => {}
         }
         // A hold lasts one message: whatever comes next writes what waited.
@@ -504,5 +537,6 @@ fn placeholder(key: &TaskKey, context: &ContextId, status: &TaskStatus) -> TaskS
         artifacts: Vec::new(),
         metadata: None,
         extensions: Extensions::default(),
+        note: None,
     }
 }

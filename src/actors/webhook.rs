@@ -15,7 +15,6 @@
 use std::collections::hash_map::DefaultHasher;
 use std::collections::{HashMap, VecDeque};
 use std::hash::{Hash, Hasher};
-use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::Duration;
@@ -26,7 +25,8 @@ use super::AgentEntry;
 use crate::config::WebhooksConfig;
 use crate::metrics::WebhookMetrics;
 use crate::model::{AgentId, TaskKey};
-use crate::push::{StoredPushConfig, address_allowed, redact_url};
+use crate::net::{GuardedResolver, address_allowed, refusal};
+use crate::push::{StoredPushConfig, redact_url};
 use crate::store::{Delivery, Store, Write};
 use crate::webhook::{
     self, AttemptEnd, AttemptRecord, Outcome, PayloadInput, PayloadRenderer, RecentDeliveries,
@@ -349,17 +349,11 @@ async fn send(args: &WebhookArgs, d: &Delivery) -> Outcome {
     let config = &d.config.config;
     *d.config.last_used.lock().unwrap_or_else(|e| e.into_inner()) = Some(chrono::Utc::now());
     // A literal address never reaches the resolver, so it is checked here, every time.
-    if let Ok(url) = url::Url::parse(&config.url) {
-        let literal = match url.host() {
-            Some(url::Host::Ipv4(v4)) => Some(IpAddr::V4(v4)),
-            Some(url::Host::Ipv6(v6)) => Some(IpAddr::V6(v6)),
-            _ => None,
-        };
-        if let Some(ip) = literal
-            && let Err(reason) = address_allowed(ip, args.allow_private)
-        {
-            return Outcome::Refused(reason.to_string());
-        }
+    if let Ok(url) = url::Url::parse(&config.url)
+        && let Some(ip) = crate::net::literal_ip(&url)
+        && let Err(reason) = address_allowed(ip, args.allow_private)
+    {
+        return Outcome::Refused(reason.to_string());
     }
     let Some(renderer) = args.renderers.get(&*d.config.format) else {
         return Outcome::Refused(format!("no payload format {:?}", d.config.format));
@@ -457,70 +451,6 @@ fn error_chain(e: &dyn std::error::Error) -> String {
     text
 }
 
-/// The resolver's refusal of a target address (SSRF guard), found again in reqwest's
-/// error chain by type.
-#[derive(Debug)]
-struct TargetRefused {
-    host: String,
-    why: &'static str,
-}
-
-impl std::fmt::Display for TargetRefused {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "webhook target {} refused: {}", self.host, self.why)
-    }
-}
-
-impl std::error::Error for TargetRefused {}
-
-fn refusal<'a>(e: &'a (dyn std::error::Error + 'static)) -> Option<&'a TargetRefused> {
-    let mut current: Option<&(dyn std::error::Error + 'static)> = Some(e);
-    while let Some(err) = current {
-        if let Some(refused) = err.downcast_ref::<TargetRefused>() {
-            return Some(refused);
-        }
-        current = err.source();
-    }
-    None
-}
-
-/// Resolves host names and keeps only the addresses the policy allows, so the connection
-/// can only go to an address that was checked at this delivery (no DNS-rebinding gap).
-struct GuardedResolver {
-    allow_private: bool,
-}
-
-impl reqwest::dns::Resolve for GuardedResolver {
-    fn resolve(&self, name: reqwest::dns::Name) -> reqwest::dns::Resolving {
-        let allow_private = self.allow_private;
-        let host = name.as_str().to_string();
-        Box::pin(async move {
-            let addrs: Vec<SocketAddr> = tokio::time::timeout(
-                webhook::ATTEMPT_TIMEOUT,
-                tokio::net::lookup_host((host.as_str(), 0)),
-            )
-            .await
-            .map_err(|_| format!("resolving {host} timed out"))??
-            .collect();
-            let allowed: Vec<SocketAddr> = addrs
-                .iter()
-                .copied()
-                .filter(|a| address_allowed(a.ip(), allow_private).is_ok())
-                .collect();
-            if allowed.is_empty() {
-                let why = addrs
-                    .first()
-                    .and_then(|a| address_allowed(a.ip(), allow_private).err())
-                    .unwrap_or("no address");
-                let refused: Box<dyn std::error::Error + Send + Sync> =
-                    Box::new(TargetRefused { host, why });
-                return Err(refused);
-            }
-            Ok(Box::new(allowed.into_iter()) as reqwest::dns::Addrs)
-        })
-    }
-}
-
 /// The pool: its workers, fed with the deliveries of published events.
 pub(crate) struct WebhookPool {
     workers: Vec<ActorRef<WebhookMsg>>,
@@ -543,7 +473,11 @@ impl WebhookPool {
             .connect_timeout(webhook::ATTEMPT_TIMEOUT)
             .timeout(webhook::ATTEMPT_TIMEOUT)
             .pool_idle_timeout(Duration::from_secs(30))
-            .dns_resolver(GuardedResolver { allow_private })
+            .dns_resolver(GuardedResolver {
+                allow_private,
+                timeout: webhook::ATTEMPT_TIMEOUT,
+                what: "webhook target",
+            })
             .build()
             .map_err(|e| {
                 tracing::error!(error = %e, "webhook HTTP client");

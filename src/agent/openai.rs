@@ -396,6 +396,10 @@ mod tests {
             turn: 3,
             cancel: Default::default(),
             extensions: Default::default(),
+            principal: crate::model::Principal::new("alice"),
+            note: None,
+            taken_up: false,
+            artifacts: Vec::new(),
         };
         let body = OpenAiAgent::request_body(&c, &request);
         assert_eq!(body["model"], "m1");

@@ -27,18 +27,19 @@ pub struct AgentConfig {
     pub id: String,
     /// Display name; defaults to the id.
     pub name: Option<String>,
-    /// Description.
+    /// Description (`""` when unset; an `a2a` agent takes its upstream's).
     #[serde(default)]
-    pub description: String,
+    pub description: Option<String>,
     /// Agent version.
     #[serde(default = "default_version")]
     pub version: String,
     /// Backend kind: `echo`.
     #[serde(default = "default_backend")]
     pub backend: String,
-    /// Whether `message/stream` and `tasks/resubscribe` are served.
-    #[serde(default = "yes")]
-    pub streaming: bool,
+    /// Whether `message/stream` and `tasks/resubscribe` are served (unset: they are; an
+    /// `a2a` agent's cards then say what its upstream's says).
+    #[serde(default)]
+    pub streaming: Option<bool>,
     /// Whether push notifications can be configured.
     #[serde(default = "yes")]
     pub webhooks: bool,
@@ -57,6 +58,9 @@ pub struct AgentConfig {
     /// `[agents.tck]`
     #[serde(default)]
     pub tck: TckConfig,
+    /// `[agents.a2a]`: required with `backend = "a2a"` (any A2A agent behind a2ad).
+    #[serde(default)]
+    pub a2a: Option<A2aConfig>,
     /// `[[agents.extensions]]`: the A2A extensions this agent supports, declared in its
     /// cards and activated per request (docs/PROTOCOL.md §12).
     #[serde(default)]
@@ -176,6 +180,104 @@ pub struct OpenAiConfig {
     pub max_response_bytes: usize,
 }
 
+/// `[agents.a2a]`: the upstream A2A agent a2ad fronts (docs/CONFIG.md, "The `a2a`
+/// backend").
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct A2aConfig {
+    /// The upstream's public agent card.
+    pub card_url: String,
+    /// `auto`, `jsonrpc`, `http_json` or `grpc`.
+    #[serde(default = "auto")]
+    pub binding: String,
+    /// `auto`, `"1.0"` or `"0.3"`.
+    #[serde(default = "auto")]
+    pub protocol: String,
+    /// Sent on every upstream call (card fetches included), as HTTP headers or gRPC
+    /// metadata; a value `env:NAME` is read from the environment at start.
+    #[serde(default)]
+    pub headers: std::collections::BTreeMap<String, String>,
+    /// One upstream task at most, from its first upstream call.
+    #[serde(default = "A2aConfig::default_timeout")]
+    pub timeout_seconds: f64,
+    /// Bound on opening a connection to the upstream.
+    #[serde(default = "A2aConfig::default_connect_timeout")]
+    pub connect_timeout_seconds: f64,
+    /// How often the upstream's card is fetched again (10–86400).
+    #[serde(default = "A2aConfig::default_card_refresh")]
+    pub card_refresh_seconds: u64,
+    /// Upstream calls (streams included) open at once at most.
+    #[serde(default = "A2aConfig::default_max_connections")]
+    pub max_connections: usize,
+    /// Loopback and private upstreams are allowed (as `[webhooks]`).
+    #[serde(default)]
+    pub allow_private_networks: bool,
+    /// Bytes of one upstream answer at most (a body, or a whole stream).
+    #[serde(default = "A2aConfig::default_max_response_bytes")]
+    pub max_response_bytes: usize,
+}
+
+impl A2aConfig {
+    /// Default bound on one upstream task.
+    pub const DEFAULT_TIMEOUT_SECONDS: f64 = 300.0;
+    /// Default connect time-out.
+    pub const DEFAULT_CONNECT_TIMEOUT_SECONDS: f64 = 5.0;
+    /// Default card refresh period.
+    pub const DEFAULT_CARD_REFRESH_SECONDS: u64 = 300;
+    /// Default connections per upstream.
+    pub const DEFAULT_MAX_CONNECTIONS: usize = 64;
+
+    /// An upstream whose card is at `card_url`, every other option at its default.
+    pub fn new(card_url: &str) -> Self {
+        Self {
+            card_url: card_url.to_string(),
+            binding: auto(),
+            protocol: auto(),
+            headers: Default::default(),
+            timeout_seconds: Self::DEFAULT_TIMEOUT_SECONDS,
+            connect_timeout_seconds: Self::DEFAULT_CONNECT_TIMEOUT_SECONDS,
+            card_refresh_seconds: Self::DEFAULT_CARD_REFRESH_SECONDS,
+            max_connections: Self::DEFAULT_MAX_CONNECTIONS,
+            allow_private_networks: false,
+            max_response_bytes: OpenAiConfig::DEFAULT_MAX_RESPONSE_BYTES,
+        }
+    }
+
+    /// `timeout_seconds` as a [`Duration`].
+    pub fn timeout(&self) -> Duration {
+        seconds(self.timeout_seconds)
+    }
+
+    /// `connect_timeout_seconds` as a [`Duration`].
+    pub fn connect_timeout(&self) -> Duration {
+        seconds(self.connect_timeout_seconds)
+    }
+
+    fn default_timeout() -> f64 {
+        Self::DEFAULT_TIMEOUT_SECONDS
+    }
+
+    fn default_connect_timeout() -> f64 {
+        Self::DEFAULT_CONNECT_TIMEOUT_SECONDS
+    }
+
+    fn default_card_refresh() -> u64 {
+        Self::DEFAULT_CARD_REFRESH_SECONDS
+    }
+
+    fn default_max_connections() -> usize {
+        Self::DEFAULT_MAX_CONNECTIONS
+    }
+
+    fn default_max_response_bytes() -> usize {
+        OpenAiConfig::DEFAULT_MAX_RESPONSE_BYTES
+    }
+}
+
+fn auto() -> String {
+    "auto".to_string()
+}
+
 /// `[agents.limits]`
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -227,23 +329,24 @@ impl AgentLimits {
 
 impl AgentConfig {
     /// Backends this build knows.
-    pub const BACKENDS: &'static [&'static str] = &["echo", "openai", "tck"];
+    pub const BACKENDS: &'static [&'static str] = &["echo", "openai", "tck", "a2a"];
 
     /// An agent with every default and the given id.
     pub fn new(id: &str) -> Self {
         Self {
             id: id.to_string(),
             name: None,
-            description: String::new(),
+            description: None,
             version: default_version(),
             backend: default_backend(),
-            streaming: true,
+            streaming: None,
             webhooks: true,
             public_card: true,
             limits: AgentLimits::default(),
             echo: EchoConfig::default(),
             openai: None,
             tck: TckConfig::default(),
+            a2a: None,
             extensions: Vec::new(),
         }
     }
@@ -251,6 +354,16 @@ impl AgentConfig {
     /// The display name (the id when none is set).
     pub fn display_name(&self) -> &str {
         self.name.as_deref().unwrap_or(&self.id)
+    }
+
+    /// The description (`""` when none is set).
+    pub fn description(&self) -> &str {
+        self.description.as_deref().unwrap_or("")
+    }
+
+    /// Whether streams are served: unless `streaming = false`.
+    pub fn streaming(&self) -> bool {
+        self.streaming != Some(false)
     }
 }
 

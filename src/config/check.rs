@@ -8,9 +8,9 @@ use std::fmt::Display;
 use std::net::SocketAddr;
 
 use super::{
-    AgentConfig, AgentLimits, ApiKeyConfig, CertificateConfig, ClusterConfig, Config, ConfigError,
-    EchoConfig, MAX_SECONDS, OidcConfig, OpenAiConfig, ServerConfig, StoreConfig, TlsConfig,
-    WebhooksConfig,
+    A2aConfig, AgentConfig, AgentLimits, ApiKeyConfig, CertificateConfig, ClusterConfig, Config,
+    ConfigError, EchoConfig, MAX_SECONDS, OidcConfig, OpenAiConfig, ServerConfig, StoreConfig,
+    TlsConfig, WebhooksConfig,
 };
 
 /// The largest `max_file_size` (512 MiB): its Base64 body still fits the body ceiling.
@@ -495,6 +495,22 @@ fn agent_config(a: &mut AgentConfig, i: usize) -> Result<(), ConfigError> {
         }
         _ => {}
     }
+    match (&a.backend[..], &a.a2a) {
+        ("a2a", None) => {
+            return Err(ConfigError::key(
+                at("a2a"),
+                "backend \"a2a\" needs an [agents.a2a] table with card_url",
+            ));
+        }
+        ("a2a", Some(u)) => a2a(&a.id, u, &at)?,
+        (_, Some(_)) => {
+            return Err(ConfigError::key(
+                at("a2a"),
+                "[agents.a2a] is only used with backend = \"a2a\"",
+            ));
+        }
+        _ => {}
+    }
     limits(&mut a.limits, &at)?;
     echo(&a.echo, &at)?;
     extensions(&a.extensions, &at)?;
@@ -585,6 +601,95 @@ fn echo(e: &EchoConfig, at: &dyn Fn(&str) -> String) -> Result<(), ConfigError> 
         (MAX_SECONDS * 1000.0) as u64,
     )?;
     int(&at("echo.progress_steps"), e.progress_steps, 0, 100_000)
+}
+
+/// `[agents.a2a]` (docs/CONFIG.md): a card URL a2ad may reach, known names, bounds, and
+/// headers whose `env:` variables are set.
+fn a2a(agent: &str, u: &A2aConfig, at: &dyn Fn(&str) -> String) -> Result<(), ConfigError> {
+    let url = match url::Url::parse(&u.card_url) {
+        Ok(url) if matches!(url.scheme(), "http" | "https") && url.host().is_some() => url,
+        _ => {
+            return Err(ConfigError::key(
+                at("a2a.card_url"),
+                format!(
+                    "{:?} is not an http(s) URL such as \"http://127.0.0.1:9000/.well-known/agent-card.json\"",
+                    u.card_url
+                ),
+            ));
+        }
+    };
+    if let Some(ip) = crate::net::literal_ip(&url)
+        && let Err(why) = crate::net::address_allowed(ip, u.allow_private_networks)
+    {
+        return Err(ConfigError::key(
+            at("a2a.card_url"),
+            format!(
+                "agent {agent:?}: the upstream {ip} is refused ({why}); set allow_private_networks = true in [agents.a2a] to front a loopback or private agent"
+            ),
+        ));
+    }
+    if !["auto", "jsonrpc", "http_json", "grpc"].contains(&u.binding.as_str()) {
+        return Err(ConfigError::key(
+            at("a2a.binding"),
+            format!(
+                "unknown binding {:?}; one of auto, jsonrpc, http_json, grpc",
+                u.binding
+            ),
+        ));
+    }
+    if !["auto", "1.0", "0.3"].contains(&u.protocol.as_str()) {
+        return Err(ConfigError::key(
+            at("a2a.protocol"),
+            format!(
+                "unknown protocol {:?}; one of \"auto\", \"1.0\", \"0.3\"",
+                u.protocol
+            ),
+        ));
+    }
+    for (name, value) in &u.headers {
+        let key = at(&format!("a2a.headers.{name}"));
+        if hyper::header::HeaderName::from_bytes(name.as_bytes()).is_err() {
+            return Err(ConfigError::key(key, "is not a valid header name"));
+        }
+        let value = match value.strip_prefix("env:") {
+            Some(var) => std::env::var(var).map_err(|_| {
+                ConfigError::key(
+                    key.clone(),
+                    format!("the environment variable {var:?} is not set"),
+                )
+            })?,
+            None => value.clone(),
+        };
+        if hyper::header::HeaderValue::from_str(&value).is_err() {
+            return Err(ConfigError::key(
+                key,
+                "is not a valid header value (control characters or non-ASCII)",
+            ));
+        }
+    }
+    seconds(&at("a2a.timeout_seconds"), u.timeout_seconds)?;
+    if !(u.connect_timeout_seconds.is_finite()
+        && u.connect_timeout_seconds > 0.0
+        && u.connect_timeout_seconds <= 300.0)
+    {
+        return Err(ConfigError::key(
+            at("a2a.connect_timeout_seconds"),
+            "must be a number greater than 0 and at most 300",
+        ));
+    }
+    int(
+        &at("a2a.card_refresh_seconds"),
+        u.card_refresh_seconds,
+        10,
+        86_400,
+    )?;
+    int(&at("a2a.max_connections"), u.max_connections, 1, 10_000)?;
+    int(
+        &at("a2a.max_response_bytes"),
+        u.max_response_bytes,
+        1024,
+        1 << 30,
+    )
 }
 
 fn openai(o: &OpenAiConfig, at: &dyn Fn(&str) -> String) -> Result<(), ConfigError> {

@@ -58,7 +58,7 @@ fn only_the_agent_id_is_required_and_queue_defaults_to_ten_times_concurrency() {
     let a = &c.agents[0];
     assert_eq!(a.display_name(), "a");
     assert_eq!(a.version, "1.0.0");
-    assert!(a.streaming && a.webhooks);
+    assert!(a.streaming() && a.webhooks);
     assert_eq!(a.limits.max_queued(), 30);
 }
 

@@ -49,10 +49,10 @@ pub(crate) async fn agents(app: &App, req: Request<Incoming>) -> Response<Body> 
             json!({
                 "id": a.id,
                 "name": a.name.as_deref().unwrap_or(&a.id),
-                "description": a.description,
+                "description": a.description(),
                 "version": a.version,
                 "backend": a.backend,
-                "streaming": a.streaming,
+                "streaming": a.streaming(),
                 "webhooks": a.webhooks,
                 "publicCard": a.public_card,
                 "limits": {

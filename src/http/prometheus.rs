@@ -115,6 +115,7 @@ pub(crate) fn render(app: &App) -> String {
         running.push((format!("agent=\"{id}\""), r as f64));
         queued.push((format!("agent=\"{id}\""), q as f64));
     }
+    upstreams(&mut out, runtime, &ids);
     counter(
         &mut out,
         "a2ad_tasks_finished_total",
@@ -417,6 +418,64 @@ fn cluster(out: &mut String, runtime: &crate::Runtime) {
         "Wake-ups of followers of tasks run by other nodes.",
         &[(l, c.hints as f64)],
     );
+}
+
+/// The `a2a` backends' upstreams: calls, failures by kind, time to answer.
+fn upstreams(out: &mut String, runtime: &crate::Runtime, ids: &[String]) {
+    use crate::metrics::{UPSTREAM_ERROR_KINDS, UPSTREAM_LATENCY_BUCKETS};
+    let views: Vec<_> = ids
+        .iter()
+        .filter_map(|id| {
+            let agent = runtime.agent(&crate::AgentId::new(id.as_str()))?;
+            Some((id, agent.backend.upstream()?))
+        })
+        .collect();
+    if views.is_empty() {
+        return;
+    }
+    let mut requests = Vec::new();
+    let mut errors = Vec::new();
+    for (id, v) in &views {
+        requests.push((
+            format!("agent=\"{id}\""),
+            v.metrics.requests.load(Relaxed) as f64,
+        ));
+        for (kind, n) in UPSTREAM_ERROR_KINDS.iter().zip(v.metrics.errors()) {
+            errors.push((format!("agent=\"{id}\",kind=\"{kind}\""), n as f64));
+        }
+    }
+    counter(
+        out,
+        "a2ad_upstream_requests_total",
+        "Calls to upstream A2A agents (the a2a backend), by agent.",
+        &refs(&requests),
+    );
+    counter(
+        out,
+        "a2ad_upstream_errors_total",
+        "Upstream failures by agent and kind (connect, timeout, refused, redirect, http, auth, garbage, error, too_large, failed).",
+        &refs(&errors),
+    );
+    let _ = writeln!(
+        out,
+        "# HELP a2ad_upstream_request_duration_seconds Time from an upstream call to its answer (to the start of a stream).\n# TYPE a2ad_upstream_request_duration_seconds histogram"
+    );
+    for (id, v) in &views {
+        let (buckets, sum) = v.metrics.histogram();
+        let mut cumulative = 0;
+        for (i, le) in UPSTREAM_LATENCY_BUCKETS.iter().enumerate() {
+            cumulative += buckets[i];
+            let _ = writeln!(
+                out,
+                "a2ad_upstream_request_duration_seconds_bucket{{agent=\"{id}\",le=\"{le}\"}} {cumulative}"
+            );
+        }
+        cumulative += buckets[UPSTREAM_LATENCY_BUCKETS.len()];
+        let _ = writeln!(
+            out,
+            "a2ad_upstream_request_duration_seconds_bucket{{agent=\"{id}\",le=\"+Inf\"}} {cumulative}\na2ad_upstream_request_duration_seconds_sum{{agent=\"{id}\"}} {sum}\na2ad_upstream_request_duration_seconds_count{{agent=\"{id}\"}} {cumulative}"
+        );
+    }
 }
 
 fn gauge(out: &mut String, name: &str, help: &str, samples: &[(&str, f64)]) {

@@ -5,6 +5,7 @@
 
 pub(crate) mod bindings;
 pub(crate) mod card;
+pub(crate) mod client;
 pub(crate) mod errors;
 pub(crate) mod ops;
 pub(crate) mod params;
@@ -14,6 +15,7 @@ pub(crate) mod pbout;
 pub(crate) mod pbvalue;
 pub(crate) mod render;
 pub(crate) mod token;
+pub(crate) mod upstream;
 pub(crate) mod webhook;
 
 pub(crate) use bindings::jsonrpc::dispatch;

@@ -113,4 +113,7 @@ pub struct AgentCard {
     pub kind: String,
     /// Live metrics.
     pub metrics: AgentMetricsSnapshot,
+    /// What the upstream's card says, for an agent that fronts one (its name,
+    /// description and streaming are in `config` already, unless the entry set them).
+    pub upstream: Option<crate::agent::UpstreamFacts>,
 }

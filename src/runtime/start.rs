@@ -201,7 +201,8 @@ impl Runtime {
 
     /// Takes up a task the store held unfinished (after a restart, or taken over from
     /// another node): queued tasks are queued again, a task that was working fails (its
-    /// agent's work is lost with the process) or runs again (`on_node_loss = "resume"`),
+    /// agent's work is lost with the process), runs again (`on_node_loss = "resume"`) or
+    /// is taken up where its work goes on (a backend that [`Agent::takes_up`] and left a note),
     /// an interrupted one waits for its continuing message again. A task taken to be
     /// canceled or continued here ([`Orphan::Held`]) waits for that.
     async fn resume(&self, r: RecoveredTask) -> Option<LiveTask> {
@@ -212,7 +213,12 @@ impl Runtime {
         let message = r.task.history.first().cloned()?;
         let runs = match r.task.status.state {
             crate::model::TaskState::Submitted => r.why != Orphan::Held,
-            crate::model::TaskState::Working => r.why == Orphan::NodeLost { rerun: true },
+            // Run again from its first message, or taken up where its work goes on
+            // (a backend's note says where: the `a2a` backend's upstream task).
+            crate::model::TaskState::Working => {
+                r.why == Orphan::NodeLost { rerun: true }
+                    || (agent.backend.takes_up() && r.task.note.is_some() && r.why != Orphan::Held)
+            }
             _ => false,
         };
         let admission = if runs {

@@ -304,6 +304,7 @@ pub(crate) fn decode_record(key: &TaskKey, bytes: &[u8]) -> Option<(TaskSnapshot
             artifacts: exact(rec.a.into_iter().map(|a| Arc::new(a.into_artifact()))),
             metadata: rec.md.map(Arc::from),
             extensions: Extensions::default(),
+            note: None,
         },
         TurnId {
             number: rec.turn,
@@ -822,6 +823,7 @@ mod tests {
                 RawValue::from_string(r#"{"trace":"x"}"#.into()).expect("json"),
             )),
             extensions: Default::default(),
+            note: None,
         };
         let t = TurnId {
             number: 4,
@@ -911,6 +913,23 @@ mod tests {
         let mut longer = record.clone();
         longer.push(0);
         assert!(decode_task(&key(), &longer).is_none());
+        // A backend's note rides in the trailing flags, with or without the turn.
+        let noted = TaskSnapshot {
+            note: Some(Arc::from("{\"task\":\"up-1\"}")),
+            ..task.clone()
+        };
+        for carries in [false, true] {
+            let row = encode_record(&noted, t, carries);
+            let (back, turn, carried) = binary::decode_task(&key(), &row).expect("noted");
+            assert_eq!(
+                (back.note.as_deref(), turn, carried),
+                (noted.note.as_deref(), t, carries)
+            );
+            assert!(binary::decode_task(&key(), &row[..row.len() - 1]).is_none());
+        }
+        let (plain, _, carried) =
+            binary::decode_task(&key(), &encode_record(&task, t, true)).expect("turn only");
+        assert_eq!((plain.note, carried), (None, true));
     }
 
     fn raw(text: &str) -> RawJson {
@@ -959,6 +978,7 @@ mod tests {
             artifacts: vec![Arc::new(artifact.clone())],
             metadata: None,
             extensions: ext.clone(),
+            note: None,
         };
         let t = TurnId {
             number: 1,

@@ -71,6 +71,7 @@ fn snapshot(key: &TaskKey, context: &str, seq: u64, state: TaskState) -> Arc<Tas
         artifacts: Vec::new(),
         metadata: None,
         extensions: Default::default(),
+        note: None,
     })
 }
 

@@ -409,6 +409,7 @@ mod tests {
             artifacts: Vec::new(),
             metadata: None,
             extensions: Default::default(),
+            note: None,
         };
         Finished {
             path: dir.join("a2ad.redb"),

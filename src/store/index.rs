@@ -708,6 +708,7 @@ mod tests {
             artifacts: vec![],
             metadata: None,
             extensions: Default::default(),
+            note: None,
         })
     }
 

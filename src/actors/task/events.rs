@@ -144,7 +144,7 @@ impl TaskActorState {
     pub(super) fn answer(&self, reply: Deferred) {
         match reply {
             Deferred::Cancel(port, outcome) => {
-                let _ = port.send(outcome);
+                let _ = port.send(*outcome);
             }
             Deferred::Get(port) => {
                 let _ = port.send((*self.durable).clone());
@@ -335,6 +335,7 @@ impl TaskActorState {
             artifacts: self.artifacts.clone(),
             metadata: self.metadata.clone(),
             extensions: self.extensions.clone(),
+            note: self.note.clone(),
         }
     }
 }

@@ -35,6 +35,10 @@ impl TaskActorState {
                     Outcome::InputRequired(m) => (TaskState::InputRequired, m),
                     Outcome::AuthRequired(m) => (TaskState::AuthRequired, m),
                     Outcome::Rejected(m) => (TaskState::Rejected, m),
+                    Outcome::Canceled(reason) => {
+                        self.transition(myself, super::canceled(reason.into()));
+                        return;
+                    }
                 };
                 let mut s = TaskStatus::new(to);
                 if let Some(reply) = reply {
@@ -57,19 +61,33 @@ impl TaskActorState {
     }
 
     pub(super) fn request(
-        &self,
+        &mut self,
         message: Arc<Message>,
         task_history: Vec<Arc<Message>>,
     ) -> AgentRequest {
         AgentRequest {
+            note: self.note.clone(),
+            taken_up: std::mem::take(&mut self.taking_up),
+            artifacts: self.artifacts.clone(),
             task_id: self.key.task.clone(),
             context_id: self.context_id.clone(),
+            principal: self.key.principal.clone(),
             message,
             history: self.context_history.clone(),
             task_history,
             turn: self.turn.number,
             extensions: self.extensions.clone(),
             cancel: self.cancel.clone(),
+        }
+    }
+
+    /// The task ended canceled while its backend may have work running elsewhere (its
+    /// note says where): the backend stops it ([`crate::Agent::canceled`]).
+    pub(super) fn cancel_elsewhere(&self) {
+        if self.status.state == TaskState::Canceled
+            && let Some(note) = &self.note
+        {
+            self.agent.backend.canceled(note);
         }
     }
 
@@ -176,6 +194,7 @@ impl TaskActorState {
         self.status = task.status.clone();
         self.history = task.history.clone();
         self.artifacts = task.artifacts.clone();
+        self.note = task.note.clone();
         self.published = events.last().map_or(task.seq, |e| e.seq);
         self.events = events;
         self.snapshot = task.clone();
@@ -298,6 +317,7 @@ impl UpdateSink for TaskLink {
                 Update::Progress { message, keep } => TaskMsg::Progress { message, keep },
                 Update::Artifact(a) => TaskMsg::Artifact(a),
                 Update::Overrun => TaskMsg::Overrun,
+                Update::Note(note) => TaskMsg::Note(note),
             })
             .is_ok()
     }

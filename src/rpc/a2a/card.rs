@@ -35,14 +35,14 @@ pub(crate) fn card(
             input_modes.push(t.clone());
         }
     }
-    let description = if c.description.is_empty() {
+    let description = if c.description().is_empty() {
         c.display_name().to_string()
     } else {
-        c.description.clone()
+        c.description().to_string()
     };
     let mut out = json!({
         "name": c.display_name(),
-        "description": c.description,
+        "description": c.description(),
         "version": c.version,
         // 1.0 over JSON-RPC first (what a client without a preference takes), then 1.0
         // over HTTP+JSON and gRPC, then 0.3 (docs/PROTOCOL.md §10.2).
@@ -72,7 +72,7 @@ pub(crate) fn card(
             }),
         ],
         "capabilities": {
-            "streaming": c.streaming,
+            "streaming": c.streaming(),
             "pushNotifications": c.webhooks,
             "extendedAgentCard": true,
         },
@@ -93,6 +93,19 @@ pub(crate) fn card(
             "tags": [c.backend],
         }],
     });
+    // A fronted agent shows its upstream's skills and modes.
+    if let Some(u) = &card.upstream {
+        let fields = [
+            ("skills", &u.skills),
+            ("defaultInputModes", &u.input_modes),
+            ("defaultOutputModes", &u.output_modes),
+        ];
+        for (key, value) in fields {
+            if let Some(v) = value.as_ref().filter(|v| v.is_array()) {
+                out[key] = v.clone();
+            }
+        }
+    }
     if !c.extensions.is_empty() {
         out["capabilities"]["extensions"] = c.extensions_json();
     }

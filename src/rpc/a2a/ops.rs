@@ -142,7 +142,7 @@ impl Op {
     /// errors win over the params').
     pub(crate) fn admit(self, cx: &CallContext) -> Result<(), Error> {
         match self {
-            Self::SendStreamingMessage if !cx.agent.config.streaming => Err(not_streaming(None)),
+            Self::SendStreamingMessage if !cx.agent.config.streaming() => Err(not_streaming(None)),
             Self::CreatePushConfig
             | Self::GetPushConfig
             | Self::ListPushConfigs
@@ -314,7 +314,7 @@ pub(crate) async fn execute(
             artifacts: true,
         }),
         OpRequest::SubscribeToTask { task, after } => {
-            if !cx.agent.config.streaming {
+            if !cx.agent.config.streaming() {
                 return Err(not_streaming(Some(task)));
             }
             // `Last-Event-ID` (gRPC: `a2a-last-event-id`) resumes, on every binding.

@@ -220,7 +220,12 @@ pub(crate) fn several_kinds() -> Error {
     Error::invalid(PART, "must hold exactly one of text, raw, url or data")
 }
 
-fn part(v: Version, i: usize, raw: &RawValue, limits: &AgentLimits) -> Result<Part, Error> {
+pub(crate) fn part(
+    v: Version,
+    i: usize,
+    raw: &RawValue,
+    limits: &AgentLimits,
+) -> Result<Part, Error> {
     part_of(v, raw, limits).map_err(|e| json::at_part(i, e))
 }
 

@@ -319,6 +319,7 @@ mod tests {
             artifacts: Vec::new(),
             metadata: None,
             extensions: Default::default(),
+            note: None,
         };
         // An empty text and an empty file are parts too (a `oneof` set to its default).
         let mut reply = Message::agent_text(["hi", &"long ".repeat(60), ""]);

@@ -124,7 +124,7 @@ async fn stream(runtime: &Runtime, cx: &CallContext, call: &Call) -> Result<Repl
     let principal = &cx.caller.principal;
     let agent = &cx.agent;
     let limits = &agent.config.limits;
-    if !agent.config.streaming {
+    if !agent.config.streaming() {
         return Err(not_streaming(None));
     }
     let mut p = params::send_params(&params(call)?, limits)?;
@@ -174,7 +174,7 @@ async fn resubscribe(runtime: &Runtime, cx: &CallContext, call: &Call) -> Result
     let agent = &cx.agent;
     let p = params(call)?;
     let task = required_task(cx, &p)?;
-    if !agent.config.streaming {
+    if !agent.config.streaming() {
         return Err(not_streaming(Some(task)));
     }
     let include_history = p.bool("includeHistory", "includeHistory")?;

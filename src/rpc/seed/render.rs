@@ -323,7 +323,7 @@ pub(crate) fn card_out(card: &AgentCard, capabilities: bool, metrics: bool) -> V
         "agent": {
             "id": c.id,
             "name": c.display_name(),
-            "description": c.description,
+            "description": c.description(),
             "version": c.version,
             "type": card.kind,
             "status": "active",
@@ -342,7 +342,7 @@ pub(crate) fn card_out(card: &AgentCard, capabilities: bool, metrics: bool) -> V
                 "maxFileSize": c.limits.max_file_size,
                 "supportedTypes": c.limits.supported_types,
             },
-            "streaming": c.streaming,
+            "streaming": c.streaming(),
             "multiTurn": true,
             "webhooks": c.webhooks,
         });

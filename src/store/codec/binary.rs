@@ -445,9 +445,9 @@ impl<'a> R<'a> {
     }
 }
 
-/// A task's record; `carries_turn`: its conversation turn has no row of its own (a
-/// trailing `1`; records that do not carry their turn end after the turn's id, as they
-/// did before).
+/// A task's record; `carries_turn`: its conversation turn has no row of its own. Both it
+/// and the backend's note go in a trailing flags byte (bit 0, bit 1: the note follows);
+/// a record with neither ends after the turn's id, as records always did.
 pub(crate) fn encode_task(task: &TaskSnapshot, turn: TurnId, carries_turn: bool) -> Vec<u8> {
     let mut w = W::new();
     w.str(task.context_id.as_str());
@@ -467,8 +467,14 @@ pub(crate) fn encode_task(task: &TaskSnapshot, turn: TurnId, carries_turn: bool)
     w.extensions(&task.extensions);
     w.u32(turn.number);
     w.i64(turn.since);
-    if carries_turn {
-        w.u8(1);
+    // Trailing flags, written only when one is set (records without them end here, as
+    // they always did): bit 0 the record carries its turn, bit 1 a note follows.
+    let flags = u8::from(carries_turn) | (u8::from(task.note.is_some()) << 1);
+    if flags != 0 {
+        w.u8(flags);
+    }
+    if let Some(note) = &task.note {
+        w.str(note);
     }
     w.0
 }
@@ -502,10 +508,20 @@ pub(crate) fn decode_task(key: &TaskKey, bytes: &[u8]) -> Option<(TaskSnapshot, 
         number: r.u32()?,
         since: r.i64()?,
     };
-    let carries_turn = !r.done();
-    if carries_turn && r.u8()? != 1 {
-        return None;
-    }
+    let flags = if r.done() {
+        0
+    } else {
+        match r.u8()? {
+            f @ 1..=3 => f,
+            _ => return None,
+        }
+    };
+    let carries_turn = flags & 1 != 0;
+    let note = if flags & 2 != 0 {
+        Some(Arc::from(r.str()?))
+    } else {
+        None
+    };
     r.done().then_some((
         TaskSnapshot {
             id: key.task.clone(),
@@ -518,6 +534,7 @@ pub(crate) fn decode_task(key: &TaskKey, bytes: &[u8]) -> Option<(TaskSnapshot, 
             artifacts,
             metadata,
             extensions,
+            note,
         },
         turn,
         carries_turn,

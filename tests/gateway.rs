@@ -1,0 +1,405 @@
+//! The `a2a` backend (docs/CONFIG.md, "The `a2a` backend"): a2ad in front of another a2ad
+//! on loopback, over each interface the upstream offers — send, stream, multi-turn,
+//! input-required continued on the same upstream task, cancel reaching upstream, artifacts
+//! streamed in order, cards taken from the upstream, failures naming the upstream, and a
+//! task taken up again after the front restarts.
+
+use crate::support;
+
+use std::time::Duration;
+
+use a2ad::config::{A2aConfig, Config};
+use serde_json::{Value, json};
+use support::official::V;
+use support::{ALICE, TestServer, agent, config, new_id, poll_until, texts};
+
+/// The upstream: `echo`, a slow `slow` echo, and the conformance backend `tck`.
+async fn upstream() -> TestServer {
+    let mut c = config(&["echo", "tck"]);
+    c.agents[1].backend = "tck".into();
+    let mut slow = agent("slow");
+    slow.echo.delay_ms = 60_000;
+    c.agents.push(slow);
+    let mut steps = agent("steps");
+    steps.echo.delay_ms = 3_000;
+    steps.echo.progress_steps = 3;
+    c.agents.push(steps);
+    TestServer::start(c).await
+}
+
+/// An `a2a` agent `id` fronting `target` of `up`.
+fn front_agent(id: &str, up: &TestServer, target: &str) -> a2ad::config::AgentConfig {
+    let mut a = agent(id);
+    a.backend = "a2a".into();
+    let mut u = A2aConfig::new(&format!("{}/.well-known/agent-card.json", up.url(target)));
+    u.allow_private_networks = true;
+    u.headers.insert("x-api-key".into(), ALICE.into());
+    a.a2a = Some(u);
+    a
+}
+
+fn up_of(a: &mut a2ad::config::AgentConfig) -> &mut A2aConfig {
+    a.a2a.as_mut().expect("an a2a agent")
+}
+
+/// Alice and Bob may use the front's agents (Carol's key names `echo` only).
+fn front_config(agents: Vec<a2ad::config::AgentConfig>) -> Config {
+    let mut c = config(&[]);
+    c.api_keys.truncate(2);
+    c.agents = agents;
+    c
+}
+
+/// The upstream tasks of `agent` (1.0 ListTasks as alice, newest first).
+async fn upstream_tasks(up: &TestServer, agent: &str) -> Vec<Value> {
+    let r = up.official(agent, V::V10, "ListTasks", json!({})).await;
+    up.result(r)["tasks"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default()
+}
+
+#[tokio::test]
+async fn a_fronted_a2ad_answers_every_dialect_and_keeps_the_conversation() {
+    let up = upstream().await;
+    let mut agents = vec![front_agent("front", &up, "echo")];
+    let mut old = front_agent("front03", &up, "echo");
+    up_of(&mut old).protocol = "0.3".into();
+    agents.push(old);
+    let mut rest = front_agent("frontrest", &up, "echo");
+    up_of(&mut rest).binding = "http_json".into();
+    agents.push(rest);
+    let front = TestServer::start(front_config(agents)).await;
+    for id in ["front", "front03", "frontrest"] {
+        // The seed dialect, blocking: the upstream's reply is the task's.
+        let first = front.send(id, "hello", json!({})).await;
+        assert_eq!(first["status"]["state"], "completed", "{id}: {first}");
+        assert_eq!(
+            texts(&first["status"]["message"]),
+            vec!["echo: hello", "turn 1"],
+            "{id}"
+        );
+        // The same a2ad context: the same upstream conversation.
+        let ctx = first["contextId"].as_str().expect("context");
+        let second = front.send(id, "again", json!({"contextId": ctx})).await;
+        assert_eq!(
+            texts(&second["status"]["message"]),
+            vec!["echo: again", "turn 2"],
+            "{id}"
+        );
+        // A 1.0 stream: the front streams its own task to its end.
+        let events = front
+            .official_events(
+                id,
+                V::V10,
+                "SendStreamingMessage",
+                json!({"message": support::official::message(V::V10, "streamed", None)}),
+            )
+            .await;
+        let last = events.last().expect("events");
+        assert_eq!(
+            last["statusUpdate"]["status"]["state"], "TASK_STATE_COMPLETED",
+            "{id}: {events:?}"
+        );
+    }
+    // Another principal's context of the same name is another upstream conversation.
+    let ctx = format!("shared-{}", new_id());
+    let a = front.send("front", "a", json!({"contextId": ctx})).await;
+    let b: Value = {
+        let v = front
+            .call_as(
+                support::BOB,
+                "front",
+                "message/send",
+                support::send_params("b", json!({"contextId": ctx})),
+            )
+            .await;
+        front.ok(v)
+    };
+    assert_eq!(texts(&a["status"]["message"])[1], "turn 1");
+    assert_eq!(
+        texts(&b["status"]["message"])[1],
+        "turn 1",
+        "bob's own conversation"
+    );
+    // The card: the upstream's description and skills behind a2ad's own interfaces.
+    let card: Value = front
+        .client
+        .get(format!(
+            "{}/.well-known/agent-card.json",
+            front.url("front")
+        ))
+        .send()
+        .await
+        .expect("card")
+        .json()
+        .await
+        .expect("json");
+    assert_eq!(card["skills"][0]["id"], "echo", "{card}");
+    assert!(
+        card["supportedInterfaces"][0]["url"]
+            .as_str()
+            .is_some_and(|u| u.contains("/api/v1/a2a/front/")),
+        "{card}"
+    );
+    let metrics = front.scrape().await;
+    assert!(
+        support::metric(&metrics, "a2ad_upstream_requests_total{agent=\"front\"}") >= 3.0,
+        "{metrics}"
+    );
+    front.stop().await;
+    up.stop().await;
+}
+
+#[tokio::test]
+async fn input_required_continues_the_same_upstream_task_and_cancel_reaches_it() {
+    let up = upstream().await;
+    let front = TestServer::start(front_config(vec![front_agent("front", &up, "tck")])).await;
+    // The conformance backend asks for more input on a plain message.
+    let first = front
+        .official_send(
+            "front",
+            V::V10,
+            support::official::message(V::V10, "first", None),
+            true,
+        )
+        .await;
+    let task = first.clone();
+    assert_eq!(
+        task["status"]["state"], "TASK_STATE_INPUT_REQUIRED",
+        "{first}"
+    );
+    let id = task["id"].as_str().expect("id").to_string();
+    let ups = upstream_tasks(&up, "tck").await;
+    assert_eq!(ups.len(), 1, "one upstream task: {ups:?}");
+    let up_id = ups[0]["id"].as_str().expect("upstream id").to_string();
+    // The next message of the task continues the upstream task.
+    let mut more = support::official::message(V::V10, "second", None);
+    more["taskId"] = json!(id);
+    let second = front.official_send("front", V::V10, more, true).await;
+    let task = second.clone();
+    assert_eq!(
+        task["status"]["state"], "TASK_STATE_INPUT_REQUIRED",
+        "{second}"
+    );
+    let said = texts(&task["status"]["message"]).join(" ");
+    assert!(said.contains("'second'"), "{said}");
+    let ups = upstream_tasks(&up, "tck").await;
+    assert_eq!(ups.len(), 1, "still one upstream task: {ups:?}");
+    // Cancel: here at once, and upstream too.
+    let canceled = front
+        .official("front", V::V10, "CancelTask", json!({"id": id}))
+        .await;
+    assert_eq!(
+        front.result(canceled)["status"]["state"],
+        "TASK_STATE_CANCELED"
+    );
+    poll_until(Duration::from_secs(20), || async {
+        let r = up
+            .official("tck", V::V10, "GetTask", json!({"id": up_id}))
+            .await;
+        (up.result(r)["status"]["state"] == "TASK_STATE_CANCELED").then_some(())
+    })
+    .await;
+    front.stop().await;
+    up.stop().await;
+}
+
+#[tokio::test]
+async fn a_slow_upstream_task_is_canceled_there_and_artifacts_stream_in_order() {
+    let up = upstream().await;
+    let front = TestServer::start(front_config(vec![
+        front_agent("slowfront", &up, "slow"),
+        front_agent("tckfront", &up, "tck"),
+        front_agent("stepsfront", &up, "steps"),
+    ]))
+    .await;
+    let sent = front
+        .official_send(
+            "slowfront",
+            V::V10,
+            support::official::message(V::V10, "take your time", None),
+            false,
+        )
+        .await;
+    let id = sent["id"].as_str().expect("id").to_string();
+    // Once the upstream has the task, cancel here.
+    let up_task = poll_until(Duration::from_secs(20), || async {
+        upstream_tasks(&up, "slow").await.first().cloned()
+    })
+    .await;
+    let canceled = front
+        .official("slowfront", V::V10, "CancelTask", json!({"id": id}))
+        .await;
+    assert_eq!(
+        front.result(canceled)["status"]["state"],
+        "TASK_STATE_CANCELED"
+    );
+    poll_until(Duration::from_secs(20), || async {
+        let r = up
+            .official("slow", V::V10, "GetTask", json!({"id": up_task["id"]}))
+            .await;
+        (up.result(r)["status"]["state"] == "TASK_STATE_CANCELED").then_some(())
+    })
+    .await;
+    // Chunked artifacts: appended in order, one artifact in the end.
+    let msg = support::official::message(V::V10, "chunks", Some("tck-stream-artifact-chunked-1"));
+    let events = front
+        .official_events(
+            "tckfront",
+            V::V10,
+            "SendStreamingMessage",
+            json!({"message": msg}),
+        )
+        .await;
+    let chunks: Vec<&Value> = events
+        .iter()
+        .filter_map(|e| e.get("artifactUpdate"))
+        .collect();
+    assert_eq!(chunks.len(), 2, "{events:?}");
+    assert_eq!(chunks[1]["append"], true);
+    let task_id = events
+        .iter()
+        .find_map(|e| {
+            e["statusUpdate"]["taskId"]
+                .as_str()
+                .or(e["task"]["id"].as_str())
+        })
+        .expect("task id")
+        .to_string();
+    let got = front
+        .official("tckfront", V::V10, "GetTask", json!({"id": task_id}))
+        .await;
+    let got = front.result(got);
+    assert_eq!(got["artifacts"].as_array().map(Vec::len), Some(1), "{got}");
+    assert_eq!(
+        texts(&got["artifacts"][0]),
+        vec!["chunk-1 ", "chunk-2"],
+        "{got}"
+    );
+    // Upstream progress messages become the front's progress updates.
+    let events = front
+        .official_events(
+            "stepsfront",
+            V::V10,
+            "SendStreamingMessage",
+            json!({"message": support::official::message(V::V10, "step", None)}),
+        )
+        .await;
+    let progress: Vec<String> = events
+        .iter()
+        .filter_map(|e| {
+            e["statusUpdate"]["status"]["message"]
+                .as_object()
+                .map(|_| e)
+        })
+        .flat_map(|e| texts(&e["statusUpdate"]["status"]["message"]))
+        .filter(|t| t.starts_with("progress"))
+        .collect();
+    assert_eq!(
+        progress,
+        vec!["progress 1/3", "progress 2/3", "progress 3/3"],
+        "{events:?}"
+    );
+    front.stop().await;
+    up.stop().await;
+}
+
+#[tokio::test]
+async fn an_unreachable_or_garbage_upstream_fails_the_task_naming_it() {
+    // A port nothing listens on.
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let port = closed.local_addr().expect("addr").port();
+    drop(closed);
+    let mut down = agent("down");
+    down.backend = "a2a".into();
+    let mut u = A2aConfig::new(&format!(
+        "http://127.0.0.1:{port}/.well-known/agent-card.json"
+    ));
+    u.allow_private_networks = true;
+    down.a2a = Some(u);
+    let front = TestServer::start(front_config(vec![down])).await;
+    let r = front.send("down", "anyone?", json!({})).await;
+    assert_eq!(r["status"]["state"], "failed", "{r}");
+    let error = r["status"]["error"]["message"].as_str().unwrap_or("");
+    assert!(error.contains(&format!("127.0.0.1:{port}")), "{error}");
+    let metrics = front.scrape().await;
+    assert!(
+        support::metric(
+            &metrics,
+            "a2ad_upstream_errors_total{agent=\"down\",kind=\"connect\"}"
+        ) >= 1.0,
+        "{metrics}"
+    );
+    front.stop().await;
+}
+
+#[tokio::test]
+async fn a_private_upstream_is_refused_unless_allowed() {
+    let mut a = agent("front");
+    a.backend = "a2a".into();
+    a.a2a = Some(A2aConfig::new(
+        "http://127.0.0.1:9/.well-known/agent-card.json",
+    ));
+    let err = front_config(vec![a.clone()])
+        .validated()
+        .expect_err("a loopback upstream is refused");
+    assert!(err.to_string().contains("\"front\""), "{err}");
+    up_of(&mut a).allow_private_networks = true;
+    assert!(front_config(vec![a.clone()]).validated().is_ok());
+    // An unset variable in a header.
+    up_of(&mut a)
+        .headers
+        .insert("authorization".into(), "env:A2AD_TEST_SURELY_UNSET".into());
+    let err = front_config(vec![a])
+        .validated()
+        .expect_err("unset variable");
+    assert!(err.to_string().contains("A2AD_TEST_SURELY_UNSET"), "{err}");
+}
+
+#[tokio::test]
+async fn a_task_working_upstream_is_taken_up_after_the_front_restarts() {
+    let up = upstream().await;
+    // The front's own durable store, kept across its restart.
+    let dir = std::env::temp_dir().join(format!("a2ad-gateway-{}", new_id()));
+    let mut c = front_config(vec![front_agent("front", &up, "steps")]);
+    c.cluster = None;
+    c.store = a2ad::config::StoreConfig::log(dir.join("log").to_string_lossy().into_owned());
+    let front = TestServer::start(c.clone()).await;
+    let sent = front
+        .official_send(
+            "front",
+            V::V10,
+            support::official::message(V::V10, "outlive me", None),
+            false,
+        )
+        .await;
+    let id = sent["id"].as_str().expect("id").to_string();
+    // Once the upstream has it, the front stops, and comes back on the same store.
+    let up_task = poll_until(Duration::from_secs(20), || async {
+        upstream_tasks(&up, "steps").await.first().cloned()
+    })
+    .await;
+    front.stop().await;
+    // It was still working upstream when the front went away.
+    let r = up
+        .official("steps", V::V10, "GetTask", json!({"id": up_task["id"]}))
+        .await;
+    assert_eq!(up.result(r)["status"]["state"], "TASK_STATE_WORKING");
+    let front = TestServer::start(c).await;
+    let done = poll_until(Duration::from_secs(30), || async {
+        let r = front
+            .official("front", V::V10, "GetTask", json!({"id": id}))
+            .await;
+        let t = front.result(r);
+        (t["status"]["state"] != "TASK_STATE_WORKING"
+            && t["status"]["state"] != "TASK_STATE_SUBMITTED")
+            .then_some(t)
+    })
+    .await;
+    assert_eq!(done["status"]["state"], "TASK_STATE_COMPLETED", "{done}");
+    assert_eq!(texts(&done["status"]["message"])[0], "echo: outlive me");
+    front.stop().await;
+    up.stop().await;
+    let _ = std::fs::remove_dir_all(dir);
+}
