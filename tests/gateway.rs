@@ -403,3 +403,244 @@ async fn a_task_working_upstream_is_taken_up_after_the_front_restarts() {
     up.stop().await;
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// A hostile "A2A agent" on loopback. `/{mode}/card` is its card (whose interface is
+/// `/{mode}/rpc`); the mode says how it misbehaves.
+struct Hostile {
+    base: String,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for Hostile {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl Hostile {
+    async fn start() -> Self {
+        use hyper::service::service_fn;
+        use hyper_util::rt::{TokioExecutor, TokioIo};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let base = format!("http://{}", listener.local_addr().expect("addr"));
+        let me = base.clone();
+        // Connections live in the accept loop's set: aborting the loop kills them all, as
+        // a killed process would.
+        let task = tokio::spawn(async move {
+            let mut connections = tokio::task::JoinSet::new();
+            while let Ok((tcp, _)) = listener.accept().await {
+                let me = me.clone();
+                connections.spawn(async move {
+                    let svc = service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
+                        let me = me.clone();
+                        async move { Ok::<_, std::convert::Infallible>(hostile(&me, req.uri().path())) }
+                    });
+                    let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
+                        .serve_connection(TokioIo::new(tcp), svc)
+                        .await;
+                });
+            }
+        });
+        Self { base, task }
+    }
+
+    fn agent(&self, mode: &str) -> a2ad::config::AgentConfig {
+        let mut a = agent(mode);
+        a.backend = "a2a".into();
+        let mut u = A2aConfig::new(&format!("{}/{mode}/card", self.base));
+        u.allow_private_networks = true;
+        u.max_response_bytes = 64 << 10;
+        u.timeout_seconds = 20.0;
+        a.a2a = Some(u);
+        a
+    }
+}
+
+fn hostile(base: &str, path: &str) -> hyper::Response<support::upstream::Body> {
+    use bytes::Bytes;
+    use http_body_util::{BodyExt, Full};
+    let full = |status: u16, ct: &str, body: String| {
+        let mut r = hyper::Response::new(Full::new(Bytes::from(body)).boxed());
+        *r.status_mut() = hyper::StatusCode::from_u16(status).expect("status");
+        r.headers_mut()
+            .insert("content-type", ct.parse().expect("ct"));
+        r
+    };
+    let mut segments = path.trim_start_matches('/').split('/');
+    let (mode, what) = (segments.next().unwrap_or(""), segments.next().unwrap_or(""));
+    if what == "card" {
+        return match mode {
+            "hugecard" => support::upstream::endless(
+                "application/json",
+                Bytes::from_static(b"{\"name\": \""),
+                Bytes::from(vec![b'a'; 64 << 10]),
+            ),
+            "redirect" => {
+                let mut r = full(302, "text/plain", String::new());
+                r.headers_mut().insert(
+                    "location",
+                    "http://169.254.169.254/latest/meta-data"
+                        .parse()
+                        .expect("loc"),
+                );
+                r
+            }
+            _ => full(
+                200,
+                "application/json",
+                json!({
+                    "name": mode,
+                    "capabilities": {"streaming": matches!(mode, "endlessstream" | "dies")},
+                    "supportedInterfaces": [{"url": format!("{base}/{mode}/rpc"),
+                        "protocolBinding": "JSONRPC", "protocolVersion": "1.0"}],
+                })
+                .to_string(),
+            ),
+        };
+    }
+    match mode {
+        "endlessbody" => support::upstream::endless(
+            "application/json",
+            Bytes::from_static(b"{\"jsonrpc\": \"2.0\", \"id\": 1, \"result\": {\"message\": \""),
+            Bytes::from(vec![b'a'; 16 << 10]),
+        ),
+        "endlessstream" => {
+            let event = json!({"jsonrpc": "2.0", "id": 1, "result": {"statusUpdate": {
+                "taskId": "t1", "contextId": "c1", "status": {"state": "TASK_STATE_WORKING"}}}});
+            support::upstream::endless(
+                "text/event-stream",
+                Bytes::new(),
+                Bytes::from(format!("data: {event}\n\n")),
+            )
+        }
+        "dies" => {
+            // One `working` event, then silence until the process is killed.
+            let event = json!({"jsonrpc": "2.0", "id": 1, "result": {"task": {
+                "id": "t-dies", "contextId": "c1", "status": {"state": "TASK_STATE_WORKING"}}}});
+            let first = Bytes::from(format!("data: {event}\n\n"));
+            let stream = futures_util::stream::unfold(Some(first), |next| async move {
+                match next {
+                    Some(b) => Some((
+                        Ok::<_, std::convert::Infallible>(hyper::body::Frame::data(b)),
+                        None,
+                    )),
+                    None => std::future::pending().await,
+                }
+            });
+            let mut r =
+                hyper::Response::new(BodyExt::boxed(http_body_util::StreamBody::new(stream)));
+            r.headers_mut()
+                .insert("content-type", "text/event-stream".parse().expect("ct"));
+            r
+        }
+        _ => full(200, "text/html", "<html>not an agent</html>".into()),
+    }
+}
+
+#[tokio::test]
+async fn hostile_upstreams_are_bounded_and_named() {
+    let h = Hostile::start().await;
+    let modes = [
+        "hugecard",
+        "redirect",
+        "endlessbody",
+        "endlessstream",
+        "garbage",
+    ];
+    let front = TestServer::start(front_config(modes.iter().map(|m| h.agent(m)).collect())).await;
+    let host = h.base.trim_start_matches("http://").to_string();
+    for (mode, says) in [
+        ("hugecard", "passed"),
+        ("redirect", "redirect"),
+        ("endlessbody", "passed 65536 bytes"),
+        ("endlessstream", "passed 65536 bytes"),
+        ("garbage", "garbage"),
+    ] {
+        let r = front.send(mode, "hello", json!({})).await;
+        assert_eq!(r["status"]["state"], "failed", "{mode}: {r}");
+        let error = r["status"]["error"]["message"].as_str().unwrap_or("");
+        assert!(
+            error.contains(&host) && error.contains(says),
+            "{mode}: {error}"
+        );
+    }
+    // The front is well, and says what went wrong.
+    let metrics = front.scrape().await;
+    assert!(
+        support::metric(
+            &metrics,
+            "a2ad_upstream_errors_total{agent=\"endlessbody\",kind=\"too_large\"}"
+        ) >= 1.0,
+        "{metrics}"
+    );
+    front.stop().await;
+}
+
+#[tokio::test]
+async fn an_upstream_that_goes_away_mid_task_ends_the_task_naming_it() {
+    // Killed: its connections reset, then nothing listens.
+    let h = Hostile::start().await;
+    let host = h.base.trim_start_matches("http://").to_string();
+    let front = TestServer::start(front_config(vec![h.agent("dies")])).await;
+    let sent = front
+        .official_send(
+            "dies",
+            V::V10,
+            support::official::message(V::V10, "never finished", None),
+            false,
+        )
+        .await;
+    let id = sent["id"].as_str().expect("id").to_string();
+    let get = |id: String| {
+        let front = &front;
+        async move {
+            let r = front
+                .official("dies", V::V10, "GetTask", json!({"id": id}))
+                .await;
+            front.result(r)
+        }
+    };
+    poll_until(Duration::from_secs(20), || async {
+        (get(id.clone()).await["status"]["state"] == "TASK_STATE_WORKING").then_some(())
+    })
+    .await;
+    drop(h);
+    let done = poll_until(Duration::from_secs(30), || async {
+        let t = get(id.clone()).await;
+        (t["status"]["state"] == "TASK_STATE_FAILED").then_some(t)
+    })
+    .await;
+    assert!(done["status"].to_string().contains(&host), "{done}");
+    front.stop().await;
+
+    // Stopped gracefully: the upstream cancels its task, and says so.
+    let up = upstream().await;
+    let front = TestServer::start(front_config(vec![front_agent("front", &up, "slow")])).await;
+    let sent = front
+        .official_send(
+            "front",
+            V::V10,
+            support::official::message(V::V10, "never finished", None),
+            false,
+        )
+        .await;
+    let id = sent["id"].as_str().expect("id").to_string();
+    poll_until(Duration::from_secs(20), || async {
+        upstream_tasks(&up, "slow").await.first().cloned()
+    })
+    .await;
+    up.stop().await;
+    let done = poll_until(Duration::from_secs(30), || async {
+        let r = front
+            .official("front", V::V10, "GetTask", json!({"id": id}))
+            .await;
+        let t = front.result(r);
+        let state = t["status"]["state"].clone();
+        (state != "TASK_STATE_WORKING" && state != "TASK_STATE_SUBMITTED").then_some(t)
+    })
+    .await;
+    assert_eq!(done["status"]["state"], "TASK_STATE_CANCELED", "{done}");
+    front.stop().await;
+}

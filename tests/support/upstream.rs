@@ -45,7 +45,7 @@ pub struct Upstream {
     task: tokio::task::JoinHandle<()>,
 }
 
-type Body = BoxBody<Bytes, Infallible>;
+pub type Body = BoxBody<Bytes, Infallible>;
 
 fn chunk(word: &str) -> Bytes {
     let v = serde_json::json!({"id": "c1", "object": "chat.completion.chunk",
@@ -164,7 +164,7 @@ async fn answer(mode: Mode, closed: Arc<AtomicBool>) -> Response<Body> {
 
 /// A body of `first` and then `repeat` for as long as the client reads (ends when the
 /// client goes away).
-fn endless(content_type: &str, first: Bytes, repeat: Bytes) -> Response<Body> {
+pub fn endless(content_type: &str, first: Bytes, repeat: Bytes) -> Response<Body> {
     let stream = futures_util::stream::unfold(Some(first), move |next| {
         let repeat = repeat.clone();
         async move {
