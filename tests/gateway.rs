@@ -13,7 +13,8 @@ use serde_json::{Value, json};
 use support::official::V;
 use support::{ALICE, TestServer, agent, config, new_id, poll_until, texts};
 
-/// The upstream: `echo`, a slow `slow` echo, and the conformance backend `tck`.
+/// The upstream: `echo`, the conformance backend `tck`, and echoes that take their time:
+/// `slow` (a minute), `steps` (3 s, with progress) and `long` (8 s).
 async fn upstream() -> TestServer {
     let mut c = config(&["echo", "tck"]);
     c.agents[1].backend = "tck".into();
@@ -24,6 +25,10 @@ async fn upstream() -> TestServer {
     steps.echo.delay_ms = 3_000;
     steps.echo.progress_steps = 3;
     c.agents.push(steps);
+    // Long enough that a restart of the front falls inside it on a busy machine.
+    let mut long = agent("long");
+    long.echo.delay_ms = 8_000;
+    c.agents.push(long);
     TestServer::start(c).await
 }
 
@@ -362,7 +367,7 @@ async fn a_task_working_upstream_is_taken_up_after_the_front_restarts() {
     let up = upstream().await;
     // The front's own durable store, kept across its restart.
     let dir = std::env::temp_dir().join(format!("a2ad-gateway-{}", new_id()));
-    let mut c = front_config(vec![front_agent("front", &up, "steps")]);
+    let mut c = front_config(vec![front_agent("front", &up, "long")]);
     c.cluster = None;
     c.store = a2ad::config::StoreConfig::log(dir.join("log").to_string_lossy().into_owned());
     let front = TestServer::start(c.clone()).await;
@@ -377,13 +382,13 @@ async fn a_task_working_upstream_is_taken_up_after_the_front_restarts() {
     let id = sent["id"].as_str().expect("id").to_string();
     // Once the upstream has it, the front stops, and comes back on the same store.
     let up_task = poll_until(Duration::from_secs(20), || async {
-        upstream_tasks(&up, "steps").await.first().cloned()
+        upstream_tasks(&up, "long").await.first().cloned()
     })
     .await;
     front.stop().await;
     // It was still working upstream when the front went away.
     let r = up
-        .official("steps", V::V10, "GetTask", json!({"id": up_task["id"]}))
+        .official("long", V::V10, "GetTask", json!({"id": up_task["id"]}))
         .await;
     assert_eq!(up.result(r)["status"]["state"], "TASK_STATE_WORKING");
     let front = TestServer::start(c).await;
@@ -643,4 +648,125 @@ async fn an_upstream_that_goes_away_mid_task_ends_the_task_naming_it() {
     .await;
     assert_eq!(done["status"]["state"], "TASK_STATE_CANCELED", "{done}");
     front.stop().await;
+}
+
+/// The front as the real binary: killed with SIGKILL while its task works upstream, then
+/// started again on the same store — the task completes, and its webhooks arrive once each.
+#[tokio::test]
+async fn a_front_killed_with_sigkill_takes_its_upstream_task_up_again() {
+    use support::binary::{Binary, TempDir};
+    let up = upstream().await;
+    let rx = support::receiver::Receiver::ok().await;
+    let dir = TempDir::new();
+    let text = format!(
+        r#"[server]
+listen = "127.0.0.1:0"
+
+[store]
+path = "{store}"
+
+[webhooks]
+allow_private_networks = true
+
+[[api_keys]]
+name = "alice"
+key = "{ALICE}"
+
+[[agents]]
+id = "front"
+backend = "a2a"
+
+[agents.limits]
+requests_per_minute = 1000000
+
+[agents.a2a]
+card_url = "{card}"
+allow_private_networks = true
+headers = {{ x-api-key = "env:A2AD_TEST_UPSTREAM_KEY" }}
+"#,
+        store = dir.path.join("log").display(),
+        card = format!("{}/.well-known/agent-card.json", up.url("long")),
+    );
+    let envs = [("A2AD_TEST_UPSTREAM_KEY", ALICE)];
+    let front = Binary::start(&text, &envs, &[]);
+    let client = reqwest::Client::new();
+    let call = |base: String, method: &'static str, params: Value| {
+        let client = client.clone();
+        async move {
+            let body = json!({"jsonrpc": "2.0", "id": 1, "method": method, "params": params});
+            let v: Value = client
+                .post(format!("{base}/api/v1/a2a/front"))
+                .header("x-api-key", ALICE)
+                .json(&body)
+                .send()
+                .await
+                .expect("call")
+                .json()
+                .await
+                .expect("json");
+            assert!(v.get("error").is_none(), "{v}");
+            v["result"].clone()
+        }
+    };
+    call(
+        front.base.clone(),
+        "tasks/pushNotificationConfig/set",
+        json!({"config": {"url": rx.url}}),
+    )
+    .await;
+    let sent = call(
+        front.base.clone(),
+        "message/send",
+        support::send_params("survive", json!({"configuration": {"blocking": false}})),
+    )
+    .await;
+    let id = sent["id"].as_str().expect("id").to_string();
+    // Working upstream, and the front knows which upstream task it is.
+    poll_until(Duration::from_secs(20), || async {
+        upstream_tasks(&up, "long").await.first().cloned()
+    })
+    .await;
+    let base = front.base.clone();
+    poll_until(Duration::from_secs(20), || async {
+        let t = call(base.clone(), "tasks/get", json!({"taskId": id})).await;
+        (t["status"]["state"] == "working").then_some(())
+    })
+    .await;
+    let _ = front.kill9();
+    // The upstream task was still working then.
+    let r = up.official("long", V::V10, "ListTasks", json!({})).await;
+    assert_eq!(
+        up.result(r)["tasks"][0]["status"]["state"],
+        "TASK_STATE_WORKING"
+    );
+    let front = Binary::start(&text, &envs, &[]);
+    let base = front.base.clone();
+    let done = poll_until(Duration::from_secs(30), || async {
+        let t = call(base.clone(), "tasks/get", json!({"taskId": id})).await;
+        (t["status"]["state"] != "working" && t["status"]["state"] != "submitted").then_some(t)
+    })
+    .await;
+    assert_eq!(done["status"]["state"], "completed", "{done}");
+    assert_eq!(texts(&done["status"]["message"])[0], "echo: survive");
+    // `task.completed` arrives, once.
+    poll_until(Duration::from_secs(30), || async {
+        let hits: Vec<Value> = rx
+            .hits()
+            .iter()
+            .map(|h| h.json())
+            .filter(|b| b["taskId"] == id.as_str() && b["event"] == "task.completed")
+            .collect();
+        (!hits.is_empty()).then_some(())
+    })
+    .await;
+    // Give a duplicate the time to show, then count.
+    let _ = front.stop();
+    let completed = rx
+        .hits()
+        .iter()
+        .map(|h| h.json())
+        .filter(|b| b["taskId"] == id.as_str() && b["event"] == "task.completed")
+        .count();
+    assert_eq!(completed, 1);
+    up.stop().await;
 }
