@@ -680,12 +680,12 @@ backend = "a2a"
 requests_per_minute = 1000000
 
 [agents.a2a]
-card_url = "{card}"
+card_url = "{card}/.well-known/agent-card.json"
 allow_private_networks = true
 headers = {{ x-api-key = "env:A2AD_TEST_UPSTREAM_KEY" }}
 "#,
         store = dir.path.join("log").display(),
-        card = format!("{}/.well-known/agent-card.json", up.url("long")),
+        card = up.url("long"),
     );
     let envs = [("A2AD_TEST_UPSTREAM_KEY", ALICE)];
     let front = Binary::start(&text, &envs, &[]);
