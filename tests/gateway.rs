@@ -55,6 +55,25 @@ fn front_config(agents: Vec<a2ad::config::AgentConfig>) -> Config {
     c
 }
 
+/// `GET /api/v1/agents` as alice, by agent id.
+async fn agents_listing(server: &TestServer) -> Value {
+    let v: Value = server
+        .client
+        .get(format!("{}/api/v1/agents", server.base))
+        .header("x-api-key", ALICE)
+        .send()
+        .await
+        .expect("agents")
+        .json()
+        .await
+        .expect("json");
+    let mut by_id = serde_json::Map::new();
+    for a in v["agents"].as_array().cloned().unwrap_or_default() {
+        by_id.insert(a["id"].as_str().unwrap_or_default().to_string(), a);
+    }
+    Value::Object(by_id)
+}
+
 /// The upstream tasks of `agent` (1.0 ListTasks as alice, newest first).
 async fn upstream_tasks(up: &TestServer, agent: &str) -> Vec<Value> {
     let r = up.official(agent, V::V10, "ListTasks", json!({})).await;
@@ -151,6 +170,18 @@ async fn a_fronted_a2ad_answers_every_dialect_and_keeps_the_conversation() {
     assert!(
         support::metric(&metrics, "a2ad_upstream_requests_total{agent=\"front\"}") >= 3.0,
         "{metrics}"
+    );
+    let listing = agents_listing(&front).await;
+    let upstream = &listing["front03"]["upstream"];
+    assert!(upstream["cardFetchedAt"].is_string(), "{upstream}");
+    assert_eq!(upstream["interface"]["protocol"], "0.3", "{upstream}");
+    assert_eq!(
+        listing["frontrest"]["upstream"]["interface"]["binding"],
+        "http_json"
+    );
+    assert!(
+        listing["front"]["upstream"]["lastError"].is_null(),
+        "{listing}"
     );
     front.stop().await;
     up.stop().await;
@@ -335,6 +366,15 @@ async fn an_unreachable_or_garbage_upstream_fails_the_task_naming_it() {
             "a2ad_upstream_errors_total{agent=\"down\",kind=\"connect\"}"
         ) >= 1.0,
         "{metrics}"
+    );
+    // What the inspector's Agents view shows: never fetched, and why.
+    let upstream = &agents_listing(&front).await["down"]["upstream"];
+    assert!(upstream["cardFetchedAt"].is_null(), "{upstream}");
+    assert!(
+        upstream["lastError"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains(&format!("127.0.0.1:{port}"))),
+        "{upstream}"
     );
     front.stop().await;
 }

@@ -473,10 +473,11 @@ impl Actor for TaskActor {
                     && state.durable.status.state == state.status.state;
                 let queued = state.status.state == TaskState::Submitted
                     && state.durable.status.state == TaskState::Submitted;
-                // Its work goes on elsewhere, and the store knows where: taken up after
+                // Its work goes on elsewhere, and the store knows where (the note's write
+                // is durable, or queued: a graceful stop drains the queue): taken up after
                 // the restart.
                 let elsewhere = state.status.state == TaskState::Working
-                    && state.durable.note.is_some()
+                    && state.note.is_some()
                     && state.agent.backend.takes_up();
                 if ((waiting || elsewhere) && keep_waiting) || (queued && keep_queued) {
                     let me = myself.get_id();

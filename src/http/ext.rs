@@ -46,6 +46,10 @@ pub(crate) async fn agents(app: &App, req: Request<Incoming>) -> Response<Body> 
         .filter(|a| admit::may_use(&caller, &AgentId::new(a.id.as_str())))
         .map(|a| {
             let l = &a.limits;
+            let upstream = runtime
+                .agent(&AgentId::new(a.id.as_str()))
+                .and_then(|e| e.backend.upstream())
+                .map(|u| upstream_json(&u));
             json!({
                 "id": a.id,
                 "name": a.name.as_deref().unwrap_or(&a.id),
@@ -55,6 +59,7 @@ pub(crate) async fn agents(app: &App, req: Request<Incoming>) -> Response<Body> 
                 "streaming": a.streaming(),
                 "webhooks": a.webhooks,
                 "publicCard": a.public_card,
+                "upstream": upstream,
                 "limits": {
                     "maxMessageLength": l.max_message_length,
                     "maxParts": l.max_parts,
@@ -68,6 +73,26 @@ pub(crate) async fn agents(app: &App, req: Request<Incoming>) -> Response<Body> 
         .collect();
     let body = json!({ "principal": caller.principal.as_str(), "agents": agents });
     rest_response(super::json(StatusCode::OK, body.to_string().into_bytes()))
+}
+
+/// An upstream agent's health for the inspector: its card URL, the card's last fetch, the
+/// interface called, and the last error.
+fn upstream_json(u: &crate::agent::UpstreamView) -> Value {
+    let h = &u.health;
+    json!({
+        "cardUrl": h.card_url,
+        "cardFetchedAt": h.card_fetched_at.as_ref().map(crate::model::iso8601),
+        "interface": h.interface.as_ref().map(|(binding, protocol)| json!({
+            "binding": binding,
+            "protocol": protocol,
+        })),
+        "lastError": h.last_error.as_ref().map(|(at, message)| json!({
+            "at": crate::model::iso8601(at),
+            "message": message,
+        })),
+        "requests": u.metrics.requests.load(std::sync::atomic::Ordering::Relaxed),
+        "errors": u.metrics.errors().iter().sum::<u64>(),
+    })
 }
 
 /// `GET {agent}/rest/x-a2ad/deliveries?taskId=&pageSize=`: the caller's latest webhook

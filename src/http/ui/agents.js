@@ -53,6 +53,11 @@ async function select(id) {
     'concurrent tasks': agent.limits.concurrentTasks,
   }));
 
+  if (agent.upstream) {
+    // An agent a2ad fronts (backend a2a): is its upstream well?
+    detail.append(el('h3', { text: 'Upstream agent' }), upstreamHealth(agent.upstream));
+  }
+
   const metrics = el('div', {}, el('p.meta', { text: 'Loading…' }));
   detail.append(el('h3', { text: 'Live metrics' }), metrics);
   const cardBox = el('div');
@@ -105,6 +110,24 @@ async function select(id) {
   } catch (e) {
     extBox.replaceChildren(el('p.error', { text: e.message }));
   }
+}
+
+/** The health of an upstream agent: its card's last fetch, the interface called, the last
+ *  error. */
+function upstreamHealth(u) {
+  const ok = u.cardFetchedAt && !(u.lastError && u.lastError.at > u.cardFetchedAt);
+  const state = el(ok ? 'p.meta' : 'p.error', {
+    id: 'upstream-state',
+    text: ok ? 'Reachable: its card was read.' : 'Not reachable: see the last error.',
+  });
+  return el('div', {}, state, kv({
+    'card URL': u.cardUrl,
+    'card fetched': u.cardFetchedAt ?? 'never',
+    interface: u.interface ? `${u.interface.binding} ${u.interface.protocol}` : 'none yet',
+    calls: u.requests,
+    failures: u.errors,
+    'last error': u.lastError ? `${u.lastError.at} — ${u.lastError.message}` : 'none',
+  }));
 }
 
 function kv(obj, prefix = '') {
