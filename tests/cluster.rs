@@ -68,11 +68,18 @@ struct Cluster {
     schema: String,
     nodes: Vec<Option<Binary>>,
     http: reqwest::Client,
+    /// More `[[agents]]`, appended to every node's file.
+    agents: String,
 }
 
 impl Cluster {
     /// `n` nodes on a fresh schema.
     async fn start(url: String, n: usize, extra: &str) -> Self {
+        Self::start_with_agents(url, n, extra, "").await
+    }
+
+    /// `n` nodes on a fresh schema, with these `[[agents]]` besides the usual ones.
+    async fn start_with_agents(url: String, n: usize, extra: &str, agents: &str) -> Self {
         let schema = format!(
             "a2ad_cl_{}",
             &uuid::Uuid::new_v4().simple().to_string()[..12]
@@ -82,6 +89,7 @@ impl Cluster {
             schema,
             nodes: Vec::new(),
             http: reqwest::Client::new(),
+            agents: agents.to_string(),
         };
         for i in 0..n {
             let node = c.spawn(i, extra);
@@ -143,9 +151,11 @@ id = "wide"
 delay_ms = 8000
 [agents.limits]
 concurrent_tasks = 32
+{agents}
 "#,
             url = self.url,
             schema = self.schema,
+            agents = self.agents,
         );
         Binary::start(&text, &[("RUST_LOG", "info")], &[])
     }
@@ -1468,4 +1478,64 @@ async fn a_node_speaks_tls_to_postgresql_verified_against_a_ca_file() {
     let _ = client
         .batch_execute(&format!("DROP SCHEMA IF EXISTS {schema} CASCADE"))
         .await;
+}
+
+/// An `a2a` agent's task working upstream when its node is killed: the node that takes it
+/// over takes the upstream task up again (it does not fail "node lost"), and the task ends
+/// as the upstream's does.
+#[tokio::test]
+async fn a_forwarded_task_is_taken_up_by_the_node_that_takes_it_over() {
+    let Some(url) = pg_url() else { return };
+    let _turn = TURN.lock().await;
+    let mut up = support::config(&["echo", "long"]);
+    up.cluster = None;
+    up.store = a2ad::config::StoreConfig::memory();
+    up.agents[1].echo.delay_ms = 10_000;
+    let up = support::TestServer::start(up).await;
+    let agents = format!(
+        r#"
+[[agents]]
+id = "gw"
+backend = "a2a"
+[agents.a2a]
+card_url = "{}/.well-known/agent-card.json"
+allow_private_networks = true
+headers = {{ x-api-key = "{}" }}
+"#,
+        up.url("long"),
+        support::ALICE
+    );
+    let mut c = Cluster::start_with_agents(url, 2, "", &agents).await;
+    let sent = c
+        .call(
+            0,
+            "gw",
+            "message/send",
+            json!({"message": {"role": "user", "messageId": new_id(),
+                "parts": [{"type": "text", "text": "carry on"}]},
+                "configuration": {"blocking": false}}),
+        )
+        .await;
+    let id = result(&sent)["id"].as_str().expect("id").to_string();
+    // Working upstream, with the upstream task noted: its event (the third: submitted,
+    // working, the note's working) is durable.
+    let mut events = c
+        .stream(0, "gw", "tasks/resubscribe", json!({"id": id}), Some(0))
+        .await;
+    take(&mut events, 3).await;
+    drop(events);
+    let ups = up
+        .official("long", support::official::V::V10, "ListTasks", json!({}))
+        .await;
+    assert_eq!(up.result(ups)["tasks"].as_array().map(Vec::len), Some(1));
+    c.kill9(0);
+    let done = poll_until(Duration::from_secs(40), || async {
+        let t = result(&c.call(1, "gw", "tasks/get", json!({"id": id})).await).clone();
+        (t["status"]["state"] != "working" && t["status"]["state"] != "submitted").then_some(t)
+    })
+    .await;
+    assert_eq!(done["status"]["state"], "completed", "{done}");
+    assert!(done.to_string().contains("echo: carry on"), "{done}");
+    c.finish().await;
+    up.stop().await;
 }

@@ -766,12 +766,24 @@ headers = {{ x-api-key = "env:A2AD_TEST_UPSTREAM_KEY" }}
         upstream_tasks(&up, "long").await.first().cloned()
     })
     .await;
-    let base = front.base.clone();
-    poll_until(Duration::from_secs(20), || async {
-        let t = call(base.clone(), "tasks/get", json!({"taskId": id})).await;
-        (t["status"]["state"] == "working").then_some(())
-    })
-    .await;
+    // The upstream task is noted: its event (the third: submitted, working, the note's
+    // working) is durable.
+    let body = json!({"jsonrpc": "2.0", "id": 2, "method": "tasks/resubscribe",
+        "params": {"taskId": id}});
+    let resp = client
+        .post(format!("{}/api/v1/a2a/front", front.base))
+        .header("x-api-key", ALICE)
+        .header("accept", "text/event-stream")
+        .header("last-event-id", "0")
+        .json(&body)
+        .send()
+        .await
+        .expect("resubscribe");
+    let mut events = support::SseReader::new(resp);
+    for _ in 0..3 {
+        events.next_event().await.expect("an event");
+    }
+    drop(events);
     let _ = front.kill9();
     // The upstream task was still working then.
     let r = up.official("long", V::V10, "ListTasks", json!({})).await;
