@@ -55,6 +55,24 @@ fn front_config(agents: Vec<a2ad::config::AgentConfig>) -> Config {
     c
 }
 
+/// Waits until task `id` of `agent` has its third event (submitted, working, and the
+/// `working` event that holds the backend's note) durable: a replay from event 0 shows it.
+async fn noted(server: &TestServer, agent: &str, id: &str) {
+    let resp = server
+        .stream(
+            ALICE,
+            agent,
+            "tasks/resubscribe",
+            json!({"taskId": id}),
+            Some("0"),
+        )
+        .await;
+    let mut events = support::SseReader::new(resp);
+    for _ in 0..3 {
+        events.next_event().await.expect("an event");
+    }
+}
+
 /// `GET /api/v1/agents` as alice, by agent id.
 async fn agents_listing(server: &TestServer) -> Value {
     let v: Value = server
@@ -259,11 +277,12 @@ async fn a_slow_upstream_task_is_canceled_there_and_artifacts_stream_in_order() 
         )
         .await;
     let id = sent["id"].as_str().expect("id").to_string();
-    // Once the upstream has the task, cancel here.
+    // Once the upstream has the task and the front noted it, cancel here.
     let up_task = poll_until(Duration::from_secs(20), || async {
         upstream_tasks(&up, "slow").await.first().cloned()
     })
     .await;
+    noted(&front, "slowfront", &id).await;
     let canceled = front
         .official("slowfront", V::V10, "CancelTask", json!({"id": id}))
         .await;
@@ -420,11 +439,13 @@ async fn a_task_working_upstream_is_taken_up_after_the_front_restarts() {
         )
         .await;
     let id = sent["id"].as_str().expect("id").to_string();
-    // Once the upstream has it, the front stops, and comes back on the same store.
+    // Once the upstream has it and the front noted it (its third event: submitted,
+    // working, the note's working), the front stops, and comes back on the same store.
     let up_task = poll_until(Duration::from_secs(20), || async {
         upstream_tasks(&up, "long").await.first().cloned()
     })
     .await;
+    noted(&front, "front", &id).await;
     front.stop().await;
     // It was still working upstream when the front went away.
     let r = up
