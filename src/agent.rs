@@ -115,10 +115,12 @@ pub trait Agent: Send + Sync + 'static {
         false
     }
 
-    /// The task that left this note was canceled (by a client, or its time ran out), or
-    /// ended while its work may still run elsewhere: stop that work. Called from the
-    /// task's actor, so it must not wait: a backend that has to call out spawns the call.
-    fn canceled(&self, _note: &str) {}
+    /// The task is being canceled (by a client, its time-out, or a shutdown on a store
+    /// that keeps nothing) — told before its run is stopped, with the note it left if any:
+    /// stop its work elsewhere. Not told when the task only moves (a restart that keeps it,
+    /// another node taking it). Called from the task's actor, so it must not wait: a
+    /// backend that has to call out spawns the call.
+    fn canceled(&self, _task: &TaskId, _note: Option<&str>) {}
 
     /// A backend that fronts an agent elsewhere: that agent's health, counters and card
     /// (for `/metrics`, the inspector and this agent's cards). Default: none.
@@ -196,8 +198,8 @@ impl<A: Agent + ?Sized> Agent for Arc<A> {
         (**self).takes_up()
     }
 
-    fn canceled(&self, note: &str) {
-        (**self).canceled(note);
+    fn canceled(&self, task: &TaskId, note: Option<&str>) {
+        (**self).canceled(task, note);
     }
 
     fn upstream(&self) -> Option<UpstreamView> {

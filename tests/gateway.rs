@@ -297,6 +297,32 @@ async fn a_slow_upstream_task_is_canceled_there_and_artifacts_stream_in_order() 
         (up.result(r)["status"]["state"] == "TASK_STATE_CANCELED").then_some(())
     })
     .await;
+    // Canceled at once, before the upstream named its task: it is canceled there all the
+    // same, once named.
+    let sent = front
+        .official_send(
+            "slowfront",
+            V::V10,
+            support::official::message(V::V10, "never mind", None),
+            false,
+        )
+        .await;
+    let canceled = front
+        .official("slowfront", V::V10, "CancelTask", json!({"id": sent["id"]}))
+        .await;
+    assert_eq!(
+        front.result(canceled)["status"]["state"],
+        "TASK_STATE_CANCELED"
+    );
+    poll_until(Duration::from_secs(20), || async {
+        let tasks = upstream_tasks(&up, "slow").await;
+        (tasks.len() == 2
+            && tasks
+                .iter()
+                .all(|t| t["status"]["state"] == "TASK_STATE_CANCELED"))
+        .then_some(())
+    })
+    .await;
     // Chunked artifacts: appended in order, one artifact in the end.
     let msg = support::official::message(V::V10, "chunks", Some("tck-stream-artifact-chunked-1"));
     let events = front

@@ -406,8 +406,8 @@ impl Actor for TaskActor {
                 }
             }
             TaskMsg::TimedOut(generation) if generation == state.generation && !terminal => {
-                state.transition(&myself, canceled("timeout".into()));
                 state.cancel_elsewhere();
+                state.transition(&myself, canceled("timeout".into()));
             }
             TaskMsg::Cancel { reason, reply } => {
                 let outcome = if terminal {
@@ -417,8 +417,8 @@ impl Actor for TaskActor {
                         state: state.status.state,
                     })
                 } else {
-                    state.transition(&myself, canceled(reason));
                     state.cancel_elsewhere();
+                    state.transition(&myself, canceled(reason));
                     Ok((*state.snapshot).clone())
                 };
                 if let Some(reply) = reply {
@@ -489,14 +489,20 @@ impl Actor for TaskActor {
                     state.cancel.cancel();
                     myself.stop(None);
                 } else if !terminal {
-                    state.transition(&myself, canceled("shutdown".into()));
                     state.cancel_elsewhere();
+                    state.transition(&myself, canceled("shutdown".into()));
                 }
             }
             // Late messages for a task that already moved on: nothing to do.
-            TaskMsg::Progress { .. } | TaskMsg::Artifact(_) | TaskMsg::Note(_) => {
+            TaskMsg::Note(note) => {
+                // The backend named its work elsewhere only after the task was canceled:
+                // it is stopped there too.
                 state.link.flow.release(1);
+                if state.status.state == TaskState::Canceled {
+                    state.agent.backend.canceled(&state.key.task, Some(&note));
+                }
             }
+            TaskMsg::Progress { .. } | TaskMsg::Artifact(_) => state.link.flow.release(1),
             TaskMsg::Finished(_) | TaskMsg::TimedOut(_) | TaskMsg::Overrun => {}
         }
         // A hold lasts one message: whatever comes next writes what waited.

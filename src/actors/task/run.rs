@@ -81,13 +81,15 @@ impl TaskActorState {
         }
     }
 
-    /// The task ended canceled while its backend may have work running elsewhere (its
-    /// note says where): the backend stops it ([`crate::Agent::canceled`]).
+    /// The task is about to end canceled (by a client, its time-out, a shutdown that
+    /// keeps nothing) while its backend may have work running elsewhere: the backend stops
+    /// it ([`crate::Agent::canceled`]). Told before the run's token fires, so a run that
+    /// has not named its work yet hears of the cancel before it is dropped.
     pub(super) fn cancel_elsewhere(&self) {
-        if self.status.state == TaskState::Canceled
-            && let Some(note) = &self.note
-        {
-            self.agent.backend.canceled(note);
+        if !self.status.state.is_terminal() {
+            self.agent
+                .backend
+                .canceled(&self.key.task, self.note.as_deref());
         }
     }
 

@@ -14,7 +14,7 @@
 //! context): the same on every node and after every restart, and never shared between
 //! two principals whose contexts have the same name.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
@@ -31,7 +31,7 @@ use crate::agent::{
 };
 use crate::config::{A2aConfig, AgentLimits};
 use crate::metrics::UpstreamMetrics;
-use crate::model::{Artifact, Message, TaskState};
+use crate::model::{Artifact, Message, TaskId, TaskState};
 
 /// The largest card read (a card is a few KiB; a bigger one is refused).
 const MAX_CARD_BYTES: usize = 1 << 20;
@@ -87,6 +87,9 @@ struct Upstream {
     /// One card fetch at a time.
     fetching: tokio::sync::Mutex<()>,
     next_id: AtomicU64,
+    /// The runs under way, by a2ad task: where a cancel finds a run that has not named
+    /// its upstream task yet.
+    runs: Mutex<std::collections::HashMap<TaskId, Arc<Shared>>>,
     /// Derived context → the context the upstream chose instead, when it did.
     renamed: Mutex<std::collections::HashMap<String, String>>,
     metrics: Arc<UpstreamMetrics>,
@@ -186,6 +189,7 @@ impl A2aAgent {
             fetching: tokio::sync::Mutex::new(()),
             next_id: AtomicU64::new(1),
             renamed: Mutex::default(),
+            runs: Mutex::default(),
             metrics,
             config,
         });
@@ -603,7 +607,7 @@ struct Run<'a> {
     /// The last status message passed on while working.
     last_progress: Option<String>,
     /// Where a time-out finds the task, to cancel it.
-    shared_task: &'a Mutex<Option<String>>,
+    shared: &'a Shared,
 }
 
 impl Run<'_> {
@@ -627,7 +631,7 @@ impl Run<'_> {
         if !known {
             self.task = Some((id.to_string(), context.clone()));
             self.noted = false;
-            *self.shared_task.lock().unwrap_or_else(|e| e.into_inner()) = Some(id.to_string());
+            *self.shared.task.lock().unwrap_or_else(|e| e.into_inner()) = Some(id.to_string());
         }
         if !self.noted {
             let note = Note {
@@ -655,8 +659,27 @@ impl Run<'_> {
         }
     }
 
-    /// Applies one event; `Some` once the task ended its run upstream.
+    /// Applies one event; `Some` once the task ended its run upstream (or the run was
+    /// abandoned: the upstream task it names is canceled).
     async fn apply(&mut self, event: Event) -> Option<Result<Outcome, AgentError>> {
+        let end = self.apply_event(event).await;
+        if self.shared.cancel_wanted.load(Ordering::Acquire) {
+            let task = self.task.as_ref().map(|t| t.0.clone());
+            if let Some(task) = task
+                && end.is_none()
+            {
+                spawn_cancel(self.up.clone(), task);
+            }
+            return Some(Err(AgentError::new("canceled")));
+        }
+        if self.shared.abandoned.load(Ordering::Acquire) {
+            // Moved elsewhere (a restart that keeps it, another node): left running there.
+            return Some(Err(AgentError::new("abandoned")));
+        }
+        end
+    }
+
+    async fn apply_event(&mut self, event: Event) -> Option<Result<Outcome, AgentError>> {
         self.updates.ready().await;
         match event {
             Event::Task(t) => self.task_seen(t),
@@ -807,27 +830,41 @@ impl Agent for A2aAgent {
     }
 
     fn run_task(&self, request: AgentRequest, updates: Updates) -> OutcomeFuture {
+        // The run goes on its own tokio task: a cancel that drops this future while the
+        // upstream has not named its task yet must not lose that task (it would run on
+        // upstream, unsupervised). The cancel is told first (`canceled`), so the run,
+        // abandoned then, carries on until the upstream names its task, cancels it there,
+        // and stops; abandoned once the task is named, it is aborted at once.
         let up = self.up.clone();
-        Box::pin(async move {
-            let limit = up.config.timeout();
-            let shared_task = Mutex::new(None);
-            let work = work(&up, request, &updates, &shared_task);
-            match tokio::time::timeout(limit, work).await {
-                Ok(result) => result,
-                Err(_) => {
-                    let task = shared_task.lock().unwrap_or_else(|e| e.into_inner()).take();
-                    if let Some(task) = task {
-                        spawn_cancel(up.clone(), task);
-                    }
-                    Err(up.failed(&CallError::new(
-                        "timeout",
-                        format!(
-                            "the task did not finish within {} s (timeout_seconds)",
-                            limit.as_secs_f64()
-                        ),
-                    )))
-                }
+        let shared = Arc::new(Shared::default());
+        let task = request.task_id.clone();
+        let request_task = task.clone();
+        up.runs
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(task.clone(), shared.clone());
+        let run = tokio::spawn({
+            let up = up.clone();
+            let shared = shared.clone();
+            async move {
+                let result = bounded(up.clone(), request, updates, shared).await;
+                up.runs
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .remove(&task);
+                result
             }
+        });
+        let guard = Abandon {
+            shared,
+            run: run.abort_handle(),
+            up,
+            task: request_task,
+        };
+        Box::pin(async move {
+            let result = run.await;
+            drop(guard);
+            result.unwrap_or_else(|_| Err(AgentError::new("the upstream call ended unexpectedly")))
         })
     }
 
@@ -851,9 +888,92 @@ impl Agent for A2aAgent {
         })
     }
 
-    fn canceled(&self, note: &str) {
-        if let Ok(n) = serde_json::from_str::<Note>(note) {
-            spawn_cancel(self.up.clone(), n.t);
+    fn canceled(&self, task: &TaskId, note: Option<&str>) {
+        let noted = note.and_then(|n| serde_json::from_str::<Note>(n).ok());
+        let run = self
+            .up
+            .runs
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(task)
+            .cloned();
+        // A run not told its upstream task yet cancels it once it is named.
+        if let Some(run) = &run {
+            run.cancel_wanted.store(true, Ordering::Release);
+        }
+        let named = run.and_then(|r| r.task.lock().unwrap_or_else(|e| e.into_inner()).clone());
+        if let Some(upstream_task) = noted.map(|n| n.t).or(named) {
+            spawn_cancel(self.up.clone(), upstream_task);
+        }
+    }
+}
+
+/// What a run, the future that awaits it and the cancel hook share.
+#[derive(Default)]
+struct Shared {
+    /// The upstream task, once named.
+    task: Mutex<Option<String>>,
+    /// The future was dropped (the a2ad task ended, moved to another node, or the server
+    /// stops).
+    abandoned: AtomicBool,
+    /// The a2ad task is being canceled: so is the upstream task.
+    cancel_wanted: AtomicBool,
+}
+
+/// Marks a run abandoned when the future awaiting it is dropped; aborts it unless the
+/// upstream task is still to be named.
+struct Abandon {
+    shared: Arc<Shared>,
+    run: tokio::task::AbortHandle,
+    up: Arc<Upstream>,
+    task: TaskId,
+}
+
+impl Drop for Abandon {
+    fn drop(&mut self) {
+        if self.run.is_finished() {
+            return;
+        }
+        self.shared.abandoned.store(true, Ordering::Release);
+        let named = self
+            .shared
+            .task
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .is_some();
+        if named {
+            self.run.abort();
+            self.up
+                .runs
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .remove(&self.task);
+        }
+    }
+}
+
+/// A run within `timeout_seconds`: on expiry the upstream task is canceled.
+async fn bounded(
+    up: Arc<Upstream>,
+    request: AgentRequest,
+    updates: Updates,
+    shared: Arc<Shared>,
+) -> Result<Outcome, AgentError> {
+    let limit = up.config.timeout();
+    match tokio::time::timeout(limit, work(&up, request, &updates, &shared)).await {
+        Ok(result) => result,
+        Err(_) => {
+            let task = shared.task.lock().unwrap_or_else(|e| e.into_inner()).take();
+            if let Some(task) = task {
+                spawn_cancel(up.clone(), task);
+            }
+            Err(up.failed(&CallError::new(
+                "timeout",
+                format!(
+                    "the task did not finish within {} s (timeout_seconds)",
+                    limit.as_secs_f64()
+                ),
+            )))
         }
     }
 }
@@ -876,7 +996,7 @@ async fn work(
     up: &Arc<Upstream>,
     request: AgentRequest,
     updates: &Updates,
-    shared_task: &Mutex<Option<String>>,
+    shared: &Shared,
 ) -> Result<Outcome, AgentError> {
     let card = up.card().await.map_err(|e| up.failed(&e))?;
     let note = request
@@ -896,10 +1016,10 @@ async fn work(
             .map(|a| a.artifact_id.clone())
             .collect(),
         last_progress: None,
-        shared_task,
+        shared,
     };
     if let Some(n) = &note {
-        *shared_task.lock().unwrap_or_else(|e| e.into_inner()) = Some(n.t.clone());
+        *shared.task.lock().unwrap_or_else(|e| e.into_inner()) = Some(n.t.clone());
     }
     let endpoint = &card.endpoint;
     if request.taken_up {
