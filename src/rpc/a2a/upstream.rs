@@ -1015,7 +1015,13 @@ async fn work(
             .iter()
             .map(|a| a.artifact_id.clone())
             .collect(),
-        last_progress: None,
+        // The task's last agent message: a task read again does not repeat it.
+        last_progress: request
+            .task_history
+            .iter()
+            .rev()
+            .find(|m| m.role == crate::model::Role::Agent)
+            .map(|m| m.message_id.clone()),
         shared,
     };
     if let Some(n) = &note {
