@@ -33,7 +33,8 @@ cleanup() {
 }
 trap cleanup EXIT
 
-# Starts a2ad on a config; prints its base URL.
+# Starts a2ad on a config (in this shell, so that the exit trap stops it); sets URL to its
+# base URL.
 start() { # name config-text
   local name=$1 cfg="$WORK/$1.toml" out="$WORK/$1.log"
   printf '%s\n' "$2" >"$cfg"
@@ -46,7 +47,7 @@ start() { # name config-text
     sleep 0.1
   done
   [ -n "$url" ] || { cat "$out" >&2; echo "$name did not start" >&2; exit 1; }
-  echo "$url"
+  URL=$url
 }
 
 COMMON="[store]
@@ -60,15 +61,16 @@ requests_per_minute = 1000000000
 concurrent_tasks = 100000
 max_queued_tasks = 100000"
 
-UP=$(start upstream "[server]
+start upstream "[server]
 listen = \"127.0.0.1:0\"
 $COMMON
 
 [[agents]]
 id = \"echo\"
-$LIMITS")
+$LIMITS"
+UP=$URL
 
-FRONT=$(start front "[server]
+start front "[server]
 listen = \"127.0.0.1:0\"
 $COMMON
 
@@ -81,7 +83,8 @@ $LIMITS
 card_url = \"$UP/api/v1/a2a/echo/.well-known/agent-card.json\"
 allow_private_networks = true
 max_connections = $((CONNS * 2))
-headers = { x-api-key = \"$KEY\" }")
+headers = { x-api-key = \"$KEY\" }"
+FRONT=$URL
 
 # The front reads the upstream's card before the first round.
 "$LOAD" --url "$FRONT" --key "$KEY" --dialect "$DIALECT" --requests 200 -c 4 >/dev/null
