@@ -291,13 +291,7 @@ impl Upstream {
             .map_err(|e| self.transport("card fetch", &e))?;
         let status = resp.status();
         if status.is_redirection() {
-            return Err(CallError::new(
-                "redirect",
-                format!(
-                    "its card answered with a redirect (HTTP {}), which a2ad does not follow",
-                    status.as_u16()
-                ),
-            ));
+            return Err(redirected("its card", status));
         }
         if !status.is_success() {
             return Err(CallError::new(
@@ -404,13 +398,7 @@ impl Upstream {
             .map_err(|e| self.transport("the call", &e))?;
         let status = resp.status();
         if status.is_redirection() {
-            return Err(CallError::new(
-                "redirect",
-                format!(
-                    "answered with a redirect (HTTP {}), which a2ad does not follow",
-                    status.as_u16()
-                ),
-            ));
+            return Err(redirected("it", status));
         }
         let is_sse = resp
             .headers()
@@ -504,6 +492,17 @@ impl Upstream {
             Answer::Stream(_) => Ok(()),
         }
     }
+}
+
+/// A redirect, which is never followed (its target was not checked by the policy).
+fn redirected(who: &str, status: reqwest::StatusCode) -> CallError {
+    CallError::new(
+        "redirect",
+        format!(
+            "{who} answered with a redirect (HTTP {}), which a2ad does not follow",
+            status.as_u16()
+        ),
+    )
 }
 
 fn refused(e: Refusal) -> CallError {
