@@ -111,8 +111,11 @@ async fn a_fronted_a2ad_answers_every_dialect_and_keeps_the_conversation() {
     let mut rest = front_agent("frontrest", &up, "echo");
     up_of(&mut rest).binding = "http_json".into();
     agents.push(rest);
+    let mut grpc = front_agent("frontgrpc", &up, "echo");
+    up_of(&mut grpc).binding = "grpc".into();
+    agents.push(grpc);
     let front = TestServer::start(front_config(agents)).await;
-    for id in ["front", "front03", "frontrest"] {
+    for id in ["front", "front03", "frontrest", "frontgrpc"] {
         // The seed dialect, blocking: the upstream's reply is the task's.
         let first = front.send(id, "hello", json!({})).await;
         assert_eq!(first["status"]["state"], "completed", "{id}: {first}");
@@ -197,6 +200,20 @@ async fn a_fronted_a2ad_answers_every_dialect_and_keeps_the_conversation() {
         listing["frontrest"]["upstream"]["interface"]["binding"],
         "http_json"
     );
+    assert_eq!(
+        listing["frontgrpc"]["upstream"]["interface"]["binding"],
+        "grpc"
+    );
+    // The gRPC agent's three tasks went to the (streaming) upstream as gRPC streams.
+    let up_metrics = up.scrape().await;
+    assert_eq!(
+        support::metric(
+            &up_metrics,
+            "a2ad_requests_total{dialect=\"a2a-1.0\",binding=\"grpc\",method=\"SendStreamingMessage\",outcome=\"ok\"}"
+        ),
+        3.0,
+        "{up_metrics}"
+    );
     assert!(
         listing["front"]["upstream"]["lastError"].is_null(),
         "{listing}"
@@ -261,13 +278,27 @@ async fn input_required_continues_the_same_upstream_task_and_cancel_reaches_it()
 
 #[tokio::test]
 async fn a_slow_upstream_task_is_canceled_there_and_artifacts_stream_in_order() {
+    slow_tasks_canceled_and_streamed("auto").await;
+}
+
+#[tokio::test]
+async fn over_grpc_a_slow_upstream_task_is_canceled_there_and_artifacts_stream_in_order() {
+    slow_tasks_canceled_and_streamed("grpc").await;
+}
+
+/// Cancels (after and before the upstream names its task), chunked artifacts and
+/// progress, with the upstream called over `binding`.
+async fn slow_tasks_canceled_and_streamed(binding: &str) {
     let up = upstream().await;
-    let front = TestServer::start(front_config(vec![
+    let mut agents = vec![
         front_agent("slowfront", &up, "slow"),
         front_agent("tckfront", &up, "tck"),
         front_agent("stepsfront", &up, "steps"),
-    ]))
-    .await;
+    ];
+    for a in &mut agents {
+        up_of(a).binding = binding.into();
+    }
+    let front = TestServer::start(front_config(agents)).await;
     let sent = front
         .official_send(
             "slowfront",
@@ -579,17 +610,25 @@ fn hostile(base: &str, path: &str) -> hyper::Response<support::upstream::Body> {
                 );
                 r
             }
-            _ => full(
-                200,
-                "application/json",
-                json!({
-                    "name": mode,
-                    "capabilities": {"streaming": matches!(mode, "endlessstream" | "dies")},
-                    "supportedInterfaces": [{"url": format!("{base}/{mode}/rpc"),
-                        "protocolBinding": "JSONRPC", "protocolVersion": "1.0"}],
-                })
-                .to_string(),
-            ),
+            _ => {
+                // The gRPC modes offer gRPC: its path follows the URL.
+                let (url, binding) = match mode.starts_with("grpc") {
+                    true => (format!("{base}/{mode}"), "GRPC"),
+                    false => (format!("{base}/{mode}/rpc"), "JSONRPC"),
+                };
+                full(
+                    200,
+                    "application/json",
+                    json!({
+                        "name": mode,
+                        "capabilities": {"streaming":
+                            matches!(mode, "endlessstream" | "dies" | "grpcendless")},
+                        "supportedInterfaces": [{"url": url,
+                            "protocolBinding": binding, "protocolVersion": "1.0"}],
+                    })
+                    .to_string(),
+                )
+            }
         };
     }
     match mode {
@@ -606,6 +645,34 @@ fn hostile(base: &str, path: &str) -> hyper::Response<support::upstream::Body> {
                 Bytes::new(),
                 Bytes::from(format!("data: {event}\n\n")),
             )
+        }
+        // A gRPC message that says it is 1 GiB long.
+        "grpcbig" => support::upstream::endless(
+            "application/grpc",
+            Bytes::from_static(&[0, 0x40, 0, 0, 0]),
+            Bytes::from(vec![0u8; 16 << 10]),
+        ),
+        // `working` status updates, without end.
+        "grpcendless" => {
+            use a2ad::proto;
+            let event = proto::StreamResponse {
+                payload: Some(proto::stream_response::Payload::StatusUpdate(
+                    proto::TaskStatusUpdateEvent {
+                        task_id: "t1".into(),
+                        context_id: "c1".into(),
+                        status: Some(proto::TaskStatus {
+                            state: proto::TaskState::Working.into(),
+                            ..Default::default()
+                        }),
+                        ..Default::default()
+                    },
+                )),
+            };
+            let message = prost::Message::encode_to_vec(&event);
+            let mut frame = vec![0u8];
+            frame.extend_from_slice(&(message.len() as u32).to_be_bytes());
+            frame.extend_from_slice(&message);
+            support::upstream::endless("application/grpc", Bytes::new(), Bytes::from(frame))
         }
         "dies" => {
             // One `working` event, then silence until the process is killed.
@@ -640,6 +707,8 @@ async fn hostile_upstreams_are_bounded_and_named() {
         "endlessbody",
         "endlessstream",
         "garbage",
+        "grpcbig",
+        "grpcendless",
     ];
     let front = TestServer::start(front_config(modes.iter().map(|m| h.agent(m)).collect())).await;
     let host = h.base.trim_start_matches("http://").to_string();
@@ -649,6 +718,8 @@ async fn hostile_upstreams_are_bounded_and_named() {
         ("endlessbody", "passed 65536 bytes"),
         ("endlessstream", "passed 65536 bytes"),
         ("garbage", "garbage"),
+        ("grpcbig", "passed 65536 bytes"),
+        ("grpcendless", "passed 65536 bytes"),
     ] {
         let r = front.send(mode, "hello", json!({})).await;
         assert_eq!(r["status"]["state"], "failed", "{mode}: {r}");

@@ -1,15 +1,19 @@
 //! The official dialects from the other side: what a2ad sends an upstream A2A agent (the
 //! `a2a` backend, docs/CONFIG.md) and how it reads the answers, over JSON-RPC (1.0 and
-//! 0.3) and HTTP+JSON (1.0). The operations are [`ops::TABLE`]'s, the messages go out
-//! through the renderers the server answers with, and parts come in through the parsers
-//! the server reads requests with: one codec, both ways.
+//! 0.3), HTTP+JSON (1.0) and gRPC (1.0). The operations are [`ops::TABLE`]'s, the messages
+//! go out through the renderers the server answers with, and parts come in through the
+//! parsers the server reads requests with: one codec, both ways. On gRPC a request is its
+//! operation's ProtoJSON params read into the protobuf message (`pb`), and an answer the
+//! protobuf message written back as ProtoJSON, which the JSON readers here read.
 
 use serde_json::value::RawValue;
 use serde_json::{Value, json};
 
 use super::Version;
+use super::errors;
 use super::ops::Op;
 use super::params::{self, field};
+use super::pb;
 use super::render::MessageOut;
 use crate::config::AgentLimits;
 use crate::error::Error;
@@ -51,10 +55,13 @@ impl Binding {
 /// Where and how an upstream is called.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct Endpoint {
-    /// The interface's URL (JSON-RPC: the endpoint; HTTP+JSON: the base of its paths).
+    /// The interface's URL (JSON-RPC: the endpoint; HTTP+JSON: the base of its paths;
+    /// gRPC: the server's origin).
     pub(crate) url: String,
     pub(crate) binding: Binding,
     pub(crate) version: Version,
+    /// The interface's `tenant` (1.0), sent in every request's `tenant` field.
+    pub(crate) tenant: Option<String>,
 }
 
 /// What a2ad takes from an upstream's card.
@@ -78,6 +85,7 @@ struct Offer {
     url: String,
     binding: Option<Binding>,
     version: Option<Version>,
+    tenant: Option<String>,
 }
 
 fn version_of(text: &str) -> Option<Version> {
@@ -91,9 +99,12 @@ fn version_of(text: &str) -> Option<Version> {
 /// Reads a card (1.0 `supportedInterfaces`, or 0.3 `url` + `preferredTransport` +
 /// `additionalInterfaces`) and picks the interface to call: the `protocol` asked for, or
 /// (`auto`) the newest the card offers; then the `binding` asked for, or (`auto`) the
-/// card's first interface of that version a2ad speaks (JSON-RPC or HTTP+JSON).
+/// card's first interface of that version a2ad speaks (JSON-RPC, HTTP+JSON, or gRPC in
+/// 1.0). A gRPC interface's bare `host:port` (what the official SDKs list) is reached with
+/// the scheme of `card_url`, the URL the card came from.
 pub(crate) fn read_card(
     body: &[u8],
+    card_url: &str,
     binding: &str,
     protocol: &str,
 ) -> Result<UpstreamCard, String> {
@@ -118,6 +129,11 @@ pub(crate) fn read_card(
                     .get("protocolVersion")
                     .and_then(Value::as_str)
                     .and_then(version_of),
+                tenant: i
+                    .get("tenant")
+                    .and_then(Value::as_str)
+                    .filter(|t| !t.is_empty())
+                    .map(str::to_string),
             });
         }
     }
@@ -136,6 +152,7 @@ pub(crate) fn read_card(
             url: url.to_string(),
             binding: Binding::of_card(transport),
             version: Some(v03),
+            tenant: None,
         });
     }
     if let Some(list) = c.get("additionalInterfaces").and_then(Value::as_array) {
@@ -150,6 +167,7 @@ pub(crate) fn read_card(
                 url: url.to_string(),
                 binding: Binding::of_card(t),
                 version: Some(v03),
+                tenant: None,
             });
         }
     }
@@ -161,14 +179,16 @@ pub(crate) fn read_card(
         "0.3" => &[Version::V03],
         _ => &[Version::V10, Version::V03],
     };
-    let speaks = |b: Option<Binding>| match binding {
-        "auto" => matches!(b, Some(Binding::JsonRpc | Binding::HttpJson)),
-        name => b.is_some_and(|b| b.config_name() == name),
+    // gRPC is 1.0's only (0.3's gRPC service is another proto).
+    let speaks = |b: Option<Binding>, v: Version| match (binding, b) {
+        (_, Some(Binding::Grpc)) if v == Version::V03 => false,
+        ("auto", b) => b.is_some(),
+        (name, b) => b.is_some_and(|b| b.config_name() == name),
     };
     let chosen = versions.iter().find_map(|&v| {
         offers
             .iter()
-            .find(|o| o.version == Some(v) && speaks(o.binding))
+            .find(|o| o.version == Some(v) && speaks(o.binding, v))
             .map(|o| (o, v))
     });
     let Some((offer, version)) = chosen else {
@@ -176,14 +196,19 @@ pub(crate) fn read_card(
             "its card offers no interface a2ad can call (binding {binding}, protocol {protocol})"
         ));
     };
-    let endpoint = Endpoint {
-        url: offer.url.clone(),
-        binding: offer.binding.unwrap_or(Binding::JsonRpc),
-        version,
+    let binding = offer.binding.unwrap_or(Binding::JsonRpc);
+    let url = if binding == Binding::Grpc && !offer.url.contains("://") {
+        let scheme = card_url.split_once("://").map_or("http", |(s, _)| s);
+        format!("{scheme}://{}", offer.url)
+    } else {
+        offer.url.clone()
     };
-    if endpoint.binding == Binding::Grpc {
-        return Err("its card offers gRPC only, which a2ad does not call yet".into());
-    }
+    let endpoint = Endpoint {
+        url,
+        binding,
+        version,
+        tenant: offer.tenant.clone(),
+    };
     let text = |k: &str| c.get(k).and_then(Value::as_str).map(str::to_string);
     Ok(UpstreamCard {
         endpoint,
@@ -240,8 +265,17 @@ impl Request<'_> {
         }
     }
 
-    /// The operation's params (the HTTP+JSON body of a send).
-    fn params(&self, v: Version) -> Value {
+    /// The operation's params (the HTTP+JSON body of a send; on gRPC, the ProtoJSON of the
+    /// request message), with the interface's tenant.
+    fn params(&self, v: Version, tenant: Option<&str>) -> Value {
+        let mut params = self.bare_params(v);
+        if let (Version::V10, Some(tenant), Some(o)) = (v, tenant, params.as_object_mut()) {
+            o.insert("tenant".into(), Value::from(tenant));
+        }
+        params
+    }
+
+    fn bare_params(&self, v: Version) -> Value {
         match self {
             Self::Send {
                 message,
@@ -270,11 +304,22 @@ impl Request<'_> {
     }
 
     /// The call on `endpoint`; `id` numbers a JSON-RPC request.
-    pub(crate) fn call(&self, endpoint: &Endpoint, id: u64) -> Call {
+    pub(crate) fn call(&self, endpoint: &Endpoint, id: u64) -> Result<Call, String> {
         let op = self.op();
         let stream = matches!(op, Op::SendStreamingMessage | Op::SubscribeToTask);
         let v = endpoint.version;
-        match endpoint.binding {
+        let tenant = endpoint.tenant.as_deref();
+        Ok(match endpoint.binding {
+            Binding::Grpc => Call {
+                http_method: hyper::Method::POST,
+                url: format!(
+                    "{}/lf.a2a.v1.A2AService/{}",
+                    endpoint.url.trim_end_matches('/'),
+                    op.names().grpc
+                ),
+                body: Some(self.grpc_message(self.params(v, tenant))?),
+                stream,
+            },
             Binding::HttpJson => {
                 let names = op.names();
                 let (methods, pattern) = names.rest;
@@ -284,7 +329,7 @@ impl Request<'_> {
                 };
                 let path = pattern.replace("{id}", &percent(task));
                 let body = match self {
-                    Self::Send { .. } => Some(self.params(v).to_string().into_bytes()),
+                    Self::Send { .. } => Some(self.params(v, tenant).to_string().into_bytes()),
                     _ if methods[0] == hyper::Method::POST => Some(b"{}".to_vec()),
                     _ => None,
                 };
@@ -295,7 +340,7 @@ impl Request<'_> {
                     stream,
                 }
             }
-            Binding::JsonRpc | Binding::Grpc => {
+            Binding::JsonRpc => {
                 let method = match v {
                     Version::V10 => op.name(),
                     Version::V03 => op.names().v03.unwrap_or(op.name()),
@@ -304,7 +349,7 @@ impl Request<'_> {
                     "jsonrpc": "2.0",
                     "id": id,
                     "method": method,
-                    "params": self.params(v),
+                    "params": self.params(v, tenant),
                 });
                 Call {
                     http_method: hyper::Method::POST,
@@ -313,8 +358,76 @@ impl Request<'_> {
                     stream,
                 }
             }
+        })
+    }
+
+    /// The gRPC request message (the operation's ProtoJSON params read into it), framed.
+    fn grpc_message(&self, params: Value) -> Result<Vec<u8>, String> {
+        fn framed<T: prost::Message + serde::de::DeserializeOwned>(
+            params: Value,
+        ) -> Result<Vec<u8>, String> {
+            let m: T = serde_json::from_value(params).map_err(|e| e.to_string())?;
+            let len = u32::try_from(m.encoded_len()).map_err(|_| "a message past 4 GiB")?;
+            let mut out = Vec::with_capacity(5 + len as usize);
+            out.push(0);
+            out.extend_from_slice(&len.to_be_bytes());
+            m.encode(&mut out).map_err(|e| e.to_string())?;
+            Ok(out)
+        }
+        match self {
+            Self::Send { .. } => framed::<pb::SendMessageRequest>(params),
+            Self::Get(_) => framed::<pb::GetTaskRequest>(params),
+            Self::Cancel(_) => framed::<pb::CancelTaskRequest>(params),
+            Self::Subscribe(_) => framed::<pb::SubscribeToTaskRequest>(params),
         }
     }
+
+    /// A gRPC answer's message as the ProtoJSON [`read_answer`] reads: a send's
+    /// `SendMessageResponse`, a `Task` (`GetTask`, `CancelTask`), a stream's
+    /// `StreamResponse` ([`grpc_event`]).
+    pub(crate) fn grpc_answer(&self, message: &[u8]) -> Result<Vec<u8>, Refusal> {
+        fn json<T: prost::Message + Default + serde::Serialize>(
+            message: &[u8],
+        ) -> Result<Vec<u8>, Refusal> {
+            let m = T::decode(message).map_err(|e| garbage(format!("not protobuf ({e})")))?;
+            serde_json::to_vec(&m).map_err(|e| garbage(e.to_string()))
+        }
+        match self {
+            Self::Send { stream: false, .. } => json::<pb::SendMessageResponse>(message),
+            Self::Get(_) | Self::Cancel(_) => json::<pb::Task>(message),
+            Self::Send { .. } | Self::Subscribe(_) => json::<pb::StreamResponse>(message),
+        }
+    }
+}
+
+/// A gRPC stream's message (`StreamResponse`) as the ProtoJSON [`read_event`] reads.
+pub(crate) fn grpc_event(message: &[u8]) -> Result<String, Refusal> {
+    let m = <pb::StreamResponse as prost::Message>::decode(message)
+        .map_err(|e| garbage(format!("not protobuf ({e})")))?;
+    serde_json::to_string(&m).map_err(|e| garbage(e.to_string()))
+}
+
+/// A gRPC call's status (`grpc-status`, `grpc-message`, and the `ErrorInfo` of
+/// `grpc-status-details-bin`, in trailers or the headers of a trailers-only answer):
+/// `None` without one, `Ok` for OK, else the A2A error it stands for — the one its
+/// `ErrorInfo.reason` names, or the first of the error table with its gRPC code.
+pub(crate) fn grpc_status(headers: &hyper::HeaderMap) -> Option<Result<(), Refusal>> {
+    use tonic_types::StatusExt as _;
+    let status = tonic::Status::from_header_map(headers)?;
+    if status.code() == tonic::Code::Ok {
+        return Some(Ok(()));
+    }
+    let reason = status.get_details_error_info().map(|i| i.reason);
+    let row = errors::TABLE
+        .iter()
+        .find(|r| reason.as_deref() == Some(r.reason))
+        .or_else(|| errors::TABLE.iter().find(|r| r.grpc == status.code()));
+    let message = format!(
+        "gRPC {}: {}",
+        errors::code_name(status.code()),
+        status.message()
+    );
+    Some(Err(Refusal::Error(row.map_or(0, |r| r.code), message)))
 }
 
 /// A path segment with everything but unreserved characters percent-encoded.
@@ -392,8 +505,8 @@ pub(crate) fn read_answer(
     let raw: Box<RawValue> =
         serde_json::from_slice(body).map_err(|e| garbage(format!("not JSON ({e})")))?;
     let result = match endpoint.binding {
-        Binding::JsonRpc | Binding::Grpc => jsonrpc_result(&raw)?,
-        Binding::HttpJson => raw,
+        Binding::JsonRpc => jsonrpc_result(&raw)?,
+        Binding::HttpJson | Binding::Grpc => raw,
     };
     let v = endpoint.version;
     if op_is_get {
@@ -433,7 +546,7 @@ pub(crate) fn read_rest_error(body: &[u8]) -> Option<String> {
 }
 
 /// Reads one SSE `data:` payload of a stream (a JSON-RPC response on JSON-RPC, the bare
-/// event on HTTP+JSON).
+/// event on HTTP+JSON), or a gRPC stream's message as [`grpc_event`] writes it.
 pub(crate) fn read_event(
     endpoint: &Endpoint,
     data: &str,
@@ -648,24 +761,28 @@ mod tests {
             ],
         })
         .to_string();
-        let c = read_card(card.as_bytes(), "auto", "auto").expect("card");
+        let c = read_card(card.as_bytes(), "https://u/card", "auto", "auto").expect("card");
+        // gRPC first, its bare host:port with the card's scheme.
+        assert_eq!(c.endpoint.url, "https://h:1");
+        assert_eq!(c.endpoint.binding, Binding::Grpc);
+        let c = read_card(card.as_bytes(), "https://u/card", "http_json", "auto").expect("card");
         assert_eq!(c.endpoint.url, "http://u/rest");
         assert_eq!(c.endpoint.binding, Binding::HttpJson);
         assert_eq!(c.endpoint.version, Version::V10);
         assert!(c.streaming);
-        let c = read_card(card.as_bytes(), "auto", "0.3").expect("0.3");
+        let c = read_card(card.as_bytes(), "u", "auto", "0.3").expect("0.3");
         assert_eq!(c.endpoint.url, "http://u/v03");
-        assert!(read_card(card.as_bytes(), "jsonrpc", "1.0").is_err());
+        assert!(read_card(card.as_bytes(), "u", "jsonrpc", "1.0").is_err());
         // A 0.3 card: url + preferredTransport.
         let old = json!({"name": "Old", "url": "http://o/rpc", "protocolVersion": "0.3.0"});
-        let c = read_card(old.to_string().as_bytes(), "auto", "auto").expect("0.3 card");
+        let c = read_card(old.to_string().as_bytes(), "u", "auto", "auto").expect("0.3 card");
         assert_eq!(
             (c.endpoint.url.as_str(), c.endpoint.version),
             ("http://o/rpc", Version::V03)
         );
         assert!(!c.streaming);
-        assert!(read_card(b"[1]", "auto", "auto").is_err());
-        assert!(read_card(b"{}", "auto", "auto").is_err());
+        assert!(read_card(b"[1]", "u", "auto", "auto").is_err());
+        assert!(read_card(b"{}", "u", "auto", "auto").is_err());
     }
 
     #[test]
@@ -674,6 +791,7 @@ mod tests {
             url: "u".into(),
             binding: Binding::JsonRpc,
             version: Version::V10,
+            tenant: None,
         };
         let body = json!({"jsonrpc": "2.0", "id": 1, "result": {"task": {
             "id": "t", "contextId": "c",
@@ -729,13 +847,14 @@ mod tests {
             url: "http://u/rest/".into(),
             binding: Binding::HttpJson,
             version: Version::V10,
+            tenant: None,
         };
-        let c = Request::Cancel("a b").call(&rest, 1);
+        let c = Request::Cancel("a b").call(&rest, 1).expect("call");
         assert_eq!(
             (c.http_method, c.url.as_str()),
             (hyper::Method::POST, "http://u/rest/tasks/a%20b:cancel")
         );
-        let g = Request::Get("t").call(&rest, 1);
+        let g = Request::Get("t").call(&rest, 1).expect("call");
         assert_eq!((g.http_method, g.body), (hyper::Method::GET, None));
         let m = Message::user_text(["hi"]);
         let rpc = Endpoint {
@@ -750,7 +869,8 @@ mod tests {
             stream: true,
             wait: false,
         }
-        .call(&rpc, 7);
+        .call(&rpc, 7)
+        .expect("call");
         let body: Value = serde_json::from_slice(&s.body.expect("body")).expect("json");
         assert_eq!(body["method"], "message/stream");
         assert_eq!(body["params"]["message"]["taskId"], "t");

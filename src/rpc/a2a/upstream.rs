@@ -24,7 +24,8 @@ use sha2::{Digest, Sha256};
 use tokio::sync::Semaphore;
 
 use super::Version;
-use super::client::{self, Endpoint, Event, Refusal, Request, UpTask, UpstreamCard};
+use super::client::{self, Binding, Endpoint, Event, Refusal, Request, UpTask, UpstreamCard};
+use super::errors;
 use crate::agent::{
     Agent, AgentError, AgentFuture, AgentRequest, Outcome, OutcomeFuture, Updates, UpstreamFacts,
     UpstreamHealth, UpstreamView,
@@ -78,6 +79,8 @@ struct Upstream {
     /// `host:port` of the card URL: how failures name the upstream.
     label: String,
     client: reqwest::Client,
+    /// The same, speaking HTTP/2 from the first byte (gRPC over cleartext too).
+    grpc: reqwest::Client,
     headers: HeaderMap,
     /// Calls open at once (streams included).
     slots: Arc<Semaphore>,
@@ -107,6 +110,8 @@ struct CardState {
 struct CallError {
     kind: &'static str,
     what: String,
+    /// The A2A error code, when the upstream answered one.
+    code: Option<i64>,
 }
 
 impl CallError {
@@ -114,14 +119,15 @@ impl CallError {
         Self {
             kind,
             what: what.into(),
+            code: None,
         }
     }
 }
 
-/// An answer: a body, or an SSE stream.
+/// An answer: a body (JSON; on gRPC the message as ProtoJSON), or a stream of events.
 enum Answer {
     Body(Vec<u8>),
-    Stream(Sse),
+    Stream(Events),
 }
 
 impl A2aAgent {
@@ -153,17 +159,22 @@ impl A2aAgent {
                 headers.insert(n, v);
             }
         }
-        let client = reqwest::Client::builder()
-            .redirect(reqwest::redirect::Policy::none())
-            .no_proxy()
-            .connect_timeout(config.connect_timeout())
-            .pool_max_idle_per_host(config.max_connections)
-            .pool_idle_timeout(Duration::from_secs(60))
-            .dns_resolver(crate::net::GuardedResolver {
-                allow_private: config.allow_private_networks,
-                timeout: config.connect_timeout(),
-                what: "upstream",
-            })
+        let builder = || {
+            reqwest::Client::builder()
+                .redirect(reqwest::redirect::Policy::none())
+                .no_proxy()
+                .connect_timeout(config.connect_timeout())
+                .pool_max_idle_per_host(config.max_connections)
+                .pool_idle_timeout(Duration::from_secs(60))
+                .dns_resolver(crate::net::GuardedResolver {
+                    allow_private: config.allow_private_networks,
+                    timeout: config.connect_timeout(),
+                    what: "upstream",
+                })
+        };
+        let client = builder().build().unwrap_or_default();
+        let grpc = builder()
+            .http2_prior_knowledge()
             .build()
             .unwrap_or_default();
         let limits = AgentLimits {
@@ -177,6 +188,7 @@ impl A2aAgent {
             slots: Arc::new(Semaphore::new(config.max_connections)),
             label,
             client,
+            grpc,
             headers,
             limits,
             card: Mutex::new(CardState {
@@ -300,9 +312,14 @@ impl Upstream {
             ));
         }
         let body = read_capped(resp, MAX_CARD_BYTES.min(self.config.max_response_bytes)).await?;
-        client::read_card(&body, &self.config.binding, &self.config.protocol)
-            .map(Arc::new)
-            .map_err(|e| CallError::new("garbage", e))
+        client::read_card(
+            &body,
+            &self.config.card_url,
+            &self.config.binding,
+            &self.config.protocol,
+        )
+        .map(Arc::new)
+        .map_err(|e| CallError::new("garbage", e))
     }
 
     /// A URL whose host is a literal address is checked here, at every call (names are
@@ -351,7 +368,11 @@ impl Upstream {
         request: &Request<'_>,
         bound: Option<Duration>,
     ) -> Result<Answer, CallError> {
-        let call = request.call(endpoint, self.next_id.fetch_add(1, Ordering::Relaxed));
+        let call = request
+            .call(endpoint, self.next_id.fetch_add(1, Ordering::Relaxed))
+            .map_err(|e| {
+                CallError::new("error", format!("its request could not be written ({e})"))
+            })?;
         self.check_target(&call.url)?;
         let permit = match bound {
             // Cancels and polls do not queue behind open streams.
@@ -366,23 +387,32 @@ impl Upstream {
         };
         self.metrics.requests.fetch_add(1, Ordering::Relaxed);
         let started = Instant::now();
-        let mut req = self
-            .client
+        let grpc = endpoint.binding == Binding::Grpc;
+        let client = if grpc { &self.grpc } else { &self.client };
+        let mut req = client
             .request(call.http_method.clone(), &call.url)
-            .headers(self.headers.clone())
-            .header(
+            .headers(self.headers.clone());
+        req = if grpc {
+            req.header("content-type", "application/grpc")
+                .header("te", "trailers")
+        } else {
+            req.header(
                 "accept",
                 if call.stream {
                     "text/event-stream"
                 } else {
                     "application/json"
                 },
-            );
+            )
+        };
         if endpoint.version == Version::V10 {
             req = req.header("a2a-version", "1.0");
         }
         if let Some(body) = call.body {
-            req = req.header("content-type", "application/json").body(body);
+            if !grpc {
+                req = req.header("content-type", "application/json");
+            }
+            req = req.body(body);
         }
         if let Some(b) = bound {
             req = req.timeout(b);
@@ -400,6 +430,9 @@ impl Upstream {
         if status.is_redirection() {
             return Err(redirected("it", status));
         }
+        if grpc && status.is_success() {
+            return self.grpc_answer(request, resp, started, permit).await;
+        }
         let is_sse = resp
             .headers()
             .get("content-type")
@@ -407,14 +440,14 @@ impl Upstream {
             .is_some_and(|v| v.starts_with("text/event-stream"));
         if status.is_success() && is_sse {
             self.metrics.latency(started.elapsed());
-            return Ok(Answer::Stream(Sse {
+            return Ok(Answer::Stream(Events::Sse(Sse {
                 resp,
                 buf: Vec::new(),
                 data: String::new(),
                 received: 0,
                 limit: self.config.max_response_bytes,
                 _permit: permit,
-            }));
+            })));
         }
         let body = read_capped(resp, self.config.max_response_bytes).await?;
         self.metrics.latency(started.elapsed());
@@ -433,6 +466,52 @@ impl Upstream {
             ));
         }
         Ok(Answer::Body(body))
+    }
+
+    /// A gRPC answer: its status when it has no message (a trailers-only answer), else
+    /// its one message, or its stream of them.
+    async fn grpc_answer(
+        &self,
+        request: &Request<'_>,
+        resp: reqwest::Response,
+        started: Instant,
+        permit: Option<tokio::sync::OwnedSemaphorePermit>,
+    ) -> Result<Answer, CallError> {
+        if let Some(Err(e)) = client::grpc_status(resp.headers()) {
+            self.metrics.latency(started.elapsed());
+            return Err(refused(e));
+        }
+        let response: hyper::Response<reqwest::Body> = resp.into();
+        let mut frames = GrpcFrames {
+            body: response.into_body(),
+            buf: Vec::new(),
+            received: 0,
+            limit: self.config.max_response_bytes,
+            _permit: permit,
+        };
+        if matches!(
+            request,
+            Request::Subscribe(_) | Request::Send { stream: true, .. }
+        ) {
+            self.metrics.latency(started.elapsed());
+            return Ok(Answer::Stream(Events::Grpc(frames)));
+        }
+        let message = frames.next().await?;
+        // The status after the message: an error there is the answer.
+        if frames.next().await?.is_some() {
+            return Err(CallError::new(
+                "garbage",
+                "answered garbage: two messages to a unary call",
+            ));
+        }
+        self.metrics.latency(started.elapsed());
+        let Some(message) = message else {
+            return Err(CallError::new("garbage", "answered garbage: no message"));
+        };
+        request
+            .grpc_answer(&message)
+            .map(Answer::Body)
+            .map_err(refused)
     }
 
     /// Reads an answer that is one result.
@@ -481,16 +560,22 @@ impl Upstream {
             self.call(&card.endpoint, &Request::Cancel(task), Some(bound)),
         )
         .await
-        .map_err(|_| CallError::new("timeout", "the cancel timed out"))??;
+        .map_err(|_| CallError::new("timeout", "the cancel timed out"))?;
         match answer {
-            Answer::Body(b) => match client::read_answer(&card.endpoint, true, &b, &self.limits) {
-                Ok(_) => Ok(()),
-                // Ended already: nothing to stop.
-                Err(Refusal::Error(-32002, _)) => Ok(()),
-                Err(e) => Err(refused(e)),
-            },
-            Answer::Stream(_) => Ok(()),
+            Ok(Answer::Body(b)) => {
+                match client::read_answer(&card.endpoint, true, &b, &self.limits) {
+                    Ok(_) => Ok(()),
+                    Err(e) => Err(refused(e)),
+                }
+            }
+            Ok(Answer::Stream(_)) => Ok(()),
+            Err(e) => Err(e),
         }
+        .or_else(|e| match e.code {
+            // Ended already: nothing to stop.
+            Some(errors::TASK_NOT_CANCELABLE) => Ok(()),
+            _ => Err(e),
+        })
     }
 }
 
@@ -510,7 +595,10 @@ fn refused(e: Refusal) -> CallError {
         Refusal::Garbage(what) => CallError::new("garbage", format!("answered garbage: {what}")),
         Refusal::Error(code, message) => {
             let message: String = message.chars().take(200).collect();
-            CallError::new("error", format!("answered an error ({code}: {message})"))
+            CallError {
+                code: Some(code),
+                ..CallError::new("error", format!("answered an error ({code}: {message})"))
+            }
         }
     }
 }
@@ -534,6 +622,100 @@ async fn read_capped(mut resp: reqwest::Response, limit: usize) -> Result<Vec<u8
         }
         body.extend_from_slice(&chunk);
     }
+}
+
+/// An upstream's stream of events.
+enum Events {
+    Sse(Sse),
+    Grpc(GrpcFrames),
+}
+
+impl Events {
+    /// The next event, as [`client::read_event`] reads it; `None` when the stream ends.
+    async fn next(&mut self) -> Result<Option<String>, CallError> {
+        match self {
+            Self::Sse(sse) => sse.next().await,
+            Self::Grpc(frames) => match frames.next().await? {
+                Some(m) => client::grpc_event(&m).map(Some).map_err(refused),
+                None => Ok(None),
+            },
+        }
+    }
+}
+
+/// A gRPC answer's length-prefixed messages, at most `limit` bytes in all, then its
+/// status (trailers).
+struct GrpcFrames {
+    body: reqwest::Body,
+    /// Bytes received and not yet read as a message.
+    buf: Vec<u8>,
+    received: usize,
+    limit: usize,
+    _permit: Option<tokio::sync::OwnedSemaphorePermit>,
+}
+
+impl GrpcFrames {
+    /// The next message; `None` at the end of an answer whose status is OK (another
+    /// status is the error it stands for).
+    async fn next(&mut self) -> Result<Option<Vec<u8>>, CallError> {
+        use http_body_util::BodyExt as _;
+        let garbage = |what: &str| CallError::new("garbage", format!("answered garbage: {what}"));
+        loop {
+            if let [flag, a, b, c, d, ..] = self.buf[..] {
+                if flag != 0 {
+                    return Err(garbage("a compressed gRPC message (none was asked for)"));
+                }
+                let len = u32::from_be_bytes([a, b, c, d]) as usize;
+                if len > self.limit {
+                    return Err(too_large(self.limit));
+                }
+                if self.buf.len() >= 5 + len {
+                    let message = self.buf[5..5 + len].to_vec();
+                    self.buf.drain(..5 + len);
+                    return Ok(Some(message));
+                }
+            }
+            let frame = match self.body.frame().await {
+                None => return Err(garbage("a gRPC answer without grpc-status")),
+                Some(Err(_)) => {
+                    return Err(CallError::new(
+                        "connect",
+                        "the connection broke during the answer",
+                    ));
+                }
+                Some(Ok(frame)) => frame,
+            };
+            match frame.into_data() {
+                Ok(data) => {
+                    self.received = self.received.saturating_add(data.len());
+                    if self.received > self.limit {
+                        return Err(too_large(self.limit));
+                    }
+                    self.buf.extend_from_slice(&data);
+                }
+                Err(frame) => {
+                    let Ok(trailers) = frame.into_trailers() else {
+                        continue;
+                    };
+                    if !self.buf.is_empty() {
+                        return Err(garbage("a gRPC answer that ends inside a message"));
+                    }
+                    return match client::grpc_status(&trailers) {
+                        Some(Ok(())) => Ok(None),
+                        Some(Err(e)) => Err(refused(e)),
+                        None => Err(garbage("a gRPC answer without grpc-status")),
+                    };
+                }
+            }
+        }
+    }
+}
+
+fn too_large(limit: usize) -> CallError {
+    CallError::new(
+        "too_large",
+        format!("its answer passed {limit} bytes (max_response_bytes)"),
+    )
 }
 
 /// An upstream's SSE stream: its events' `data`, at most `limit` bytes in all.
@@ -757,9 +939,9 @@ impl Run<'_> {
     }
 
     /// Follows a stream to the task's end; `None` when it ended before (the caller polls).
-    async fn follow(&mut self, mut sse: Sse) -> Result<Option<Outcome>, AgentError> {
+    async fn follow(&mut self, mut events: Events) -> Result<Option<Outcome>, AgentError> {
         loop {
-            let data = match sse.next().await {
+            let data = match events.next().await {
                 Ok(Some(d)) => d,
                 Ok(None) => return Ok(None),
                 Err(e) if self.task.is_some() && e.kind == "connect" => {
