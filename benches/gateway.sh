@@ -11,7 +11,7 @@
 # to the front, and prints each figure, the medians, and the ratio front/upstream.
 # The front's request costs its own work plus the upstream's (both run on this machine),
 # so the ratio is what fronting costs here; the instructions a task costs the front alone
-# come from `A2AD_INSN_…` on benches/instructions.sh with a front's configuration.
+# come from `A2AD_INSN_SCENARIO=gateway benches/instructions.sh`.
 # Needs a release build (`cargo build --release`).
 set -euo pipefail
 

@@ -9,6 +9,10 @@
 #   A2AD_INSN_SCENARIO=webhooks A2AD_INSN_DIALECTS=seed benches/instructions.sh
 #     # per task with its webhook delivery (one agent-wide configuration, every delivery
 #     # received by the tool's receiver and its signature checked)
+#   A2AD_INSN_SCENARIO=gateway A2AD_INSN_STORES=memory benches/instructions.sh
+#     # per task forwarded: the measured server's `echo` is an `a2a` agent fronting the
+#     # `echo` of another a2ad (memory store, not under valgrind); its instructions are the
+#     # front's alone, the upstream's own work not counted
 #
 # For each (store, dialect): starts the release a2ad under callgrind with a bench
 # configuration, warms it with 300 requests, zeroes the counters, sends N requests
@@ -30,12 +34,51 @@ WORK=$(mktemp -d)
 SERVER=
 cleanup() {
   [ -n "$SERVER" ] && kill "$SERVER" 2>/dev/null && wait "$SERVER" 2>/dev/null
+  [ -n "${UPSTREAM:-}" ] && kill "$UPSTREAM" 2>/dev/null && wait "$UPSTREAM" 2>/dev/null
   rm -rf "$WORK"
 }
 trap cleanup EXIT
 KEY=insn-key-0123456789
 SCENARIO=${A2AD_INSN_SCENARIO:-send}
-case "$SCENARIO" in send|webhooks) ;; *) echo "A2AD_INSN_SCENARIO: send or webhooks" >&2; exit 2;; esac
+case "$SCENARIO" in send|webhooks|gateway) ;; *) echo "A2AD_INSN_SCENARIO: send, webhooks or gateway" >&2; exit 2;; esac
+LOAD_SCENARIO=$SCENARIO
+[ "$SCENARIO" = gateway ] && LOAD_SCENARIO=send
+
+# `gateway`: the upstream the measured front forwards to (started once).
+UPSTREAM=
+BACKEND=
+if [ "$SCENARIO" = gateway ]; then
+  cat >"$WORK/upstream.toml" <<EOF
+[server]
+listen = "127.0.0.1:0"
+[store]
+backend = "memory"
+[[api_keys]]
+name = "insn"
+key = "$KEY"
+[[agents]]
+id = "echo"
+[agents.limits]
+requests_per_minute = 1000000000
+concurrent_tasks = 100000
+max_queued_tasks = 100000
+EOF
+  RUST_LOG=warn "$BIN" --config "$WORK/upstream.toml" >"$WORK/upstream.log" 2>&1 &
+  UPSTREAM=$!
+  up_url=
+  for _ in $(seq 1 300); do
+    up_url=$(grep -o 'listening on http://[0-9.:]*' "$WORK/upstream.log" | head -1 | sed 's/listening on //') || true
+    [ -n "$up_url" ] && break
+    sleep 0.1
+  done
+  [ -n "$up_url" ] || { cat "$WORK/upstream.log" >&2; echo "the upstream did not start" >&2; exit 1; }
+  BACKEND="backend = \"a2a\"
+[agents.a2a]
+card_url = \"$up_url/api/v1/a2a/echo/.well-known/agent-card.json\"
+allow_private_networks = true
+max_connections = 1000
+headers = { x-api-key = \"$KEY\" }"
+fi
 
 measure() { # store dialect connections
   local store=$1 dialect=$2 conns=$3 cfg="$WORK/a2ad.toml" out="$WORK/out.log"
@@ -70,6 +113,7 @@ key = "$KEY"
 
 [[agents]]
 id = "echo"
+$BACKEND
 [agents.limits]
 requests_per_minute = 1000000000
 concurrent_tasks = 100000
@@ -90,7 +134,7 @@ EOF
   # would double the deliveries of the measured run.
   "$LOAD" --url "$url" --key "$KEY" --dialect "$dialect" --requests 300 -c "$conns" >/dev/null
   callgrind_control -z "$SERVER" >/dev/null 2>&1
-  "$LOAD" --url "$url" --key "$KEY" --scenario "$SCENARIO" --dialect "$dialect" \
+  "$LOAD" --url "$url" --key "$KEY" --scenario "$LOAD_SCENARIO" --dialect "$dialect" \
     --requests "$N" -c "$conns" >"$WORK/load.txt"
   callgrind_control -d "$SERVER" >/dev/null 2>&1
   [ -n "${A2AD_INSN_KEEP:-}" ] && mkdir -p "$A2AD_INSN_KEEP" && cp "$(ls -t "$WORK"/cg.*.* | head -1)" "$A2AD_INSN_KEEP/callgrind.$store.$dialect.c$conns"

@@ -62,6 +62,8 @@ pub(crate) struct Endpoint {
     pub(crate) version: Version,
     /// The interface's `tenant` (1.0), sent in every request's `tenant` field.
     pub(crate) tenant: Option<String>,
+    /// `url` parsed (when it parses): a call to `url` itself is not parsed again.
+    pub(crate) parsed: Option<url::Url>,
 }
 
 /// What a2ad takes from an upstream's card.
@@ -204,6 +206,7 @@ pub(crate) fn read_card(
         offer.url.clone()
     };
     let endpoint = Endpoint {
+        parsed: url::Url::parse(&url).ok(),
         url,
         binding,
         version,
@@ -329,7 +332,7 @@ impl Request<'_> {
                 };
                 let path = pattern.replace("{id}", &percent(task));
                 let body = match self {
-                    Self::Send { .. } => Some(self.params(v, tenant).to_string().into_bytes()),
+                    Self::Send { .. } => serde_json::to_vec(&self.params(v, tenant)).ok(),
                     _ if methods[0] == hyper::Method::POST => Some(b"{}".to_vec()),
                     _ => None,
                 };
@@ -354,7 +357,7 @@ impl Request<'_> {
                 Call {
                     http_method: hyper::Method::POST,
                     url: endpoint.url.clone(),
-                    body: Some(body.to_string().into_bytes()),
+                    body: serde_json::to_vec(&body).ok(),
                     stream,
                 }
             }
@@ -792,6 +795,7 @@ mod tests {
             binding: Binding::JsonRpc,
             version: Version::V10,
             tenant: None,
+            parsed: None,
         };
         let body = json!({"jsonrpc": "2.0", "id": 1, "result": {"task": {
             "id": "t", "contextId": "c",
@@ -848,6 +852,7 @@ mod tests {
             binding: Binding::HttpJson,
             version: Version::V10,
             tenant: None,
+            parsed: None,
         };
         let c = Request::Cancel("a b").call(&rest, 1).expect("call");
         assert_eq!(

@@ -312,18 +312,21 @@ impl Upstream {
             ));
         }
         let body = read_capped(resp, MAX_CARD_BYTES.min(self.config.max_response_bytes)).await?;
-        client::read_card(
+        let card = client::read_card(
             &body,
             &self.config.card_url,
             &self.config.binding,
             &self.config.protocol,
         )
-        .map(Arc::new)
-        .map_err(|e| CallError::new("garbage", e))
+        .map_err(|e| CallError::new("garbage", e))?;
+        // Every call goes to the interface's origin (its URL, or a path under it).
+        self.check_target(&card.endpoint.url)?;
+        Ok(Arc::new(card))
     }
 
-    /// A URL whose host is a literal address is checked here, at every call (names are
-    /// checked by the resolver): a card may point anywhere.
+    /// A URL whose host is a literal address is checked here — the card's before it is
+    /// fetched, the interface's whenever the card is read (every call goes to that origin;
+    /// names are checked by the resolver, at every connection): a card may point anywhere.
     fn check_target(&self, url: &str) -> Result<(), CallError> {
         let parsed = url::Url::parse(url)
             .map_err(|_| CallError::new("garbage", format!("{url:?} is not a URL")))?;
@@ -373,7 +376,12 @@ impl Upstream {
             .map_err(|e| {
                 CallError::new("error", format!("its request could not be written ({e})"))
             })?;
-        self.check_target(&call.url)?;
+        // The interface's URL itself was parsed with the card; a path under it is parsed.
+        let url = match &endpoint.parsed {
+            Some(u) if call.url == endpoint.url => u.clone(),
+            _ => url::Url::parse(&call.url)
+                .map_err(|_| CallError::new("garbage", format!("{:?} is not a URL", call.url)))?,
+        };
         let permit = match bound {
             // Cancels and polls do not queue behind open streams.
             Some(_) => None,
@@ -390,7 +398,7 @@ impl Upstream {
         let grpc = endpoint.binding == Binding::Grpc;
         let client = if grpc { &self.grpc } else { &self.client };
         let mut req = client
-            .request(call.http_method.clone(), &call.url)
+            .request(call.http_method.clone(), url)
             .headers(self.headers.clone());
         req = if grpc {
             req.header("content-type", "application/grpc")
