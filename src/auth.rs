@@ -104,9 +104,13 @@ pub(crate) struct KeyStore {
 impl KeyStore {
     /// Builds the store. With no key configured, a random development key is generated
     /// and returned so the binary can print it once: the server never runs open.
-    pub(crate) fn from_config(config: &Config) -> (Self, Option<String>) {
+    /// `dev_key`, when given, is that key (a reload keeps the one printed at start).
+    pub(crate) fn from_config(config: &Config, dev_key: Option<&str>) -> (Self, Option<String>) {
         let (keys, dev_key) = if config.api_keys.is_empty() && config.auth.certificates.is_empty() {
-            let key = format!("a2ad-dev-{}", uuid::Uuid::new_v4().simple());
+            let key = dev_key.map_or_else(
+                || format!("a2ad-dev-{}", uuid::Uuid::new_v4().simple()),
+                str::to_string,
+            );
             (vec![ApiKeyConfig::new("dev", &key)], Some(key))
         } else {
             (config.api_keys.clone(), None)
@@ -293,7 +297,7 @@ mod tests {
             ],
             ..Config::default()
         };
-        KeyStore::from_config(&c).0
+        KeyStore::from_config(&c, None).0
     }
 
     fn hex(b: &[u8]) -> String {
@@ -391,7 +395,7 @@ mod tests {
 
     #[tokio::test]
     async fn no_configured_key_means_a_generated_development_key() {
-        let (s, key) = KeyStore::from_config(&Config::default());
+        let (s, key) = KeyStore::from_config(&Config::default(), None);
         let key = key.expect("a dev key");
         let mut h = HeaderMap::new();
         h.insert("x-api-key", HeaderValue::from_str(&key).expect("ascii"));

@@ -71,6 +71,7 @@ fn main() -> ExitCode {
             }
         };
     }
+    let config_path = cli.config.clone();
     let config = match load(cli) {
         Ok(c) => c,
         Err(e) => {
@@ -93,7 +94,7 @@ fn main() -> ExitCode {
             return ExitCode::from(1);
         }
     };
-    runtime.block_on(serve(config))
+    runtime.block_on(serve(config, config_path))
 }
 
 /// mimalloc reads its options from the environment once, at start-up. Two differ from its
@@ -153,7 +154,7 @@ fn load(cli: Cli) -> Result<Config, a2ad::config::ConfigError> {
     })
 }
 
-async fn serve(config: Config) -> ExitCode {
+async fn serve(config: Config, config_path: Option<PathBuf>) -> ExitCode {
     // Logs to stderr (`RUST_LOG`), and — with `[telemetry] otlp_endpoint` — the trace
     // spans to the collector (docs/CONFIG.md): each layer with its own filter.
     let telemetry = match a2ad::telemetry::Telemetry::start(&config.telemetry) {
@@ -195,7 +196,7 @@ async fn serve(config: Config) -> ExitCode {
             .init();
     }
     let grace = config.server.shutdown_grace();
-    let (code, signalled) = run(config).await;
+    let (code, signalled) = run(config, config_path).await;
     if let Some(t) = telemetry {
         // The last spans go out before the process ends, within what is left of the
         // grace: a collector that never answers does not hold the exit (the exporter's
@@ -213,7 +214,12 @@ async fn serve(config: Config) -> ExitCode {
 
 /// Serves until a signal; the exit code and when the signal came (`None`: the start
 /// failed).
-async fn run(config: a2ad::Config) -> (ExitCode, Option<std::time::Instant>) {
+async fn run(
+    config: a2ad::Config,
+    config_path: Option<PathBuf>,
+) -> (ExitCode, Option<std::time::Instant>) {
+    // The file as the server starts with it: what a setting that needs a restart stays.
+    let reloader = config_path.and_then(Reloader::new);
     raise_open_file_limit();
     let store = match (&config.cluster, config.store.backend) {
         (Some(c), _) => format!(
@@ -263,7 +269,7 @@ async fn run(config: a2ad::Config) -> (ExitCode, Option<std::time::Instant>) {
             return (ExitCode::from(1), None);
         }
     };
-    signals.shutdown(&handle).await;
+    signals.shutdown(&handle, reloader.as_ref()).await;
     let signalled = Some(std::time::Instant::now());
     tracing::info!("signal received; shutting down");
     handle.stop();
@@ -318,8 +324,9 @@ impl Signals {
         Self {}
     }
 
-    /// Waits for SIGINT or SIGTERM; meanwhile each SIGHUP checks the TLS files at once.
-    async fn shutdown(self, handle: &a2ad::ServerHandle) {
+    /// Waits for SIGINT or SIGTERM; meanwhile each SIGHUP checks the TLS files at once and
+    /// reloads the `--config` file.
+    async fn shutdown(self, handle: &a2ad::ServerHandle, reloader: Option<&Reloader>) {
         #[cfg(unix)]
         if let Some((mut int, mut term, mut hup)) = self.unix {
             loop {
@@ -329,10 +336,108 @@ impl Signals {
                     Some(()) = async { match hup.as_mut() { Some(h) => h.recv().await, None => None } } => {
                         tracing::info!("SIGHUP: checking the TLS files");
                         handle.reload_tls().await;
+                        if let Some(r) = reloader {
+                            r.reload(handle);
+                        }
                     }
                 }
             }
         }
         let _ = tokio::signal::ctrl_c().await;
+    }
+}
+
+/// SIGHUP's re-reading of `--config` (docs/CONFIG.md, "Reloading the configuration").
+struct Reloader {
+    path: PathBuf,
+    /// The file as the server started with it: the running value of every setting that
+    /// needs a restart.
+    running: toml::Table,
+}
+
+/// The settings a reload puts in force (with everything under them).
+const RELOADED: [&str; 2] = ["api_keys", "auth"];
+
+impl Reloader {
+    fn new(path: PathBuf) -> Option<Self> {
+        let running = std::fs::read_to_string(&path).ok()?.parse().ok()?;
+        Some(Self { path, running })
+    }
+
+    /// Reads and checks the file; a file that does not load or check changes nothing
+    /// (logged naming the file and the key, counted `error`). Otherwise its callers are
+    /// put in force, and every other setting that changed is logged as needing a restart.
+    fn reload(&self, handle: &a2ad::ServerHandle) {
+        let file = self.path.display().to_string();
+        let read = std::fs::read_to_string(&self.path)
+            .map_err(|e| {
+                a2ad::Error::Config(a2ad::config::ConfigError {
+                    file: None,
+                    key: None,
+                    position: None,
+                    message: format!("cannot read file: {e}"),
+                })
+            })
+            .and_then(|text| {
+                let config = Config::from_toml(&text)
+                    .and_then(|c| c.validated())
+                    .map_err(a2ad::Error::Config)?;
+                Server::check(&config)?;
+                Ok((text, config))
+            })
+            .map_err(|e| match e {
+                a2ad::Error::Config(mut ce) => {
+                    ce.file.get_or_insert_with(|| file.clone());
+                    a2ad::Error::Config(ce)
+                }
+                other => other,
+            });
+        let (text, config) = match read {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::error!(file = %file, error = %e, "the configuration was not reloaded; the running one stays");
+                handle.count_reload(false);
+                return;
+            }
+        };
+        let table: toml::Table = text.parse().unwrap_or_default();
+        let mut changed = Vec::new();
+        changed_keys("", &self.running, &table, &mut changed);
+        for setting in changed.iter().filter(|k| !reloaded(k)) {
+            tracing::warn!(setting = %setting, "needs a restart: the running value stays");
+        }
+        handle.reload_access(&config);
+        handle.count_reload(true);
+        tracing::info!(file = %file, "configuration reloaded ([[api_keys]], [auth])");
+    }
+}
+
+/// Whether a reload puts `key` (a dotted path) in force.
+fn reloaded(key: &str) -> bool {
+    RELOADED.iter().any(|r| {
+        key == *r
+            || key
+                .strip_prefix(r)
+                .is_some_and(|rest| rest.starts_with('.'))
+    })
+}
+
+/// The dotted paths of the settings that differ between `old` and `new` (a table
+/// compared key by key, anything else whole).
+fn changed_keys(prefix: &str, old: &toml::Table, new: &toml::Table, out: &mut Vec<String>) {
+    let keys: std::collections::BTreeSet<&String> = old.keys().chain(new.keys()).collect();
+    for k in keys {
+        let name = if prefix.is_empty() {
+            k.clone()
+        } else {
+            format!("{prefix}.{k}")
+        };
+        match (old.get(k), new.get(k)) {
+            (Some(toml::Value::Table(a)), Some(toml::Value::Table(b))) => {
+                changed_keys(&name, a, b, out);
+            }
+            (a, b) if a != b => out.push(name),
+            _ => {}
+        }
     }
 }

@@ -12,11 +12,9 @@ use std::sync::Arc;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
-use crate::auth::KeyStore;
 use crate::config::Config;
 use crate::error::Result;
-use crate::http::App;
-use crate::limits::RateLimiter;
+use crate::http::{Access, App, AppParts};
 use crate::runtime::{Runtime, RuntimeBuilder};
 
 pub(crate) mod conn;
@@ -58,6 +56,10 @@ pub struct ServerHandle {
     done: tokio::task::JoinHandle<u64>,
     runtime: Runtime,
     tls: Option<Arc<Tls>>,
+    /// What a reload swaps its callers in.
+    app: Arc<App>,
+    /// The development key printed at start, kept by a reload that configures no key.
+    dev_key: Option<String>,
 }
 
 impl Server {
@@ -149,13 +151,7 @@ impl Server {
             Some(settings) => Some(Arc::new(crate::rpc::a2a::card::CardSigner::load(settings)?)),
             None => None,
         };
-        let (keys, dev_key) = KeyStore::from_config(&config);
-        let per_minute: Vec<u64> = config
-            .agents
-            .iter()
-            .map(|a| a.limits.requests_per_minute)
-            .collect();
-        let rate = RateLimiter::new(keys.principals(), &per_minute);
+        let (access, dev_key) = Access::from_config(&config, None);
         let runtime = runtime.start().await?;
         // Said once the store is open (a store that refuses the start says only that).
         let durable =
@@ -170,22 +166,21 @@ impl Server {
         }
         let s = &config.server;
         let local_addr = listener.local_addr()?;
-        let app = Arc::new(App {
-            runtime,
-            keys,
-            rate,
-            requests: Default::default(),
-            max_body: config.max_body_bytes(),
-            bodies: crate::http::budget::BodyBudget::new(config.max_buffered_body_bytes()),
-            connection_bodies: config.max_buffered_body_bytes_per_connection(),
-            body_timeout: s.body_read_timeout(),
-            ping_every: s.ping_interval(),
-            local_addr,
-            https: tls.is_some(),
-            card_signer,
-            started: chrono::Utc::now(),
-            ui: config.ui.enabled,
-        });
+        let app = Arc::new(App::new(
+            access,
+            AppParts {
+                runtime,
+                max_body: config.max_body_bytes(),
+                bodies: crate::http::budget::BodyBudget::new(config.max_buffered_body_bytes()),
+                connection_bodies: config.max_buffered_body_bytes_per_connection(),
+                body_timeout: s.body_read_timeout(),
+                ping_every: s.ping_interval(),
+                local_addr,
+                https: tls.is_some(),
+                card_signer,
+                ui: config.ui.enabled,
+            },
+        ));
         Ok(Self {
             listener,
             app,
@@ -237,18 +232,10 @@ impl Server {
         if let Some(tls) = &self.tls {
             tokio::spawn(reload_loop(tls.clone(), stopped.clone()));
         }
-        if self.app.keys.oidc().is_some() {
-            // The issuers' keys, fetched before the first token needs them.
-            let app = self.app.clone();
-            tokio::spawn(async move {
-                if let Some(oidc) = app.keys.oidc() {
-                    oidc.prefetch().await;
-                }
-            });
-        }
+        prefetch_issuers(&self.app);
         let done = tokio::spawn(accept_loop(
             self.listener,
-            self.app,
+            self.app.clone(),
             self.tls.clone(),
             stopped,
         ));
@@ -258,6 +245,8 @@ impl Server {
             done,
             runtime,
             tls: self.tls,
+            app: self.app,
+            dev_key: self.dev_key,
         })
     }
 }
@@ -337,6 +326,22 @@ impl ServerHandle {
         }
     }
 
+    /// Puts the callers of `config` — `[[api_keys]]` and `[auth]` (client certificates,
+    /// OIDC issuers) — in force for the requests that start from now on (a request under
+    /// way keeps the ones it started with). The rate buckets start full. Without a key
+    /// or certificate configured, the development key printed at start stays.
+    pub fn reload_access(&self, config: &Config) {
+        let (access, _) = Access::from_config(config, self.dev_key.as_deref());
+        self.app.set_access(access);
+        prefetch_issuers(&self.app);
+    }
+
+    /// Counts a configuration reload in `a2ad_config_reloads_total`: applied (`ok`) or
+    /// refused (`error`).
+    pub fn count_reload(&self, ok: bool) {
+        self.app.reloads[usize::from(!ok)].fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+
     /// Starts the graceful shutdown; returns at once.
     pub fn stop(&self) {
         let _ = self.stop.send(true);
@@ -347,6 +352,18 @@ impl ServerHandle {
     /// lost database) until the shutdown grace ran out.
     pub async fn stopped(self) -> u64 {
         self.done.await.unwrap_or(0)
+    }
+}
+
+/// Fetches the OIDC issuers' keys in the background, before the first token needs them.
+fn prefetch_issuers(app: &Arc<App>) {
+    let access = app.access();
+    if access.keys.oidc().is_some() {
+        tokio::spawn(async move {
+            if let Some(oidc) = access.keys.oidc() {
+                oidc.prefetch().await;
+            }
+        });
     }
 }
 
@@ -476,9 +493,14 @@ async fn share_loop(app: Arc<App>) {
             return;
         }
         let mut mine: Vec<(String, i64)> = Vec::new();
-        let accepted = app.rate.accepted();
+        let access = app.access();
+        let accepted = access.rate.accepted();
         for &(p, a, n) in &accepted {
-            let key = format!("r{SEP}{}{SEP}{}", app.keys.principal_name(p), by_index[a]);
+            let key = format!(
+                "r{SEP}{}{SEP}{}",
+                access.keys.principal_name(p),
+                by_index[a]
+            );
             mine.push((key, i64::try_from(n).unwrap_or(i64::MAX)));
         }
         for entry in app.runtime.agents.values() {
@@ -491,13 +513,14 @@ async fn share_loop(app: Arc<App>) {
             continue;
         };
         // Requests the other nodes let through since the last share: spent here too.
-        for p in 0..app.keys.principals() {
+        for p in 0..access.keys.principals() {
             for (a, agent) in by_index.iter().enumerate() {
-                let key = format!("r{SEP}{}{SEP}{agent}", app.keys.principal_name(p));
+                let key = format!("r{SEP}{}{SEP}{agent}", access.keys.principal_name(p));
                 let now = others.get(&key).copied().unwrap_or(0);
                 let before = seen.insert(key, now).unwrap_or(0);
                 if !first && now > before {
-                    app.rate
+                    access
+                        .rate
                         .charge(p, a, u64::try_from(now - before).unwrap_or(0));
                 }
             }

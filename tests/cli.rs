@@ -555,3 +555,144 @@ fn the_production_example_passes_check_config() {
         "{out:?}"
     );
 }
+
+fn hangup(child: &Child) {
+    let status = Command::new("kill")
+        .args(["-HUP", &child.id().to_string()])
+        .status()
+        .expect("kill");
+    assert!(status.success());
+}
+
+/// `a2ad_config_reloads_total{outcome}` as the server counts it.
+async fn reloads(client: &reqwest::Client, url: &str, outcome: &str) -> f64 {
+    let text = client
+        .get(format!("{url}/metrics"))
+        .send()
+        .await
+        .expect("metrics")
+        .text()
+        .await
+        .expect("text");
+    let name = format!("a2ad_config_reloads_total{{outcome=\"{outcome}\"}} ");
+    text.lines()
+        .find_map(|l| l.strip_prefix(name.as_str()))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(-1.0)
+}
+
+/// Polls until `check` holds, for up to 30 s.
+async fn until<F, Fut>(what: &str, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let end = std::time::Instant::now() + Duration::from_secs(30);
+    while !check().await {
+        assert!(std::time::Instant::now() < end, "never: {what}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test]
+async fn sighup_reloads_the_keys_names_what_needs_a_restart_and_keeps_a_bad_file_out() {
+    let config = |key: &str, max_body: u64| {
+        format!(
+            "[server]\nlisten = \"127.0.0.1:0\"\nmax_body_bytes = {max_body}\n[store]\nbackend = \"memory\"\n[log]\nformat = \"json\"\n[[api_keys]]\nname = \"ops\"\nkey = \"{key}\"\n[[agents]]\nid = \"echo\"\n"
+        )
+    };
+    let (dir, path) = write_config(&config("k-old-0123456789", 1_048_576));
+    let log = dir.path.join("a2ad.log");
+    let (mut child, url) = start_logging(&dir, &["--config", &path], &log);
+    let client = reqwest::Client::new();
+    let send = |key: &'static str| {
+        let mid = uuid::Uuid::new_v4().to_string();
+        let body = json!({"jsonrpc": "2.0", "id": 1, "method": "message/send", "params": {"message": {"role": "user", "messageId": mid, "parts": [{"type": "text", "text": "x"}]}}});
+        rpc(&client, &url, "echo", key, &body).send()
+    };
+    assert_eq!(
+        send("k-old-0123456789")
+            .await
+            .expect("send")
+            .status()
+            .as_u16(),
+        200
+    );
+    assert_eq!(reloads(&client, &url, "ok").await, 0.0);
+    // A new key in place of the old one, and a setting that needs a restart.
+    std::fs::write(&path, config("k-new-0123456789", 2_097_152)).expect("rewrite");
+    hangup(&child);
+    until("the reload counted", || async {
+        reloads(&client, &url, "ok").await == 1.0
+    })
+    .await;
+    assert_eq!(
+        send("k-new-0123456789")
+            .await
+            .expect("send")
+            .status()
+            .as_u16(),
+        200
+    );
+    assert_eq!(
+        send("k-old-0123456789")
+            .await
+            .expect("send")
+            .status()
+            .as_u16(),
+        401
+    );
+    let text = std::fs::read_to_string(&log).expect("log");
+    let restart: Vec<&str> = text
+        .lines()
+        .filter(|l| l.contains("needs a restart"))
+        .collect();
+    assert_eq!(restart.len(), 1, "{text}");
+    assert!(
+        restart[0].contains("server.max_body_bytes"),
+        "{}",
+        restart[0]
+    );
+    // A file that does not check changes nothing, and says why (file and key).
+    std::fs::write(
+        &path,
+        config("k-bad-0123456789", 2_097_152).replace(
+            "id = \"echo\"",
+            "id = \"echo\"\n[agents.limits]\nconcurrent_tasks = 0",
+        ),
+    )
+    .expect("rewrite");
+    hangup(&child);
+    until("the refusal counted", || async {
+        reloads(&client, &url, "error").await == 1.0
+    })
+    .await;
+    assert_eq!(
+        send("k-new-0123456789")
+            .await
+            .expect("send")
+            .status()
+            .as_u16(),
+        200
+    );
+    assert_eq!(
+        send("k-bad-0123456789")
+            .await
+            .expect("send")
+            .status()
+            .as_u16(),
+        401
+    );
+    assert_eq!(reloads(&client, &url, "ok").await, 1.0);
+    let text = std::fs::read_to_string(&log).expect("log");
+    let refused = text
+        .lines()
+        .find(|l| l.contains("was not reloaded"))
+        .unwrap_or_else(|| panic!("no refusal logged: {text}"));
+    assert!(
+        refused.contains("a2ad.toml") && refused.contains("concurrent_tasks"),
+        "{refused}"
+    );
+    terminate(&child);
+    assert_eq!(wait_exit(&mut child), 0);
+}

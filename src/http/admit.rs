@@ -27,7 +27,8 @@ pub(crate) async fn caller(
     headers: &HeaderMap,
     extensions: &hyper::http::Extensions,
 ) -> Result<Arc<Caller>, Refusal> {
-    app.keys
+    app.access()
+        .keys
         .authenticate(headers, PeerCertificate::of(extensions))
         .await
         .map_err(|e| Refusal::Unauthorized(e.message()))
@@ -72,6 +73,7 @@ pub(crate) async fn admit<B>(
     // The credential awaited here, not through [`caller`]: one future fewer to move on
     // every request.
     let caller = app
+        .access()
         .keys
         .authenticate(req.headers(), PeerCertificate::of(req.extensions()))
         .await
@@ -103,7 +105,10 @@ impl Admitted {
     /// Seconds until the caller's next rate token, when its bucket is empty now (a look,
     /// taking nothing: each call takes its own token, [`token`]).
     pub(crate) fn over_rate(&self, app: &App) -> Option<u64> {
-        app.rate.check(&self.caller, self.agent.index).err()
+        app.access()
+            .rate
+            .check(&self.caller, self.agent.index)
+            .err()
     }
 
     /// The rate token of a request that is not a call of an operation (a2ad's own reads).
@@ -181,7 +186,8 @@ pub(crate) fn token(app: &App, cx: &CallContext) -> Result<(), Refusal> {
 }
 
 fn take(app: &App, caller: &Caller, agent: &AgentEntry) -> Result<(), Refusal> {
-    app.rate
+    app.access()
+        .rate
         .try_acquire(caller, agent.index)
         .map_err(Refusal::RateLimited)
 }

@@ -44,6 +44,15 @@ pub(crate) fn render(app: &App) -> String {
         .collect();
     counter(
         &mut out,
+        "a2ad_config_reloads_total",
+        "Configuration reloads (SIGHUP): applied (ok) or refused, the running configuration kept (error).",
+        &[
+            ("outcome=\"ok\"", app.reloads[0].load(Relaxed) as f64),
+            ("outcome=\"error\"", app.reloads[1].load(Relaxed) as f64),
+        ],
+    );
+    counter(
+        &mut out,
         "a2ad_requests_total",
         "Requests by dialect, binding, method and outcome (ok, the error code, or other).",
         &refs(&counts),
