@@ -4,6 +4,7 @@
 //! (ordering, who calls whom, retention) are in docs/ARCHITECTURE.md; the public API is
 //! [`crate::Runtime`].
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::time::Duration;
@@ -22,7 +23,7 @@ use crate::agent::Agent;
 use crate::config::{AgentConfig, Config};
 use crate::limits::Scheduler;
 use crate::metrics::{AgentMetrics, Metrics};
-use crate::model::{ContextId, Principal, TaskKey};
+use crate::model::{AgentId, ContextId, Principal, TaskKey};
 use crate::store::Store;
 use crate::store::cluster::Cluster;
 use context::ContextMsg;
@@ -48,8 +49,47 @@ pub struct AgentEntry {
     pub backend: Arc<dyn Agent>,
     /// Its task slots and queue.
     pub scheduler: Arc<Scheduler>,
-    /// Its live counters.
-    pub metrics: AgentMetrics,
+    /// Its live counters (kept by a reload that changes the agent).
+    pub metrics: Arc<AgentMetrics>,
+}
+
+/// The agents by id.
+pub(crate) type AgentMap = HashMap<AgentId, Arc<AgentEntry>>;
+
+/// The agents in force, swapped whole by a configuration reload: a request looks its
+/// agent up once, and a task keeps the entry it started with.
+pub(crate) struct Agents(std::sync::RwLock<Arc<AgentMap>>);
+
+impl Agents {
+    pub(crate) fn new(map: AgentMap) -> Self {
+        Self(std::sync::RwLock::new(Arc::new(map)))
+    }
+
+    /// The agents now.
+    pub(crate) fn now(&self) -> Arc<AgentMap> {
+        self.0
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Puts `map` in force.
+    pub(crate) fn set(&self, map: AgentMap) {
+        *self
+            .0
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Arc::new(map);
+    }
+}
+
+impl Shared {
+    /// The configuration in force.
+    pub(crate) fn config_now(&self) -> Arc<Config> {
+        self.in_force
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
 }
 
 /// A live task in the index. Cloning it is cheap.
@@ -62,7 +102,11 @@ pub(crate) struct LiveTask {
 
 /// State shared by the runtime, the actors and the request path.
 pub(crate) struct Shared {
+    /// The configuration the runtime started with: the settings that need a restart.
     pub(crate) config: Arc<Config>,
+    /// The configuration in force: `config` with the sections a reload replaced
+    /// (`[[api_keys]]`, `[auth]`, `[[agents]]`, `[webhooks]`).
+    pub(crate) in_force: std::sync::RwLock<Arc<Config>>,
     /// Live tasks. Guards are never held across an await (STYLE pitfall 10). Hashed with
     /// seeded foldhash: fast, and ids chosen by clients cannot be aimed at one shard.
     pub(crate) live: DashMap<TaskKey, LiveTask, RandomState>,

@@ -355,8 +355,11 @@ struct Reloader {
     running: toml::Table,
 }
 
-/// The settings a reload puts in force (with everything under them).
-const RELOADED: [&str; 2] = ["api_keys", "auth"];
+/// The settings a reload puts in force (with everything under them), but
+/// [`NOT_RELOADED`].
+const RELOADED: [&str; 4] = ["api_keys", "auth", "agents", "webhooks"];
+/// The settings under [`RELOADED`] that still need a restart.
+const NOT_RELOADED: [&str; 1] = ["webhooks.workers"];
 
 impl Reloader {
     fn new(path: PathBuf) -> Option<Self> {
@@ -406,20 +409,21 @@ impl Reloader {
         for setting in changed.iter().filter(|k| !reloaded(k)) {
             tracing::warn!(setting = %setting, "needs a restart: the running value stays");
         }
-        handle.reload_access(&config);
+        handle.reload(&config);
         handle.count_reload(true);
-        tracing::info!(file = %file, "configuration reloaded ([[api_keys]], [auth])");
+        tracing::info!(file = %file, agents = config.agents.len(), "configuration reloaded");
     }
 }
 
 /// Whether a reload puts `key` (a dotted path) in force.
 fn reloaded(key: &str) -> bool {
-    RELOADED.iter().any(|r| {
-        key == *r
+    let under = |r: &str| {
+        key == r
             || key
                 .strip_prefix(r)
                 .is_some_and(|rest| rest.starts_with('.'))
-    })
+    };
+    RELOADED.iter().any(|r| under(r)) && !NOT_RELOADED.iter().any(|r| under(r))
 }
 
 /// The dotted paths of the settings that differ between `old` and `new` (a table

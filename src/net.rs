@@ -3,6 +3,8 @@
 //! addresses and, through [`GuardedResolver`], on every name at dial time.
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 /// Whether a target address may receive deliveries.
 ///
@@ -134,7 +136,8 @@ pub(crate) fn refusal<'a>(e: &'a (dyn std::error::Error + 'static)) -> Option<&'
 /// Resolves host names and keeps only the addresses the policy allows, so the connection
 /// can only go to an address that was checked at this call (no DNS-rebinding gap).
 pub(crate) struct GuardedResolver {
-    pub(crate) allow_private: bool,
+    /// Private ranges allowed (a reload of `[webhooks]` may flip it).
+    pub(crate) allow_private: Arc<AtomicBool>,
     /// Bound on one lookup.
     pub(crate) timeout: std::time::Duration,
     /// What is dialled, for the refusal's words.
@@ -143,7 +146,11 @@ pub(crate) struct GuardedResolver {
 
 impl reqwest::dns::Resolve for GuardedResolver {
     fn resolve(&self, name: reqwest::dns::Name) -> reqwest::dns::Resolving {
-        let (allow_private, timeout, what) = (self.allow_private, self.timeout, self.what);
+        let (allow_private, timeout, what) = (
+            self.allow_private.load(Ordering::Relaxed),
+            self.timeout,
+            self.what,
+        );
         let host = name.as_str().to_string();
         Box::pin(async move {
             let addrs: Vec<SocketAddr> =

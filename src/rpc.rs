@@ -158,17 +158,31 @@ impl crate::runtime::Runtime {
     /// # tokio::runtime::Runtime::new().expect("runtime").block_on(run()).expect("runs");
     /// ```
     pub fn builder(config: Arc<crate::Config>) -> crate::runtime::RuntimeBuilder {
-        let agents = config.agents.clone();
+        let backends = a2a_backends(&config, |_, _| true);
         let builder = crate::runtime::RuntimeBuilder::with_renderers(config, payload_renderers());
-        // The `a2a` backends: clients of the official dialects, built here beside them.
-        agents.iter().fold(builder, |b, a| match &a.a2a {
-            Some(u) if a.backend == "a2a" => b.agent(
-                &a.id,
-                a2a::upstream::A2aAgent::new(&a.id, u.clone(), &a.limits),
-            ),
-            _ => b,
-        })
+        backends
+            .into_iter()
+            .fold(builder, |b, (id, backend)| b.agent_arc(id, backend))
     }
+}
+
+/// The `a2a` backends of `config` (clients of the official dialects, built here beside
+/// them) for the agents `wanted(id, agent)` says.
+pub(crate) fn a2a_backends(
+    config: &crate::Config,
+    wanted: impl Fn(&str, &crate::config::AgentConfig) -> bool,
+) -> std::collections::HashMap<crate::model::AgentId, Arc<dyn crate::Agent>> {
+    config
+        .agents
+        .iter()
+        .filter(|a| a.backend == "a2a" && wanted(&a.id, a))
+        .filter_map(|a| {
+            let u = a.a2a.as_ref()?;
+            let backend: Arc<dyn crate::Agent> =
+                Arc::new(a2a::upstream::A2aAgent::new(&a.id, u.clone(), &a.limits));
+            Some((crate::model::AgentId::new(a.id.as_str()), backend))
+        })
+        .collect()
 }
 
 /// The webhook payload renderers of every dialect, by format name.
@@ -355,7 +369,7 @@ impl CallContext {
                 config.limits.concurrent_tasks,
                 config.limits.max_queued(),
             ),
-            metrics: crate::metrics::AgentMetrics::default(),
+            metrics: Arc::default(),
             index: 0,
             config,
         };

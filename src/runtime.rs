@@ -29,7 +29,7 @@ use crate::actors::remote;
 use crate::actors::supervisor::SupervisorMsg;
 use crate::actors::task::{Follow, TaskMsg};
 use crate::actors::webhook::WebhookPool;
-use crate::actors::{LiveTask, Shared};
+use crate::actors::{Agents, LiveTask, Shared};
 use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::metrics::{Metrics, WebhookMetrics};
@@ -41,7 +41,7 @@ use crate::store::{Durable, StoreStats, Write};
 #[derive(Clone)]
 pub struct Runtime {
     pub(crate) shared: Arc<Shared>,
-    pub(crate) agents: Arc<HashMap<AgentId, Arc<AgentEntry>>>,
+    pub(crate) agents: Arc<Agents>,
     pub(crate) supervisor: ActorRef<SupervisorMsg>,
     webhooks: Arc<WebhookPool>,
     /// The task that acts on the cluster's signals (stopped at shutdown).
@@ -92,13 +92,43 @@ impl Runtime {
     }
 
     /// The configuration this runtime runs.
-    pub fn config(&self) -> &Arc<Config> {
-        &self.shared.config
+    pub fn config(&self) -> Arc<Config> {
+        self.shared.config_now()
+    }
+
+    /// Puts the reloadable sections of `config` in force (docs/CONFIG.md, "Reloading the
+    /// configuration"): `[[agents]]` — added, removed, changed; a task under way keeps the
+    /// agent it started with, an unchanged agent keeps everything, a changed one its
+    /// counters and, where their settings are the same, its backend and task slots —
+    /// with `backends` for the new or changed agents that bring their own; `[webhooks]`
+    /// (`allow_private_networks`, `max_pending_deliveries`, `max_configs_per_task`;
+    /// `workers` keeps its running value); and `[[api_keys]]`/`[auth]` as the
+    /// configuration in force says (the server swaps its callers itself). Every other
+    /// setting keeps the value the runtime started with. `config` is a checked one
+    /// ([`Config::validated`]).
+    pub fn reload(&self, config: &Config, mut backends: HashMap<AgentId, Arc<dyn crate::Agent>>) {
+        let current = self.agents.now();
+        let agents = start::agent_entries(config, &mut backends, &current);
+        let mut now = (*self.shared.config).clone();
+        now.agents.clone_from(&config.agents);
+        now.api_keys.clone_from(&config.api_keys);
+        now.auth = config.auth.clone();
+        let workers = now.webhooks.workers;
+        now.webhooks = config.webhooks.clone();
+        now.webhooks.workers = workers;
+        self.shared.webhooks.reconfigure(&now.webhooks);
+        // The configuration first: a request that finds a new agent finds its settings.
+        *self
+            .shared
+            .in_force
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Arc::new(now);
+        self.agents.set(agents);
     }
 
     /// An agent by id.
-    pub fn agent(&self, id: &AgentId) -> Option<&Arc<AgentEntry>> {
-        self.agents.get(id)
+    pub fn agent(&self, id: &AgentId) -> Option<Arc<AgentEntry>> {
+        self.agents.now().get(id).cloned()
     }
 
     /// Server-wide gauges.
@@ -153,7 +183,7 @@ impl Runtime {
 
     /// The agent's card with live metrics.
     pub fn card(&self, agent: &AgentId) -> Option<AgentCard> {
-        self.agents.get(agent).map(|a| {
+        self.agents.now().get(agent).map(|a| {
             let mut config = a.config.clone();
             let upstream = a.backend.upstream().and_then(|u| u.card);
             if let Some(u) = &upstream {
@@ -260,7 +290,7 @@ impl Runtime {
         if !options.allow_message || request.task_id.is_some() {
             return Ok(None);
         }
-        let entry = self.agents.get(agent).ok_or(Error::AgentNotFound)?;
+        let entry = self.agent(agent).ok_or(Error::AgentNotFound)?;
         Ok(entry.backend.direct_reply(&request.message))
     }
 

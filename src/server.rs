@@ -326,6 +326,21 @@ impl ServerHandle {
         }
     }
 
+    /// Puts the reloadable sections of `config` (a checked one: [`Config::validated`]) in
+    /// force, as SIGHUP does (docs/CONFIG.md, "Reloading the configuration"): its
+    /// `[[agents]]` and `[webhooks]` ([`Runtime::reload`]; a new or changed `a2a` agent gets
+    /// a new upstream client), then its callers ([`ServerHandle::reload_access`]). Every
+    /// other setting keeps its running value.
+    pub fn reload(&self, config: &Config) {
+        let backends = crate::rpc::a2a_backends(config, |id, agent| {
+            self.runtime
+                .agent(&crate::model::AgentId::new(id))
+                .is_none_or(|running| running.config != *agent)
+        });
+        self.runtime.reload(config, backends);
+        self.reload_access(config);
+    }
+
     /// Puts the callers of `config` — `[[api_keys]]` and `[auth]` (client certificates,
     /// OIDC issuers) — in force for the requests that start from now on (a request under
     /// way keeps the ones it started with). The rate buckets start full. Without a key
@@ -472,22 +487,18 @@ async fn share_loop(app: Arc<App>) {
     const SEP: char = '\u{1}';
     let mut seen: std::collections::HashMap<String, i64> = std::collections::HashMap::new();
     let mut first = true;
-    let agents: Vec<_> = app
-        .runtime
-        .agents
-        .values()
-        .map(|a| (a.index, a.config.id.clone()))
-        .collect();
-    let mut by_index: Vec<String> = vec![String::new(); agents.len()];
-    for (i, id) in &agents {
-        if let Some(slot) = by_index.get_mut(*i) {
-            slot.clone_from(id);
-        }
-    }
     loop {
         let Some(tick) = app.runtime.cluster_tick() else {
             return;
         };
+        // The agents in force this round (a reload may change them), by index.
+        let agents = app.runtime.agents.now();
+        let mut by_index: Vec<String> = vec![String::new(); agents.len()];
+        for a in agents.values() {
+            if let Some(slot) = by_index.get_mut(a.index) {
+                slot.clone_from(&a.config.id);
+            }
+        }
         tokio::time::sleep(tick).await;
         if app.runtime.is_shutting_down() {
             return;
@@ -503,7 +514,7 @@ async fn share_loop(app: Arc<App>) {
             );
             mine.push((key, i64::try_from(n).unwrap_or(i64::MAX)));
         }
-        for entry in app.runtime.agents.values() {
+        for entry in agents.values() {
             for (i, v) in entry.metrics.raw().into_iter().enumerate() {
                 let key = format!("c{SEP}{}{SEP}{i}", entry.config.id);
                 mine.push((key, i64::try_from(v).unwrap_or(i64::MAX)));
@@ -526,7 +537,7 @@ async fn share_loop(app: Arc<App>) {
             }
         }
         first = false;
-        for entry in app.runtime.agents.values() {
+        for entry in agents.values() {
             let mut sums = [0u64; 5];
             for (i, slot) in sums.iter_mut().enumerate() {
                 let key = format!("c{SEP}{}{SEP}{i}", entry.config.id);

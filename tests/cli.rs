@@ -595,68 +595,88 @@ where
 }
 
 #[tokio::test]
-async fn sighup_reloads_the_keys_names_what_needs_a_restart_and_keeps_a_bad_file_out() {
-    let config = |key: &str, max_body: u64| {
+async fn sighup_reloads_keys_agents_and_webhooks_names_what_needs_a_restart_and_keeps_a_bad_file_out()
+ {
+    // `extra`: more agents and settings after the first agent.
+    let config = |key: &str, max_body: u64, extra: &str| {
         format!(
-            "[server]\nlisten = \"127.0.0.1:0\"\nmax_body_bytes = {max_body}\n[store]\nbackend = \"memory\"\n[log]\nformat = \"json\"\n[[api_keys]]\nname = \"ops\"\nkey = \"{key}\"\n[[agents]]\nid = \"echo\"\n"
+            "[server]\nlisten = \"127.0.0.1:0\"\nmax_body_bytes = {max_body}\n[store]\nbackend = \"memory\"\n[log]\nformat = \"json\"\n[webhooks]\nworkers = 2\n[[api_keys]]\nname = \"ops\"\nkey = \"{key}\"\n[[agents]]\nid = \"echo\"\n{extra}"
         )
     };
-    let (dir, path) = write_config(&config("k-old-0123456789", 1_048_576));
+    let (dir, path) = write_config(&config("k-old-0123456789", 1_048_576, ""));
     let log = dir.path.join("a2ad.log");
     let (mut child, url) = start_logging(&dir, &["--config", &path], &log);
     let client = reqwest::Client::new();
-    let send = |key: &'static str| {
+    let send = |agent: &'static str, key: &'static str| {
         let mid = uuid::Uuid::new_v4().to_string();
         let body = json!({"jsonrpc": "2.0", "id": 1, "method": "message/send", "params": {"message": {"role": "user", "messageId": mid, "parts": [{"type": "text", "text": "x"}]}}});
-        rpc(&client, &url, "echo", key, &body).send()
+        let req = rpc(&client, &url, agent, key, &body);
+        async move {
+            let resp = req.send().await.expect("send");
+            let status = resp.status().as_u16();
+            let body: serde_json::Value = resp.json().await.unwrap_or_default();
+            (status, body)
+        }
     };
-    assert_eq!(
-        send("k-old-0123456789")
-            .await
-            .expect("send")
-            .status()
-            .as_u16(),
-        200
-    );
+    assert_eq!(send("echo", "k-old-0123456789").await.0, 200);
+    assert_eq!(send("second", "k-old-0123456789").await.0, 404);
     assert_eq!(reloads(&client, &url, "ok").await, 0.0);
-    // A new key in place of the old one, and a setting that needs a restart.
-    std::fs::write(&path, config("k-new-0123456789", 2_097_152)).expect("rewrite");
+    // A new key in place of the old one, a new agent with its own name, and settings
+    // that need a restart (one of them under [webhooks]).
+    let second =
+        "[[agents]]\nid = \"second\"\nname = \"Second\"\n[agents.echo]\nprogress_steps = 1\n";
+    std::fs::write(
+        &path,
+        config("k-new-0123456789", 2_097_152, second)
+            .replace("workers = 2", "workers = 3\nmax_configs_per_task = 5"),
+    )
+    .expect("rewrite");
     hangup(&child);
     until("the reload counted", || async {
         reloads(&client, &url, "ok").await == 1.0
     })
     .await;
-    assert_eq!(
-        send("k-new-0123456789")
-            .await
-            .expect("send")
-            .status()
-            .as_u16(),
-        200
-    );
-    assert_eq!(
-        send("k-old-0123456789")
-            .await
-            .expect("send")
-            .status()
-            .as_u16(),
-        401
-    );
+    assert_eq!(send("echo", "k-new-0123456789").await.0, 200);
+    assert_eq!(send("echo", "k-old-0123456789").await.0, 401);
+    let (status, body) = send("second", "k-new-0123456789").await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["result"]["status"]["state"], "completed", "{body}");
+    let card: serde_json::Value = client
+        .get(format!(
+            "{url}/api/v1/a2a/second/.well-known/agent-card.json"
+        ))
+        .send()
+        .await
+        .expect("card")
+        .json()
+        .await
+        .expect("json");
+    assert_eq!(card["name"], "Second", "{card}");
     let text = std::fs::read_to_string(&log).expect("log");
-    let restart: Vec<&str> = text
+    let mut restart: Vec<&str> = text
         .lines()
         .filter(|l| l.contains("needs a restart"))
         .collect();
-    assert_eq!(restart.len(), 1, "{text}");
+    restart.sort_unstable();
+    assert_eq!(restart.len(), 2, "{text}");
     assert!(
         restart[0].contains("server.max_body_bytes"),
         "{}",
         restart[0]
     );
+    assert!(restart[1].contains("webhooks.workers"), "{}", restart[1]);
+    // The agent removed again: refused from then on.
+    std::fs::write(&path, config("k-new-0123456789", 2_097_152, "")).expect("rewrite");
+    hangup(&child);
+    until("the second reload counted", || async {
+        reloads(&client, &url, "ok").await == 2.0
+    })
+    .await;
+    assert_eq!(send("second", "k-new-0123456789").await.0, 404);
     // A file that does not check changes nothing, and says why (file and key).
     std::fs::write(
         &path,
-        config("k-bad-0123456789", 2_097_152).replace(
+        config("k-bad-0123456789", 2_097_152, second).replace(
             "id = \"echo\"",
             "id = \"echo\"\n[agents.limits]\nconcurrent_tasks = 0",
         ),
@@ -667,23 +687,10 @@ async fn sighup_reloads_the_keys_names_what_needs_a_restart_and_keeps_a_bad_file
         reloads(&client, &url, "error").await == 1.0
     })
     .await;
-    assert_eq!(
-        send("k-new-0123456789")
-            .await
-            .expect("send")
-            .status()
-            .as_u16(),
-        200
-    );
-    assert_eq!(
-        send("k-bad-0123456789")
-            .await
-            .expect("send")
-            .status()
-            .as_u16(),
-        401
-    );
-    assert_eq!(reloads(&client, &url, "ok").await, 1.0);
+    assert_eq!(send("echo", "k-new-0123456789").await.0, 200);
+    assert_eq!(send("echo", "k-bad-0123456789").await.0, 401);
+    assert_eq!(send("second", "k-new-0123456789").await.0, 404);
+    assert_eq!(reloads(&client, &url, "ok").await, 2.0);
     let text = std::fs::read_to_string(&log).expect("log");
     let refused = text
         .lines()

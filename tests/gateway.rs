@@ -940,3 +940,42 @@ headers = {{ x-api-key = "env:A2AD_TEST_UPSTREAM_KEY" }}
     assert_eq!(completed, 1);
     up.stop().await;
 }
+
+#[tokio::test]
+async fn a_reload_changes_an_upstream_agent_and_adds_one() {
+    let up = upstream().await;
+    let front = TestServer::start(front_config(vec![front_agent("front", &up, "echo")])).await;
+    let first = front.send("front", "before", json!({})).await;
+    assert_eq!(first["status"]["state"], "completed", "{first}");
+    assert_eq!(
+        agents_listing(&front).await["front"]["upstream"]["interface"]["binding"],
+        "jsonrpc"
+    );
+    // The same agent now over gRPC, and a second one fronting the slow-stepping echo.
+    let mut grpc = front_agent("front", &up, "echo");
+    up_of(&mut grpc).binding = "grpc".into();
+    let config = front_config(vec![grpc, front_agent("stepper", &up, "steps")])
+        .validated()
+        .expect("valid");
+    front.handle.as_ref().expect("handle").reload(&config);
+    let again = front.send("front", "after", json!({})).await;
+    assert_eq!(again["status"]["state"], "completed", "{again}");
+    assert_eq!(texts(&again["status"]["message"])[0], "echo: after");
+    let listing = agents_listing(&front).await;
+    assert_eq!(
+        listing["front"]["upstream"]["interface"]["binding"], "grpc",
+        "{listing}"
+    );
+    let stepped = front.send("stepper", "step", json!({})).await;
+    assert_eq!(stepped["status"]["state"], "completed", "{stepped}");
+    let up_metrics = up.scrape().await;
+    assert!(
+        support::metric(
+            &up_metrics,
+            "a2ad_requests_total{dialect=\"a2a-1.0\",binding=\"grpc\",method=\"SendStreamingMessage\",outcome=\"ok\"}"
+        ) >= 1.0,
+        "{up_metrics}"
+    );
+    front.stop().await;
+    up.stop().await;
+}

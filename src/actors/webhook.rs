@@ -21,10 +21,10 @@ use std::time::Duration;
 
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 
-use super::AgentEntry;
+use super::Agents;
 use crate::config::WebhooksConfig;
 use crate::metrics::WebhookMetrics;
-use crate::model::{AgentId, TaskKey};
+use crate::model::TaskKey;
 use crate::net::{GuardedResolver, address_allowed, refusal};
 use crate::push::{StoredPushConfig, redact_url};
 use crate::store::{Delivery, Store, Write};
@@ -51,16 +51,36 @@ pub(crate) enum WebhookMsg {
 /// One worker of the pool.
 pub(crate) struct WebhookActor;
 
+/// The `[webhooks]` settings a reload changes in place.
+#[derive(Default)]
+pub(crate) struct LiveSettings {
+    /// `allow_private_networks` (the HTTP client's resolver reads it too).
+    allow_private: Arc<std::sync::atomic::AtomicBool>,
+    /// `max_pending_deliveries`.
+    max_pending: std::sync::atomic::AtomicI64,
+}
+
+impl LiveSettings {
+    fn set(&self, config: &WebhooksConfig) {
+        self.allow_private
+            .store(config.allow_private_networks, Relaxed);
+        self.max_pending.store(
+            i64::try_from(config.max_pending_deliveries).unwrap_or(i64::MAX),
+            Relaxed,
+        );
+    }
+}
+
 /// What a worker shares with its pool.
 #[derive(Clone)]
 pub(crate) struct WebhookArgs {
     client: reqwest::Client,
     metrics: Arc<WebhookMetrics>,
-    allow_private: bool,
+    /// `[webhooks]` settings a reload changes in place.
+    live: Arc<LiveSettings>,
     store: Arc<dyn Store>,
-    agents: Arc<HashMap<AgentId, Arc<AgentEntry>>>,
+    agents: Arc<Agents>,
     renderers: Arc<HashMap<String, Arc<dyn PayloadRenderer>>>,
-    max_pending: i64,
     recent: Arc<RecentDeliveries>,
 }
 
@@ -230,7 +250,7 @@ impl WebhookState {
     /// Queues one delivery in its lane (the pool full: discarded, logged and counted).
     fn queue(&mut self, myself: &ActorRef<WebhookMsg>, delivery: Delivery) {
         let m = self.args.metrics.clone();
-        if m.pending.load(Relaxed) >= self.args.max_pending {
+        if m.pending.load(Relaxed) >= self.args.live.max_pending.load(Relaxed) {
             m.discarded.fetch_add(1, Relaxed);
             tracing::error!(url = %redact_url(&delivery.config.config.url), event = %delivery.event.name(), task = %delivery.key.task.task, "webhook pool full; delivery discarded");
             let _ = self
@@ -351,7 +371,7 @@ async fn send(args: &WebhookArgs, d: &Delivery) -> Outcome {
     // A literal address never reaches the resolver, so it is checked here, every time.
     if let Ok(url) = url::Url::parse(&config.url)
         && let Some(ip) = crate::net::literal_ip(&url)
-        && let Err(reason) = address_allowed(ip, args.allow_private)
+        && let Err(reason) = address_allowed(ip, args.live.allow_private.load(Relaxed))
     {
         return Outcome::Refused(reason.to_string());
     }
@@ -360,6 +380,7 @@ async fn send(args: &WebhookArgs, d: &Delivery) -> Outcome {
     };
     let estimated_ms = args
         .agents
+        .now()
         .get(&d.key.task.agent)
         .map(|a| a.metrics.snapshot().average_response_time.round() as u64)
         .unwrap_or(0);
@@ -454,6 +475,7 @@ fn error_chain(e: &dyn std::error::Error) -> String {
 /// The pool: its workers, fed with the deliveries of published events.
 pub(crate) struct WebhookPool {
     workers: Vec<ActorRef<WebhookMsg>>,
+    live: Arc<LiveSettings>,
     metrics: Arc<WebhookMetrics>,
     recent: Arc<RecentDeliveries>,
 }
@@ -463,10 +485,11 @@ impl WebhookPool {
     pub(crate) async fn start(
         config: &WebhooksConfig,
         store: Arc<dyn Store>,
-        agents: Arc<HashMap<AgentId, Arc<AgentEntry>>>,
+        agents: Arc<Agents>,
         renderers: HashMap<String, Arc<dyn PayloadRenderer>>,
     ) -> Result<Self, crate::Error> {
-        let allow_private = config.allow_private_networks;
+        let live = Arc::new(LiveSettings::default());
+        live.set(config);
         let client = reqwest::Client::builder()
             .redirect(reqwest::redirect::Policy::none())
             .no_proxy()
@@ -474,7 +497,7 @@ impl WebhookPool {
             .timeout(webhook::ATTEMPT_TIMEOUT)
             .pool_idle_timeout(Duration::from_secs(30))
             .dns_resolver(GuardedResolver {
-                allow_private,
+                allow_private: live.allow_private.clone(),
                 timeout: webhook::ATTEMPT_TIMEOUT,
                 what: "webhook target",
             })
@@ -489,11 +512,10 @@ impl WebhookPool {
             recent: recent.clone(),
             client,
             metrics: metrics.clone(),
-            allow_private,
+            live: live.clone(),
             store,
             agents,
             renderers: Arc::new(renderers),
-            max_pending: i64::try_from(config.max_pending_deliveries).unwrap_or(i64::MAX),
         };
         let mut refs = Vec::with_capacity(config.workers);
         for _ in 0..config.workers.max(1) {
@@ -507,9 +529,16 @@ impl WebhookPool {
         }
         Ok(Self {
             workers: refs,
+            live,
             metrics,
             recent,
         })
+    }
+
+    /// Puts `config`'s `allow_private_networks` and `max_pending_deliveries` in force for
+    /// the deliveries from now on (`workers` needs a restart).
+    pub(crate) fn reconfigure(&self, config: &WebhooksConfig) {
+        self.live.set(config);
     }
 
     /// The latest attempts, by owner.

@@ -7,7 +7,7 @@ use serde::Deserialize;
 use super::seconds;
 
 /// `[[api_keys]]`
-#[derive(Clone, Debug, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ApiKeyConfig {
     /// The principal that owns what this key creates.
@@ -20,7 +20,7 @@ pub struct ApiKeyConfig {
 }
 
 /// `[[agents]]`
-#[derive(Clone, Debug, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct AgentConfig {
     /// The `{agent_id}` in the URL.
@@ -68,7 +68,7 @@ pub struct AgentConfig {
 }
 
 /// `[[agents.extensions]]`: one A2A extension an agent supports (S10 `AgentExtension`).
-#[derive(Clone, Debug, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ExtensionConfig {
     /// The extension's URI: what clients name to activate it.
@@ -128,7 +128,7 @@ impl AgentConfig {
 }
 
 /// `[agents.tck]`: the conformance backend (docs/PROTOCOL.md §10; docs/CONFIG.md).
-#[derive(Clone, Debug, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct TckConfig {
     /// How long a `test-resubscribe-message-id…` task stays `working`.
@@ -149,7 +149,7 @@ impl Default for TckConfig {
 }
 
 /// `[agents.openai]`: an OpenAI-compatible Chat Completions upstream.
-#[derive(Clone, Debug, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct OpenAiConfig {
     /// The API base, e.g. `http://127.0.0.1:11434/v1` (`/chat/completions` is appended).
@@ -182,7 +182,7 @@ pub struct OpenAiConfig {
 
 /// `[agents.a2a]`: the upstream A2A agent a2ad fronts (docs/CONFIG.md, "The `a2a`
 /// backend").
-#[derive(Clone, Debug, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct A2aConfig {
     /// The upstream's public agent card.
@@ -279,7 +279,7 @@ fn auto() -> String {
 }
 
 /// `[agents.limits]`
-#[derive(Clone, Debug, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct AgentLimits {
     /// Token bucket per principal per agent; the burst is the same figure.
@@ -303,7 +303,7 @@ pub struct AgentLimits {
 }
 
 /// `[agents.echo]`
-#[derive(Clone, Debug, Default, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct EchoConfig {
     /// Time before the reply.

@@ -42,7 +42,7 @@ pub(crate) fn agent(
     dialect: Dialect,
     binding: Binding,
 ) -> Result<Admitted, Refusal> {
-    let Some(agent) = app.runtime.agent(&agent_id).cloned() else {
+    let Some(agent) = app.runtime.agent(&agent_id) else {
         return Err(Refusal::AgentNotFound(agent_id));
     };
     if !may_use(&caller, &agent_id) {

@@ -59,7 +59,7 @@ pub(crate) fn response(
         &found,
         &base,
         &grpc,
-        config,
+        &config,
         app.card_signer.as_deref(),
     ))
     .unwrap_or_default();

@@ -24,7 +24,7 @@ impl Runtime {
         let keep_queued = self.shared.cluster.is_some();
         // First no slot goes to a queued task any more: a slot the shutdown frees (by
         // ending a task that works) must not start one while the tasks are being told.
-        for agent in self.agents.values() {
+        for agent in self.agents.now().values() {
             agent.scheduler.close();
         }
         self.tell_live(|| TaskMsg::Shutdown {

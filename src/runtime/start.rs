@@ -13,17 +13,77 @@ use crate::actors::context::{ContextActor, ContextArgs, ContextMsg};
 use crate::actors::supervisor::TaskSupervisor;
 use crate::actors::task::{Follow, TaskActor, TaskArgs, TaskMsg};
 use crate::actors::webhook::WebhookPool;
-use crate::actors::{AgentEntry, ContextKey, LiveTask, Shared};
+use crate::actors::{AgentEntry, AgentMap, Agents, ContextKey, LiveTask, Shared};
 use crate::agent::{self, Agent};
 use crate::config::Config;
 use crate::error::Result;
 use crate::limits::Scheduler;
-use crate::metrics::{AgentMetrics, Metrics};
+use crate::metrics::Metrics;
 use crate::model::{AgentId, TaskKey};
 use crate::store::cluster::{Cluster, Signal};
 use crate::store::pg::PgStore;
 use crate::store::{LocalStore, Orphan, RecoveredTask, Store};
 use crate::webhook::PayloadRenderer;
+
+/// The agents of `config`, indexed in its order. Against `current` (a reload): an agent
+/// whose entry is unchanged keeps it whole; a changed one keeps its counters, its backend
+/// while the backend's settings are the same (`backend`, `echo`, `openai`, `tck`, `a2a`,
+/// and an `a2a` agent's limits), and its scheduler while `concurrent_tasks` and
+/// `max_queued_tasks` are. A new backend is `backends`' (an embedder's, or an `a2a` one),
+/// else the configured one.
+pub(crate) fn agent_entries(
+    config: &Config,
+    backends: &mut HashMap<AgentId, Arc<dyn Agent>>,
+    current: &AgentMap,
+) -> AgentMap {
+    config
+        .agents
+        .iter()
+        .enumerate()
+        .map(|(index, c)| {
+            let id = AgentId::new(c.id.as_str());
+            let old = current.get(&id);
+            if let Some(o) = old
+                && o.config == *c
+                && o.index == index
+            {
+                return (id, o.clone());
+            }
+            let same_backend = |o: &AgentEntry| {
+                let a = &o.config;
+                a.backend == c.backend
+                    && a.echo == c.echo
+                    && a.openai == c.openai
+                    && a.tck == c.tck
+                    && a.a2a == c.a2a
+                    && (c.backend != "a2a" || a.limits == c.limits)
+            };
+            let backend = match old {
+                Some(o) if same_backend(o) => o.backend.clone(),
+                _ => backends
+                    .remove(&id)
+                    .unwrap_or_else(|| agent::from_config(c)),
+            };
+            let scheduler = match old {
+                Some(o)
+                    if o.config.limits.concurrent_tasks == c.limits.concurrent_tasks
+                        && o.config.limits.max_queued() == c.limits.max_queued() =>
+                {
+                    o.scheduler.clone()
+                }
+                _ => Scheduler::new(c.limits.concurrent_tasks, c.limits.max_queued()),
+            };
+            let entry = AgentEntry {
+                config: c.clone(),
+                index,
+                backend,
+                scheduler,
+                metrics: old.map(|o| o.metrics.clone()).unwrap_or_default(),
+            };
+            (id, Arc::new(entry))
+        })
+        .collect()
+}
 
 /// Builds a [`Runtime`]: see [`Runtime::builder`].
 pub struct RuntimeBuilder {
@@ -38,6 +98,12 @@ impl RuntimeBuilder {
     #[must_use]
     pub fn agent(mut self, id: &str, backend: impl Agent) -> Self {
         self.backends.insert(AgentId::new(id), Arc::new(backend));
+        self
+    }
+
+    /// As [`RuntimeBuilder::agent`], with a backend already shared.
+    pub(crate) fn agent_arc(mut self, id: AgentId, backend: Arc<dyn Agent>) -> Self {
+        self.backends.insert(id, backend);
         self
     }
 
@@ -86,31 +152,16 @@ impl Runtime {
     ) -> Result<Self> {
         let server = &config.server;
         let retention = server.task_retention();
-        let agents: Arc<HashMap<AgentId, Arc<AgentEntry>>> = Arc::new(
-            config
-                .agents
-                .iter()
-                .enumerate()
-                .map(|(index, c)| {
-                    let id = AgentId::new(c.id.as_str());
-                    let backend = backends
-                        .remove(&id)
-                        .unwrap_or_else(|| agent::from_config(c));
-                    let entry = AgentEntry {
-                        config: c.clone(),
-                        index,
-                        backend,
-                        scheduler: Scheduler::new(c.limits.concurrent_tasks, c.limits.max_queued()),
-                        metrics: AgentMetrics::default(),
-                    };
-                    (id, Arc::new(entry))
-                })
-                .collect(),
-        );
+        let agents = Arc::new(Agents::new(agent_entries(
+            &config,
+            &mut backends,
+            &AgentMap::new(),
+        )));
         let (store, cluster): (Arc<dyn Store>, Option<Arc<dyn Cluster>>) = match &config.cluster {
             None => (Arc::new(LocalStore::open(&config)?), None),
             Some(c) => {
                 let rerun = agents
+                    .now()
                     .iter()
                     .filter(|(_, a)| a.backend.resumable())
                     .map(|(id, _)| id.as_str().to_string())
@@ -151,6 +202,7 @@ impl Runtime {
             shutting_down: AtomicBool::new(false),
             call_timeout: server.actor_call_timeout(),
             config: config.clone(),
+            in_force: std::sync::RwLock::new(config.clone()),
         });
         let (supervisor, _) = Actor::spawn(None, TaskSupervisor, shared.clone())
             .await
@@ -206,7 +258,7 @@ impl Runtime {
     /// an interrupted one waits for its continuing message again. A task taken to be
     /// canceled or continued here ([`Orphan::Held`]) waits for that.
     async fn resume(&self, r: RecoveredTask) -> Option<LiveTask> {
-        let Some(agent) = self.agents.get(&r.key.agent).cloned() else {
+        let Some(agent) = self.agent(&r.key.agent) else {
             tracing::warn!(task = %r.key.task, agent = %r.key.agent, "a stored task's agent is no longer configured; left as it was");
             return None;
         };

@@ -64,7 +64,7 @@ impl Runtime {
         if self.shared.shutting_down.load(Relaxed) {
             return Err(Error::ShuttingDown);
         }
-        let agent = self.agents.get(agent_id).ok_or(Error::AgentNotFound)?;
+        let agent = self.agent(agent_id).ok_or(Error::AgentNotFound)?;
         if let Some(uri) = agent.config.missing_required(request.extensions.as_slice()) {
             return Err(Error::ExtensionRequired {
                 uri: uri.to_string(),
@@ -85,7 +85,7 @@ impl Runtime {
             return replay_or_conflict(existing, &request.message, &task)
                 .map(|e| Submitted::Existing(key, e));
         }
-        let admission = self.admit(agent)?;
+        let admission = self.admit(&agent)?;
         let (context_id, turn, history) = self.open_context(principal, request.context_id).await?;
 
         let message = Arc::new(request.message);
@@ -110,7 +110,7 @@ impl Runtime {
             &self.shared.store,
             &key,
             options.push,
-            self.shared.config.webhooks.max_configs_per_task,
+            self.shared.config_now().webhooks.max_configs_per_task,
         )
         .await?;
         let existing = if request.task_id.is_none() {

@@ -167,7 +167,7 @@ impl A2aAgent {
                 .pool_max_idle_per_host(config.max_connections)
                 .pool_idle_timeout(Duration::from_secs(60))
                 .dns_resolver(crate::net::GuardedResolver {
-                    allow_private: config.allow_private_networks,
+                    allow_private: Arc::new(config.allow_private_networks.into()),
                     timeout: config.connect_timeout(),
                     what: "upstream",
                 })

@@ -273,7 +273,7 @@ pub(crate) fn encode(
                 &c,
                 &cx.base_url,
                 &grpc,
-                runtime.config(),
+                &runtime.config(),
                 cx.card_signer.as_deref(),
             ))
         }
