@@ -99,7 +99,12 @@ impl Cluster {
     }
 
     fn spawn(&self, i: usize, extra: &str) -> Binary {
-        let text = format!(
+        Binary::start(&self.text(i, extra), &[("RUST_LOG", "info")], &[])
+    }
+
+    /// Node `i`'s configuration file.
+    fn text(&self, i: usize, extra: &str) -> String {
+        format!(
             r#"[server]
 listen = "127.0.0.1:0"
 
@@ -156,8 +161,7 @@ concurrent_tasks = 32
             url = self.url,
             schema = self.schema,
             agents = self.agents,
-        );
-        Binary::start(&text, &[("RUST_LOG", "info")], &[])
+        )
     }
 
     fn base(&self, i: usize) -> &str {
@@ -1538,4 +1542,56 @@ headers = {{ x-api-key = "{}" }}
     assert!(done.to_string().contains("echo: carry on"), "{done}");
     c.finish().await;
     up.stop().await;
+}
+
+#[tokio::test]
+async fn a_node_reloads_its_own_file_while_the_others_serve() {
+    let Some(url) = pg_url() else { return };
+    let _turn = TURN.lock().await;
+    let c = Cluster::start(url, 2, "").await;
+    // A task under way on node 1 while node 0 reloads with an agent more.
+    let slow = c
+        .call(1, "slow", "message/send", json!({"message": {"role": "user", "messageId": uuid::Uuid::new_v4().to_string(), "parts": [{"type": "text", "text": "meanwhile"}]}, "configuration": {"blocking": false}}))
+        .await;
+    let slow_id = slow["result"]["id"].as_str().expect("task id").to_string();
+    let text = c.text(0, "") + "\n[[agents]]\nid = \"added\"\n";
+    c.nodes[0].as_ref().expect("node 0").reload(&text);
+    let send = |i: usize, agent: &'static str| {
+        c.call(i, agent, "message/send", json!({"message": {"role": "user", "messageId": uuid::Uuid::new_v4().to_string(), "parts": [{"type": "text", "text": "hi"}]}}))
+    };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let v = send(0, "added").await;
+        if v["result"]["status"]["state"] == "completed" {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "node 0 never served the added agent: {v}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // Node 1 reloaded nothing: it serves what it served, and not the new agent.
+    let v = send(1, "echo").await;
+    assert_eq!(v["result"]["status"]["state"], "completed", "{v}");
+    let v = send(1, "added").await;
+    assert!(v["error"].is_object(), "{v}");
+    // The task under way on node 1 ends as it would have.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let v = c.call(0, "slow", "tasks/get", json!({"id": slow_id})).await;
+        if v["result"]["status"]["state"] == "completed" {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the slow task never ended: {v}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(
+        c.nodes[0]
+            .as_ref()
+            .expect("node 0")
+            .stderr()
+            .contains("configuration reloaded"),
+        "the reload is logged"
+    );
 }

@@ -30,6 +30,7 @@ mod inspector;
 mod metrics;
 mod oidc;
 mod openai;
+mod reload;
 mod runtime_model;
 mod sealed;
 mod store_damage;

@@ -126,6 +126,16 @@ impl Binary {
         self.child.id()
     }
 
+    /// Rewrites its configuration file and sends SIGHUP (a reload, docs/CONFIG.md).
+    pub fn reload(&self, config_text: &str) {
+        std::fs::write(self._dir.path.join("a2ad.toml"), config_text).expect("rewrite config");
+        let status = Command::new("kill")
+            .args(["-HUP", &self.child.id().to_string()])
+            .status()
+            .expect("kill");
+        assert!(status.success());
+    }
+
     /// SIGKILL (a crash: nothing runs on the way out); returns stderr.
     pub fn kill9(mut self) -> String {
         let _ = self.child.kill();
