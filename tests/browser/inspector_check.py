@@ -561,6 +561,50 @@ try:
         assert hooks == "no deliveries", hooks
         shot("pulse")
 
+    @check("a task id in Chat links to its task; Back, Forward and reload keep the address")
+    def _():
+        nav("chat")
+        Select(by_id("chat-agent")).select_by_value("echo")
+        reply = send_chat("link me")
+        link = reply.find_element(By.CSS_SELECTOR, "a.tasklink")
+        task = link.get_attribute("data-task-link")
+        assert task and link.text == task, link.text
+        link.click()
+        wait(lambda d: by_id("view-tasks").is_displayed(), "the Tasks view opens")
+        wait(lambda d: task in by_id("task-detail").text, "the task's detail")
+        address = f"#tasks/echo/{task}"
+        assert driver.execute_script("return location.hash") == address
+        wait(lambda d: d.find_elements(By.CSS_SELECTOR, "#task-detail .timeline li"), "its timeline")
+        driver.back()
+        wait(lambda d: by_id("view-chat").is_displayed(), "Back returns to Chat")
+        assert driver.execute_script("return location.hash") == "#chat"
+        assert "link me" in by_id("transcript").text, "the conversation is still shown"
+        driver.forward()
+        wait(lambda d: by_id("view-tasks").is_displayed() and task in by_id("task-detail").text,
+             "Forward opens the task again")
+        driver.refresh()
+        wait(lambda d: by_id("view-tasks").is_displayed() and task in by_id("task-detail").text,
+             "a reload at the task's address opens it")
+        # From the task to its webhooks, and from a delivery back to the task.
+        by_id("task-hooks").click()
+        wait(lambda d: by_id("view-hooks").is_displayed(), "the Webhooks view opens")
+        assert by_id("hook-task").get_attribute("value") == task
+        assert driver.execute_script("return location.hash") == f"#hooks/echo/{task}"
+        driver.back()
+        wait(lambda d: by_id("view-tasks").is_displayed() and task in by_id("task-detail").text,
+             "Back returns to the task")
+        # A delivery (the slow task's, from the webhook check) links its task.
+        nav("hooks")
+        Select(by_id("hook-agent")).select_by_value("slow")
+        wait(lambda d: d.find_elements(By.CSS_SELECTOR, "#delivery-rows a.tasklink"), "deliveries link their tasks")
+        first = driver.find_elements(By.CSS_SELECTOR, "#delivery-rows a.tasklink")[0]
+        target = first.get_attribute("data-task-link")
+        assert target == slow["id"], (target, slow)
+        first.click()
+        wait(lambda d: by_id("view-tasks").is_displayed() and target in by_id("task-detail").text,
+             "a delivery's task opens")
+        assert driver.execute_script("return location.hash") == f"#tasks/slow/{target}"
+
     @check("bob signed in sees none of alice's tasks and only his agent")
     def _():
         by_id("signout").click()
@@ -597,6 +641,26 @@ try:
         driver.switch_to.active_element.send_keys(Keys.ENTER)
         wait(lambda d: d.find_elements(By.CSS_SELECTOR, "#task-detail .timeline li"), "the task opened with Enter")
 
+    @check("dark mode follows the system's preference")
+    def _():
+        def background():
+            return driver.execute_script(
+                "return getComputedStyle(document.documentElement).backgroundColor")
+
+        def luminance(rgb):
+            r, g, b = [int(x) for x in rgb[rgb.index("(") + 1:rgb.index(")")].split(",")[:3]]
+            return 0.2126 * r + 0.7152 * g + 0.0722 * b
+
+        light = background()
+        driver.execute_cdp_cmd("Emulation.setEmulatedMedia",
+                               {"features": [{"name": "prefers-color-scheme", "value": "dark"}]})
+        wait(lambda d: luminance(background()) < 60, "a dark background")
+        assert luminance(light) > 200, light
+        shot("tasks-dark")
+        driver.execute_cdp_cmd("Emulation.setEmulatedMedia",
+                               {"features": [{"name": "prefers-color-scheme", "value": "light"}]})
+        wait(lambda d: luminance(background()) > 200, "light again")
+
     @check("phone width: every view fits, labels present")
     def _():
         driver.set_window_size(390, 844)
@@ -607,8 +671,22 @@ try:
                 "const e = arguments[0]; return Boolean(e.labels && e.labels.length) || e.hasAttribute('aria-label');", inp)
             assert labelled, inp.get_attribute("id")
         body = driver.find_element(By.TAG_NAME, "body")
-        width = driver.execute_script("return document.documentElement.scrollWidth")
-        assert width <= 400, f"no sideways scrolling at phone width ({width})"
+        for view in ["chat", "agents", "tasks", "hooks", "pulse"]:
+            nav(view)
+            width = driver.execute_script("return document.documentElement.scrollWidth")
+            assert width <= 400, f"{view}: no sideways scrolling at phone width ({width})"
+            shot(f"{view}-phone")
+        # Every delivery column is there (in the table's own scroll box).
+        headers = [h.text for h in driver.find_elements(By.CSS_SELECTOR, "#view-hooks .grid th")]
+        assert driver.execute_script(
+            "return [...document.querySelectorAll('#view-hooks .grid th')].every((h) => getComputedStyle(h).display !== 'none')"), headers
+        # A tapped task comes into view.
+        nav("tasks")
+        wait(lambda d: d.find_elements(By.CSS_SELECTOR, "#task-rows tr[data-task] button"), "a task to tap")
+        driver.find_elements(By.CSS_SELECTOR, "#task-rows tr[data-task] button")[-1].click()
+        wait(lambda d: d.execute_script(
+            "const r = document.getElementById('task-detail').getBoundingClientRect(); return r.top >= -5 && r.top < innerHeight / 2"),
+            "the task's detail in view")
         driver.set_window_size(1366, 900)
         body.click()
 

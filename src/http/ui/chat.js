@@ -3,7 +3,7 @@
 // files (size and type checked against the agent's limits before sending) and a cancel for
 // the running task. Every request and response/SSE frame shows in the "On the wire" panel.
 
-import { cancel, el, fillAgents, getTask, hasRichParts, onRaw, partsView, send, sendParams, showError, uuid4 } from './wire.js';
+import { cancel, el, fillAgents, getTask, hasRichParts, onRaw, partsView, send, sendParams, showError, taskLink, uuid4 } from './wire.js';
 
 let app;
 let contextId = null;
@@ -175,7 +175,8 @@ async function submit() {
       reply.dataset.task = v.taskId;
     }
     $('cancel').disabled = v.final || !running.taskId;
-    state.textContent = `${v.state}${id !== null && id !== undefined ? ` · event ${id}` : ''}${v.taskId ? ` · task ${v.taskId}` : ''}`;
+    state.replaceChildren(`${v.state}${id !== null && id !== undefined ? ` · event ${id}` : ''}`,
+      ...(v.taskId ? [' · task ', taskLink(a.id, v.taskId)] : []));
     reply.dataset.state = v.state;
     if (v.final && hasRichParts(v.message)) {
       body.replaceChildren(...partsView(v.message));
@@ -196,7 +197,7 @@ async function submit() {
       reply.dataset.task = params.taskId;
       $('cancel').disabled = false;
       const last = await send(wire, a.id, params, { stream, onEvent });
-      if (last && !last.final) state.textContent += ' · still running: see Tasks';
+      if (last && !last.final) state.append(' · still running: see Tasks');
     } else {
       // The official wires: the task at once (returnImmediately), then read until it ends,
       // so that Cancel works while it runs.
@@ -208,7 +209,7 @@ async function submit() {
         view = await getTask(wire, a.id, view.taskId);
         onEvent(view, null);
       }
-      if (view && !view.final) state.textContent += ' · still running: see Tasks';
+      if (view && !view.final) state.append(' · still running: see Tasks');
     }
   } catch (e) {
     reply.remove();

@@ -3,7 +3,7 @@
 // attempt, outcome, HTTP status, latency, next retry — from a2ad's own read
 // `GET …/rest/x-a2ad/deliveries`, refreshed every 2 seconds while shown.
 
-import { el, fillAgents, rest, showError, when } from './wire.js';
+import { el, fillAgents, rest, showError, taskLink, when } from './wire.js';
 
 let app;
 let timer = null;
@@ -97,7 +97,7 @@ async function deliveries() {
         el('td', { text: when(d.at) }),
         // The target it went to, masked as the server shows it (query values, password).
         el('td', {}, d.event, d.url ? el('small.url', { text: d.url }) : null),
-        el('td', {}, el('code', { text: d.taskId })),
+        el('td', {}, el('code', {}, taskLink(agent, d.taskId))),
         el('td', {}, el('code', { title: d.deliveryId, text: d.deliveryId.slice(0, 8) })),
         el('td', { text: `${d.attempt}/${d.maxAttempts}` }),
         el('td', {}, el(`span.st.st-${d.outcome}`, { text: d.outcome }), d.error ? el('small', { text: ` ${d.error}` }) : null),

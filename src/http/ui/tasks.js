@@ -28,7 +28,9 @@ export function show(arg) {
   refresh();
   clearInterval(timer);
   timer = setInterval(() => { if (!document.hidden) refresh(); }, 3000);
-  if (arg?.taskId) openDetail(arg.agent, arg.taskId);
+  if (arg?.taskId) {
+    if (openTask?.id !== arg.taskId || openTask?.agent !== arg.agent) openDetail(arg.agent, arg.taskId);
+  } else closeTask();
 }
 
 export function hide() {
@@ -73,12 +75,14 @@ async function refresh() {
 function closeTask() {
   openTask?.controller.abort();
   openTask = null;
+  app?.at('tasks');
 }
 
 async function openDetail(agent, id) {
   closeTask();
   const controller = new AbortController();
   openTask = { agent, id, controller };
+  app.at('tasks', { agent, taskId: id });
   for (const tr of document.querySelectorAll('#task-rows tr')) {
     tr.setAttribute('aria-selected', String(tr.dataset.task === id));
   }
@@ -87,7 +91,12 @@ async function openDetail(agent, id) {
   const timeline = el('ol.timeline', { 'aria-label': 'Events', 'aria-live': 'polite' });
   const note = el('p.meta');
   const cancelBtn = el('button', { type: 'button', id: 'task-cancel', text: 'Cancel task', disabled: true });
-  box.replaceChildren(el('h3', {}, 'Task ', el('code', { text: id })), info, cancelBtn,
+  const hooksLink = el('a', {
+    href: `#hooks/${encodeURIComponent(agent)}/${encodeURIComponent(id)}`,
+    id: 'task-hooks',
+    text: 'Its webhooks',
+  });
+  box.replaceChildren(el('h3', {}, 'Task ', el('code', { text: id })), info, el('p', {}, cancelBtn, ' ', hooksLink),
     el('h3', { text: 'Timeline' }), note, timeline);
   cancelBtn.addEventListener('click', async () => {
     cancelBtn.disabled = true;
@@ -125,6 +134,11 @@ async function openDetail(agent, id) {
     }
   };
   await load();
+  // On a narrow screen the detail is below the list: once it holds the task, it comes
+  // into view.
+  if (openTask?.id === id && window.matchMedia('(max-width: 820px)').matches) {
+    box.scrollIntoView({ block: 'start' });
+  }
   follow(agent, id, timeline, note, controller.signal, load);
 }
 

@@ -379,6 +379,16 @@ export function el(spec, attrs = {}, ...children) {
   return e;
 }
 
+/** A link to a task's page in Tasks (`#tasks/<agent>/<id>`: Back returns, the address can
+ *  be reloaded or shared). */
+export function taskLink(agent, id, text = id) {
+  return el('a.tasklink', {
+    href: `#tasks/${encodeURIComponent(agent)}/${encodeURIComponent(id)}`,
+    'data-task-link': id,
+    text,
+  });
+}
+
 export function when(iso) {
   if (!iso) return '';
   const d = new Date(iso);
