@@ -605,6 +605,40 @@ try:
              "a delivery's task opens")
         assert driver.execute_script("return location.hash") == f"#tasks/slow/{target}"
 
+    @check("On the wire: one folding entry per exchange, a header a line, a copy button; Chat's calls only")
+    def _():
+        nav("chat")
+        Select(by_id("chat-agent")).select_by_value("echo")
+        Select(by_id("chat-wire")).select_by_value("v1")
+        send_chat("on the wire")
+        entry = driver.find_elements(By.CSS_SELECTOR, "#raw li.exchange")[-1]
+        summary = entry.find_element(By.TAG_NAME, "summary").text
+        assert "POST" in summary and "/jsonrpc/v1" in summary and "200" in summary, summary
+        assert int(entry.get_attribute("data-frames") or 0) >= 2, "its stream's frames are in it"
+        head = entry.find_element(By.CSS_SELECTOR, "li.out pre.head").text
+        lines = head.split("\n")
+        assert any(l.startswith("authorization: Bearer ••••••") for l in lines), lines
+        assert any(l.startswith("a2a-version: 1.0") for l in lines), lines
+        # Folds: its frames hidden, then shown again.
+        entry.find_element(By.TAG_NAME, "summary").click()
+        wait(lambda d: not entry.find_element(By.CSS_SELECTOR, "li.frame").is_displayed(), "folded")
+        entry.find_element(By.TAG_NAME, "summary").click()
+        wait(lambda d: entry.find_element(By.CSS_SELECTOR, "li.frame").is_displayed(), "unfolded")
+        # Copy: what is shown, the credential masked.
+        driver.execute_script("""
+            window.__copied = null;
+            Object.defineProperty(navigator, 'clipboard', { configurable: true,
+              value: { writeText: async (t) => { window.__copied = t; } } });""")
+        entry.find_element(By.CSS_SELECTOR, "button.copy").click()
+        wait(lambda d: d.execute_script("return window.__copied"), "copied")
+        copied = driver.execute_script("return window.__copied")
+        assert "SendStreamingMessage" in copied and "Bearer ••••••" in copied and ALICE not in copied, copied[:300]
+        # The Tasks view's calls are not logged in Chat's panel.
+        nav("tasks")
+        wait(lambda d: d.find_elements(By.CSS_SELECTOR, "#task-rows tr[data-task]"), "tasks listed")
+        nav("chat")
+        assert "/rest/tasks?" not in by_id("raw").text, "only the chat's exchanges"
+
     @check("bob signed in sees none of alice's tasks and only his agent")
     def _():
         by_id("signout").click()

@@ -241,13 +241,45 @@ async function cancelRunning() {
   }
 }
 
+/** One logged request, its answer and its stream's frames, as one entry that folds and
+ *  copies (as shown: the credential masked). */
 function rawEntry(e) {
   const list = $('raw');
   if (!list) return;
-  list.append(el(`li.${e.kind}`, {},
-    el('div.head', { text: `${e.at.toLocaleTimeString()} ${e.kind === 'out' ? '→' : e.kind === 'in' ? '←' : '⇠'} ${e.head}` }),
+  let entry = list.querySelector(`li.exchange[data-exchange="${e.exchange}"]`);
+  if (!entry) {
+    const summary = el('summary', { text: `${e.at.toLocaleTimeString()} ${e.head.split('\n')[0]}` });
+    const copy = el('button.copy', { type: 'button', text: 'Copy', 'aria-label': 'Copy this exchange' });
+    const items = el('ol.items');
+    copy.addEventListener('click', () => copyExchange(items, copy));
+    entry = el('li.exchange', { 'data-exchange': String(e.exchange) },
+      el('details', { open: true }, summary, copy, items));
+    list.append(entry);
+    while (list.children.length > 100) list.firstChild.remove();
+  }
+  const items = entry.querySelector('ol.items');
+  const arrow = e.kind === 'out' ? '→' : e.kind === 'in' ? '←' : '⇠';
+  items.append(el(`li.${e.kind}`, {},
+    el('pre.head', { text: `${arrow} ${e.head}` }),
     e.body ? el('pre', { text: e.body }) : null));
-  while (list.children.length > 300) list.firstChild.remove();
+  if (e.kind === 'in') {
+    const summary = entry.querySelector('summary');
+    summary.textContent = `${summary.textContent.split(' · ')[0]} · ${e.head.split('\n')[0]}`;
+  }
+  if (e.kind === 'frame') entry.dataset.frames = String(Number(entry.dataset.frames ?? 0) + 1);
   const panel = list.parentElement;
   panel.scrollTop = panel.scrollHeight;
+}
+
+async function copyExchange(items, button) {
+  const text = [...items.children].map((li) => li.innerText).join('\n\n');
+  try {
+    await navigator.clipboard.writeText(text);
+    button.textContent = 'Copied';
+  } catch {
+    // No clipboard (an insecure context): the text is selected for the user to copy.
+    window.getSelection()?.selectAllChildren(items);
+    button.textContent = 'Selected';
+  }
+  setTimeout(() => { button.textContent = 'Copy'; }, 2000);
 }

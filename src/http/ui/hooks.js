@@ -88,7 +88,7 @@ async function deliveries() {
   if (!agent) return;
   const body = $('delivery-rows');
   try {
-    const r = await rest(agent, 'GET', '/x-a2ad/deliveries?pageSize=50', { poll: true });
+    const r = await rest(agent, 'GET', '/x-a2ad/deliveries?pageSize=50');
     const seen = JSON.stringify([agent, (r.deliveries ?? []).map((d) => [d.deliveryId, d.attempt, d.at])]);
     if (seen === body.dataset.seen) return;
     body.dataset.seen = seen;

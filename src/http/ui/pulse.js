@@ -96,7 +96,7 @@ function quantile(q, now, before) {
 async function sample() {
   let text;
   try {
-    const res = await request('GET', '/metrics', { wire: 'rest', poll: true });
+    const res = await request('GET', '/metrics', { wire: 'rest' });
     text = await res.text();
   } catch {
     return;

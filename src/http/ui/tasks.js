@@ -48,7 +48,7 @@ async function refresh() {
   if (page.token) q.set('pageToken', page.token);
   const rows = $('task-rows');
   try {
-    const r = await rest(agent, 'GET', `/tasks?${q}`, { poll: true });
+    const r = await rest(agent, 'GET', `/tasks?${q}`);
     rows.dataset.polls = String(Number(rows.dataset.polls ?? 0) + 1);
     page.next = r.nextPageToken || '';
     $('task-next').disabled = !page.next;

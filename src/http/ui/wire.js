@@ -1,21 +1,25 @@
 // How the inspector talks to a2ad: the user's credential on every call, the three wires a
 // chat can use (seed JSON-RPC, A2A 1.0 JSON-RPC, A2A 1.0 HTTP+JSON), an SSE reader over
-// fetch (EventSource cannot send a key or a body), and a log of every request, response and
-// stream frame exactly as sent (the chat's "On the wire" panel).
+// fetch (EventSource cannot send a key or a body), and a log of the chat's requests,
+// responses and stream frames exactly as sent, one exchange at a time (the chat's "On the
+// wire" panel; the other views' calls are not logged there).
 
 const listeners = new Set();
-const quiet = new WeakSet(); // responses to polls, kept out of the raw log
+const exchanges = new WeakMap(); // response → the logged exchange it answers
 let credential = null;
 let nextId = 1;
+let nextExchange = 1;
 
-/** Calls `fn(entry)` for every request, response and frame; returns an unsubscribe. */
+/** Calls `fn(entry)` for every logged request, response and frame (`entry.exchange` numbers
+ *  the request it belongs to); returns an unsubscribe. */
 export function onRaw(fn) {
   listeners.add(fn);
   return () => listeners.delete(fn);
 }
 
-function raw(kind, head, body) {
-  for (const fn of listeners) fn({ kind, head, body, at: new Date() });
+function raw(exchange, kind, head, body) {
+  if (!exchange) return;
+  for (const fn of listeners) fn({ exchange, kind, head, body, at: new Date() });
 }
 
 export function setCredential(value) {
@@ -58,23 +62,25 @@ function shown(headers) {
 }
 
 /** One HTTP request, logged as sent. */
-export async function request(method, url, { wire = 'rest', body, headers = {}, signal, poll = false } = {}) {
+/** One HTTP request; `log`: shown in the chat's "On the wire" panel, with its answer. */
+export async function request(method, url, { wire = 'rest', body, headers = {}, signal, log = false } = {}) {
   const h = headersFor(wire, headers);
   let text;
   if (body !== undefined) {
     h['content-type'] = 'application/json';
     text = JSON.stringify(body);
   }
-  if (!poll) raw('out', `${method} ${url}\n${shown(h)}`, text ? pretty(text) : '');
+  const exchange = log ? nextExchange++ : 0;
+  raw(exchange, 'out', `${method} ${url}\n${shown(h)}`, text ? pretty(text) : '');
   let res;
   try {
     res = await fetch(url, { method, headers: h, body: text, signal, cache: 'no-store' });
   } catch (e) {
     if (e.name === 'AbortError') throw e;
-    if (!poll) raw('in', 'network error', String(e));
+    raw(exchange, 'in', 'network error', String(e));
     throw new ApiError(`The server did not answer (${e.message}).`, 0, null);
   }
-  if (poll) quiet.add(res);
+  if (exchange) exchanges.set(res, exchange);
   return res;
 }
 
@@ -88,13 +94,13 @@ function pretty(text) {
 
 function responseHead(res) {
   const type = res.headers.get('content-type') || '';
-  return `${res.status} ${res.statusText}  ${type}`;
+  return `${res.status} ${res.statusText}\ncontent-type: ${type}`;
 }
 
 /** The body of a JSON answer; an error answer (any dialect's shape) becomes an ApiError. */
 export async function readJson(res) {
   const text = await res.text();
-  if (!quiet.has(res)) raw('in', responseHead(res), pretty(text));
+  raw(exchanges.get(res), 'in', responseHead(res), pretty(text));
   let value = null;
   try {
     value = text ? JSON.parse(text) : {};
@@ -131,7 +137,8 @@ export function errorOf(err, status) {
 
 /** The frames of an SSE answer: `{id, data}` with `data` parsed; `: ping` comments skipped. */
 export async function* frames(res, signal) {
-  raw('in', responseHead(res), '(stream)');
+  const exchange = exchanges.get(res);
+  raw(exchange, 'in', responseHead(res), '(stream)');
   const reader = res.body.getReader();
   const decoder = new TextDecoder();
   let buffer = '';
@@ -157,7 +164,7 @@ export async function* frames(res, signal) {
         }
         if (!data.length) continue;
         const text = data.join('\n');
-        raw('frame', `id: ${id ?? '—'}`, pretty(text));
+        raw(exchange, 'frame', `id: ${id ?? '—'}`, pretty(text));
         let parsed;
         try {
           parsed = JSON.parse(text);
@@ -174,13 +181,13 @@ export async function* frames(res, signal) {
 
 /** A JSON-RPC call on the seed or 1.0 path; `stream` asks for SSE. Returns the result, or
  *  (streaming) an async iterator of `{id, data: result}`. */
-export async function rpc(wire, agent, method, params, { stream = false, headers = {}, signal } = {}) {
+export async function rpc(wire, agent, method, params, { stream = false, headers = {}, signal, log = false } = {}) {
   const url = agentBase(agent) + WIRE_PATH[wire];
   const id = nextId++;
   const extra = { ...headers };
   if (stream) extra.accept = 'text/event-stream';
   const res = await request('POST', url, {
-    wire, body: { jsonrpc: '2.0', id, method, params }, headers: extra, signal,
+    wire, body: { jsonrpc: '2.0', id, method, params }, headers: extra, signal, log,
   });
   const type = res.headers.get('content-type') || '';
   if (stream && type.startsWith('text/event-stream')) {
@@ -196,11 +203,11 @@ export async function rpc(wire, agent, method, params, { stream = false, headers
 }
 
 /** A call of the HTTP+JSON binding (`path` under `{agent}/rest`). */
-export async function rest(agent, method, path, { body, stream = false, headers = {}, signal, poll = false } = {}) {
+export async function rest(agent, method, path, { body, stream = false, headers = {}, signal, log = false } = {}) {
   const url = agentBase(agent) + '/rest' + path;
   const extra = { ...headers };
   if (stream) extra.accept = 'text/event-stream';
-  const res = await request(method, url, { wire: 'rest', body, headers: extra, signal, poll });
+  const res = await request(method, url, { wire: 'rest', body, headers: extra, signal, log });
   const type = res.headers.get('content-type') || '';
   if (stream && type.startsWith('text/event-stream')) return frames(res, signal);
   return readJson(res);
@@ -320,12 +327,12 @@ export function sendParams(wire, { text, files = [], data, contextId }) {
 export async function send(wire, agent, params, { stream, onEvent, signal }) {
   let answer;
   if (wire === 'rest') {
-    answer = await rest(agent, 'POST', stream ? '/message:stream' : '/message:send', { body: params, stream, signal });
+    answer = await rest(agent, 'POST', stream ? '/message:stream' : '/message:send', { body: params, stream, signal, log: true });
   } else {
     const method = wire === 'seed'
       ? (stream ? 'message/stream' : 'message/send')
       : (stream ? 'SendStreamingMessage' : 'SendMessage');
-    answer = await rpc(wire, agent, method, params, { stream, signal });
+    answer = await rpc(wire, agent, method, params, { stream, signal, log: true });
   }
   if (answer && typeof answer[Symbol.asyncIterator] === 'function') {
     let last = null;
@@ -342,16 +349,18 @@ export async function send(wire, agent, params, { stream, onEvent, signal }) {
 
 /** A task as it stands, on a wire, as an event view. */
 export async function getTask(wire, agent, taskId) {
-  if (wire === 'rest') return eventView('rest', { task: await rest(agent, 'GET', `/tasks/${encodeURIComponent(taskId)}`) });
-  if (wire === 'seed') return eventView('seed', await rpc('seed', agent, 'tasks/get', { taskId }));
-  return eventView('v1', { task: await rpc('v1', agent, 'GetTask', { id: taskId }) });
+  const log = true;
+  if (wire === 'rest') return eventView('rest', { task: await rest(agent, 'GET', `/tasks/${encodeURIComponent(taskId)}`, { log }) });
+  if (wire === 'seed') return eventView('seed', await rpc('seed', agent, 'tasks/get', { taskId }, { log }));
+  return eventView('v1', { task: await rpc('v1', agent, 'GetTask', { id: taskId }, { log }) });
 }
 
 /** Cancels a task on a wire. */
 export async function cancel(wire, agent, taskId) {
-  if (wire === 'rest') return rest(agent, 'POST', `/tasks/${encodeURIComponent(taskId)}:cancel`, { body: {} });
-  if (wire === 'seed') return rpc('seed', agent, 'tasks/cancel', { taskId });
-  return rpc('v1', agent, 'CancelTask', { id: taskId });
+  const log = true;
+  if (wire === 'rest') return rest(agent, 'POST', `/tasks/${encodeURIComponent(taskId)}:cancel`, { body: {}, log });
+  if (wire === 'seed') return rpc('seed', agent, 'tasks/cancel', { taskId }, { log });
+  return rpc('v1', agent, 'CancelTask', { id: taskId }, { log });
 }
 
 /** GET of a path of a2ad's own (`/api/v1/agents`, `/metrics`). */
