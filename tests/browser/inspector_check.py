@@ -605,6 +605,30 @@ try:
              "a delivery's task opens")
         assert driver.execute_script("return location.hash") == f"#tasks/slow/{target}"
 
+    @check("a running task's history and 'updated' keep up with its timeline")
+    def _():
+        started = http("POST", "/api/v1/a2a/slow/rest/message:send", ALICE, {
+            "message": {"messageId": "keep-up-1", "role": "ROLE_USER", "parts": [{"text": "keep up"}]},
+            "configuration": {"returnImmediately": True}})["task"]["id"]
+        driver.get(f"{BASE}/ui/#tasks/slow/{started}")
+        wait(lambda d: by_id("view-tasks").is_displayed() and started in by_id("task-detail").text,
+             "the task opened from its address")
+
+        def progress_in_history():
+            return len([li for li in driver.find_elements(By.CSS_SELECTOR, "#task-detail ol.history li")
+                        if li.text.startswith("agent:")])
+
+        def events():
+            return len(driver.find_elements(By.CSS_SELECTOR, "#task-detail .timeline li"))
+
+        wait(lambda d: events() >= 4, "progress events in the timeline")
+        first_updated = by_id("task-detail").find_element(By.CSS_SELECTOR, ".kv dd:nth-of-type(3)").get_attribute("title")
+        wait(lambda d: progress_in_history() >= 2, "the progress in the history too, while it runs")
+        assert "working" in by_id("task-detail").find_element(By.CSS_SELECTOR, ".kv").text
+        wait(lambda d: by_id("task-detail").find_element(By.CSS_SELECTOR, ".kv dd:nth-of-type(3)").get_attribute("title")
+             != first_updated, "'updated' moves with it")
+        http("POST", f"/api/v1/a2a/slow/rest/tasks/{started}:cancel", ALICE, {})
+
     @check("On the wire: one folding entry per exchange, a header a line, a copy button; Chat's calls only")
     def _():
         nav("chat")

@@ -147,6 +147,22 @@ async function openDetail(agent, id) {
 async function follow(agent, id, timeline, note, signal, reload) {
   let last = 0;
   let drops = 0;
+  // The task's history, artifacts and "updated" are read again with its events: at once
+  // when its state changes, else at most once a second (a progress update, an artifact, a
+  // token), so they never fall behind the timeline for long.
+  let pending = null;
+  let readAt = 0;
+  const readNow = () => {
+    clearTimeout(pending);
+    pending = null;
+    readAt = Date.now();
+    reload();
+  };
+  const readSoon = () => {
+    if (pending) return;
+    pending = setTimeout(() => { if (!signal.aborted) readNow(); }, Math.max(0, 1000 - (Date.now() - readAt)));
+  };
+  signal.addEventListener('abort', () => clearTimeout(pending));
   while (!signal.aborted) {
     let ended = false;
     try {
@@ -164,11 +180,11 @@ async function follow(agent, id, timeline, note, signal, reload) {
           if (f.id !== null) last = f.id;
           timeline.append(entry(f.id, f.data));
           if (f.data?.final) ended = true;
-          // The task's history and state are read again when its state changes, not on
-          // every progress update or token.
           if (f.data?.status?.state !== state || ended) {
             state = f.data?.status?.state;
-            reload();
+            readNow();
+          } else {
+            readSoon();
           }
         }
       }
