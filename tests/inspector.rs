@@ -95,6 +95,7 @@ async fn the_inspector_is_served_with_a_strict_policy_and_no_privilege() {
         ("tasks.js", "text/javascript; charset=utf-8"),
         ("hooks.js", "text/javascript; charset=utf-8"),
         ("pulse.js", "text/javascript; charset=utf-8"),
+        ("comply.js", "text/javascript; charset=utf-8"),
         ("style.css", "text/css; charset=utf-8"),
         ("icon.svg", "image/svg+xml"),
     ] {

@@ -45,6 +45,7 @@ const ASSETS: &[(&str, &str, &[u8])] = &[
     ("tasks.js", JS, include_bytes!("ui/tasks.js")),
     ("hooks.js", JS, include_bytes!("ui/hooks.js")),
     ("pulse.js", JS, include_bytes!("ui/pulse.js")),
+    ("comply.js", JS, include_bytes!("ui/comply.js")),
     ("icon.svg", "image/svg+xml", include_bytes!("ui/icon.svg")),
 ];
 #[cfg(not(feature = "ui"))]

@@ -657,6 +657,41 @@ try:
         wait(lambda d: d.execute_script("return window.__copied"), "copied")
         copied = driver.execute_script("return window.__copied")
         assert "SendStreamingMessage" in copied and "Bearer ••••••" in copied and ALICE not in copied, copied[:300]
+        # Every answer and frame carries a compliance mark; a2ad's own, on every wire
+        # (seed, 1.0 JSON-RPC, HTTP+JSON; streamed and not), keep the rules.
+        for wire in ["seed", "rest", "v1"]:
+            Select(by_id("chat-wire")).select_by_value(wire)
+            for _ in range(2):
+                send_chat(f"marked on {wire}")
+                by_id("chat-stream").click()
+        marks = driver.find_elements(By.CSS_SELECTOR, "#raw li[data-compliant]")
+        assert len(marks) >= 12, len(marks)
+        broken = [m.text[:300] for m in marks if m.get_attribute("data-compliant") != "true"]
+        assert not broken, broken
+        assert entry.find_elements(By.CSS_SELECTOR, 'li.frame[data-compliant="true"] .mark.ok')
+        # A malformed answer (stubbed: the agent's role renamed) gets ✗ and the rule it breaks.
+        wait(lambda d: not d.find_elements(By.CSS_SELECTOR, "#transcript .bubble.agent[data-state=working]"), "idle")
+        driver.execute_script("""
+            window.__fetch = window.fetch;
+            window.fetch = async (url, init) => {
+              const res = await window.__fetch(url, init);
+              if (!/"(SendMessage|GetTask)"/.test(String(init && init.body))) return res;
+              const text = (await res.text()).replaceAll('"ROLE_AGENT"', '"ROLE_ROBOT"');
+              return new Response(text, { status: res.status, headers: res.headers });
+            };""")
+        by_id("chat-stream").click()  # off: a blocking SendMessage
+        send_chat("malformed", state=None)
+        # (A blocking send on 1.0 returns at once and reads the task until it ends: the
+        # answer that holds the agent's message is marked.)
+        wait(lambda d: d.find_elements(By.CSS_SELECTOR, '#raw li.in[data-compliant="false"]'),
+             "the malformed answer marked")
+        bad = driver.find_elements(By.CSS_SELECTOR, '#raw li.in[data-compliant="false"]')[-1]
+        rule = bad.find_element(By.CSS_SELECTOR, ".mark.bad").get_attribute("title")
+        assert "role" in rule and "ROLE_AGENT" in rule, rule
+        assert rule in bad.text, bad.text
+        driver.execute_script("window.fetch = window.__fetch;")
+        by_id("chat-stream").click()
+        shot("wire-compliance")
         # The Tasks view's calls are not logged in Chat's panel.
         nav("tasks")
         wait(lambda d: d.find_elements(By.CSS_SELECTOR, "#task-rows tr[data-task]"), "tasks listed")

@@ -259,8 +259,18 @@ function rawEntry(e) {
   }
   const items = entry.querySelector('ol.items');
   const arrow = e.kind === 'out' ? '→' : e.kind === 'in' ? '←' : '⇠';
-  items.append(el(`li.${e.kind}`, {},
-    el('pre.head', { text: `${arrow} ${e.head}` }),
+  // The compliance mark: ✓ when the answer or frame keeps its dialect's object rules, ✗
+  // with the rule it breaks (also on hover).
+  const mark = e.mark
+    ? el(`span.mark.${e.mark.ok ? 'ok' : 'bad'}`, {
+      title: e.mark.ok ? 'Keeps the A2A object rules of its dialect' : e.mark.rule,
+      'aria-label': e.mark.ok ? 'compliant' : `not compliant: ${e.mark.rule}`,
+      text: e.mark.ok ? '✓' : '✗',
+    })
+    : null;
+  items.append(el(`li.${e.kind}`, { 'data-compliant': e.mark ? String(e.mark.ok) : undefined },
+    el('pre.head', {}, mark, mark ? ' ' : null, `${arrow} ${e.head}`),
+    e.mark && !e.mark.ok ? el('p.rule', { text: e.mark.rule }) : null,
     e.body ? el('pre', { text: e.body }) : null));
   if (e.kind === 'in') {
     const summary = entry.querySelector('summary');

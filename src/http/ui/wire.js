@@ -4,8 +4,11 @@
 // responses and stream frames exactly as sent, one exchange at a time (the chat's "On the
 // wire" panel; the other views' calls are not logged there).
 
+import { check } from './comply.js';
+
 const listeners = new Set();
 const exchanges = new WeakMap(); // response → the logged exchange it answers
+const calls = new Map(); // logged exchange → {wire, op}: what its answers are checked against
 let credential = null;
 let nextId = 1;
 let nextExchange = 1;
@@ -17,9 +20,23 @@ export function onRaw(fn) {
   return () => listeners.delete(fn);
 }
 
-function raw(exchange, kind, head, body) {
+function raw(exchange, kind, head, body, mark) {
   if (!exchange) return;
-  for (const fn of listeners) fn({ exchange, kind, head, body, at: new Date() });
+  for (const fn of listeners) fn({ exchange, kind, head, body, mark, at: new Date() });
+}
+
+/** The compliance mark of a logged answer or frame (comply.js): `{ok, rule}`. */
+function markOf(exchange, text, { frame = false, status = 200 } = {}) {
+  const call = calls.get(exchange);
+  if (!call) return undefined;
+  let value;
+  try {
+    value = JSON.parse(text);
+  } catch {
+    return { ok: false, rule: 'the body must be JSON' };
+  }
+  const rule = check({ ...call, frame, value, status });
+  return { ok: !rule, rule };
 }
 
 export function setCredential(value) {
@@ -71,6 +88,10 @@ export async function request(method, url, { wire = 'rest', body, headers = {}, 
     text = JSON.stringify(body);
   }
   const exchange = log ? nextExchange++ : 0;
+  if (exchange) {
+    calls.set(exchange, { wire, op: body?.method ?? url.split('?')[0] });
+    calls.delete(exchange - 200);
+  }
   raw(exchange, 'out', `${method} ${url}\n${shown(h)}`, text ? pretty(text) : '');
   let res;
   try {
@@ -100,7 +121,8 @@ function responseHead(res) {
 /** The body of a JSON answer; an error answer (any dialect's shape) becomes an ApiError. */
 export async function readJson(res) {
   const text = await res.text();
-  raw(exchanges.get(res), 'in', responseHead(res), pretty(text));
+  const exchange = exchanges.get(res);
+  raw(exchange, 'in', responseHead(res), pretty(text), markOf(exchange, text, { status: res.status }));
   let value = null;
   try {
     value = text ? JSON.parse(text) : {};
@@ -164,7 +186,7 @@ export async function* frames(res, signal) {
         }
         if (!data.length) continue;
         const text = data.join('\n');
-        raw(exchange, 'frame', `id: ${id ?? '—'}`, pretty(text));
+        raw(exchange, 'frame', `id: ${id ?? '—'}`, pretty(text), markOf(exchange, text, { frame: true }));
         let parsed;
         try {
           parsed = JSON.parse(text);
