@@ -590,12 +590,16 @@ try:
         wait(lambda d: by_id("view-hooks").is_displayed(), "the Webhooks view opens")
         assert by_id("hook-task").get_attribute("value") == task
         assert driver.execute_script("return location.hash") == f"#hooks/echo/{task}"
+        wait(lambda d: task in by_id("delivery-scope").text, "its deliveries only")
         driver.back()
         wait(lambda d: by_id("view-tasks").is_displayed() and task in by_id("task-detail").text,
              "Back returns to the task")
         # A delivery (the slow task's, from the webhook check) links its task.
         nav("hooks")
         Select(by_id("hook-agent")).select_by_value("slow")
+        by_id("hook-task").clear()
+        by_id("hook-task").send_keys(slow["id"])
+        wait(lambda d: slow["id"] in by_id("delivery-scope").text, "the slow task's deliveries")
         wait(lambda d: d.find_elements(By.CSS_SELECTOR, "#delivery-rows a.tasklink"), "deliveries link their tasks")
         first = driver.find_elements(By.CSS_SELECTOR, "#delivery-rows a.tasklink")[0]
         target = first.get_attribute("data-task-link")

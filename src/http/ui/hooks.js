@@ -18,6 +18,7 @@ export function mount(a) {
   $('hook-form').addEventListener('submit', (ev) => { ev.preventDefault(); create(); });
   $('hook-list').addEventListener('click', list);
   $('hook-agent').addEventListener('change', () => { $('hook-rows').replaceChildren(); deliveries(); });
+  $('hook-task').addEventListener('input', () => deliveries());
 }
 
 /** `arg`: `{agent, taskId}` to fill in. */
@@ -89,10 +90,16 @@ async function deliveries() {
   const body = $('delivery-rows');
   try {
     const r = await rest(agent, 'GET', '/x-a2ad/deliveries?pageSize=50');
-    const seen = JSON.stringify([agent, (r.deliveries ?? []).map((d) => [d.deliveryId, d.attempt, d.at])]);
+    // A task named above: its deliveries only (a task's page links here).
+    const task = $('hook-task').value.trim();
+    const list = (r.deliveries ?? []).filter((d) => !task || d.taskId === task);
+    $('delivery-scope').textContent = task
+      ? `Deliveries of task ${task} (clear the task above to see all).`
+      : 'Your recent deliveries on this agent.';
+    const seen = JSON.stringify([agent, task, list.map((d) => [d.deliveryId, d.attempt, d.at])]);
     if (seen === body.dataset.seen) return;
     body.dataset.seen = seen;
-    const rows = (r.deliveries ?? []).map((d) =>
+    const rows = list.map((d) =>
       el('tr', { 'data-delivery': d.deliveryId, 'data-outcome': d.outcome },
         el('td', { text: when(d.at) }),
         // The target it went to, masked as the server shows it (query values, password).
