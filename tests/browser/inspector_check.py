@@ -537,6 +537,60 @@ try:
         wait(lambda d: by_id("task-extensions").text == "https://ext.example/trace/v1", "the extensions")
         shot("task-content")
 
+    @check("an agent's reply reads as Markdown, built safely; an inline image shows")
+    def _():
+        nav("chat")
+        Select(by_id("chat-agent")).select_by_value("echo")
+        Select(by_id("chat-wire")).select_by_value("v1")
+        reply = send_chat("**bold** and `code` and [a link](https://example.com/doc) <img src=x onerror=alert(1)>")
+        body = reply.find_element(By.CSS_SELECTOR, ".body")
+        assert body.find_element(By.TAG_NAME, "strong").text == "bold"
+        assert body.find_element(By.TAG_NAME, "code").text == "code"
+        link = body.find_element(By.TAG_NAME, "a")
+        assert link.get_attribute("href") == "https://example.com/doc" and "noopener" in link.get_attribute("rel")
+        assert not body.find_elements(By.TAG_NAME, "img"), "markup stays text"
+        assert "<img src=x onerror=alert(1)>" in body.text, body.text
+        assert "turn" in body.text
+        # A PNG returned inline shows as an image (a data: URL, nothing fetched).
+        png = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8BQDwAEhQGAhKmMIQAAAABJRU5ErkJggg=="
+        task = http("POST", "/api/v1/a2a/echo/rest/message:send", ALICE, {
+            "message": {"messageId": "ui-img-1", "role": "ROLE_USER", "parts": [
+                {"text": "a picture"}, {"raw": png, "mediaType": "image/png", "filename": "dot.png"}]}})["task"]["id"]
+        driver.get(f"{BASE}/ui/#tasks/echo/{task}")
+        wait(lambda d: d.find_elements(By.CSS_SELECTOR, "#task-detail ol.history img.part-image"), "the image inline")
+        img = driver.find_element(By.CSS_SELECTOR, "#task-detail ol.history img.part-image")
+        assert img.get_attribute("src").startswith("data:image/png;base64,"), img.get_attribute("src")[:40]
+        assert driver.execute_script("return arguments[0].naturalWidth", img) == 1
+
+    @check("custom request headers: an extension activated from the chat, kept for the tab, a bad line refused")
+    def _():
+        nav("chat")
+        Select(by_id("chat-agent")).select_by_value("echo")
+        Select(by_id("chat-wire")).select_by_value("v1")
+        driver.find_element(By.CSS_SELECTOR, "#headers-box summary").click()
+        headers = by_id("chat-headers")
+        headers.clear()
+        headers.send_keys("Authorization: Bearer other")
+        box = by_id("message")
+        box.clear()
+        box.send_keys("keep me")
+        by_id("send").click()
+        wait(lambda d: by_id("compose-error").is_displayed(), "the refusal")
+        assert "set by the inspector" in by_id("compose-error").text, by_id("compose-error").text
+        assert by_id("message").get_attribute("value") == "keep me", "the typed text stays"
+        headers.clear()
+        headers.send_keys("A2A-Extensions: https://ext.example/trace/v1")
+        reply = send_chat("with an extension")
+        assert "extensions: https://ext.example/trace/v1" in reply.text, reply.text
+        entry = driver.find_elements(By.CSS_SELECTOR, "#raw li.exchange")[-1]
+        assert "a2a-extensions: https://ext.example/trace/v1" in entry.find_element(By.CSS_SELECTOR, "li.out pre.head").text
+        assert driver.execute_script("return sessionStorage.getItem('a2ad.headers')") == \
+            "A2A-Extensions: https://ext.example/trace/v1"
+        assert driver.execute_script("return localStorage.length") == 0
+        headers.clear()
+        reply = send_chat("without")
+        assert "extensions:" not in reply.text, reply.text
+
     @check("the pulse charts draw from /metrics")
     def _():
         nav("pulse")

@@ -3,13 +3,37 @@
 // files (size and type checked against the agent's limits before sending) and a cancel for
 // the running task. Every request and response/SSE frame shows in the "On the wire" panel.
 
-import { cancel, el, fillAgents, getTask, hasRichParts, onRaw, partsView, send, sendParams, showError, taskLink, uuid4 } from './wire.js';
+import { cancel, el, fillAgents, getTask, hasRichParts, markdown, onRaw, partsView, send, sendParams, showError, taskLink, uuid4 } from './wire.js';
 
 let app;
 let contextId = null;
 let running = null; // {wire, agent, taskId}
 let files = [];
 const $ = (id) => document.getElementById(id);
+const HEADERS_KEY = 'a2ad.headers';
+const TOKEN = /^[A-Za-z0-9!#$%&'*+.^_`|~-]+$/;
+// Set by the page itself: the credential, the body's type, the dialect's version.
+const OWN = new Set(['authorization', 'content-type', 'a2a-version', 'accept']);
+
+/** The extra request headers typed for this tab: `{ok, headers}`, or refused (an error
+ *  shown, nothing sent) when a line is not `name: value` or names a header the page sets. */
+function extraHeaders() {
+  const headers = {};
+  for (const [i, line] of $('chat-headers').value.split('\n').entries()) {
+    if (!line.trim()) continue;
+    const at = line.indexOf(':');
+    const name = at > 0 ? line.slice(0, at).trim() : '';
+    const value = at > 0 ? line.slice(at + 1).trim() : '';
+    if (!TOKEN.test(name) || /[\r\n]/.test(value)) {
+      return { ok: false, error: new Error(`Request headers, line ${i + 1}: not "name: value"; nothing was sent.`) };
+    }
+    if (OWN.has(name.toLowerCase())) {
+      return { ok: false, error: new Error(`Request headers, line ${i + 1}: ${name} is set by the inspector itself; nothing was sent.`) };
+    }
+    headers[name.toLowerCase()] = value;
+  }
+  return { ok: true, headers };
+}
 
 export function mount(a) {
   app = a;
@@ -26,6 +50,10 @@ export function mount(a) {
     if (ev.key === 'Enter' && !ev.shiftKey && !ev.isComposing) { ev.preventDefault(); submit(); }
   });
   $('cancel').addEventListener('click', cancelRunning);
+  // The extra request headers live in this tab's session, like the credential.
+  $('chat-headers').value = sessionStorage.getItem(HEADERS_KEY) ?? '';
+  if ($('chat-headers').value) $('headers-box').open = true;
+  $('chat-headers').addEventListener('input', () => sessionStorage.setItem(HEADERS_KEY, $('chat-headers').value));
   $('raw-clear').addEventListener('click', () => $('raw').replaceChildren());
   onRaw(rawEntry);
   const zone = $('dropzone');
@@ -150,6 +178,13 @@ async function submit() {
     $('data-json').focus();
     return;
   }
+  const extra = extraHeaders();
+  if (!extra.ok) {
+    showError($('compose-error'), extra.error);
+    $('headers-box').open = true;
+    $('chat-headers').focus();
+    return;
+  }
   if (!a || (!text && !files.length && data.value === undefined) || running?.busy) return;
   showError($('compose-error'), null);
   const wire = $('chat-wire').value;
@@ -166,7 +201,7 @@ async function submit() {
   const state = reply.querySelector('.state');
   const deltas = a.backend === 'openai';
   let streamed = '';
-  running = { wire, agent: a.id, taskId: null, busy: true };
+  running = { wire, agent: a.id, taskId: null, busy: true, headers: extra.headers };
   $('send').disabled = true;
   const onEvent = (v, id) => {
     if (v.contextId) setContext(v.contextId);
@@ -181,7 +216,8 @@ async function submit() {
     if (v.final && hasRichParts(v.message)) {
       body.replaceChildren(...partsView(v.message));
     } else if (v.text) {
-      if (v.final) body.textContent = v.text;
+      // The end of a reply reads as Markdown (built as nodes: markup stays text).
+      if (v.final) body.replaceChildren(...markdown(v.text));
       else if (deltas && v.state === 'working') body.textContent = (streamed += v.text);
       else body.textContent = v.text;
     }
@@ -189,24 +225,24 @@ async function submit() {
   };
   try {
     if (stream) {
-      await send(wire, a.id, params, { stream, onEvent });
+      await send(wire, a.id, params, { stream, onEvent, headers: extra.headers });
     } else if (wire === 'seed') {
       // The seed names a new task by the client's id: Cancel works while the send waits.
       params.taskId = uuid4();
       running.taskId = params.taskId;
       reply.dataset.task = params.taskId;
       $('cancel').disabled = false;
-      const last = await send(wire, a.id, params, { stream, onEvent });
+      const last = await send(wire, a.id, params, { stream, onEvent, headers: extra.headers });
       if (last && !last.final) state.append(' · still running: see Tasks');
     } else {
       // The official wires: the task at once (returnImmediately), then read until it ends,
       // so that Cancel works while it runs.
       params.configuration = { ...(params.configuration ?? {}), returnImmediately: true };
-      let view = await send(wire, a.id, params, { stream, onEvent });
+      let view = await send(wire, a.id, params, { stream, onEvent, headers: extra.headers });
       const until = Date.now() + (a.limits?.syncWaitSeconds ?? 30) * 1000;
       while (view?.taskId && !view.final && Date.now() < until) {
         await new Promise((r) => setTimeout(r, 500));
-        view = await getTask(wire, a.id, view.taskId);
+        view = await getTask(wire, a.id, view.taskId, extra.headers);
         onEvent(view, null);
       }
       if (view && !view.final) state.append(' · still running: see Tasks');
@@ -235,7 +271,7 @@ async function cancelRunning() {
   if (!running?.taskId) return;
   $('cancel').disabled = true;
   try {
-    await cancel(running.wire, running.agent, running.taskId);
+    await cancel(running.wire, running.agent, running.taskId, running.headers);
   } catch (e) {
     bubble('error', e.message);
   }

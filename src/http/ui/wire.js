@@ -271,9 +271,84 @@ export function partsView(m) {
         safe ? el('a', { href: url, rel: 'noopener noreferrer nofollow', target: '_blank', text: label }) : label,
         ` ${url}`);
     }
+    // An inline image shows (a data: URL: nothing is fetched); another file is named.
+    const bytes = p.raw ?? p.file?.bytes;
+    const type = p.mediaType ?? p.file?.mimeType ?? '';
+    if (typeof bytes === 'string' && /^image\/(png|jpeg|gif|webp)$/.test(type) && /^[A-Za-z0-9+/]*={0,2}$/.test(bytes)) {
+      return el('img.part-image', { src: `data:${type};base64,${bytes}`, alt: name ?? 'image' });
+    }
     if (p.raw !== undefined || p.file) return el('span.part-file', { text: `[file ${name ?? 'unnamed'}]` });
     return null;
   }).filter(Boolean);
+}
+
+/** An agent's reply as Markdown, built as DOM nodes (never as HTML: any markup in the text
+ *  stays text): paragraphs (a single line break kept), `#` headings, `-`/`*`/`1.` lists,
+ *  fenced code blocks, `inline code`, **bold**, *italic*, and [links](https://…) — `http`
+ *  and `https` only, opened in a new tab without referrer or opener. */
+export function markdown(text) {
+  const out = [];
+  const lines = String(text).replace(/\r\n?/g, '\n').split('\n');
+  let para = [];
+  let list = null;
+  const flush = () => {
+    if (para.length) {
+      const p = el('p.md');
+      para.forEach((l, i) => { if (i) p.append(el('br')); p.append(...inline(l)); });
+      out.push(p);
+      para = [];
+    }
+    list = null;
+  };
+  for (let i = 0; i < lines.length; i++) {
+    const line = lines[i];
+    if (/^```/.test(line)) {
+      flush();
+      const code = [];
+      for (i++; i < lines.length && !/^```/.test(lines[i]); i++) code.push(lines[i]);
+      out.push(el('pre.md-code', {}, el('code', { text: code.join('\n') })));
+      continue;
+    }
+    const h = /^(#{1,6})\s+(.*)$/.exec(line);
+    if (h) {
+      flush();
+      out.push(el('p.md-h', {}, el('strong', {}, ...inline(h[2]))));
+      continue;
+    }
+    const li = /^\s*(?:([-*])|(\d+)\.)\s+(.*)$/.exec(line);
+    if (li) {
+      if (para.length) flush();
+      const ordered = li[2] !== undefined;
+      if (!list || (list.tagName === 'OL') !== ordered) {
+        list = el(ordered ? 'ol.md' : 'ul.md');
+        out.push(list);
+      }
+      list.append(el('li', {}, ...inline(li[3])));
+      continue;
+    }
+    if (!line.trim()) { flush(); continue; }
+    list = null;
+    para.push(line);
+  }
+  flush();
+  return out;
+}
+
+/** Inline Markdown: code first (its content is literal), then links, bold and italic. */
+function inline(text) {
+  const nodes = [];
+  const re = /`([^`]+)`|\[([^\]]+)\]\((https?:\/\/[^\s)]+)\)|\*\*([^*]+)\*\*|\*([^*\s][^*]*)\*|_([^_\s][^_]*)_/g;
+  let at = 0;
+  for (let m; (m = re.exec(text));) {
+    if (m.index > at) nodes.push(text.slice(at, m.index));
+    if (m[1] !== undefined) nodes.push(el('code', { text: m[1] }));
+    else if (m[2] !== undefined) nodes.push(el('a', { href: m[3], rel: 'noopener noreferrer nofollow', target: '_blank', text: m[2] }));
+    else if (m[4] !== undefined) nodes.push(el('strong', { text: m[4] }));
+    else nodes.push(el('em', { text: m[5] ?? m[6] }));
+    at = re.lastIndex;
+  }
+  if (at < text.length) nodes.push(text.slice(at));
+  return nodes;
 }
 
 /** Whether a message holds more than text (data parts, files by URL). */
@@ -346,15 +421,15 @@ export function sendParams(wire, { text, files = [], data, contextId }) {
 
 /** Sends on a wire. Streaming: calls `onEvent(view)` per event and returns the last view;
  *  else returns the result's view. */
-export async function send(wire, agent, params, { stream, onEvent, signal }) {
+export async function send(wire, agent, params, { stream, onEvent, signal, headers = {} }) {
   let answer;
   if (wire === 'rest') {
-    answer = await rest(agent, 'POST', stream ? '/message:stream' : '/message:send', { body: params, stream, signal, log: true });
+    answer = await rest(agent, 'POST', stream ? '/message:stream' : '/message:send', { body: params, stream, signal, headers, log: true });
   } else {
     const method = wire === 'seed'
       ? (stream ? 'message/stream' : 'message/send')
       : (stream ? 'SendStreamingMessage' : 'SendMessage');
-    answer = await rpc(wire, agent, method, params, { stream, signal, log: true });
+    answer = await rpc(wire, agent, method, params, { stream, signal, headers, log: true });
   }
   if (answer && typeof answer[Symbol.asyncIterator] === 'function') {
     let last = null;
@@ -370,19 +445,19 @@ export async function send(wire, agent, params, { stream, onEvent, signal }) {
 }
 
 /** A task as it stands, on a wire, as an event view. */
-export async function getTask(wire, agent, taskId) {
+export async function getTask(wire, agent, taskId, headers = {}) {
   const log = true;
-  if (wire === 'rest') return eventView('rest', { task: await rest(agent, 'GET', `/tasks/${encodeURIComponent(taskId)}`, { log }) });
-  if (wire === 'seed') return eventView('seed', await rpc('seed', agent, 'tasks/get', { taskId }, { log }));
-  return eventView('v1', { task: await rpc('v1', agent, 'GetTask', { id: taskId }, { log }) });
+  if (wire === 'rest') return eventView('rest', { task: await rest(agent, 'GET', `/tasks/${encodeURIComponent(taskId)}`, { log, headers }) });
+  if (wire === 'seed') return eventView('seed', await rpc('seed', agent, 'tasks/get', { taskId }, { log, headers }));
+  return eventView('v1', { task: await rpc('v1', agent, 'GetTask', { id: taskId }, { log, headers }) });
 }
 
 /** Cancels a task on a wire. */
-export async function cancel(wire, agent, taskId) {
+export async function cancel(wire, agent, taskId, headers = {}) {
   const log = true;
-  if (wire === 'rest') return rest(agent, 'POST', `/tasks/${encodeURIComponent(taskId)}:cancel`, { body: {}, log });
-  if (wire === 'seed') return rpc('seed', agent, 'tasks/cancel', { taskId }, { log });
-  return rpc('v1', agent, 'CancelTask', { id: taskId }, { log });
+  if (wire === 'rest') return rest(agent, 'POST', `/tasks/${encodeURIComponent(taskId)}:cancel`, { body: {}, log, headers });
+  if (wire === 'seed') return rpc('seed', agent, 'tasks/cancel', { taskId }, { log, headers });
+  return rpc('v1', agent, 'CancelTask', { id: taskId }, { log, headers });
 }
 
 /** GET of a path of a2ad's own (`/api/v1/agents`, `/metrics`). */
