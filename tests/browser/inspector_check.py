@@ -557,10 +557,11 @@ try:
             "message": {"messageId": "ui-img-1", "role": "ROLE_USER", "parts": [
                 {"text": "a picture"}, {"raw": png, "mediaType": "image/png", "filename": "dot.png"}]}})["task"]["id"]
         driver.get(f"{BASE}/ui/#tasks/echo/{task}")
-        wait(lambda d: d.find_elements(By.CSS_SELECTOR, "#task-detail ol.history img.part-image"), "the image inline")
-        img = driver.find_element(By.CSS_SELECTOR, "#task-detail ol.history img.part-image")
-        assert img.get_attribute("src").startswith("data:image/png;base64,"), img.get_attribute("src")[:40]
-        assert driver.execute_script("return arguments[0].naturalWidth", img) == 1
+        # Read inside the wait: the detail is drawn again as the view refreshes.
+        wait(lambda d: d.execute_script("""
+            const img = document.querySelector('#task-detail ol.history img.part-image');
+            return Boolean(img && img.src.startsWith('data:image/png;base64,') && img.complete
+              && img.naturalWidth === 1);"""), "the image inline, decoded")
 
     @check("custom request headers: an extension activated from the chat, kept for the tab, a bad line refused")
     def _():
@@ -655,10 +656,12 @@ try:
         by_id("hook-task").send_keys(slow["id"])
         wait(lambda d: slow["id"] in by_id("delivery-scope").text, "the slow task's deliveries")
         wait(lambda d: d.find_elements(By.CSS_SELECTOR, "#delivery-rows a.tasklink"), "deliveries link their tasks")
-        first = driver.find_elements(By.CSS_SELECTOR, "#delivery-rows a.tasklink")[0]
-        target = first.get_attribute("data-task-link")
+        # Read and clicked in one script: the table is drawn again when a delivery comes.
+        target = driver.execute_script("""
+            const a = document.querySelector('#delivery-rows a.tasklink');
+            a.click();
+            return a.dataset.taskLink;""")
         assert target == slow["id"], (target, slow)
-        first.click()
         wait(lambda d: by_id("view-tasks").is_displayed() and target in by_id("task-detail").text,
              "a delivery's task opens")
         assert driver.execute_script("return location.hash") == f"#tasks/slow/{target}"
@@ -679,12 +682,18 @@ try:
         def events():
             return len(driver.find_elements(By.CSS_SELECTOR, "#task-detail .timeline li"))
 
+        def updated():
+            # Read in one script: the detail is drawn again as the task moves.
+            return driver.execute_script(
+                "const dd = document.querySelector('#task-detail .kv dd:nth-of-type(3)'); return dd ? dd.title : null")
+
         wait(lambda d: events() >= 4, "progress events in the timeline")
-        first_updated = by_id("task-detail").find_element(By.CSS_SELECTOR, ".kv dd:nth-of-type(3)").get_attribute("title")
-        wait(lambda d: progress_in_history() >= 2, "the progress in the history too, while it runs")
-        assert "working" in by_id("task-detail").find_element(By.CSS_SELECTOR, ".kv").text
-        wait(lambda d: by_id("task-detail").find_element(By.CSS_SELECTOR, ".kv dd:nth-of-type(3)").get_attribute("title")
-             != first_updated, "'updated' moves with it")
+        wait(lambda d: updated(), "'updated' shown")
+        first_updated = updated()
+        wait(lambda d: progress_in_history() >= 2 and "working" in (d.execute_script(
+            "return document.querySelector('#task-detail .kv')?.textContent") or ""),
+             "the progress in the history too, while it runs")
+        wait(lambda d: updated() not in (None, first_updated), "'updated' moves with it")
         http("POST", f"/api/v1/a2a/slow/rest/tasks/{started}:cancel", ALICE, {})
 
     @check("On the wire: one folding entry per exchange, a header a line, a copy button; Chat's calls only")
@@ -834,7 +843,7 @@ try:
         # A tapped task comes into view.
         nav("tasks")
         wait(lambda d: d.find_elements(By.CSS_SELECTOR, "#task-rows tr[data-task] button"), "a task to tap")
-        driver.find_elements(By.CSS_SELECTOR, "#task-rows tr[data-task] button")[-1].click()
+        driver.execute_script("[...document.querySelectorAll('#task-rows tr[data-task] button')].pop().click()")
         wait(lambda d: d.execute_script(
             "const r = document.getElementById('task-detail').getBoundingClientRect(); return r.top >= -5 && r.top < innerHeight / 2"),
             "the task's detail in view")
