@@ -233,7 +233,7 @@ try:
         wait(lambda d: by_id("nav").is_displayed(), "signed in")
         assert "alice" in by_id("principal").text
         names = [b.get_attribute("data-agent") for b in driver.find_elements(By.CSS_SELECTOR, "#agent-list button")]
-        assert names == ["echo", "slow", "llm", "private"], names
+        assert names == ["echo", "slow", "llm", "private", "broken"], names
         wait(lambda d: "checks pass" in by_id("agent-detail").text, "the card check")
         wait(lambda d: "totalRequests" in by_id("agent-detail").text, "live metrics")
         detail = by_id("agent-detail").text
@@ -665,6 +665,20 @@ try:
         wait(lambda d: by_id("view-tasks").is_displayed() and target in by_id("task-detail").text,
              "a delivery's task opens")
         assert driver.execute_script("return location.hash") == f"#tasks/slow/{target}"
+
+    @check("a failed task says why, in Tasks and in the chat")
+    def _():
+        failed = http("POST", "/api/v1/a2a/broken/rest/message:send", ALICE, {
+            "message": {"messageId": "ui-fail-1", "role": "ROLE_USER", "parts": [{"text": "fail"}]}})["task"]
+        assert failed["status"]["state"] == "TASK_STATE_FAILED", failed
+        driver.get(f"{BASE}/ui/#tasks/broken/{failed['id']}")
+        wait(lambda d: (d.execute_script("return document.getElementById('task-reason')?.textContent") or "")
+             not in ("", "none given"), "the reason shown")
+        reason = driver.execute_script("return document.getElementById('task-reason').textContent")
+        nav("chat")
+        Select(by_id("chat-agent")).select_by_value("broken")
+        reply = send_chat("fail here", state="failed")
+        assert reason.split(" ")[0] in reply.text or "fail" in reply.text.lower(), (reason, reply.text)
 
     @check("a running task's history and 'updated' keep up with its timeline")
     def _():
