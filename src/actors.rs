@@ -26,6 +26,7 @@ use crate::metrics::{AgentMetrics, Metrics};
 use crate::model::{AgentId, ContextId, Principal, TaskKey};
 use crate::store::Store;
 use crate::store::cluster::Cluster;
+use crate::swap::Swap;
 use context::ContextMsg;
 use task::TaskMsg;
 use webhook::WebhookPool;
@@ -58,39 +59,7 @@ pub(crate) type AgentMap = HashMap<AgentId, Arc<AgentEntry>>;
 
 /// The agents in force, swapped whole by a configuration reload: a request looks its
 /// agent up once, and a task keeps the entry it started with.
-pub(crate) struct Agents(std::sync::RwLock<Arc<AgentMap>>);
-
-impl Agents {
-    pub(crate) fn new(map: AgentMap) -> Self {
-        Self(std::sync::RwLock::new(Arc::new(map)))
-    }
-
-    /// The agents now.
-    pub(crate) fn now(&self) -> Arc<AgentMap> {
-        self.0
-            .read()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .clone()
-    }
-
-    /// Puts `map` in force.
-    pub(crate) fn set(&self, map: AgentMap) {
-        *self
-            .0
-            .write()
-            .unwrap_or_else(std::sync::PoisonError::into_inner) = Arc::new(map);
-    }
-}
-
-impl Shared {
-    /// The configuration in force.
-    pub(crate) fn config_now(&self) -> Arc<Config> {
-        self.in_force
-            .read()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .clone()
-    }
-}
+pub(crate) type Agents = Swap<AgentMap>;
 
 /// A live task in the index. Cloning it is cheap.
 #[derive(Clone)]
@@ -106,7 +75,7 @@ pub(crate) struct Shared {
     pub(crate) config: Arc<Config>,
     /// The configuration in force: `config` with the sections a reload replaced
     /// (`[[api_keys]]`, `[auth]`, `[[agents]]`, `[webhooks]`).
-    pub(crate) in_force: std::sync::RwLock<Arc<Config>>,
+    pub(crate) in_force: Swap<Config>,
     /// Live tasks. Guards are never held across an await (STYLE pitfall 10). Hashed with
     /// seeded foldhash: fast, and ids chosen by clients cannot be aimed at one shard.
     pub(crate) live: DashMap<TaskKey, LiveTask, RandomState>,

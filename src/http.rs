@@ -52,8 +52,8 @@ pub(crate) struct App {
     /// The actor system.
     pub runtime: Runtime,
     /// Who may call, and at what rate: swapped whole by a reload of `[[api_keys]]` and
-    /// `[auth]` ([`App::access`]).
-    access: std::sync::RwLock<Arc<Access>>,
+    /// `[auth]` (a request keeps the ones it started with).
+    pub(crate) access: crate::swap::Swap<Access>,
     /// Configuration reloads applied and refused (`a2ad_config_reloads_total`).
     pub(crate) reloads: [std::sync::atomic::AtomicU64; 2],
     /// JSON-RPC requests by dialect, method and outcome.
@@ -104,71 +104,6 @@ impl Access {
         let rate = RateLimiter::new(keys.principals(), &per_minute);
         (Self { keys, rate }, dev_key)
     }
-}
-
-impl App {
-    /// Builds the application state around `access`.
-    pub(crate) fn new(access: Access, rest: AppParts) -> Self {
-        let AppParts {
-            runtime,
-            max_body,
-            bodies,
-            connection_bodies,
-            body_timeout,
-            ping_every,
-            local_addr,
-            https,
-            card_signer,
-            ui,
-        } = rest;
-        Self {
-            runtime,
-            access: std::sync::RwLock::new(Arc::new(access)),
-            reloads: Default::default(),
-            requests: Default::default(),
-            max_body,
-            bodies,
-            connection_bodies,
-            body_timeout,
-            ping_every,
-            local_addr,
-            https,
-            card_signer,
-            started: chrono::Utc::now(),
-            ui,
-        }
-    }
-
-    /// The callers and rate buckets in force now (a request keeps the ones it started
-    /// with).
-    pub(crate) fn access(&self) -> Arc<Access> {
-        self.access
-            .read()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .clone()
-    }
-
-    /// Puts `access` in force for the requests that start from now on.
-    pub(crate) fn set_access(&self, access: Access) {
-        *self
-            .access
-            .write()
-            .unwrap_or_else(std::sync::PoisonError::into_inner) = Arc::new(access);
-    }
-}
-
-/// The application state besides its callers ([`App::new`]).
-pub(crate) struct AppParts {
-    pub(crate) runtime: Runtime,
-    pub(crate) max_body: u64,
-    pub(crate) bodies: budget::BodyBudget,
-    pub(crate) connection_bodies: u64,
-    pub(crate) body_timeout: Duration,
-    pub(crate) ping_every: Duration,
-    pub(crate) local_addr: std::net::SocketAddr,
-    pub(crate) https: bool,
-    pub(crate) card_signer: Option<Arc<crate::rpc::CardSigner>>,
-    pub(crate) ui: bool,
 }
 
 /// Handles one request. Never fails: every problem is an HTTP response.

@@ -63,6 +63,7 @@ pub mod proto {
 mod server;
 mod store;
 mod stream;
+mod swap;
 pub mod telemetry;
 mod validate;
 mod webhook;

@@ -46,21 +46,7 @@ fn main() -> ExitCode {
     tune_allocator();
     let cli = Cli::parse();
     if let Some(file) = &cli.check_config {
-        let checked = Config::load(file)
-            .and_then(|c| c.validated())
-            .map_err(|mut e| {
-                e.file = Some(file.display().to_string());
-                a2ad::Error::Config(e)
-            })
-            .and_then(|c| Server::check(&c))
-            .map_err(|e| match e {
-                a2ad::Error::Config(mut ce) => {
-                    ce.file.get_or_insert_with(|| file.display().to_string());
-                    a2ad::Error::Config(ce)
-                }
-                other => other,
-            });
-        return match checked {
+        return match checked(file).map(drop) {
             Ok(()) => {
                 println!("ok");
                 ExitCode::SUCCESS
@@ -347,6 +333,23 @@ impl Signals {
     }
 }
 
+/// `file` loaded and checked as a start would (`--check-config`, a reload): every key,
+/// then the files it names (`Server::check`); an error names the file.
+fn checked(file: &std::path::Path) -> Result<Config, a2ad::Error> {
+    let name = || file.display().to_string();
+    Config::load(file)
+        .and_then(|c| c.validated())
+        .map_err(a2ad::Error::Config)
+        .and_then(|c| Server::check(&c).map(|()| c))
+        .map_err(|e| match e {
+            a2ad::Error::Config(mut ce) => {
+                ce.file.get_or_insert_with(name);
+                a2ad::Error::Config(ce)
+            }
+            other => other,
+        })
+}
+
 /// SIGHUP's re-reading of `--config` (docs/CONFIG.md, "Reloading the configuration").
 struct Reloader {
     path: PathBuf,
@@ -372,38 +375,19 @@ impl Reloader {
     /// put in force, and every other setting that changed is logged as needing a restart.
     fn reload(&self, handle: &a2ad::ServerHandle) {
         let file = self.path.display().to_string();
-        let read = std::fs::read_to_string(&self.path)
-            .map_err(|e| {
-                a2ad::Error::Config(a2ad::config::ConfigError {
-                    file: None,
-                    key: None,
-                    position: None,
-                    message: format!("cannot read file: {e}"),
-                })
-            })
-            .and_then(|text| {
-                let config = Config::from_toml(&text)
-                    .and_then(|c| c.validated())
-                    .map_err(a2ad::Error::Config)?;
-                Server::check(&config)?;
-                Ok((text, config))
-            })
-            .map_err(|e| match e {
-                a2ad::Error::Config(mut ce) => {
-                    ce.file.get_or_insert_with(|| file.clone());
-                    a2ad::Error::Config(ce)
-                }
-                other => other,
-            });
-        let (text, config) = match read {
-            Ok(r) => r,
+        let config = match checked(&self.path) {
+            Ok(c) => c,
             Err(e) => {
                 tracing::error!(file = %file, error = %e, "the configuration was not reloaded; the running one stays");
                 handle.count_reload(false);
                 return;
             }
         };
-        let table: toml::Table = text.parse().unwrap_or_default();
+        // The file as it checked (read again: what it says, setting by setting).
+        let table: toml::Table = std::fs::read_to_string(&self.path)
+            .ok()
+            .and_then(|text| text.parse().ok())
+            .unwrap_or_default();
         let mut changed = Vec::new();
         changed_keys("", &self.running, &table, &mut changed);
         for setting in changed.iter().filter(|k| !reloaded(k)) {

@@ -93,7 +93,7 @@ impl Runtime {
 
     /// The configuration this runtime runs.
     pub fn config(&self) -> Arc<Config> {
-        self.shared.config_now()
+        self.shared.in_force.now()
     }
 
     /// Puts the reloadable sections of `config` in force (docs/CONFIG.md, "Reloading the
@@ -118,11 +118,7 @@ impl Runtime {
         now.webhooks.workers = workers;
         self.shared.webhooks.reconfigure(&now.webhooks);
         // The configuration first: a request that finds a new agent finds its settings.
-        *self
-            .shared
-            .in_force
-            .write()
-            .unwrap_or_else(std::sync::PoisonError::into_inner) = Arc::new(now);
+        self.shared.in_force.set(now);
         self.agents.set(agents);
     }
 

@@ -14,7 +14,7 @@ use tokio::sync::watch;
 
 use crate::config::Config;
 use crate::error::Result;
-use crate::http::{Access, App, AppParts};
+use crate::http::{Access, App};
 use crate::runtime::{Runtime, RuntimeBuilder};
 
 pub(crate) mod conn;
@@ -166,21 +166,22 @@ impl Server {
         }
         let s = &config.server;
         let local_addr = listener.local_addr()?;
-        let app = Arc::new(App::new(
-            access,
-            AppParts {
-                runtime,
-                max_body: config.max_body_bytes(),
-                bodies: crate::http::budget::BodyBudget::new(config.max_buffered_body_bytes()),
-                connection_bodies: config.max_buffered_body_bytes_per_connection(),
-                body_timeout: s.body_read_timeout(),
-                ping_every: s.ping_interval(),
-                local_addr,
-                https: tls.is_some(),
-                card_signer,
-                ui: config.ui.enabled,
-            },
-        ));
+        let app = Arc::new(App {
+            runtime,
+            access: crate::swap::Swap::new(access),
+            reloads: Default::default(),
+            requests: Default::default(),
+            max_body: config.max_body_bytes(),
+            bodies: crate::http::budget::BodyBudget::new(config.max_buffered_body_bytes()),
+            connection_bodies: config.max_buffered_body_bytes_per_connection(),
+            body_timeout: s.body_read_timeout(),
+            ping_every: s.ping_interval(),
+            local_addr,
+            https: tls.is_some(),
+            card_signer,
+            started: chrono::Utc::now(),
+            ui: config.ui.enabled,
+        });
         Ok(Self {
             listener,
             app,
@@ -347,7 +348,7 @@ impl ServerHandle {
     /// or certificate configured, the development key printed at start stays.
     pub fn reload_access(&self, config: &Config) {
         let (access, _) = Access::from_config(config, self.dev_key.as_deref());
-        self.app.set_access(access);
+        self.app.access.set(access);
         prefetch_issuers(&self.app);
     }
 
@@ -372,7 +373,7 @@ impl ServerHandle {
 
 /// Fetches the OIDC issuers' keys in the background, before the first token needs them.
 fn prefetch_issuers(app: &Arc<App>) {
-    let access = app.access();
+    let access = app.access.now();
     if access.keys.oidc().is_some() {
         tokio::spawn(async move {
             if let Some(oidc) = access.keys.oidc() {
@@ -504,7 +505,7 @@ async fn share_loop(app: Arc<App>) {
             return;
         }
         let mut mine: Vec<(String, i64)> = Vec::new();
-        let access = app.access();
+        let access = app.access.now();
         let accepted = access.rate.accepted();
         for &(p, a, n) in &accepted {
             let key = format!(

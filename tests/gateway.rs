@@ -73,25 +73,6 @@ async fn noted(server: &TestServer, agent: &str, id: &str) {
     }
 }
 
-/// `GET /api/v1/agents` as alice, by agent id.
-async fn agents_listing(server: &TestServer) -> Value {
-    let v: Value = server
-        .client
-        .get(format!("{}/api/v1/agents", server.base))
-        .header("x-api-key", ALICE)
-        .send()
-        .await
-        .expect("agents")
-        .json()
-        .await
-        .expect("json");
-    let mut by_id = serde_json::Map::new();
-    for a in v["agents"].as_array().cloned().unwrap_or_default() {
-        by_id.insert(a["id"].as_str().unwrap_or_default().to_string(), a);
-    }
-    Value::Object(by_id)
-}
-
 /// The upstream tasks of `agent` (1.0 ListTasks as alice, newest first).
 async fn upstream_tasks(up: &TestServer, agent: &str) -> Vec<Value> {
     let r = up.official(agent, V::V10, "ListTasks", json!({})).await;
@@ -192,7 +173,7 @@ async fn a_fronted_a2ad_answers_every_dialect_and_keeps_the_conversation() {
         support::metric(&metrics, "a2ad_upstream_requests_total{agent=\"front\"}") >= 3.0,
         "{metrics}"
     );
-    let listing = agents_listing(&front).await;
+    let listing = front.agents_listing().await;
     let upstream = &listing["front03"]["upstream"];
     assert!(upstream["cardFetchedAt"].is_string(), "{upstream}");
     assert_eq!(upstream["interface"]["protocol"], "0.3", "{upstream}");
@@ -444,7 +425,7 @@ async fn an_unreachable_or_garbage_upstream_fails_the_task_naming_it() {
         "{metrics}"
     );
     // What the inspector's Agents view shows: never fetched, and why.
-    let upstream = &agents_listing(&front).await["down"]["upstream"];
+    let upstream = &front.agents_listing().await["down"]["upstream"];
     assert!(upstream["cardFetchedAt"].is_null(), "{upstream}");
     assert!(
         upstream["lastError"]["message"]
@@ -948,7 +929,7 @@ async fn a_reload_changes_an_upstream_agent_and_adds_one() {
     let first = front.send("front", "before", json!({})).await;
     assert_eq!(first["status"]["state"], "completed", "{first}");
     assert_eq!(
-        agents_listing(&front).await["front"]["upstream"]["interface"]["binding"],
+        front.agents_listing().await["front"]["upstream"]["interface"]["binding"],
         "jsonrpc"
     );
     // The same agent now over gRPC, and a second one fronting the slow-stepping echo.
@@ -961,7 +942,7 @@ async fn a_reload_changes_an_upstream_agent_and_adds_one() {
     let again = front.send("front", "after", json!({})).await;
     assert_eq!(again["status"]["state"], "completed", "{again}");
     assert_eq!(texts(&again["status"]["message"])[0], "echo: after");
-    let listing = agents_listing(&front).await;
+    let listing = front.agents_listing().await;
     assert_eq!(
         listing["front"]["upstream"]["interface"]["binding"], "grpc",
         "{listing}"

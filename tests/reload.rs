@@ -26,6 +26,28 @@ async fn last_state(events: &mut SseReader) -> Value {
     last["result"]["status"]["state"].clone()
 }
 
+/// A `message/stream` to `slow` as alice, open: its first event.
+async fn open_slow(server: &TestServer, text: &str) -> (SseReader, Value) {
+    let resp = server
+        .stream(
+            ALICE,
+            "slow",
+            "message/stream",
+            send_params(text, json!({})),
+            None,
+        )
+        .await;
+    let mut events = SseReader::new(resp);
+    let (_, first) = events.next_event().await.expect("the stream opened");
+    (events, first)
+}
+
+/// A seed `message/send` body.
+fn send_body(text: &str) -> String {
+    json!({"jsonrpc": "2.0", "id": 1, "method": "message/send", "params": send_params(text, json!({}))})
+        .to_string()
+}
+
 fn reload(server: &TestServer, config: a2ad::Config) {
     let config = config.validated().expect("valid");
     server.handle.as_ref().expect("handle").reload(&config);
@@ -34,17 +56,7 @@ fn reload(server: &TestServer, config: a2ad::Config) {
 #[tokio::test]
 async fn a_revoked_key_keeps_its_open_stream_and_is_refused_next() {
     let server = TestServer::start(two_agents()).await;
-    let resp = server
-        .stream(
-            ALICE,
-            "slow",
-            "message/stream",
-            send_params("stay", json!({})),
-            None,
-        )
-        .await;
-    let mut events = SseReader::new(resp);
-    events.next_event().await.expect("the stream opened");
+    let (mut events, _) = open_slow(&server, "stay").await;
     // Alice's key goes.
     let mut c = two_agents();
     c.api_keys.retain(|k| k.name != "alice");
@@ -54,10 +66,10 @@ async fn a_revoked_key_keeps_its_open_stream_and_is_refused_next() {
         "completed",
         "the stream ends normally"
     );
-    let body = json!({"jsonrpc": "2.0", "id": 1, "method": "message/send", "params": send_params("again", json!({}))});
-    let (status, _, v) = server.post_raw("echo", Some(ALICE), body.to_string()).await;
+    let body = send_body("again");
+    let (status, _, v) = server.post_raw("echo", Some(ALICE), body.clone()).await;
     assert_eq!(status, 401, "{v}");
-    let (status, _, v) = server.post_raw("echo", Some(BOB), body.to_string()).await;
+    let (status, _, v) = server.post_raw("echo", Some(BOB), body.clone()).await;
     assert_eq!(status, 200, "{v}");
     server.stop().await;
 }
@@ -65,17 +77,7 @@ async fn a_revoked_key_keeps_its_open_stream_and_is_refused_next() {
 #[tokio::test]
 async fn a_removed_agent_finishes_its_task_and_answers_404() {
     let server = TestServer::start(two_agents()).await;
-    let resp = server
-        .stream(
-            ALICE,
-            "slow",
-            "message/stream",
-            send_params("finish", json!({})),
-            None,
-        )
-        .await;
-    let mut events = SseReader::new(resp);
-    let (_, first) = events.next_event().await.expect("the stream opened");
+    let (mut events, first) = open_slow(&server, "finish").await;
     let task = first["result"]["id"]
         .as_str()
         .or(first["result"]["taskId"].as_str())
@@ -87,25 +89,16 @@ async fn a_removed_agent_finishes_its_task_and_answers_404() {
         "completed",
         "its task ends normally"
     );
-    let body = json!({"jsonrpc": "2.0", "id": 1, "method": "message/send", "params": send_params("new", json!({}))});
-    let (status, _, v) = server.post_raw("slow", Some(ALICE), body.to_string()).await;
+    let body = send_body("new");
+    let (status, _, v) = server.post_raw("slow", Some(ALICE), body.clone()).await;
     assert_eq!(status, 404, "{v}");
     // The other agent goes on; the listing no longer names the removed one.
     let ok = server.send("echo", "still here", json!({})).await;
     assert_eq!(ok["status"]["state"], "completed");
-    let listing: Value = server
-        .client
-        .get(format!("{}/api/v1/agents", server.base))
-        .header("x-api-key", ALICE)
-        .send()
-        .await
-        .expect("agents")
-        .json()
-        .await
-        .expect("json");
-    let ids: Vec<&str> = listing["agents"]
-        .as_array()
-        .map(|a| a.iter().filter_map(|x| x["id"].as_str()).collect())
+    let listing = server.agents_listing().await;
+    let ids: Vec<&String> = listing
+        .as_object()
+        .map(|m| m.keys().collect())
         .unwrap_or_default();
     assert_eq!(ids, vec!["echo"], "{listing}; task {task}");
     server.stop().await;
@@ -114,9 +107,9 @@ async fn a_removed_agent_finishes_its_task_and_answers_404() {
 #[tokio::test]
 async fn a_changed_rate_limit_applies_to_the_next_requests() {
     let server = TestServer::start(config(&["echo"])).await;
-    let body = json!({"jsonrpc": "2.0", "id": 1, "method": "message/send", "params": send_params("x", json!({}))});
+    let body = send_body("x");
     for _ in 0..5 {
-        let (status, _, v) = server.post_raw("echo", Some(ALICE), body.to_string()).await;
+        let (status, _, v) = server.post_raw("echo", Some(ALICE), body.clone()).await;
         assert_eq!(status, 200, "{v}");
     }
     let mut c = config(&["echo"]);
@@ -124,12 +117,12 @@ async fn a_changed_rate_limit_applies_to_the_next_requests() {
     reload(&server, c);
     let mut statuses = Vec::new();
     for _ in 0..3 {
-        let (status, _, _) = server.post_raw("echo", Some(ALICE), body.to_string()).await;
+        let (status, _, _) = server.post_raw("echo", Some(ALICE), body.clone()).await;
         statuses.push(status);
     }
     assert_eq!(statuses, vec![200, 200, 429]);
     // Bob's bucket is his own.
-    let (status, _, v) = server.post_raw("echo", Some(BOB), body.to_string()).await;
+    let (status, _, v) = server.post_raw("echo", Some(BOB), body.clone()).await;
     assert_eq!(status, 200, "{v}");
     server.stop().await;
 }

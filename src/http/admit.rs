@@ -27,7 +27,8 @@ pub(crate) async fn caller(
     headers: &HeaderMap,
     extensions: &hyper::http::Extensions,
 ) -> Result<Arc<Caller>, Refusal> {
-    app.access()
+    app.access
+        .now()
         .keys
         .authenticate(headers, PeerCertificate::of(extensions))
         .await
@@ -73,7 +74,8 @@ pub(crate) async fn admit<B>(
     // The credential awaited here, not through [`caller`]: one future fewer to move on
     // every request.
     let caller = app
-        .access()
+        .access
+        .now()
         .keys
         .authenticate(req.headers(), PeerCertificate::of(req.extensions()))
         .await
@@ -105,7 +107,8 @@ impl Admitted {
     /// Seconds until the caller's next rate token, when its bucket is empty now (a look,
     /// taking nothing: each call takes its own token, [`token`]).
     pub(crate) fn over_rate(&self, app: &App) -> Option<u64> {
-        app.access()
+        app.access
+            .now()
             .rate
             .check(&self.caller, self.agent.index)
             .err()
@@ -186,7 +189,8 @@ pub(crate) fn token(app: &App, cx: &CallContext) -> Result<(), Refusal> {
 }
 
 fn take(app: &App, caller: &Caller, agent: &AgentEntry) -> Result<(), Refusal> {
-    app.access()
+    app.access
+        .now()
         .rate
         .try_acquire(caller, agent.index)
         .map_err(Refusal::RateLimited)

@@ -22,7 +22,7 @@ impl Runtime {
             self.get(&config.scope.principal, &config.scope.agent, task)
                 .await?;
         }
-        let max = self.shared.config_now().webhooks.max_configs_per_task;
+        let max = self.shared.in_force.now().webhooks.max_configs_per_task;
         self.shared.store.push_check(&config, max).await?;
         self.shared.store.push_reserve(&config, max)?;
         self.durable(vec![Write::PushSet(config)]).await

@@ -202,7 +202,7 @@ impl Runtime {
             shutting_down: AtomicBool::new(false),
             call_timeout: server.actor_call_timeout(),
             config: config.clone(),
-            in_force: std::sync::RwLock::new(config.clone()),
+            in_force: crate::swap::Swap::from_arc(config.clone()),
         });
         let (supervisor, _) = Actor::spawn(None, TaskSupervisor, shared.clone())
             .await

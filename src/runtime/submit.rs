@@ -110,7 +110,7 @@ impl Runtime {
             &self.shared.store,
             &key,
             options.push,
-            self.shared.config_now().webhooks.max_configs_per_task,
+            self.shared.in_force.now().webhooks.max_configs_per_task,
         )
         .await?;
         let existing = if request.task_id.is_none() {

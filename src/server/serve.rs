@@ -332,7 +332,7 @@ pub(super) async fn serve_connection(
                 let peer = session
                     .peer_certificates()
                     .and_then(|chain| chain.first())
-                    .and_then(|leaf| app.access().keys.certificate_caller(leaf))
+                    .and_then(|leaf| app.access.now().keys.certificate_caller(leaf))
                     .map(PeerCertificate);
                 let io = TokioIo::new(stream);
                 serve_protocol(io, h2, peer, &shared, &activity, watchdog, phase).await;

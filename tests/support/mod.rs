@@ -315,6 +315,25 @@ impl TestServer {
         req.send().await.expect("stream request")
     }
 
+    /// `GET /api/v1/agents` as alice, by agent id.
+    pub async fn agents_listing(&self) -> Value {
+        let v: Value = self
+            .client
+            .get(format!("{}/api/v1/agents", self.base))
+            .header("x-api-key", ALICE)
+            .send()
+            .await
+            .expect("agents")
+            .json()
+            .await
+            .expect("json");
+        let mut by_id = serde_json::Map::new();
+        for a in v["agents"].as_array().cloned().unwrap_or_default() {
+            by_id.insert(a["id"].as_str().unwrap_or_default().to_string(), a);
+        }
+        Value::Object(by_id)
+    }
+
     /// Opens a `message/stream` as alice.
     pub async fn stream_message(&self, agent: &str, params: Value) -> reqwest::Response {
         self.stream(ALICE, agent, "message/stream", params, None)

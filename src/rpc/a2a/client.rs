@@ -389,25 +389,25 @@ impl Request<'_> {
     /// `SendMessageResponse`, a `Task` (`GetTask`, `CancelTask`), a stream's
     /// `StreamResponse` ([`grpc_event`]).
     pub(crate) fn grpc_answer(&self, message: &[u8]) -> Result<Vec<u8>, Refusal> {
-        fn json<T: prost::Message + Default + serde::Serialize>(
-            message: &[u8],
-        ) -> Result<Vec<u8>, Refusal> {
-            let m = T::decode(message).map_err(|e| garbage(format!("not protobuf ({e})")))?;
-            serde_json::to_vec(&m).map_err(|e| garbage(e.to_string()))
-        }
         match self {
-            Self::Send { stream: false, .. } => json::<pb::SendMessageResponse>(message),
-            Self::Get(_) | Self::Cancel(_) => json::<pb::Task>(message),
-            Self::Send { .. } | Self::Subscribe(_) => json::<pb::StreamResponse>(message),
+            Self::Send { stream: false, .. } => protojson::<pb::SendMessageResponse>(message),
+            Self::Get(_) | Self::Cancel(_) => protojson::<pb::Task>(message),
+            Self::Send { .. } | Self::Subscribe(_) => protojson::<pb::StreamResponse>(message),
         }
     }
 }
 
+/// A protobuf message as its ProtoJSON.
+fn protojson<T: prost::Message + Default + serde::Serialize>(
+    message: &[u8],
+) -> Result<Vec<u8>, Refusal> {
+    let m = T::decode(message).map_err(|e| garbage(format!("not protobuf ({e})")))?;
+    serde_json::to_vec(&m).map_err(|e| garbage(e.to_string()))
+}
+
 /// A gRPC stream's message (`StreamResponse`) as the ProtoJSON [`read_event`] reads.
 pub(crate) fn grpc_event(message: &[u8]) -> Result<String, Refusal> {
-    let m = <pb::StreamResponse as prost::Message>::decode(message)
-        .map_err(|e| garbage(format!("not protobuf ({e})")))?;
-    serde_json::to_string(&m).map_err(|e| garbage(e.to_string()))
+    String::from_utf8(protojson::<pb::StreamResponse>(message)?).map_err(|e| garbage(e.to_string()))
 }
 
 /// A gRPC call's status (`grpc-status`, `grpc-message`, and the `ErrorInfo` of

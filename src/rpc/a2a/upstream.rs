@@ -623,10 +623,7 @@ async fn read_capped(mut resp: reqwest::Response, limit: usize) -> Result<Vec<u8
             return Ok(body);
         };
         if body.len() + chunk.len() > limit {
-            return Err(CallError::new(
-                "too_large",
-                format!("its answer passed {limit} bytes (max_response_bytes)"),
-            ));
+            return Err(too_large(limit));
         }
         body.extend_from_slice(&chunk);
     }
