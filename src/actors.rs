@@ -55,7 +55,7 @@ pub struct AgentEntry {
 }
 
 /// The agents by id.
-pub(crate) type AgentMap = HashMap<AgentId, Arc<AgentEntry>>;
+pub(crate) type AgentMap = HashMap<AgentId, Arc<AgentEntry>, foldhash::fast::RandomState>;
 
 /// The agents in force, swapped whole by a configuration reload: a request looks its
 /// agent up once, and a task keeps the entry it started with.

@@ -91,7 +91,7 @@ impl AuthError {
 /// The configured keys.
 #[derive(Debug)]
 pub(crate) struct KeyStore {
-    by_digest: HashMap<[u8; 32], Arc<Caller>>,
+    by_digest: HashMap<[u8; 32], Arc<Caller>, foldhash::fast::RandomState>,
     /// Client certificates by identity (a subject alternative name or common name).
     by_identity: HashMap<String, Arc<Caller>>,
     /// OpenID Connect issuers, when configured.

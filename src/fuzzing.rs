@@ -34,7 +34,7 @@ fn call_params(call: Result<rpc::Call, rpc::Rejected>) {
     match call {
         Err(r) => assert_eq!(r.error.code, rpc::error::INVALID_REQUEST),
         Ok(call) => {
-            if let Ok(p) = seed::params(call.params.as_deref()) {
+            if let Ok(p) = seed::params(call.params()) {
                 let _ = seed::send_params(&p, &limits());
                 let _ = seed::push_config(&p, false);
                 let _ = seed::task_id_param(&p, true);
@@ -53,7 +53,7 @@ pub fn params(data: &[u8]) {
     let Ok(raw) = serde_json::from_str::<&RawValue>(text) else {
         return;
     };
-    let Ok(p) = seed::params(Some(raw)) else {
+    let Ok(p) = seed::params(Some(raw.into())) else {
         return;
     };
     for result in [
@@ -113,7 +113,7 @@ fn official_call(call: Result<rpc::Call, rpc::Rejected>) {
         }
         Ok(call) => call,
     };
-    let Ok(p) = rpc::json::params(call.params.as_deref()) else {
+    let Ok(p) = rpc::json::params(call.params()) else {
         return;
     };
     let refused = names_a_field;
@@ -154,7 +154,7 @@ pub fn grpc(data: &[u8]) {
         Some(body.len()),
         "an unframed body is its prefix and one message"
     );
-    let Ok(p) = rpc::json::params(Some(&raw)) else {
+    let Ok(p) = rpc::json::params(Some((&raw).into())) else {
         panic!("ProtoJSON of a message is an object: {raw}");
     };
     let (direct, through_json) = grpc_decoders(method, body, MAX);
@@ -194,7 +194,7 @@ pub(crate) fn grpc_decoders(method: u8, body: &[u8], max: u64) -> (String, Strin
     // from the params.
     let json_way = match decoded.protojson(op) {
         Err(e) => format!("{e:?}"),
-        Ok(raw) => match rpc::json::params(Some(&raw)) {
+        Ok(raw) => match rpc::json::params(Some((&raw).into())) {
             Err(e) => format!("{e:?}"),
             Ok(p) => match a2a::bindings::jsonrpc::decode(op, Version::V10, &cx, &p) {
                 Err(e) => format!("{e:?}"),
@@ -468,7 +468,7 @@ pub fn decode_send(body: &[u8]) -> crate::runtime::SendRequest {
     let Ok(rpc::Body::Single(Ok(call))) = rpc::decode(body) else {
         panic!("not a single request");
     };
-    let params = seed::params(call.params.as_deref()).expect("params");
+    let params = seed::params(call.params()).expect("params");
     seed::send_params(&params, &AgentLimits::default())
         .expect("valid")
         .request

@@ -660,12 +660,124 @@ impl TaskSnapshot {
 
 /// ISO 8601 UTC with milliseconds, as every timestamp on the wire.
 pub fn iso8601(t: &DateTime<Utc>) -> String {
-    t.to_rfc3339_opts(SecondsFormat::Millis, true)
+    Iso8601::of(t).as_str().to_owned()
+}
+
+/// A time as ISO 8601 UTC with milliseconds (`2026-12-03T14:33:49.123Z`, chrono's
+/// `to_rfc3339_opts(Millis, true)`), written on the stack: a reply holds several, and
+/// chrono's general formatter cost ~700 instructions each.
+#[derive(Clone, Copy)]
+pub struct Iso8601 {
+    text: [u8; 32],
+    len: u8,
+}
+
+impl Iso8601 {
+    /// `t`, formatted.
+    pub fn of(t: &DateTime<Utc>) -> Self {
+        use chrono::{Datelike, Timelike};
+        let mut text = [0u8; 32];
+        let (year, nanos) = (t.year(), t.nanosecond());
+        if !(0..=9999).contains(&year) || nanos >= 1_000_000_000 {
+            // Years of other than four digits, a leap second: chrono's own.
+            let long = t.to_rfc3339_opts(SecondsFormat::Millis, true);
+            let len = long.len().min(text.len());
+            text[..len].copy_from_slice(&long.as_bytes()[..len]);
+            return Self {
+                text,
+                len: len as u8,
+            };
+        }
+        let two = |out: &mut [u8], v: u32| {
+            out[0] = b'0' + (v / 10 % 10) as u8;
+            out[1] = b'0' + (v % 10) as u8;
+        };
+        let year = year as u32;
+        two(&mut text[0..2], year / 100);
+        two(&mut text[2..4], year % 100);
+        text[4] = b'-';
+        two(&mut text[5..7], t.month());
+        text[7] = b'-';
+        two(&mut text[8..10], t.day());
+        text[10] = b'T';
+        two(&mut text[11..13], t.hour());
+        text[13] = b':';
+        two(&mut text[14..16], t.minute());
+        text[16] = b':';
+        two(&mut text[17..19], t.second());
+        text[19] = b'.';
+        let millis = nanos / 1_000_000;
+        text[20] = b'0' + (millis / 100) as u8;
+        two(&mut text[21..23], millis % 100);
+        text[23] = b'Z';
+        Self { text, len: 24 }
+    }
+
+    /// The text.
+    pub fn as_str(&self) -> &str {
+        // ASCII digits and separators, or chrono's text cut at a char boundary it has
+        // (chrono writes ASCII).
+        std::str::from_utf8(&self.text[..usize::from(self.len)]).unwrap_or_default()
+    }
+}
+
+impl fmt::Display for Iso8601 {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl serde::Serialize for Iso8601 {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.as_str())
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn timestamps_are_written_as_chrono_writes_them() {
+        use chrono::TimeZone;
+        let chrono_text = |t: &DateTime<Utc>| t.to_rfc3339_opts(SecondsFormat::Millis, true);
+        let mut times = vec![
+            Utc::now(),
+            DateTime::<Utc>::UNIX_EPOCH,
+            Utc.with_ymd_and_hms(2026, 12, 3, 14, 33, 9)
+                .single()
+                .expect("valid"),
+            Utc.with_ymd_and_hms(9999, 12, 31, 23, 59, 59)
+                .single()
+                .expect("valid"),
+            Utc.with_ymd_and_hms(0, 1, 1, 0, 0, 0)
+                .single()
+                .expect("valid"),
+            Utc.with_ymd_and_hms(10000, 1, 1, 0, 0, 0)
+                .single()
+                .expect("valid"),
+            Utc.with_ymd_and_hms(-1, 6, 30, 12, 0, 0)
+                .single()
+                .expect("valid"),
+            Utc.with_ymd_and_hms(2016, 12, 31, 23, 59, 59)
+                .single()
+                .expect("valid")
+                + chrono::Duration::nanoseconds(999_999_999),
+        ];
+        let leap = chrono::NaiveDate::from_ymd_opt(2016, 12, 31)
+            .and_then(|d| d.and_hms_nano_opt(23, 59, 59, 1_500_000_000))
+            .expect("a leap second");
+        times.push(leap.and_utc());
+        for ms in [0, 1, 9, 10, 99, 100, 999] {
+            times.push(
+                DateTime::<Utc>::UNIX_EPOCH + chrono::Duration::milliseconds(86_399_000 + ms),
+            );
+        }
+        for t in &times {
+            assert_eq!(Iso8601::of(t).as_str(), chrono_text(t), "{t:?}");
+            assert_eq!(iso8601(t), chrono_text(t));
+        }
+    }
 
     /// Every state.
     const ALL: [TaskState; 8] = [

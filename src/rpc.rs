@@ -13,6 +13,7 @@ pub(crate) mod a2a;
 mod envelope;
 pub(crate) mod error;
 pub(crate) mod json;
+pub(crate) mod out;
 pub(crate) mod seed;
 
 use std::sync::Arc;

@@ -2,11 +2,10 @@
 //! `id` of a malformed request where it can be read) and encoding responses.
 
 use serde::Serialize;
-use serde::ser::{SerializeMap, Serializer};
 use serde_json::value::RawValue;
 
 use super::error::RpcError;
-use super::json;
+use super::json::{self, Obj, Raw, Text};
 
 /// One decoded request.
 #[derive(Debug)]
@@ -16,7 +15,14 @@ pub(crate) struct Call {
     /// The method name.
     pub method: String,
     /// Raw params, if present.
-    pub params: Option<Box<RawValue>>,
+    pub params: Option<Text>,
+}
+
+impl Call {
+    /// The params, if present.
+    pub(crate) fn params(&self) -> Option<Raw<'_>> {
+        self.params.as_ref().map(Text::raw)
+    }
 }
 
 /// A request that could not be decoded, with the id when it could be read.
@@ -37,6 +43,7 @@ pub(crate) enum Body {
     Batch(Vec<Result<Call, Rejected>>),
 }
 
+/// A request object's members, as `serde_json` reads them when [`Members::read`] cannot.
 #[derive(serde::Deserialize)]
 struct Envelope<'a> {
     #[serde(borrow)]
@@ -82,8 +89,20 @@ pub(crate) fn decode_as(body: &[u8], max_batch: usize, null_ids: bool) -> Result
         ))
     };
     match body.iter().find(|b| !b.is_ascii_whitespace()) {
+        // JSON (checked in one pass) is read without `serde_json`; anything else is left
+        // to it, which says what is wrong.
+        Some(b'{')
+            if let Some(members) = std::str::from_utf8(body)
+                .ok()
+                .and_then(Raw::checked)
+                .and_then(Members::read) =>
+        {
+            Ok(Body::Single(
+                members.and_then(|m| decode_envelope(m, null_ids)),
+            ))
+        }
         Some(b'{') => match serde_json::from_slice::<Envelope<'_>>(body) {
-            Ok(env) => Ok(Body::Single(decode_envelope(env, null_ids))),
+            Ok(env) => Ok(Body::Single(decode_envelope(env.into(), null_ids))),
             Err(e)
                 if matches!(
                     e.classify(),
@@ -139,44 +158,103 @@ fn decode_one(raw: &RawValue, null_ids: bool) -> Result<Call, Rejected> {
     if !raw.get().starts_with('{') {
         return Err(reject(None, "a request must be a JSON object"));
     }
-    let env: Envelope<'_> = serde_json::from_str(raw.get())
-        .map_err(|_| reject(None, "malformed request object (duplicate member?)"))?;
+    let env = match Members::read(raw.into()) {
+        Some(members) => members?,
+        None => serde_json::from_str::<Envelope<'_>>(raw.get())
+            .map_err(|_| reject(None, "malformed request object (duplicate member?)"))?
+            .into(),
+    };
     decode_envelope(env, null_ids)
 }
 
-fn decode_envelope(env: Envelope<'_>, null_ids: bool) -> Result<Call, Rejected> {
-    let reject = |id: Option<&RawValue>, reason: &str| Rejected {
-        id: id.map(RawValue::to_owned),
+/// The members of a request object that JSON-RPC names (`null` read as absent, as
+/// `serde_json` reads an `Option`).
+#[derive(Default)]
+struct Members<'a> {
+    jsonrpc: Option<Raw<'a>>,
+    id: Option<Raw<'a>>,
+    method: Option<Raw<'a>>,
+    params: Option<Raw<'a>>,
+}
+
+impl<'a> From<Envelope<'a>> for Members<'a> {
+    fn from(env: Envelope<'a>) -> Self {
+        Self {
+            jsonrpc: env.jsonrpc.map(Raw::from),
+            id: env.id.map(Raw::from),
+            method: env.method.map(Raw::from),
+            params: env.params.map(Raw::from),
+        }
+    }
+}
+
+impl<'a> Members<'a> {
+    /// An object's members, or its refusal when one of them repeats (`serde_json`'s
+    /// reading of [`Envelope`] refuses that too); `None` for an object of more members
+    /// than [`json::MAX_MEMBERS`], left to `serde_json`.
+    fn read(raw: Raw<'a>) -> Option<Result<Self, Rejected>> {
+        let obj = Obj::parse(raw, "request").ok()?;
+        let mut m = Members::default();
+        for (key, value) in obj.members() {
+            let slot = match key {
+                "jsonrpc" => &mut m.jsonrpc,
+                "id" => &mut m.id,
+                "method" => &mut m.method,
+                "params" => &mut m.params,
+                _ => continue,
+            };
+            if slot.replace(value).is_some() {
+                return Some(Err(Rejected {
+                    id: None,
+                    error: RpcError::invalid_request(
+                        "malformed request object (duplicate member?)",
+                    ),
+                }));
+            }
+        }
+        let present = |v: Option<Raw<'a>>| v.filter(|v| json::kind(*v) != json::Kind::Null);
+        Some(Ok(Members {
+            jsonrpc: present(m.jsonrpc),
+            id: present(m.id),
+            method: present(m.method),
+            params: present(m.params),
+        }))
+    }
+}
+
+fn decode_envelope(env: Members<'_>, null_ids: bool) -> Result<Call, Rejected> {
+    let reject = |id: Option<Raw<'_>>, reason: &str| Rejected {
+        id: id.map(Raw::to_owned),
         error: RpcError::invalid_request(reason),
     };
     let null = null_id();
     // (`"id": null` reads as `None`: serde takes a JSON null for an absent `Option`.)
     let id = match env.id {
         Some(id) if is_valid_id(id) => id,
-        None if null_ids => &*null,
+        None if null_ids => Raw::from(&null),
         Some(_) if null_ids => {
             return Err(reject(None, "`id` must be a string, a number or null"));
         }
         Some(_) => return Err(reject(None, "`id` must be a string or a number")),
         None => return Err(reject(None, "`id` is required")),
     };
-    match env.jsonrpc.map(|v| serde_json::from_str::<&str>(v.get())) {
-        Some(Ok("2.0")) => {}
+    match env.jsonrpc.map(|v| json::string(v, "jsonrpc")) {
+        Some(Ok(v)) if v == "2.0" => {}
         _ => return Err(reject(Some(id), "`jsonrpc` must be \"2.0\"")),
     }
-    let method = match env.method.map(|m| serde_json::from_str::<String>(m.get())) {
-        Some(Ok(m)) => m,
+    let method = match env.method.map(|m| json::string(m, "method")) {
+        Some(Ok(m)) => m.into_owned(),
         Some(Err(_)) => return Err(reject(Some(id), "`method` must be a string")),
         None => return Err(reject(Some(id), "`method` is required")),
     };
     Ok(Call {
         id: id.to_owned(),
         method,
-        params: env.params.map(RawValue::to_owned),
+        params: env.params.map(Raw::to_text),
     })
 }
 
-fn is_valid_id(id: &RawValue) -> bool {
+fn is_valid_id(id: Raw<'_>) -> bool {
     matches!(id.get().as_bytes().first(), Some(b'"' | b'-' | b'0'..=b'9'))
 }
 
@@ -188,16 +266,12 @@ pub(crate) fn null_id() -> Box<RawValue> {
 /// Encodes a success response.
 pub(crate) fn success<T: Serialize + ?Sized>(id: &RawValue, result: &T) -> Vec<u8> {
     let mut out = Vec::with_capacity(256);
-    let mut ser = serde_json::Serializer::new(&mut out);
-    let encoded = (|| {
-        let mut map = ser.serialize_map(Some(3))?;
-        map.serialize_entry("jsonrpc", "2.0")?;
-        map.serialize_entry("id", id)?;
-        map.serialize_entry("result", result)?;
-        map.end()
-    })();
-    match encoded {
-        Ok(()) => out,
+    response_head(&mut out, id, b"result");
+    match super::out::write(&mut out, result) {
+        Ok(()) => {
+            out.push(b'}');
+            out
+        }
         Err(e) => {
             tracing::error!(error = %e, "response serialization failed");
             failure(Some(id), &RpcError::internal())
@@ -208,22 +282,24 @@ pub(crate) fn success<T: Serialize + ?Sized>(id: &RawValue, result: &T) -> Vec<u
 /// Encodes an error response.
 pub(crate) fn failure(id: Option<&RawValue>, error: &RpcError) -> Vec<u8> {
     let null = null_id();
-    let id = id.unwrap_or(&null);
     let mut out = Vec::with_capacity(160);
-    let mut ser = serde_json::Serializer::new(&mut out);
-    let encoded = (|| {
-        let mut map = ser.serialize_map(Some(3))?;
-        map.serialize_entry("jsonrpc", "2.0")?;
-        map.serialize_entry("id", id)?;
-        map.serialize_entry("error", error)?;
-        map.end()
-    })();
-    if encoded.is_err() {
+    response_head(&mut out, id.unwrap_or(&null), b"error");
+    if super::out::write(&mut out, error).is_err() {
         // Cannot happen for these types; never send a half-written body.
         return br#"{"jsonrpc":"2.0","id":null,"error":{"code":-32603,"message":"Internal error"}}"#
             .to_vec();
     }
+    out.push(b'}');
     out
+}
+
+/// `{"jsonrpc":"2.0","id":<id>,"<member>":` — a response up to its result or error.
+fn response_head(out: &mut Vec<u8>, id: &RawValue, member: &[u8]) {
+    out.extend_from_slice(br#"{"jsonrpc":"2.0","id":"#);
+    out.extend_from_slice(id.get().as_bytes());
+    out.extend_from_slice(b",\"");
+    out.extend_from_slice(member);
+    out.extend_from_slice(b"\":");
 }
 
 #[cfg(test)]
@@ -245,7 +321,7 @@ mod tests {
                 .expect("valid");
         assert_eq!(c.id.get(), "1.50");
         assert_eq!(c.method, "tasks/get");
-        assert_eq!(c.params.expect("params").get(), r#"{"taskId":"x"}"#);
+        assert_eq!(c.params().expect("params").get(), r#"{"taskId":"x"}"#);
     }
 
     #[test]
@@ -359,7 +435,7 @@ mod tests {
             (r#"{"a":1}"#, false),
         ] {
             let raw = RawValue::from_string(id.to_string()).expect("json");
-            assert_eq!(is_valid_id(&raw), ok, "{id}");
+            assert_eq!(is_valid_id((&raw).into()), ok, "{id}");
         }
     }
 
@@ -445,5 +521,36 @@ mod tests {
                 .expect("json");
         assert_eq!(with_id["id"], "x");
         assert_eq!(null_id().get(), "null");
+    }
+
+    #[test]
+    fn the_one_pass_reading_agrees_with_serde_json() {
+        for body in [
+            r#"{"jsonrpc":"2.0","id":1,"method":"m","params":{"a":[1,{"b":"\\"}]}}"#,
+            r#"{ "params" : null , "method":"m","id":"x","jsonrpc":"2.0" }"#,
+            r#"{"jsonrpc":"2.0","id":null,"method":"m"}"#,
+            r#"{"jsonrpc":"2.0","id":"\u0041","method":"\u006d","extra":[1,2],"extra":3}"#,
+            r#"{"jsonrpc":"1.0","id":7,"method":"m"}"#,
+            r#"{"jsonrpc":"2.0","id":true,"method":"m"}"#,
+            r#"{"jsonrpc":"2.0","id":[1],"method":"m"}"#,
+            r#"{"jsonrpc":"2.0","id":1,"method":5}"#,
+            r#"{"jsonrpc":"2.0","id":1}"#,
+            r#"{}"#,
+        ] {
+            let ours = format!("{:?}", single(body));
+            let env: Envelope<'_> = serde_json::from_str(body).expect("an envelope");
+            let theirs = format!("{:?}", decode_envelope(env.into(), false));
+            assert_eq!(ours, theirs, "{body}");
+        }
+        for body in [
+            r#"{"jsonrpc":"2.0","id":1,"id":2,"method":"m"}"#,
+            r#"{"jsonrpc":"2.0","id":1,"method":"m","params":{},"params":null}"#,
+        ] {
+            assert!(serde_json::from_str::<Envelope<'_>>(body).is_err());
+            let e = single(body).unwrap_err();
+            assert!(e.id.is_none());
+            assert_eq!(e.error.code, error::INVALID_REQUEST);
+            assert!(format!("{:?}", e.error).contains("duplicate"), "{body}");
+        }
     }
 }

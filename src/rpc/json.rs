@@ -3,14 +3,21 @@
 //! An object is read as a list of (key, raw value) pairs and an array as a list of raw
 //! values, each with a cap; a value is decoded only when a dialect asks for it. So no
 //! request builds a tree of the whole body before it is checked: an array over its cap is
-//! refused as soon as the parser reaches the element past the cap, and a field that is
+//! refused as soon as the reader reaches the element past the cap, and a field that is
 //! never asked for costs one scan. Every failure is -32602 naming the field and what is
 //! wrong with it.
+//!
+//! The text read here was checked to be JSON once, where it came in (`serde_json` made a
+//! [`RawValue`] of it): a [`Raw`] is a slice of such text, so splitting an object into its
+//! members or an array into its elements only finds where each ends (strings skipped by
+//! their quotes, brackets counted), without checking it again. Before this, each level
+//! was parsed by `serde_json` afresh, and a message's text was read once per level above
+//! it (five times).
 
 use std::borrow::Cow;
 use std::fmt;
 
-use serde::de::{self, Deserializer, MapAccess, SeqAccess, Visitor};
+use serde::de::{self, Deserializer, SeqAccess, Visitor};
 use serde_json::value::RawValue;
 
 use crate::error::Error;
@@ -22,10 +29,78 @@ pub(crate) const MAX_MEMBERS: usize = 1024;
 /// Nesting depth of free-form JSON kept as is (`metadata`, data parts) at most.
 pub(crate) use crate::validate::MAX_DEPTH;
 
+/// A JSON value's text, known to be JSON: made from a [`RawValue`] or cut from one.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Raw<'a>(&'a str);
+
+impl<'a> From<&'a RawValue> for Raw<'a> {
+    fn from(raw: &'a RawValue) -> Self {
+        Raw(raw.get())
+    }
+}
+
+impl<'a> From<&'a Box<RawValue>> for Raw<'a> {
+    fn from(raw: &'a Box<RawValue>) -> Self {
+        Raw(raw.get())
+    }
+}
+
+impl<'a> From<&Raw<'a>> for Raw<'a> {
+    fn from(raw: &Raw<'a>) -> Self {
+        *raw
+    }
+}
+
+impl<'a> Raw<'a> {
+    /// The text.
+    pub(crate) fn get(self) -> &'a str {
+        self.0
+    }
+
+    /// An owned [`RawValue`] of the same text.
+    pub(crate) fn to_owned(self) -> Box<RawValue> {
+        // JSON already; checked again only here, for what is kept (metadata, data).
+        RawValue::from_string(self.0.to_owned()).unwrap_or_else(|_| null())
+    }
+
+    /// `text`, when it is JSON ([`is_json`]).
+    pub(crate) fn checked(text: &'a str) -> Option<Self> {
+        is_json(text).then_some(Raw(text))
+    }
+
+    /// An owned copy.
+    pub(crate) fn to_text(self) -> Text {
+        Text(self.0.into())
+    }
+
+    /// `serde_json` decoding of the text as `T`.
+    ///
+    /// # Errors
+    /// When it is not a `T`.
+    pub(crate) fn decode<T: serde::de::Deserialize<'a>>(self) -> serde_json::Result<T> {
+        serde_json::from_str(self.0)
+    }
+}
+
+/// JSON text, owned (a request's params).
+#[derive(Clone, Debug)]
+pub(crate) struct Text(Box<str>);
+
+impl Text {
+    /// The text, to read.
+    pub(crate) fn raw(&self) -> Raw<'_> {
+        Raw(&self.0)
+    }
+}
+
+fn null() -> Box<RawValue> {
+    RawValue::from_string("null".into()).unwrap_or_default()
+}
+
 /// An object read member by member.
 #[derive(Debug, Default)]
 pub(crate) struct Obj<'a> {
-    members: Vec<(Cow<'a, str>, &'a RawValue)>,
+    members: Vec<(Cow<'a, str>, Raw<'a>)>,
 }
 
 /// What a raw JSON value is.
@@ -46,8 +121,8 @@ pub(crate) enum Kind {
 }
 
 /// The kind of a raw value (it is valid JSON, so its first byte tells).
-pub(crate) fn kind(raw: &RawValue) -> Kind {
-    match raw.get().as_bytes().first() {
+pub(crate) fn kind<'a>(raw: impl Into<Raw<'a>>) -> Kind {
+    match raw.into().0.as_bytes().first() {
         Some(b'{') => Kind::Object,
         Some(b'[') => Kind::Array,
         Some(b'"') => Kind::String,
@@ -61,7 +136,7 @@ pub(crate) fn kind(raw: &RawValue) -> Kind {
 ///
 /// # Errors
 /// -32602 when they are something else than an object.
-pub(crate) fn params(raw: Option<&RawValue>) -> Result<Obj<'_>, Error> {
+pub(crate) fn params(raw: Option<Raw<'_>>) -> Result<Obj<'_>, Error> {
     match raw {
         None => Ok(Obj::default()),
         Some(r) if kind(r) == Kind::Null => Ok(Obj::default()),
@@ -73,24 +148,42 @@ impl<'a> Obj<'a> {
     /// Reads `raw` as an object; `field` names it in errors.
     ///
     /// # Errors
-    /// -32602 when it is not an object or has more than [`MAX_MEMBERS`] members.
-    pub(crate) fn parse(raw: &'a RawValue, field: &str) -> Result<Self, Error> {
+    /// -32602 when it is not an object, has more than [`MAX_MEMBERS`] members, or a key
+    /// is not valid Unicode text.
+    pub(crate) fn parse(raw: impl Into<Raw<'a>>, field: &str) -> Result<Self, Error> {
+        let raw = raw.into();
         if kind(raw) != Kind::Object {
             return Err(Error::invalid(field, "must be an object"));
         }
-        let mut de = serde_json::Deserializer::from_str(raw.get());
-        de.deserialize_map(ObjVisitor)
-            .map_err(|e| invalid_json(field, &e, "an object"))
+        let mut members = Vec::new();
+        let mut scan = Scan::after_open(raw.0);
+        while let Some(key) = scan.next_key() {
+            if members.len() == MAX_MEMBERS {
+                return Err(Error::invalid(
+                    field,
+                    format!("has more than {MAX_MEMBERS} members"),
+                ));
+            }
+            let key = match key.get(1..key.len().saturating_sub(1)) {
+                Some(plain) if !plain.contains('\\') => Cow::Borrowed(plain),
+                _ => Cow::Owned(
+                    serde_json::from_str::<String>(key)
+                        .map_err(|e| invalid_json(field, &e, "an object"))?,
+                ),
+            };
+            members.push((key, scan.next_value()));
+        }
+        Ok(Self { members })
     }
 
     /// The raw value of `key` (the last one if it repeats); `None` when absent or `null`.
-    pub(crate) fn get(&self, key: &str) -> Option<&'a RawValue> {
+    pub(crate) fn get(&self, key: &str) -> Option<Raw<'a>> {
         self.members
             .iter()
             .rev()
             .find(|(k, _)| k == key)
             .map(|(_, v)| *v)
-            .filter(|v| kind(v) != Kind::Null)
+            .filter(|v| kind(*v) != Kind::Null)
     }
 
     /// An optional string.
@@ -135,7 +228,8 @@ impl<'a> Obj<'a> {
     pub(crate) fn f64(&self, key: &str, field: &str) -> Result<Option<f64>, Error> {
         self.get(key)
             .map(|v| match kind(v) {
-                Kind::Number => serde_json::from_str::<f64>(v.get())
+                Kind::Number => v
+                    .decode::<f64>()
                     .map_err(|_| Error::invalid(field, "must be a number")),
                 _ => Err(Error::invalid(field, "must be a number")),
             })
@@ -160,12 +254,12 @@ impl<'a> Obj<'a> {
         key: &str,
         field: &str,
         max: usize,
-    ) -> Result<Option<Vec<&'a RawValue>>, Error> {
+    ) -> Result<Option<Vec<Raw<'a>>>, Error> {
         self.get(key).map(|v| array(v, field, max)).transpose()
     }
 
     /// The members, in order (for objects of free-form keys such as `headers`).
-    pub(crate) fn members(&self) -> impl Iterator<Item = (&str, &'a RawValue)> {
+    pub(crate) fn members(&self) -> impl Iterator<Item = (&str, Raw<'a>)> {
         self.members.iter().map(|(k, v)| (k.as_ref(), *v))
     }
 
@@ -179,11 +273,18 @@ impl<'a> Obj<'a> {
 ///
 /// # Errors
 /// -32602 naming `field` when `raw` is not a string, or not valid text (a lone surrogate).
-pub(crate) fn string<'a>(raw: &'a RawValue, field: &str) -> Result<Cow<'a, str>, Error> {
+pub(crate) fn string<'a>(raw: impl Into<Raw<'a>>, field: &str) -> Result<Cow<'a, str>, Error> {
+    let raw = raw.into();
     if kind(raw) != Kind::String {
         return Err(Error::invalid(field, "must be a string"));
     }
-    let mut de = serde_json::Deserializer::from_str(raw.get());
+    if let Some(plain) = raw.0.get(1..raw.0.len().saturating_sub(1))
+        && !plain.contains('\\')
+    {
+        // No escapes: the text between the quotes is the string.
+        return Ok(Cow::Borrowed(plain));
+    }
+    let mut de = serde_json::Deserializer::from_str(raw.0);
     de.deserialize_str(CowStr)
         .map_err(|e| invalid_json(field, &e, "a string"))
 }
@@ -193,24 +294,36 @@ pub(crate) fn string<'a>(raw: &'a RawValue, field: &str) -> Result<Cow<'a, str>,
 /// # Errors
 /// -32602 naming `field` when `raw` is not an array or is longer than `max`.
 pub(crate) fn array<'a>(
-    raw: &'a RawValue,
+    raw: impl Into<Raw<'a>>,
     field: &str,
     max: usize,
-) -> Result<Vec<&'a RawValue>, Error> {
+) -> Result<Vec<Raw<'a>>, Error> {
+    let raw = raw.into();
     if kind(raw) != Kind::Array {
         return Err(Error::invalid(field, "must be an array"));
     }
-    seq(raw.get(), max).map_err(|e| match e {
-        SeqError::TooMany => Error::invalid(field, format!("must hold at most {max} elements")),
-        SeqError::Json(e) => invalid_json(field, &e, "an array"),
-    })
+    elements(raw, max)
+        .ok_or_else(|| Error::invalid(field, format!("must hold at most {max} elements")))
+}
+
+/// The elements of an array (`raw` is one), or `None` when there are more than `max`.
+fn elements(raw: Raw<'_>, max: usize) -> Option<Vec<Raw<'_>>> {
+    let mut items = Vec::new();
+    let mut scan = Scan::after_open(raw.0);
+    while let Some(item) = scan.next_element() {
+        if items.len() == max {
+            return None;
+        }
+        items.push(item);
+    }
+    Some(items)
 }
 
 /// A message's `extensions`: an array of URI strings (absent: none), every dialect.
 ///
 /// # Errors
 /// -32602 on `message.extensions`.
-pub(crate) fn message_extensions(raw: Option<&RawValue>) -> Result<Extensions, Error> {
+pub(crate) fn message_extensions(raw: Option<Raw<'_>>) -> Result<Extensions, Error> {
     const FIELD: &str = "message.extensions";
     let Some(raw) = raw else {
         return Ok(Extensions::default());
@@ -253,7 +366,7 @@ pub(crate) fn at_part(i: usize, mut e: Error) -> Error {
 ///
 /// # Errors
 /// -32602 on `message.parts`.
-pub(crate) fn message_parts(raw: Option<&RawValue>, max: usize) -> Result<Vec<&RawValue>, Error> {
+pub(crate) fn message_parts(raw: Option<Raw<'_>>, max: usize) -> Result<Vec<Raw<'_>>, Error> {
     let field = "message.parts";
     let Some(raw) = raw else {
         return Err(Error::invalid(field, "is required"));
@@ -261,10 +374,7 @@ pub(crate) fn message_parts(raw: Option<&RawValue>, max: usize) -> Result<Vec<&R
     if kind(raw) != Kind::Array {
         return Err(Error::invalid(field, "must be an array"));
     }
-    let parts = seq(raw.get(), max).map_err(|e| match e {
-        SeqError::TooMany => too_many_parts(max),
-        SeqError::Json(e) => invalid_json(field, &e, "an array"),
-    })?;
+    let parts = elements(raw, max).ok_or_else(|| too_many_parts(max))?;
     if parts.is_empty() {
         return Err(Error::invalid(field, "must not be empty"));
     }
@@ -309,8 +419,22 @@ pub(crate) fn seq(text: &str, max: usize) -> Result<Vec<&RawValue>, SeqError> {
 ///
 /// # Errors
 /// -32602 naming `field`.
-pub(crate) fn check_depth(raw: &RawValue, field: &str) -> Result<(), Error> {
-    crate::validate::scan(raw.get(), field).map(drop)
+/// [`crate::validate::data_part`] on values read here.
+///
+/// # Errors
+/// As that.
+pub(crate) fn data_part(
+    field: &str,
+    data: Raw<'_>,
+    media_type: Option<String>,
+    metadata: Option<Raw<'_>>,
+) -> Result<crate::model::Part, Error> {
+    let metadata = metadata.map(Raw::to_owned);
+    crate::validate::data_part(field, &data.to_owned(), media_type, metadata.as_deref())
+}
+
+pub(crate) fn check_depth<'a>(raw: impl Into<Raw<'a>>, field: &str) -> Result<(), Error> {
+    crate::validate::scan(raw.into().0, field).map(drop)
 }
 
 /// -32602 for a value that did not decode: says what is wrong in words, without the
@@ -332,40 +456,6 @@ fn invalid_json(field: &str, e: &serde_json::Error, expected: &str) -> Error {
 
 /// Marks the custom "too many" errors of the visitors below.
 const TOO_MANY: &str = "a2ad:";
-
-struct ObjVisitor;
-
-impl<'de> Visitor<'de> for ObjVisitor {
-    type Value = Obj<'de>;
-
-    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("an object")
-    }
-
-    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Obj<'de>, A::Error> {
-        let mut members = Vec::new();
-        while let Some(key) = map.next_key_seed(CowKey)? {
-            if members.len() == MAX_MEMBERS {
-                return Err(de::Error::custom(format_args!(
-                    "{TOO_MANY} has more than {MAX_MEMBERS} members"
-                )));
-            }
-            let value: &'de RawValue = map.next_value()?;
-            members.push((key, value));
-        }
-        Ok(Obj { members })
-    }
-}
-
-struct CowKey;
-
-impl<'de> de::DeserializeSeed<'de> for CowKey {
-    type Value = Cow<'de, str>;
-
-    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
-        d.deserialize_str(CowStr)
-    }
-}
 
 struct CowStr;
 
@@ -409,6 +499,298 @@ impl<'de> Visitor<'de> for Bounded {
             items.push(item);
         }
         Ok(items)
+    }
+}
+
+/// Whether `text` is one JSON value (surrounded by whitespace at most), nested at most
+/// [`CHECK_DEPTH`] levels: a one-pass check of what `serde_json` accepts, which says `true`
+/// only of text `serde_json` accepts (deeper text, or anything it refuses, is left to
+/// `serde_json`, which then says what is wrong).
+pub(crate) fn is_json(text: &str) -> bool {
+    let mut c = Check {
+        b: text.as_bytes(),
+        at: 0,
+    };
+    c.space();
+    c.value(0) && {
+        c.space();
+        c.at == c.b.len()
+    }
+}
+
+/// Nesting levels [`is_json`] follows (`serde_json` follows 128).
+pub(crate) const CHECK_DEPTH: usize = 100;
+
+struct Check<'a> {
+    b: &'a [u8],
+    at: usize,
+}
+
+impl Check<'_> {
+    fn peek(&self) -> Option<u8> {
+        self.b.get(self.at).copied()
+    }
+
+    fn space(&mut self) {
+        while matches!(self.peek(), Some(b' ' | b'\t' | b'\n' | b'\r')) {
+            self.at += 1;
+        }
+    }
+
+    fn eat(&mut self, byte: u8) -> bool {
+        let hit = self.peek() == Some(byte);
+        self.at += usize::from(hit);
+        hit
+    }
+
+    fn word(&mut self, w: &[u8]) -> bool {
+        let hit = self.b.get(self.at..self.at + w.len()) == Some(w);
+        self.at += if hit { w.len() } else { 0 };
+        hit
+    }
+
+    fn value(&mut self, depth: usize) -> bool {
+        match self.peek() {
+            Some(b'"') => self.string(),
+            Some(b'{') => depth < CHECK_DEPTH && self.object(depth + 1),
+            Some(b'[') => depth < CHECK_DEPTH && self.array(depth + 1),
+            Some(b't') => self.word(b"true"),
+            Some(b'f') => self.word(b"false"),
+            Some(b'n') => self.word(b"null"),
+            Some(b'-' | b'0'..=b'9') => self.number(),
+            _ => false,
+        }
+    }
+
+    fn object(&mut self, depth: usize) -> bool {
+        self.at += 1;
+        self.space();
+        if self.eat(b'}') {
+            return true;
+        }
+        loop {
+            if self.peek() != Some(b'"') || !self.string() {
+                return false;
+            }
+            self.space();
+            if !self.eat(b':') {
+                return false;
+            }
+            self.space();
+            if !self.value(depth) {
+                return false;
+            }
+            self.space();
+            if self.eat(b'}') {
+                return true;
+            }
+            if !self.eat(b',') {
+                return false;
+            }
+            self.space();
+        }
+    }
+
+    fn array(&mut self, depth: usize) -> bool {
+        self.at += 1;
+        self.space();
+        if self.eat(b']') {
+            return true;
+        }
+        loop {
+            if !self.value(depth) {
+                return false;
+            }
+            self.space();
+            if self.eat(b']') {
+                return true;
+            }
+            if !self.eat(b',') {
+                return false;
+            }
+            self.space();
+        }
+    }
+
+    /// At a quote: past the string, whose characters are no controls and whose escapes
+    /// are JSON's (a `\u` escape's four hex digits, whatever code they make, as
+    /// `serde_json` checks a value it keeps raw).
+    fn string(&mut self) -> bool {
+        self.at += 1;
+        loop {
+            let rest = self.b.get(self.at..).unwrap_or_default();
+            let Some(i) = rest
+                .iter()
+                .position(|&b| b == b'"' || b == b'\\' || b < 0x20)
+            else {
+                return false;
+            };
+            self.at += i;
+            match self.b[self.at] {
+                b'"' => {
+                    self.at += 1;
+                    return true;
+                }
+                b'\\' => {
+                    self.at += 1;
+                    match self.peek() {
+                        Some(b'"' | b'\\' | b'/' | b'b' | b'f' | b'n' | b'r' | b't') => {
+                            self.at += 1
+                        }
+                        Some(b'u') => {
+                            let hex = self.b.get(self.at + 1..self.at + 5);
+                            if !hex.is_some_and(|h| h.iter().all(u8::is_ascii_hexdigit)) {
+                                return false;
+                            }
+                            self.at += 5;
+                        }
+                        _ => return false,
+                    }
+                }
+                _ => return false,
+            }
+        }
+    }
+
+    /// `-? (0 | [1-9][0-9]*) (. [0-9]+)? ([eE] [+-]? [0-9]+)?`
+    fn number(&mut self) -> bool {
+        self.eat(b'-');
+        let digits = |c: &mut Self| {
+            let from = c.at;
+            while matches!(c.peek(), Some(b'0'..=b'9')) {
+                c.at += 1;
+            }
+            c.at - from
+        };
+        match self.peek() {
+            Some(b'0') => self.at += 1,
+            Some(b'1'..=b'9') => {
+                digits(self);
+            }
+            _ => return false,
+        }
+        if self.eat(b'.') && digits(self) == 0 {
+            return false;
+        }
+        if matches!(self.peek(), Some(b'e' | b'E')) {
+            self.at += 1;
+            if matches!(self.peek(), Some(b'+' | b'-')) {
+                self.at += 1;
+            }
+            if digits(self) == 0 {
+                return false;
+            }
+        }
+        true
+    }
+}
+
+/// Finds where the members of an object, or the elements of an array, begin and end in
+/// text that is JSON (`Raw`): one pass, strings skipped by their quotes, brackets counted.
+/// On text that is not JSON it cannot panic; it stops (or cuts a value short) instead.
+struct Scan<'a> {
+    text: &'a str,
+    at: usize,
+}
+
+impl<'a> Scan<'a> {
+    /// Inside the object or array `text` is, after its opening bracket.
+    fn after_open(text: &'a str) -> Self {
+        Scan { text, at: 1 }
+    }
+
+    fn byte(&self) -> Option<u8> {
+        self.text.as_bytes().get(self.at).copied()
+    }
+
+    fn skip_space(&mut self) {
+        while matches!(self.byte(), Some(b' ' | b'\t' | b'\n' | b'\r')) {
+            self.at += 1;
+        }
+    }
+
+    /// Past a separating comma; `false` at the closing bracket (or the end).
+    fn more(&mut self) -> bool {
+        self.skip_space();
+        if self.byte() == Some(b',') {
+            self.at += 1;
+            self.skip_space();
+        }
+        !matches!(self.byte(), Some(b'}' | b']') | None)
+    }
+
+    /// The next member's key, quotes included, and past its colon.
+    fn next_key(&mut self) -> Option<&'a str> {
+        if !self.more() {
+            return None;
+        }
+        let key = self.value();
+        self.skip_space();
+        if self.byte() == Some(b':') {
+            self.at += 1;
+        }
+        Some(key)
+    }
+
+    /// The value that follows (a member's, after [`Scan::next_key`]).
+    fn next_value(&mut self) -> Raw<'a> {
+        self.skip_space();
+        Raw(self.value())
+    }
+
+    /// The next element of an array.
+    fn next_element(&mut self) -> Option<Raw<'a>> {
+        self.more().then(|| Raw(self.value()))
+    }
+
+    /// The value that starts here, and past it.
+    fn value(&mut self) -> &'a str {
+        let bytes = self.text.as_bytes();
+        let start = self.at;
+        let mut depth = 0usize;
+        while let Some(&b) = bytes.get(self.at) {
+            match b {
+                b'"' => {
+                    self.skip_string();
+                    if depth == 0 {
+                        break;
+                    }
+                    continue;
+                }
+                b'{' | b'[' => depth += 1,
+                b'}' | b']' if depth == 0 => break,
+                b'}' | b']' => {
+                    depth -= 1;
+                    if depth == 0 {
+                        self.at += 1;
+                        break;
+                    }
+                }
+                b',' | b' ' | b'\t' | b'\n' | b'\r' if depth == 0 => break,
+                _ => {}
+            }
+            self.at += 1;
+        }
+        self.text.get(start..self.at).unwrap_or_default()
+    }
+
+    /// Past the string that starts here (at its quote).
+    fn skip_string(&mut self) {
+        let bytes = self.text.as_bytes();
+        self.at += 1;
+        while let Some(i) = bytes
+            .get(self.at..)
+            .and_then(|rest| memchr::memchr2(b'"', b'\\', rest))
+        {
+            self.at += i;
+            if bytes[self.at] == b'"' {
+                self.at += 1;
+                return;
+            }
+            // A backslash and the character it escapes.
+            self.at += 2;
+        }
+        self.at = bytes.len();
     }
 }
 
@@ -480,5 +862,133 @@ mod tests {
         );
         let (_, why) = reason(Obj::parse(raw(&body), "params").unwrap_err());
         assert!(why.contains("more than 1024 members"), "{why}");
+    }
+
+    /// Any JSON value, up to a few levels deep, with strings that need escapes.
+    fn any_json() -> impl proptest::strategy::Strategy<Value = serde_json::Value> {
+        use proptest::prelude::*;
+        use serde_json::Value;
+        let leaf = prop_oneof![
+            Just(Value::Null),
+            any::<bool>().prop_map(Value::Bool),
+            any::<i64>().prop_map(Value::from),
+            any::<f64>()
+                .prop_filter("finite", |f| f.is_finite())
+                .prop_map(Value::from),
+            "[a-z\\\\\"\\[\\]{},: \\u{1}\\u{e9}\\u{1f980}]{0,12}".prop_map(Value::from),
+        ];
+        leaf.prop_recursive(4, 48, 6, |inner| {
+            prop_oneof![
+                proptest::collection::vec(inner.clone(), 0..6).prop_map(Value::from),
+                proptest::collection::vec(("[a-z\\\\\"]{0,4}", inner), 0..6)
+                    .prop_map(|m| Value::Object(m.into_iter().collect())),
+            ]
+        })
+    }
+
+    proptest::proptest! {
+        /// Members and elements are cut exactly where `serde_json` cuts them, compact or
+        /// pretty-printed.
+        #[test]
+        fn members_and_elements_are_cut_as_serde_json_cuts_them(v in any_json(), pretty: bool) {
+            let text = if pretty {
+                serde_json::to_string_pretty(&v).expect("json")
+            } else {
+                serde_json::to_string(&v).expect("json")
+            };
+            let r = raw(&text);
+            match kind(r) {
+                Kind::Object => {
+                    let map: std::collections::BTreeMap<String, &RawValue> =
+                        serde_json::from_str(&text).expect("map");
+                    let ours = Obj::parse(r, "p").expect("object");
+                    proptest::prop_assert_eq!(ours.len(), map.len());
+                    for (k, v) in ours.members() {
+                        proptest::prop_assert_eq!(Some(v.get()), map.get(k).map(|r| r.get()));
+                    }
+                }
+                Kind::Array => {
+                    let theirs: Vec<&RawValue> = serde_json::from_str(&text).expect("array");
+                    let ours = array(r, "p", usize::MAX).expect("array");
+                    proptest::prop_assert_eq!(
+                        ours.iter().map(|v| v.get()).collect::<Vec<_>>(),
+                        theirs.iter().map(|v| v.get()).collect::<Vec<_>>()
+                    );
+                }
+                Kind::String => {
+                    let theirs: String = serde_json::from_str(&text).expect("string");
+                    proptest::prop_assert_eq!(string(r, "p").expect("string"), theirs);
+                }
+                _ => {}
+            }
+        }
+    }
+
+    #[test]
+    fn the_check_says_yes_only_where_serde_json_does() {
+        let accepts = |t: &str| serde_json::from_str::<serde::de::IgnoredAny>(t).is_ok();
+        for t in [
+            "{}",
+            "[]",
+            " 1 ",
+            "-0",
+            "0.5e-3",
+            "1E+2",
+            "\"\\u00e9\\n\"",
+            r#"{"a":[true,false,null]}"#,
+            "01",
+            "1.",
+            ".5",
+            "-",
+            "1e",
+            "+1",
+            "[1,]",
+            "{,}",
+            r#"{"a":1,}"#,
+            r#"{"a" 1}"#,
+            "nul",
+            "\"\u{1}\"",
+            "\"\\x\"",
+            "\"\\u12g4\"",
+            "\"\\ud800\"",
+            "[1] 2",
+            "",
+            "  ",
+            "{\"a\":1}}",
+            "\"unterminated",
+            "[\"a\"",
+            "tru",
+            "true1",
+            "[0x1]",
+            "NaN",
+            "[-]",
+            "1.5e+",
+        ] {
+            assert!(!is_json(t) || accepts(t), "{t:?}");
+            assert_eq!(is_json(t), accepts(t), "{t:?}");
+        }
+        let deep = |n: usize| format!("{}{}", "[".repeat(n), "]".repeat(n));
+        assert!(is_json(&deep(CHECK_DEPTH)));
+        assert!(
+            !is_json(&deep(CHECK_DEPTH + 1)),
+            "deeper is left to serde_json"
+        );
+    }
+
+    proptest::proptest! {
+        /// Whatever the text, the check never says yes where `serde_json` says no; on JSON
+        /// it says yes.
+        #[test]
+        fn the_check_never_accepts_what_serde_json_refuses(v in any_json(), cut in 0usize..64, junk in "[ -~]{0,3}") {
+            let text = serde_json::to_string(&v).expect("json");
+            proptest::prop_assert!(is_json(&text));
+            let mut bad = text.clone();
+            let at = cut.min(bad.len());
+            if bad.is_char_boundary(at) {
+                bad.insert_str(at, &junk);
+            }
+            let theirs = serde_json::from_str::<serde::de::IgnoredAny>(&bad).is_ok();
+            proptest::prop_assert!(!is_json(&bad) || theirs, "{:?}", bad);
+        }
     }
 }

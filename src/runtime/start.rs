@@ -155,7 +155,7 @@ impl Runtime {
         let agents = Arc::new(Agents::new(agent_entries(
             &config,
             &mut backends,
-            &AgentMap::new(),
+            &AgentMap::default(),
         )));
         let (store, cluster): (Arc<dyn Store>, Option<Arc<dyn Cluster>>) = match &config.cluster {
             None => (Arc::new(LocalStore::open(&config)?), None),

@@ -61,7 +61,8 @@ impl Store for LocalStore {
             return Durable::Later;
         }
         let mut committed = Committed::default();
-        for w in writes {
+        let mut writes = writes.into_iter().peekable();
+        while let Some(w) = writes.next() {
             if let Write::Task {
                 key,
                 task,
@@ -73,7 +74,14 @@ impl Store for LocalStore {
                 committed
                     .deliveries
                     .extend(self.indexes.plan(&key, &task, &event, changed));
-                self.indexes.put_task(&key, task, TurnId::default());
+                // A turn appends its task's records together (submitted, working, the
+                // answer): only the last is put, as the log's committer does; the others
+                // would be replaced before any reader could tell.
+                let replaced =
+                    matches!(writes.peek(), Some(Write::Task { key: next, .. }) if *next == key);
+                if !replaced {
+                    self.indexes.put_task(&key, task, TurnId::default());
+                }
             }
         }
         Durable::Now(committed)

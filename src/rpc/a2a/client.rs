@@ -18,7 +18,7 @@ use super::render::MessageOut;
 use crate::config::AgentLimits;
 use crate::error::Error;
 use crate::model::{Artifact, ContextId, Extensions, Message, Part, Role, TaskId, TaskState};
-use crate::rpc::json::{self, Obj};
+use crate::rpc::json::{self, Obj, Raw};
 
 /// An upstream interface's binding.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -508,18 +508,18 @@ pub(crate) fn read_answer(
     let raw: Box<RawValue> =
         serde_json::from_slice(body).map_err(|e| garbage(format!("not JSON ({e})")))?;
     let result = match endpoint.binding {
-        Binding::JsonRpc => jsonrpc_result(&raw)?,
-        Binding::HttpJson | Binding::Grpc => raw,
+        Binding::JsonRpc => jsonrpc_result(Raw::from(&raw))?,
+        Binding::HttpJson | Binding::Grpc => Raw::from(&raw),
     };
     let v = endpoint.version;
     if op_is_get {
-        return task(v, &result, limits).map(Event::Task);
+        return task(v, result, limits).map(Event::Task);
     }
-    event(v, &result, limits)
+    event(v, result, limits)
 }
 
 /// A JSON-RPC response's `result`, or its `error` as a refusal.
-fn jsonrpc_result(raw: &RawValue) -> Result<Box<RawValue>, Refusal> {
+fn jsonrpc_result(raw: Raw<'_>) -> Result<Raw<'_>, Refusal> {
     let o = Obj::parse(raw, "response").map_err(bad)?;
     if let Some(e) = o.get("error") {
         let e = Obj::parse(e, "error").map_err(bad)?;
@@ -535,7 +535,6 @@ fn jsonrpc_result(raw: &RawValue) -> Result<Box<RawValue>, Refusal> {
         return Err(Refusal::Error(code, message));
     }
     o.get("result")
-        .map(RawValue::to_owned)
         .ok_or_else(|| garbage("a JSON-RPC response without result or error"))
 }
 
@@ -561,7 +560,7 @@ pub(crate) fn read_event(
 /// A send's result or a stream event: 1.0 wraps it in a one-member object (`task`,
 /// `message`, `statusUpdate`, `artifactUpdate`), 0.3 names it in `kind`. A 1.0 `GetTask`
 /// result is a bare task (read by [`task`]).
-fn event(v: Version, raw: &RawValue, limits: &AgentLimits) -> Result<Event, Refusal> {
+fn event(v: Version, raw: Raw<'_>, limits: &AgentLimits) -> Result<Event, Refusal> {
     let o = Obj::parse(raw, "result").map_err(bad)?;
     match v {
         Version::V10 => {
@@ -606,7 +605,7 @@ fn str_field(o: &Obj<'_>, key: &str) -> Result<String, Refusal> {
         .ok_or_else(|| garbage(format!("no {key}")))
 }
 
-fn state(v: Version, raw: &RawValue) -> Result<TaskState, Refusal> {
+fn state(v: Version, raw: Raw<'_>) -> Result<TaskState, Refusal> {
     match v {
         Version::V10 => params::state_10(raw, "status.state").map_err(bad),
         Version::V03 => {
@@ -630,7 +629,7 @@ fn state(v: Version, raw: &RawValue) -> Result<TaskState, Refusal> {
 /// `status`: its state and message.
 fn status(
     v: Version,
-    raw: &RawValue,
+    raw: Raw<'_>,
     limits: &AgentLimits,
 ) -> Result<(TaskState, Option<Message>), Refusal> {
     let o = Obj::parse(raw, "status").map_err(bad)?;
@@ -645,7 +644,7 @@ fn status(
     Ok((state, message))
 }
 
-fn task(v: Version, raw: &RawValue, limits: &AgentLimits) -> Result<UpTask, Refusal> {
+fn task(v: Version, raw: Raw<'_>, limits: &AgentLimits) -> Result<UpTask, Refusal> {
     let o = Obj::parse(raw, "task").map_err(bad)?;
     let Some(s) = field(&o, "status") else {
         return Err(garbage("a task without status"));
@@ -669,7 +668,7 @@ fn task(v: Version, raw: &RawValue, limits: &AgentLimits) -> Result<UpTask, Refu
 }
 
 /// An agent's message (its role is taken as the agent's whatever it says).
-fn message(v: Version, raw: &RawValue, limits: &AgentLimits) -> Result<Message, Refusal> {
+fn message(v: Version, raw: Raw<'_>, limits: &AgentLimits) -> Result<Message, Refusal> {
     let o = Obj::parse(raw, "message").map_err(bad)?;
     let parts = self::parts(v, field(&o, "parts"), limits)?;
     let extensions = json::message_extensions(field(&o, "extensions")).map_err(bad)?;
@@ -683,7 +682,7 @@ fn message(v: Version, raw: &RawValue, limits: &AgentLimits) -> Result<Message, 
     })
 }
 
-fn parts(v: Version, raw: Option<&RawValue>, limits: &AgentLimits) -> Result<Vec<Part>, Refusal> {
+fn parts(v: Version, raw: Option<Raw<'_>>, limits: &AgentLimits) -> Result<Vec<Part>, Refusal> {
     let Some(raw) = raw else {
         return Ok(Vec::new());
     };
@@ -695,7 +694,7 @@ fn parts(v: Version, raw: Option<&RawValue>, limits: &AgentLimits) -> Result<Vec
         .collect()
 }
 
-fn artifact(v: Version, raw: &RawValue, limits: &AgentLimits) -> Result<Artifact, Refusal> {
+fn artifact(v: Version, raw: Raw<'_>, limits: &AgentLimits) -> Result<Artifact, Refusal> {
     let o = Obj::parse(raw, "artifact").map_err(bad)?;
     let opt = |k: &str| params::opt_str(&o, k, k).map_err(bad);
     Ok(Artifact {
@@ -710,7 +709,7 @@ fn artifact(v: Version, raw: &RawValue, limits: &AgentLimits) -> Result<Artifact
     })
 }
 
-fn status_update(v: Version, raw: &RawValue, limits: &AgentLimits) -> Result<Event, Refusal> {
+fn status_update(v: Version, raw: Raw<'_>, limits: &AgentLimits) -> Result<Event, Refusal> {
     let o = Obj::parse(raw, "statusUpdate").map_err(bad)?;
     let Some(s) = field(&o, "status") else {
         return Err(garbage("a status update without status"));
@@ -726,7 +725,7 @@ fn status_update(v: Version, raw: &RawValue, limits: &AgentLimits) -> Result<Eve
     })
 }
 
-fn artifact_update(v: Version, raw: &RawValue, limits: &AgentLimits) -> Result<Event, Refusal> {
+fn artifact_update(v: Version, raw: Raw<'_>, limits: &AgentLimits) -> Result<Event, Refusal> {
     let o = Obj::parse(raw, "artifactUpdate").map_err(bad)?;
     let Some(a) = field(&o, "artifact") else {
         return Err(garbage("an artifact update without artifact"));

@@ -11,7 +11,7 @@ use crate::config::AgentLimits;
 use crate::error::Error;
 use crate::model::{ContextId, Extensions, Message, Part, TaskId, TaskState};
 use crate::push::{Events, PushAuth, PushConfig, RetryPolicy};
-use crate::rpc::json::{self, Kind, Obj, PART};
+use crate::rpc::json::{self, Kind, Obj, PART, Raw};
 use crate::runtime::SendRequest;
 use crate::validate;
 
@@ -19,7 +19,7 @@ use crate::validate;
 pub(crate) const MAX_ID_LEN: usize = 256;
 
 /// The raw value of a field by its JSON (camelCase) name or its proto (snake_case) name.
-pub(crate) fn field<'a>(o: &Obj<'a>, camel: &str) -> Option<&'a RawValue> {
+pub(crate) fn field<'a>(o: &Obj<'a>, camel: &str) -> Option<Raw<'a>> {
     o.get(camel).or_else(|| {
         // A one-word name is its own snake_case: no second look, no allocation.
         if !camel.bytes().any(|b| b.is_ascii_uppercase()) {
@@ -223,13 +223,13 @@ pub(crate) fn several_kinds() -> Error {
 pub(crate) fn part(
     v: Version,
     i: usize,
-    raw: &RawValue,
+    raw: Raw<'_>,
     limits: &AgentLimits,
 ) -> Result<Part, Error> {
     part_of(v, raw, limits).map_err(|e| json::at_part(i, e))
 }
 
-fn part_of(v: Version, raw: &RawValue, limits: &AgentLimits) -> Result<Part, Error> {
+fn part_of(v: Version, raw: Raw<'_>, limits: &AgentLimits) -> Result<Part, Error> {
     let at = json::part_field;
     let p = Obj::parse(raw, &at(""))?;
     match v {
@@ -251,7 +251,7 @@ fn part_of(v: Version, raw: &RawValue, limits: &AgentLimits) -> Result<Part, Err
             }
             let metadata = || {
                 field(&p, "metadata")
-                    .map(|m| validate::part_metadata(PART, m))
+                    .map(|m| validate::part_metadata(PART, &m.to_owned()))
                     .transpose()
             };
             if kinds & 1 != 0
@@ -276,7 +276,7 @@ fn part_of(v: Version, raw: &RawValue, limits: &AgentLimits) -> Result<Part, Err
                 && let Some(data) = field(&p, "data")
             {
                 let media = opt_str(&p, "mediaType", &at(".mediaType"))?;
-                return validate::data_part(PART, data, media, field(&p, "metadata"));
+                return json::data_part(PART, data, media, field(&p, "metadata"));
             }
             if kinds & 2 != 0
                 && let Some(raw) = field(&p, "raw")
@@ -316,7 +316,7 @@ fn part_of(v: Version, raw: &RawValue, limits: &AgentLimits) -> Result<Part, Err
                             ));
                         }
                         let metadata = field(&p, "metadata")
-                            .map(|m| validate::part_metadata(PART, m))
+                            .map(|m| validate::part_metadata(PART, &m.to_owned()))
                             .transpose()?;
                         return validate::file_url(
                             &at(".file"),
@@ -337,7 +337,7 @@ fn part_of(v: Version, raw: &RawValue, limits: &AgentLimits) -> Result<Part, Err
                     let mime = opt_str(&f, "mimeType", &at(".file.mimeType"))?
                         .unwrap_or_else(|| "application/octet-stream".into());
                     let metadata = field(&p, "metadata")
-                        .map(|m| validate::part_metadata(PART, m))
+                        .map(|m| validate::part_metadata(PART, &m.to_owned()))
                         .transpose()?;
                     file(&at(".file"), name, mime, bytes, limits, "bytes", "mimeType")
                         .map(|part| validate::with_metadata(part, metadata))
@@ -345,7 +345,7 @@ fn part_of(v: Version, raw: &RawValue, limits: &AgentLimits) -> Result<Part, Err
                 // J03's DataPart holds an object; any JSON value is taken (the 0.3
                 // conformance kit sends arrays), and shown back as `{"value": …}`.
                 Some("data") => match field(&p, "data") {
-                    Some(d) => validate::data_part(PART, d, None, field(&p, "metadata")),
+                    Some(d) => json::data_part(PART, d, None, field(&p, "metadata")),
                     None => Err(Error::invalid(at(".data"), "is required")),
                 },
                 Some(other) => Err(Error::invalid(
@@ -390,7 +390,7 @@ pub(crate) fn file(
 
 /// Base64 as ProtoJSON accepts it (standard or URL-safe, padding optional), returned as
 /// standard padded Base64 — the one form the model keeps. A `data:` prefix is refused.
-fn base64_field(raw: &RawValue, path: &str) -> Result<String, Error> {
+fn base64_field(raw: Raw<'_>, path: &str) -> Result<String, Error> {
     let text = json::string(raw, path)?;
     if text
         .as_bytes()
@@ -519,7 +519,7 @@ pub(crate) fn config(
 }
 
 /// A 1.0 task state by name (`TASK_STATE_WORKING`) or number.
-pub(crate) fn state_10(raw: &RawValue, path: &str) -> Result<TaskState, Error> {
+pub(crate) fn state_10(raw: Raw<'_>, path: &str) -> Result<TaskState, Error> {
     let name = match json::kind(raw) {
         Kind::Number => raw.get().to_string(),
         _ => json::string(raw, path)?.into_owned(),

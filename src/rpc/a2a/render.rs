@@ -12,8 +12,8 @@ use serde_json::{Value, json};
 
 use super::Version;
 use crate::model::{
-    Artifact, ContextId, Message, Part, Role, TaskEvent, TaskId, TaskSnapshot, TaskState,
-    TaskStatus, iso8601,
+    Artifact, ContextId, Iso8601, Message, Part, Role, TaskEvent, TaskId, TaskSnapshot, TaskState,
+    TaskStatus,
 };
 use crate::push::StoredPushConfig;
 use crate::rpc::success;
@@ -296,7 +296,7 @@ impl Serialize for StatusOut<'_> {
                 },
             )?;
         }
-        map.serialize_entry("timestamp", &iso8601(&st.timestamp))?;
+        map.serialize_entry("timestamp", &Iso8601::of(&st.timestamp))?;
         map.end()
     }
 }
@@ -456,7 +456,7 @@ pub(crate) fn sse_data_10(id: &RawValue, item: &StreamItem, first: bool) -> Vec<
 /// The `data:` of one stream item of the 1.0 HTTP+JSON binding: the `StreamResponse`
 /// itself (no JSON-RPC envelope; the request id is not used).
 pub(crate) fn sse_data_bare(_id: &RawValue, item: &StreamItem, first: bool) -> Vec<u8> {
-    serde_json::to_vec(&EventOut {
+    crate::rpc::out::to_vec(&EventOut {
         v: Version::V10,
         event: &item.event,
         task: &item.task,

@@ -26,7 +26,7 @@ impl PayloadRenderer for A2aPayload {
     fn render(&self, input: &PayloadInput<'_>) -> Payload {
         let (body, content_type) = match self.0 {
             Version::V10 => (
-                serde_json::to_vec(&EventOut {
+                crate::rpc::out::to_vec(&EventOut {
                     v: Version::V10,
                     event: input.event,
                     task: input.task,
@@ -37,7 +37,7 @@ impl PayloadRenderer for A2aPayload {
                 "application/a2a+json",
             ),
             Version::V03 => (
-                serde_json::to_vec(&TaskOut::full(Version::V03, input.task)),
+                crate::rpc::out::to_vec(&TaskOut::full(Version::V03, input.task)),
                 "application/json",
             ),
         };

@@ -76,7 +76,7 @@ async fn run(runtime: &Runtime, cx: &CallContext, call: &Call) -> Result<Reply, 
 }
 
 fn params(call: &Call) -> Result<Obj<'_>, Error> {
-    params::params(call.params.as_deref())
+    params::params(call.params())
 }
 
 /// `message/send`: runs a task, answers when it ends (or after `sync_wait_seconds`).

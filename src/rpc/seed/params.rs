@@ -2,9 +2,7 @@
 
 use std::borrow::Cow;
 
-use serde_json::value::RawValue;
-
-use super::super::json::{self, Kind, Obj};
+use super::super::json::{self, Kind, Obj, Raw};
 use crate::config::AgentLimits;
 use crate::error::Error;
 use crate::model::{ContextId, Extensions, Message, Part, TaskId};
@@ -29,7 +27,7 @@ pub(crate) const MAX_EVENT_NAMES: usize = 16;
 ///
 /// # Errors
 /// -32602 when params is present and not an object.
-pub(crate) fn params(raw: Option<&RawValue>) -> Result<Obj<'_>, Error> {
+pub(crate) fn params(raw: Option<Raw<'_>>) -> Result<Obj<'_>, Error> {
     json::params(raw)
 }
 
@@ -139,7 +137,7 @@ fn opt_id(p: &Obj<'_>, key: &str) -> Result<Option<String>, Error> {
     }
 }
 
-fn parse_message(raw: &RawValue, limits: &AgentLimits) -> Result<Message, Error> {
+fn parse_message(raw: Raw<'_>, limits: &AgentLimits) -> Result<Message, Error> {
     let m = Obj::parse(raw, "message")?;
     match m.get("role").map(|r| r.get()) {
         Some(r#""user""#) => {}
@@ -170,11 +168,11 @@ fn parse_message(raw: &RawValue, limits: &AgentLimits) -> Result<Message, Error>
     validate::user_message(message_id, parts, extensions, limits)
 }
 
-fn parse_part(i: usize, raw: &RawValue, limits: &AgentLimits) -> Result<Part, Error> {
+fn parse_part(i: usize, raw: Raw<'_>, limits: &AgentLimits) -> Result<Part, Error> {
     part(raw, limits).map_err(|e| json::at_part(i, e))
 }
 
-fn part(raw: &RawValue, limits: &AgentLimits) -> Result<Part, Error> {
+fn part(raw: Raw<'_>, limits: &AgentLimits) -> Result<Part, Error> {
     let at = json::part_field;
     let p = Obj::parse(raw, &at(""))?;
     let kind = match (p.str("type", &at(".type"))?, p.str("kind", &at(".kind"))?) {
@@ -191,7 +189,7 @@ fn part(raw: &RawValue, limits: &AgentLimits) -> Result<Part, Error> {
     };
     let metadata = p
         .get("metadata")
-        .map(|m| validate::part_metadata(&at(""), m))
+        .map(|m| validate::part_metadata(&at(""), &m.to_owned()))
         .transpose()?;
     match &*kind {
         "text" => match p.get("text") {
@@ -246,7 +244,7 @@ fn part(raw: &RawValue, limits: &AgentLimits) -> Result<Part, Error> {
             }
         }
         "data" => match p.get("data") {
-            Some(v) => validate::data_part(
+            Some(v) => json::data_part(
                 &at(""),
                 v,
                 p.str("mediaType", &at(".mediaType"))?.map(Cow::into_owned),
@@ -526,6 +524,7 @@ fn retry_policy(prefix: &str, r: &Obj<'_>) -> Result<RetryPolicy, Error> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::value::RawValue;
     use serde_json::{Map, Value, json};
 
     fn raw(v: Value) -> Box<RawValue> {
@@ -534,12 +533,12 @@ mod tests {
 
     fn send(v: Value, l: &AgentLimits) -> Result<SendParams, Error> {
         let r = raw(v);
-        send_params(&params(Some(&r))?, l)
+        send_params(&params(Some((&r).into()))?, l)
     }
 
     fn push(v: Value) -> Result<PushConfig, Error> {
         let r = raw(v);
-        push_config(&params(Some(&r))?, true)
+        push_config(&params(Some((&r).into()))?, true)
     }
 
     fn field_of(r: Result<SendParams, Error>) -> String {
@@ -665,7 +664,8 @@ mod tests {
             r#"{{"message":{{"role":"user","messageId":"{MID}","parts":[{{"type":"text","text":"\ud800"}}]}}}}"#
         );
         let r = RawValue::from_string(body).expect("json");
-        let (field, reason) = reason_of(send_params(&params(Some(&r)).expect("object"), &l));
+        let (field, reason) =
+            reason_of(send_params(&params(Some((&r).into())).expect("object"), &l));
         assert_eq!(field, "message.parts[0].text");
         assert!(reason.contains("surrogate"), "{reason}");
         let deep = format!("{}{}", "[".repeat(500), "]".repeat(500));
@@ -673,7 +673,8 @@ mod tests {
             r#"{{"message":{{"role":"user","messageId":"{MID}","parts":[{{"type":"text","text":"a"}}]}},"metadata":{{"x":{deep}}}}}"#
         );
         let r = RawValue::from_string(body).expect("json");
-        let (field, reason) = reason_of(send_params(&params(Some(&r)).expect("object"), &l));
+        let (field, reason) =
+            reason_of(send_params(&params(Some((&r).into())).expect("object"), &l));
         assert_eq!(field, "metadata");
         assert!(reason.contains("deeper than"), "{reason}");
     }

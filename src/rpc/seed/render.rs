@@ -10,7 +10,7 @@ use serde_json::{Map, Value, json};
 
 use super::METHODS;
 use crate::model::{
-    Artifact, Message, Part, Role, TaskId, TaskSnapshot, TaskState, TaskStatus, iso8601,
+    Artifact, Iso8601, Message, Part, Role, TaskId, TaskSnapshot, TaskState, TaskStatus, iso8601,
 };
 use crate::push::{Events, StoredPushConfig, WebhookEvent};
 use crate::rpc::success;
@@ -129,7 +129,7 @@ impl Serialize for StatusOut<'_> {
         if let Some(e) = &st.error {
             map.serialize_entry("error", &json!({ "code": e.code, "message": e.message }))?;
         }
-        map.serialize_entry("timestamp", &iso8601(&st.timestamp))?;
+        map.serialize_entry("timestamp", &Iso8601::of(&st.timestamp))?;
         map.end()
     }
 }
@@ -154,8 +154,8 @@ impl Serialize for TaskOut<'_> {
         map.serialize_entry("contextId", t.context_id.as_str())?;
         map.serialize_entry("status", &StatusOut(&t.status))?;
         map.serialize_entry("final", &t.status.state.is_terminal())?;
-        map.serialize_entry("createdAt", &iso8601(&t.created_at))?;
-        map.serialize_entry("updatedAt", &iso8601(&t.updated_at))?;
+        map.serialize_entry("createdAt", &Iso8601::of(&t.created_at))?;
+        map.serialize_entry("updatedAt", &Iso8601::of(&t.updated_at))?;
         map.serialize_entry("history", &HistoryOut(history))?;
         if t.status.state == TaskState::Completed {
             map.serialize_entry("artifacts", &ArtifactsOut(&t.status, &t.artifacts))?;
@@ -256,7 +256,11 @@ impl Serialize for ReplyArtifact<'_> {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         let id = uuid::Uuid::new_v5(&Self::NAMESPACE, self.0.message_id.as_bytes());
         let mut map = s.serialize_map(Some(3))?;
-        map.serialize_entry("artifactId", &id.hyphenated().to_string())?;
+        map.serialize_entry(
+            "artifactId",
+            id.hyphenated()
+                .encode_lower(&mut uuid::Uuid::encode_buffer()),
+        )?;
         map.serialize_entry("name", "reply")?;
         map.serialize_entry("parts", &PartsOut(&self.0.parts))?;
         map.end()

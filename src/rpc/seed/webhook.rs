@@ -30,7 +30,7 @@ impl PayloadRenderer for SeedPayload {
         Payload {
             content_type: "application/json",
             event: name,
-            body: serde_json::to_vec(&body).unwrap_or_default(),
+            body: crate::rpc::out::to_vec(&body).unwrap_or_default(),
         }
     }
 }

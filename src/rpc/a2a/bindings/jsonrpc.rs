@@ -44,7 +44,7 @@ fn frames(v: Version) -> crate::rpc::FrameFn {
 
 /// Params → [`OpRequest`] → [`ops::execute`] → result, for the operation the method names.
 async fn run(runtime: &Runtime, cx: &CallContext, call: &Call, v: Version) -> Result<Reply, Error> {
-    let p = json::params(call.params.as_deref())?;
+    let p = json::params(call.params())?;
     let Some(op) = Op::named(v, &call.method) else {
         return Ok(Reply::error(
             Some(&call.id),
@@ -79,7 +79,7 @@ impl Framing<'_> {
         match self {
             Self::JsonRpc(id) => Reply::ok(id, result),
             Self::Bare => Reply::Json {
-                body: serde_json::to_vec(result).unwrap_or_default(),
+                body: crate::rpc::out::to_vec(result).unwrap_or_default(),
                 code: None,
                 status: hyper::StatusCode::OK,
                 retry_after: None,
@@ -91,7 +91,10 @@ impl Framing<'_> {
         match self {
             Self::JsonRpc(id) => Reply::events(id, result),
             Self::Bare => Reply::Events {
-                body: crate::rpc::sse_frame(1, &serde_json::to_vec(result).unwrap_or_default()),
+                body: crate::rpc::sse_frame(
+                    1,
+                    &crate::rpc::out::to_vec(result).unwrap_or_default(),
+                ),
             },
         }
     }

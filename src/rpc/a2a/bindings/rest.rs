@@ -310,7 +310,7 @@ pub(crate) async fn execute_with<T>(
     direct: impl FnOnce(OpResponse) -> Result<T, OpResponse>,
 ) -> Result<Result<T, Reply>, RpcError> {
     let run = async {
-        let p = json::params(Some(raw))?;
+        let p = json::params(Some(raw.into()))?;
         op.admit(cx)?;
         let request = jsonrpc::decode(op, Version::V10, cx, &p)?;
         finish(runtime, cx, op, request, PageAsk::Params(&p), direct).await
@@ -361,7 +361,7 @@ pub(crate) fn status_reply(e: &RpcError) -> Reply {
         }
     });
     Reply::Json {
-        body: serde_json::to_vec(&body).unwrap_or_default(),
+        body: crate::rpc::out::to_vec(&body).unwrap_or_default(),
         code: Some(e.code),
         status,
         retry_after: e.retry_after,
