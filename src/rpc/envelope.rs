@@ -5,7 +5,7 @@ use serde::Serialize;
 use serde_json::value::RawValue;
 
 use super::error::RpcError;
-use super::json::{self, Obj, Raw, Text};
+use super::json::{self, Raw, Text};
 
 /// One decoded request.
 #[derive(Debug)]
@@ -43,7 +43,6 @@ pub(crate) enum Body {
     Batch(Vec<Result<Call, Rejected>>),
 }
 
-/// A request object's members, as `serde_json` reads them when [`Members::read`] cannot.
 #[derive(serde::Deserialize)]
 struct Envelope<'a> {
     #[serde(borrow)]
@@ -89,18 +88,6 @@ pub(crate) fn decode_as(body: &[u8], max_batch: usize, null_ids: bool) -> Result
         ))
     };
     match body.iter().find(|b| !b.is_ascii_whitespace()) {
-        // JSON (checked in one pass) is read without `serde_json`; anything else is left
-        // to it, which says what is wrong.
-        Some(b'{')
-            if let Some(members) = std::str::from_utf8(body)
-                .ok()
-                .and_then(Raw::checked)
-                .and_then(Members::read) =>
-        {
-            Ok(Body::Single(
-                members.and_then(|m| decode_envelope(m, null_ids)),
-            ))
-        }
         Some(b'{') => match serde_json::from_slice::<Envelope<'_>>(body) {
             Ok(env) => Ok(Body::Single(decode_envelope(env.into(), null_ids))),
             Err(e)
@@ -158,18 +145,13 @@ fn decode_one(raw: &RawValue, null_ids: bool) -> Result<Call, Rejected> {
     if !raw.get().starts_with('{') {
         return Err(reject(None, "a request must be a JSON object"));
     }
-    let env = match Members::read(raw.into()) {
-        Some(members) => members?,
-        None => serde_json::from_str::<Envelope<'_>>(raw.get())
-            .map_err(|_| reject(None, "malformed request object (duplicate member?)"))?
-            .into(),
-    };
-    decode_envelope(env, null_ids)
+    let env: Envelope<'_> = serde_json::from_str(raw.get())
+        .map_err(|_| reject(None, "malformed request object (duplicate member?)"))?;
+    decode_envelope(env.into(), null_ids)
 }
 
 /// The members of a request object that JSON-RPC names (`null` read as absent, as
 /// `serde_json` reads an `Option`).
-#[derive(Default)]
 struct Members<'a> {
     jsonrpc: Option<Raw<'a>>,
     id: Option<Raw<'a>>,
@@ -185,40 +167,6 @@ impl<'a> From<Envelope<'a>> for Members<'a> {
             method: env.method.map(Raw::from),
             params: env.params.map(Raw::from),
         }
-    }
-}
-
-impl<'a> Members<'a> {
-    /// An object's members, or its refusal when one of them repeats (`serde_json`'s
-    /// reading of [`Envelope`] refuses that too); `None` for an object of more members
-    /// than [`json::MAX_MEMBERS`], left to `serde_json`.
-    fn read(raw: Raw<'a>) -> Option<Result<Self, Rejected>> {
-        let obj = Obj::parse(raw, "request").ok()?;
-        let mut m = Members::default();
-        for (key, value) in obj.members() {
-            let slot = match key {
-                "jsonrpc" => &mut m.jsonrpc,
-                "id" => &mut m.id,
-                "method" => &mut m.method,
-                "params" => &mut m.params,
-                _ => continue,
-            };
-            if slot.replace(value).is_some() {
-                return Some(Err(Rejected {
-                    id: None,
-                    error: RpcError::invalid_request(
-                        "malformed request object (duplicate member?)",
-                    ),
-                }));
-            }
-        }
-        let present = |v: Option<Raw<'a>>| v.filter(|v| json::kind(*v) != json::Kind::Null);
-        Some(Ok(Members {
-            jsonrpc: present(m.jsonrpc),
-            id: present(m.id),
-            method: present(m.method),
-            params: present(m.params),
-        }))
     }
 }
 
@@ -521,36 +469,5 @@ mod tests {
                 .expect("json");
         assert_eq!(with_id["id"], "x");
         assert_eq!(null_id().get(), "null");
-    }
-
-    #[test]
-    fn the_one_pass_reading_agrees_with_serde_json() {
-        for body in [
-            r#"{"jsonrpc":"2.0","id":1,"method":"m","params":{"a":[1,{"b":"\\"}]}}"#,
-            r#"{ "params" : null , "method":"m","id":"x","jsonrpc":"2.0" }"#,
-            r#"{"jsonrpc":"2.0","id":null,"method":"m"}"#,
-            r#"{"jsonrpc":"2.0","id":"\u0041","method":"\u006d","extra":[1,2],"extra":3}"#,
-            r#"{"jsonrpc":"1.0","id":7,"method":"m"}"#,
-            r#"{"jsonrpc":"2.0","id":true,"method":"m"}"#,
-            r#"{"jsonrpc":"2.0","id":[1],"method":"m"}"#,
-            r#"{"jsonrpc":"2.0","id":1,"method":5}"#,
-            r#"{"jsonrpc":"2.0","id":1}"#,
-            r#"{}"#,
-        ] {
-            let ours = format!("{:?}", single(body));
-            let env: Envelope<'_> = serde_json::from_str(body).expect("an envelope");
-            let theirs = format!("{:?}", decode_envelope(env.into(), false));
-            assert_eq!(ours, theirs, "{body}");
-        }
-        for body in [
-            r#"{"jsonrpc":"2.0","id":1,"id":2,"method":"m"}"#,
-            r#"{"jsonrpc":"2.0","id":1,"method":"m","params":{},"params":null}"#,
-        ] {
-            assert!(serde_json::from_str::<Envelope<'_>>(body).is_err());
-            let e = single(body).unwrap_err();
-            assert!(e.id.is_none());
-            assert_eq!(e.error.code, error::INVALID_REQUEST);
-            assert!(format!("{:?}", e.error).contains("duplicate"), "{body}");
-        }
     }
 }
