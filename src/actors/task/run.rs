@@ -116,9 +116,10 @@ impl TaskActorState {
 
     /// Starts a run of the agent: its driver, under a fresh generation and deadline. The
     /// deadline (`task_timeout_seconds`) counts from the submission for the first run and
-    /// from the continuing message for later ones. True when the driver ended at its first
-    /// poll: what it had to say (its answer, or the deadline) is in the mailbox already.
-    pub(super) fn run(&mut self, admission: Admission, request: AgentRequest) -> bool {
+    /// from the continuing message for later ones. When the driver ends at its first poll,
+    /// what it had to say (its answer, or the deadline) is returned for the caller to
+    /// handle in this turn — no message, no mailbox round trip.
+    pub(super) fn run(&mut self, admission: Admission, request: AgentRequest) -> Option<TaskMsg> {
         self.generation += 1;
         let timeout = self.agent.config.limits.task_timeout();
         let from = if self.generation == 1 {
@@ -136,27 +137,42 @@ impl TaskActorState {
             self.generation,
         );
         // Traced: the run in a span of its own, so the backend's upstream calls carry it.
-        let mut driver: std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>> =
-            match &self.span {
-                Some(task) => {
-                    use tracing::Instrument as _;
-                    let run = tracing::trace_span!(target: crate::telemetry::TARGET, parent: task, "a2a.agent.run", a2a.agent.id = self.agent.config.id.as_str());
-                    Box::pin(driver.instrument(run))
-                }
-                None => Box::pin(driver),
-            };
+        let mut driver: std::pin::Pin<
+            Box<dyn std::future::Future<Output = Option<TaskMsg>> + Send>,
+        > = match &self.span {
+            Some(task) => {
+                use tracing::Instrument as _;
+                let run = tracing::trace_span!(target: crate::telemetry::TARGET, parent: task, "a2a.agent.run", a2a.agent.id = self.agent.config.id.as_str());
+                Box::pin(driver.instrument(run))
+            }
+            None => Box::pin(driver),
+        };
         // The driver's first poll runs here, in this turn of the actor: an agent that
-        // answers at once has its `Ran` in the mailbox before this turn ends, with no task
-        // spawned and no wake-up. One that does not is handed to tokio, whose first poll
+        // answers at once has its `Ran` handled in this turn, with no task spawned, no
+        // message and no wake-up. One that does not is handed to tokio, whose first poll
         // registers the real waker (this poll's waker does nothing: the driver is polled
-        // again at once, so nothing it waits for can be missed). A poll never waits on
-        // the outside world, so the mailbox is not held up by it.
+        // again at once, so nothing it waits for can be missed); what it ends with comes
+        // back as a message. A poll never waits on the outside world, so the mailbox is
+        // not held up by it.
         let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
-        if driver.as_mut().poll(&mut cx).is_pending() {
-            tokio::spawn(driver);
-            return false;
+        match driver.as_mut().poll(&mut cx) {
+            // The agent's updates went ahead as messages (`Finished` follows them): it
+            // goes after them, in order.
+            std::task::Poll::Ready(Some(said @ TaskMsg::Finished(_))) => {
+                let _ = self.link.actor.cast(said);
+                None
+            }
+            std::task::Poll::Ready(said) => said,
+            std::task::Poll::Pending => {
+                let actor = self.link.actor.clone();
+                tokio::spawn(async move {
+                    if let Some(said) = driver.await {
+                        let _ = actor.cast(said);
+                    }
+                });
+                None
+            }
         }
-        true
     }
 
     /// Continues an interrupted task with a new message. The interruption must be
@@ -186,7 +202,10 @@ impl TaskActorState {
         // a fresh one (before the request that hands it to the agent is built).
         self.cancel = CancellationToken::new();
         let request = self.request(message, before);
-        self.run(admission, request);
+        if let Some(said) = self.run(admission, request) {
+            // Handled as the next message, after this one's reply.
+            let _ = self.link.actor.cast(said);
+        }
         Ok(found)
     }
 
@@ -248,10 +267,11 @@ impl TaskActorState {
 }
 
 /// Runs the agent for one run of a task, outside the actor: waits for a slot, runs the
-/// backend, casts the outcome back. Ends early when the run is canceled (the actor cancels
-/// the token) or its deadline passes; dropping the agent's future aborts its I/O, and
-/// dropping the permit hands the slot to the next queued task (none once the runtime is
-/// shutting down: the task stays queued, and in a cluster another node takes it).
+/// backend, and ends with what the actor is to hear (the outcome, or the deadline).
+/// Ends early, with nothing to say, when the run is canceled (the actor cancels the token);
+/// dropping the agent's future aborts its I/O, and dropping the permit hands the slot to
+/// the next queued task (none once the runtime is shutting down: the task stays queued,
+/// and in a cluster another node takes it).
 pub(super) async fn drive(
     link: Arc<TaskLink>,
     agent: Arc<AgentEntry>,
@@ -259,14 +279,13 @@ pub(super) async fn drive(
     request: AgentRequest,
     deadline: tokio::time::Instant,
     generation: u64,
-) {
-    let task = &link.actor;
+) -> Option<TaskMsg> {
     // The run's token: the actor cancels it to stop the run.
     let cancel = request.cancel.clone();
     let work = async {
         let Some(_permit) = admission.ready().await else {
             // The scheduler closed: the shutdown's own message ends the task.
-            return;
+            return None;
         };
         let updates = Updates::new(link.clone());
         let run = agent.backend.run_task(request, updates.clone());
@@ -283,19 +302,17 @@ pub(super) async fn drive(
         };
         let result =
             result.unwrap_or_else(|_| Err(AgentError::new("the agent failed unexpectedly")));
-        let _ = task.cast(if updates.take_start() {
+        Some(if updates.take_start() {
             TaskMsg::Ran(result)
         } else {
             TaskMsg::Finished(result)
-        });
+        })
     };
     tokio::select! {
         biased;
-        () = cancel.cancelled() => {}
-        () = tokio::time::sleep_until(deadline) => {
-            let _ = task.cast(TaskMsg::TimedOut(generation));
-        }
-        () = work => {}
+        () = cancel.cancelled() => None,
+        () = tokio::time::sleep_until(deadline) => Some(TaskMsg::TimedOut(generation)),
+        said = work => said,
     }
 }
 
