@@ -327,180 +327,171 @@ impl Actor for TaskActor {
         msg: TaskMsg,
         state: &mut TaskActorState,
     ) -> Result<(), ActorProcessingErr> {
-        // What a run that ended at its first poll said: handled in this same turn, so the
-        // turn's writes (`submitted` with the answer) go to the store in one batch.
-        let mut next = Some(msg);
-        while let Some(msg) = next.take() {
-            let terminal = state.status.state.is_terminal();
-            match msg {
-                TaskMsg::Start => {
-                    if let Some(error) = state.orphaned.take() {
-                        // It was running when the server (or its node) stopped: its agent's work
-                        // is lost.
-                        let mut s = TaskStatus::new(TaskState::Failed);
-                        s.error = Some(Arc::new(TaskError {
-                            code: AGENT_ERROR_CODE,
-                            message: error.into(),
-                        }));
-                        state.transition(&myself, s);
-                    } else if let Some(admission) = state.start.take() {
-                        let history = state.history[1..].to_vec();
-                        let request = state.request(state.message.clone(), history);
-                        next = state.run(admission, request);
-                    } else if state.status.state == TaskState::Submitted {
-                        // Restored, and its agent's queue had no room.
-                        let mut s = TaskStatus::new(TaskState::Failed);
-                        s.error = Some(Arc::new(TaskError {
-                        code: AGENT_ERROR_CODE,
-                        message: "could not be queued again after a server restart (the agent's queue is full)".into(),
-                    }));
-                        state.transition(&myself, s);
-                    }
-                }
-                TaskMsg::Started => state.transition(&myself, TaskStatus::new(TaskState::Working)),
-                TaskMsg::Progress { message, keep } if state.status.state == TaskState::Working => {
-                    let message = Arc::new(state.stamped(message));
-                    // A bounded history: past the cap, updates are streamed but not kept.
-                    if keep && state.history.len() < state.shared.config.server.max_task_history {
-                        state.history.push(message.clone());
-                    }
-                    let mut status = TaskStatus::new(TaskState::Working);
-                    status.message = Some(message);
-                    state.update(&myself, |state, myself| state.transition(myself, status));
-                }
-                TaskMsg::Artifact(update) if state.status.state == TaskState::Working => {
-                    let update = state.stamped_artifact(update);
-                    state.update(&myself, |state, _| state.artifact(update));
-                }
-                TaskMsg::Note(note) if state.status.state == TaskState::Working => {
-                    // Stored with an event of its own, so it is durable before whatever the
-                    // backend does next is.
-                    state.note = Some(note);
-                    state.update(&myself, |state, myself| {
-                        state.transition(myself, TaskStatus::new(TaskState::Working));
-                    });
-                }
-                TaskMsg::Overrun if state.status.state == TaskState::Working => {
-                    tracing::warn!(task = %state.key.task, "the agent's updates outpace the store; the task fails");
+        let terminal = state.status.state.is_terminal();
+        match msg {
+            TaskMsg::Start => {
+                if let Some(error) = state.orphaned.take() {
+                    // It was running when the server (or its node) stopped: its agent's work
+                    // is lost.
                     let mut s = TaskStatus::new(TaskState::Failed);
                     s.error = Some(Arc::new(TaskError {
                         code: AGENT_ERROR_CODE,
-                        message: format!(
-                            "the agent's updates outpace the store ({MAX_UPDATES_IN_FLIGHT} not yet durable)"
-                        ),
+                        message: error.into(),
+                    }));
+                    state.transition(&myself, s);
+                } else if let Some(admission) = state.start.take() {
+                    let history = state.history[1..].to_vec();
+                    let request = state.request(state.message.clone(), history);
+                    if let Some(said) = state.run(admission, request) {
+                        // Its first poll ended the run: handled in this turn, so
+                        // `submitted` and the answer go to the store in one batch.
+                        state.first_poll_said(&myself, said);
+                    }
+                } else if state.status.state == TaskState::Submitted {
+                    // Restored, and its agent's queue had no room.
+                    let mut s = TaskStatus::new(TaskState::Failed);
+                    s.error = Some(Arc::new(TaskError {
+                        code: AGENT_ERROR_CODE,
+                        message: "could not be queued again after a server restart (the agent's queue is full)".into(),
                     }));
                     state.transition(&myself, s);
                 }
-                TaskMsg::Finished(result) if state.status.state == TaskState::Working => {
-                    state.agent_finished(&myself, result);
-                }
-                // Exactly what `Started` then `Finished` would do.
-                TaskMsg::Ran(result) => {
-                    state.transition(&myself, TaskStatus::new(TaskState::Working));
-                    if state.status.state == TaskState::Working {
-                        state.agent_finished(&myself, result);
-                    }
-                }
-                TaskMsg::TimedOut(generation) if generation == state.generation && !terminal => {
-                    state.cancel_elsewhere();
-                    state.transition(&myself, canceled("timeout".into()));
-                }
-                TaskMsg::Cancel { reason, reply } => {
-                    let outcome = if terminal {
-                        // It became terminal after the caller found it running.
-                        Err(Error::CancelFailed {
-                            task: state.key.task.clone(),
-                            state: state.status.state,
-                        })
-                    } else {
-                        state.cancel_elsewhere();
-                        state.transition(&myself, canceled(reason));
-                        Ok((*state.snapshot).clone())
-                    };
-                    if let Some(reply) = reply {
-                        // Told only once what it reports is durable.
-                        state.defer(Deferred::Cancel(reply, Box::new(outcome)));
-                    }
-                }
-                TaskMsg::Continue {
-                    message,
-                    follow,
-                    reply,
-                } => {
-                    let _ = reply.send(state.resume(message, follow));
-                }
-                TaskMsg::Get(reply) => {
-                    if state.published == 0 {
-                        // Nobody may hear of the task before its first event is durable.
-                        state.deferred.push((1, Deferred::Get(reply)));
-                    } else if state.shared.cluster.is_some() {
-                        // On a shared store, followers read committed events straight from the
-                        // database, possibly before this actor hears that they are durable: a
-                        // read waits for what is in flight, so it never shows an older state
-                        // than a follower on this node already did.
-                        state.defer(Deferred::Get(reply));
-                    } else {
-                        let _ = reply.send((*state.durable).clone());
-                    }
-                }
-                TaskMsg::WaitFinal(tx) => {
-                    if state.durable.status.state.ends_stream() {
-                        let _ = tx.send((*state.durable).clone());
-                    } else {
-                        state.waiters.push(tx);
-                    }
-                }
-                TaskMsg::Subscribe {
-                    subscriber,
-                    replay,
-                    next_run,
-                    reply,
-                } => {
-                    let _ = reply.send(state.subscribe(subscriber, replay, next_run));
-                }
-                TaskMsg::Unsubscribe(id) => state.subscribers.retain(|s| s.id != id),
-                TaskMsg::Durable(seq, committed) => state.publish(&myself, seq, committed),
-                TaskMsg::Fenced => state.fenced(&myself),
-                TaskMsg::Shutdown {
-                    keep_waiting,
-                    keep_queued,
-                } => {
-                    let waiting = state.status.state.is_interrupted()
-                        && state.durable.status.state == state.status.state;
-                    let queued = state.status.state == TaskState::Submitted
-                        && state.durable.status.state == TaskState::Submitted;
-                    // Its work goes on elsewhere, and the store knows where (the note's write
-                    // is durable, or queued: a graceful stop drains the queue): taken up after
-                    // the restart.
-                    let elsewhere = state.status.state == TaskState::Working
-                        && state.note.is_some()
-                        && state.agent.backend.takes_up();
-                    if ((waiting || elsewhere) && keep_waiting) || (queued && keep_queued) {
-                        let me = myself.get_id();
-                        state
-                            .shared
-                            .live
-                            .remove_if(&state.key, |_, live| live.actor.get_id() == me);
-                        state.subscribers.clear();
-                        state.cancel.cancel();
-                        myself.stop(None);
-                    } else if !terminal {
-                        state.cancel_elsewhere();
-                        state.transition(&myself, canceled("shutdown".into()));
-                    }
-                }
-                // Late messages for a task that already moved on: nothing to do.
-                TaskMsg::Note(note) => {
-                    // The backend named its work elsewhere only after the task was canceled:
-                    // it is stopped there too.
-                    state.link.flow.release(1);
-                    if state.status.state == TaskState::Canceled {
-                        state.agent.backend.canceled(&state.key.task, Some(&note));
-                    }
-                }
-                TaskMsg::Progress { .. } | TaskMsg::Artifact(_) => state.link.flow.release(1),
-                TaskMsg::Finished(_) | TaskMsg::TimedOut(_) | TaskMsg::Overrun => {}
             }
+            TaskMsg::Started => state.transition(&myself, TaskStatus::new(TaskState::Working)),
+            TaskMsg::Progress { message, keep } if state.status.state == TaskState::Working => {
+                let message = Arc::new(state.stamped(message));
+                // A bounded history: past the cap, updates are streamed but not kept.
+                if keep && state.history.len() < state.shared.config.server.max_task_history {
+                    state.history.push(message.clone());
+                }
+                let mut status = TaskStatus::new(TaskState::Working);
+                status.message = Some(message);
+                state.update(&myself, |state, myself| state.transition(myself, status));
+            }
+            TaskMsg::Artifact(update) if state.status.state == TaskState::Working => {
+                let update = state.stamped_artifact(update);
+                state.update(&myself, |state, _| state.artifact(update));
+            }
+            TaskMsg::Note(note) if state.status.state == TaskState::Working => {
+                // Stored with an event of its own, so it is durable before whatever the
+                // backend does next is.
+                state.note = Some(note);
+                state.update(&myself, |state, myself| {
+                    state.transition(myself, TaskStatus::new(TaskState::Working));
+                });
+            }
+            TaskMsg::Overrun if state.status.state == TaskState::Working => {
+                tracing::warn!(task = %state.key.task, "the agent's updates outpace the store; the task fails");
+                let mut s = TaskStatus::new(TaskState::Failed);
+                s.error = Some(Arc::new(TaskError {
+                    code: AGENT_ERROR_CODE,
+                    message: format!(
+                        "the agent's updates outpace the store ({MAX_UPDATES_IN_FLIGHT} not yet durable)"
+                    ),
+                }));
+                state.transition(&myself, s);
+            }
+            TaskMsg::Finished(result) if state.status.state == TaskState::Working => {
+                state.agent_finished(&myself, result);
+            }
+            // Exactly what `Started` then `Finished` would do.
+            TaskMsg::Ran(result) => state.ran(&myself, result),
+            TaskMsg::TimedOut(generation) => state.timed_out(&myself, generation),
+            TaskMsg::Cancel { reason, reply } => {
+                let outcome = if terminal {
+                    // It became terminal after the caller found it running.
+                    Err(Error::CancelFailed {
+                        task: state.key.task.clone(),
+                        state: state.status.state,
+                    })
+                } else {
+                    state.cancel_elsewhere();
+                    state.transition(&myself, canceled(reason));
+                    Ok((*state.snapshot).clone())
+                };
+                if let Some(reply) = reply {
+                    // Told only once what it reports is durable.
+                    state.defer(Deferred::Cancel(reply, Box::new(outcome)));
+                }
+            }
+            TaskMsg::Continue {
+                message,
+                follow,
+                reply,
+            } => {
+                let _ = reply.send(state.resume(message, follow));
+            }
+            TaskMsg::Get(reply) => {
+                if state.published == 0 {
+                    // Nobody may hear of the task before its first event is durable.
+                    state.deferred.push((1, Deferred::Get(reply)));
+                } else if state.shared.cluster.is_some() {
+                    // On a shared store, followers read committed events straight from the
+                    // database, possibly before this actor hears that they are durable: a
+                    // read waits for what is in flight, so it never shows an older state
+                    // than a follower on this node already did.
+                    state.defer(Deferred::Get(reply));
+                } else {
+                    let _ = reply.send((*state.durable).clone());
+                }
+            }
+            TaskMsg::WaitFinal(tx) => {
+                if state.durable.status.state.ends_stream() {
+                    let _ = tx.send((*state.durable).clone());
+                } else {
+                    state.waiters.push(tx);
+                }
+            }
+            TaskMsg::Subscribe {
+                subscriber,
+                replay,
+                next_run,
+                reply,
+            } => {
+                let _ = reply.send(state.subscribe(subscriber, replay, next_run));
+            }
+            TaskMsg::Unsubscribe(id) => state.subscribers.retain(|s| s.id != id),
+            TaskMsg::Durable(seq, committed) => state.publish(&myself, seq, committed),
+            TaskMsg::Fenced => state.fenced(&myself),
+            TaskMsg::Shutdown {
+                keep_waiting,
+                keep_queued,
+            } => {
+                let waiting = state.status.state.is_interrupted()
+                    && state.durable.status.state == state.status.state;
+                let queued = state.status.state == TaskState::Submitted
+                    && state.durable.status.state == TaskState::Submitted;
+                // Its work goes on elsewhere, and the store knows where (the note's write
+                // is durable, or queued: a graceful stop drains the queue): taken up after
+                // the restart.
+                let elsewhere = state.status.state == TaskState::Working
+                    && state.note.is_some()
+                    && state.agent.backend.takes_up();
+                if ((waiting || elsewhere) && keep_waiting) || (queued && keep_queued) {
+                    let me = myself.get_id();
+                    state
+                        .shared
+                        .live
+                        .remove_if(&state.key, |_, live| live.actor.get_id() == me);
+                    state.subscribers.clear();
+                    state.cancel.cancel();
+                    myself.stop(None);
+                } else if !terminal {
+                    state.cancel_elsewhere();
+                    state.transition(&myself, canceled("shutdown".into()));
+                }
+            }
+            // Late messages for a task that already moved on: nothing to do.
+            TaskMsg::Note(note) => {
+                // The backend named its work elsewhere only after the task was canceled:
+                // it is stopped there too.
+                state.link.flow.release(1);
+                if state.status.state == TaskState::Canceled {
+                    state.agent.backend.canceled(&state.key.task, Some(&note));
+                }
+            }
+            TaskMsg::Progress { .. } | TaskMsg::Artifact(_) => state.link.flow.release(1),
+            TaskMsg::Finished(_) | TaskMsg::Overrun => {}
         }
         state.flush(&myself);
         Ok(())

@@ -89,7 +89,7 @@ pub(crate) fn decode_as(body: &[u8], max_batch: usize, null_ids: bool) -> Result
     };
     match body.iter().find(|b| !b.is_ascii_whitespace()) {
         Some(b'{') => match serde_json::from_slice::<Envelope<'_>>(body) {
-            Ok(env) => Ok(Body::Single(decode_envelope(env.into(), null_ids))),
+            Ok(env) => Ok(Body::Single(decode_envelope(env, null_ids))),
             Err(e)
                 if matches!(
                     e.classify(),
@@ -147,37 +147,17 @@ fn decode_one(raw: &RawValue, null_ids: bool) -> Result<Call, Rejected> {
     }
     let env: Envelope<'_> = serde_json::from_str(raw.get())
         .map_err(|_| reject(None, "malformed request object (duplicate member?)"))?;
-    decode_envelope(env.into(), null_ids)
+    decode_envelope(env, null_ids)
 }
 
-/// The members of a request object that JSON-RPC names (`null` read as absent, as
-/// `serde_json` reads an `Option`).
-struct Members<'a> {
-    jsonrpc: Option<Raw<'a>>,
-    id: Option<Raw<'a>>,
-    method: Option<Raw<'a>>,
-    params: Option<Raw<'a>>,
-}
-
-impl<'a> From<Envelope<'a>> for Members<'a> {
-    fn from(env: Envelope<'a>) -> Self {
-        Self {
-            jsonrpc: env.jsonrpc.map(Raw::from),
-            id: env.id.map(Raw::from),
-            method: env.method.map(Raw::from),
-            params: env.params.map(Raw::from),
-        }
-    }
-}
-
-fn decode_envelope(env: Members<'_>, null_ids: bool) -> Result<Call, Rejected> {
+fn decode_envelope(env: Envelope<'_>, null_ids: bool) -> Result<Call, Rejected> {
     let reject = |id: Option<Raw<'_>>, reason: &str| Rejected {
         id: id.map(Raw::to_owned),
         error: RpcError::invalid_request(reason),
     };
     let null = null_id();
     // (`"id": null` reads as `None`: serde takes a JSON null for an absent `Option`.)
-    let id = match env.id {
+    let id = match env.id.map(Raw::from) {
         Some(id) if is_valid_id(id) => id,
         None if null_ids => Raw::from(&null),
         Some(_) if null_ids => {
@@ -198,7 +178,7 @@ fn decode_envelope(env: Members<'_>, null_ids: bool) -> Result<Call, Rejected> {
     Ok(Call {
         id: id.to_owned(),
         method,
-        params: env.params.map(Raw::to_text),
+        params: env.params.map(|p| Raw::from(p).to_text()),
     })
 }
 

@@ -110,6 +110,28 @@ const fn needs_escape(w: u64) -> bool {
     (control | quote | backslash) & HIGH != 0
 }
 
+/// The integer methods of a serializer, each `$body` on the value.
+macro_rules! integers {
+    (|$w:ident: Self, $v:ident| $body:expr) => {
+        integers!(@ $w $v $body; serialize_i8(i8), serialize_i16(i16), serialize_i32(i32),
+            serialize_i64(i64), serialize_i128(i128), serialize_u8(u8), serialize_u16(u16),
+            serialize_u32(u32), serialize_u64(u64), serialize_u128(u128));
+    };
+    (@ $w:ident $v:ident $body:expr; $($method:ident($t:ty)),*) => {
+        $(fn $method(self, $v: $t) -> Result<(), Error> {
+            let $w = self;
+            $body
+        })*
+    };
+}
+
+/// Generates the methods of a serializer that refuses every value but those it defines.
+macro_rules! refuse {
+    ($err:expr; $($method:ident($($arg:ty),*)),* $(,)?) => {
+        $(fn $method(self, $(_: $arg),*) -> Result<(), Error> { Err($err) })*
+    };
+}
+
 /// The serializer: appends to a vector.
 struct Writer<'a> {
     out: &'a mut Vec<u8>,
@@ -189,46 +211,10 @@ impl<'w, 'a> Serializer for &'w mut Writer<'a> {
             .extend_from_slice(if v { b"true" } else { b"false" });
         Ok(())
     }
-    fn serialize_i8(self, v: i8) -> Result<(), Error> {
-        self.int(v);
+    integers!(|w: Self, v| {
+        w.int(v);
         Ok(())
-    }
-    fn serialize_i16(self, v: i16) -> Result<(), Error> {
-        self.int(v);
-        Ok(())
-    }
-    fn serialize_i32(self, v: i32) -> Result<(), Error> {
-        self.int(v);
-        Ok(())
-    }
-    fn serialize_i64(self, v: i64) -> Result<(), Error> {
-        self.int(v);
-        Ok(())
-    }
-    fn serialize_i128(self, v: i128) -> Result<(), Error> {
-        self.int(v);
-        Ok(())
-    }
-    fn serialize_u8(self, v: u8) -> Result<(), Error> {
-        self.int(v);
-        Ok(())
-    }
-    fn serialize_u16(self, v: u16) -> Result<(), Error> {
-        self.int(v);
-        Ok(())
-    }
-    fn serialize_u32(self, v: u32) -> Result<(), Error> {
-        self.int(v);
-        Ok(())
-    }
-    fn serialize_u64(self, v: u64) -> Result<(), Error> {
-        self.int(v);
-        Ok(())
-    }
-    fn serialize_u128(self, v: u128) -> Result<(), Error> {
-        self.int(v);
-        Ok(())
-    }
+    });
     fn serialize_f32(self, v: f32) -> Result<(), Error> {
         self.like_serde_json(&v)
     }
@@ -430,13 +416,6 @@ fn key_must_be_a_string() -> Error {
     ser::Error::custom("key must be a string")
 }
 
-/// Generates the methods of a serializer that refuses every value but those it defines.
-macro_rules! refuse {
-    ($err:expr; $($method:ident($($arg:ty),*)),* $(,)?) => {
-        $(fn $method(self, $(_: $arg),*) -> Result<(), Error> { Err($err) })*
-    };
-}
-
 /// A map key: strings as they are; numbers, booleans and characters quoted (as
 /// `serde_json` writes them); anything else refused.
 struct KeyWriter<'a>(&'a mut Vec<u8>);
@@ -468,30 +447,7 @@ impl Serializer for KeyWriter<'_> {
     fn serialize_bool(self, v: bool) -> Result<(), Error> {
         self.quoted(if v { "true" } else { "false" })
     }
-    fn serialize_i8(self, v: i8) -> Result<(), Error> {
-        self.quoted(itoa::Buffer::new().format(v))
-    }
-    fn serialize_i16(self, v: i16) -> Result<(), Error> {
-        self.quoted(itoa::Buffer::new().format(v))
-    }
-    fn serialize_i32(self, v: i32) -> Result<(), Error> {
-        self.quoted(itoa::Buffer::new().format(v))
-    }
-    fn serialize_i64(self, v: i64) -> Result<(), Error> {
-        self.quoted(itoa::Buffer::new().format(v))
-    }
-    fn serialize_u8(self, v: u8) -> Result<(), Error> {
-        self.quoted(itoa::Buffer::new().format(v))
-    }
-    fn serialize_u16(self, v: u16) -> Result<(), Error> {
-        self.quoted(itoa::Buffer::new().format(v))
-    }
-    fn serialize_u32(self, v: u32) -> Result<(), Error> {
-        self.quoted(itoa::Buffer::new().format(v))
-    }
-    fn serialize_u64(self, v: u64) -> Result<(), Error> {
-        self.quoted(itoa::Buffer::new().format(v))
-    }
+    integers!(|w: Self, v| w.quoted(itoa::Buffer::new().format(v)));
     fn serialize_unit_variant(
         self,
         _: &'static str,

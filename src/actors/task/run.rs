@@ -22,6 +22,37 @@ use crate::model::{
 };
 
 impl TaskActorState {
+    /// What a run's first poll ended with, handled in the turn that started it: its
+    /// answer, or the deadline. A `Finished` follows updates the agent sent during that
+    /// poll as messages: it goes through the mailbox, after them.
+    pub(super) fn first_poll_said(&mut self, myself: &ActorRef<TaskMsg>, said: TaskMsg) {
+        match said {
+            TaskMsg::Ran(result) => self.ran(myself, result),
+            TaskMsg::TimedOut(generation) => self.timed_out(myself, generation),
+            other => {
+                let _ = myself.cast(other);
+            }
+        }
+    }
+
+    /// The agent answered without telling its start first: exactly what `Started` then
+    /// `Finished` would do.
+    pub(super) fn ran(&mut self, myself: &ActorRef<TaskMsg>, result: Result<Outcome, AgentError>) {
+        self.transition(myself, TaskStatus::new(TaskState::Working));
+        if self.status.state == TaskState::Working {
+            self.agent_finished(myself, result);
+        }
+    }
+
+    /// A run's deadline passed (one of an earlier run, or of a task already ended, is
+    /// ignored).
+    pub(super) fn timed_out(&mut self, myself: &ActorRef<TaskMsg>, generation: u64) {
+        if generation == self.generation && !self.status.state.is_terminal() {
+            self.cancel_elsewhere();
+            self.transition(myself, super::canceled("timeout".into()));
+        }
+    }
+
     /// The agent's run ended: its outcome becomes the task's next state.
     pub(super) fn agent_finished(
         &mut self,
@@ -156,12 +187,6 @@ impl TaskActorState {
         // not held up by it.
         let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
         match driver.as_mut().poll(&mut cx) {
-            // The agent's updates went ahead as messages (`Finished` follows them): it
-            // goes after them, in order.
-            std::task::Poll::Ready(Some(said @ TaskMsg::Finished(_))) => {
-                let _ = self.link.actor.cast(said);
-                None
-            }
             std::task::Poll::Ready(said) => said,
             std::task::Poll::Pending => {
                 let actor = self.link.actor.clone();
