@@ -315,7 +315,7 @@ impl CarriedTurn {
 /// A task's place in its conversation: the turn's number, and when the conversation began
 /// (µs since the epoch) — the embedded store files a conversation's turns under that time,
 /// so the turns of new conversations are appended at the end of their table.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub(crate) struct TurnId {
     /// The turn's number, from 1 (0: none).
     pub number: u32,

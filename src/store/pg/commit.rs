@@ -10,7 +10,7 @@ use futures_util::future::try_join_all;
 use tokio::sync::mpsc;
 use uuid::Uuid;
 
-use super::statements::{Executed, Other, Planned, Prepared, executed, prepare};
+use super::statements::{Executed, Gather, Other, Planned, Prepared, executed, prepare};
 use super::{
     COMMIT_TIMEOUT, CONNECT_TIMEOUT, Inner, Msg, NOTIFY_MAX, Owned, RECENT, connect, owner_id,
     row_id,
@@ -276,6 +276,14 @@ pub(super) async fn commit(
             _ => {}
         }
     }
+    let gathered = Gather::from_batch(&mut planned);
+    let gather = async {
+        if gathered.is_empty() {
+            return Ok(HashSet::new());
+        }
+        let row = gathered.execute(tx, prepared, me, &inner.node).await?;
+        Ok(row.get::<_, Vec<Uuid>>(0).into_iter().collect())
+    };
     let statements = try_join_all(
         planned
             .iter()
@@ -301,8 +309,15 @@ pub(super) async fn commit(
     let channel = format!("{s}_ev");
     let notify_params: [&(dyn tokio_postgres::types::ToSql + Sync); 2] = [&channel, &notifies];
     let notified = tx.execute(&prepared.notify, &notify_params);
-    let (results, _, ()) =
-        futures_util::try_join!(statements, notified, tx.batch_execute("COMMIT"))?;
+    let (written, mut results, _, ()) =
+        futures_util::try_join!(gather, statements, notified, tx.batch_execute("COMMIT"))?;
+    for (p, result) in planned.iter().zip(results.iter_mut()) {
+        if let Planned::Gathered(id) = p
+            && !written.contains(id)
+        {
+            *result = None;
+        }
+    }
 
     Ok(plans
         .into_iter()
@@ -314,7 +329,8 @@ pub(super) async fn commit(
                     Some(waiting) => committed
                         .deliveries
                         .extend(deliveries.into_iter().filter(|d| !waiting.contains(&d.id))),
-                    None => fenced.push(key),
+                    None if !fenced.contains(&key) => fenced.push(key),
+                    None => {}
                 }
             }
             if fenced.is_empty() {
@@ -412,7 +428,7 @@ pub(super) async fn execute(
                 executed(&row)
             })
         }
-        Planned::Nothing => Ok(Some(Vec::new())),
+        Planned::Nothing | Planned::Gathered(_) => Ok(Some(Vec::new())),
         Planned::Other(w) => {
             match w {
                 Write::Turn {
@@ -507,5 +523,133 @@ pub(super) async fn execute(
             }
             Ok(Some(Vec::new()))
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{ClusterConfig, Config};
+    use crate::model::TaskState;
+    use crate::store::Store as _;
+    use crate::store::contract::{block, event, key, test_pg_url};
+    use crate::store::pg::PgStore;
+
+    fn turn_of(w: &Write) -> Write {
+        let Write::Task {
+            key, task, turn, ..
+        } = w
+        else {
+            panic!("a task's write");
+        };
+        Write::Turn {
+            principal: key.principal.clone(),
+            context: task.context_id.clone(),
+            turn: *turn,
+            user: task.history[0].clone(),
+            reply: task.status.message.clone(),
+        }
+    }
+
+    /// One batch: a task submitted, worked on and finished (one row inserted finished),
+    /// another only created, a task this node does not hold and a gap in a task's
+    /// numbers (both fenced); the same batch again, as after a commit whose answer was
+    /// lost, is kept and not fenced; and the tasks move on in a later batch.
+    #[test]
+    fn a_batch_is_gathered_into_one_statement_and_its_retry_is_kept() {
+        let Some(url) = test_pg_url() else {
+            return;
+        };
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .expect("runtime");
+        let mut cluster = ClusterConfig::postgres(url);
+        cluster.schema = format!(
+            "a2ad_gather_{}",
+            &uuid::Uuid::new_v4().simple().to_string()[..12]
+        );
+        cluster.node_id = Some("g1".into());
+        let config = Config {
+            cluster: Some(cluster.clone()),
+            ..Config::default()
+        };
+        let store = rt
+            .block_on(PgStore::open(&config, &cluster, Default::default()))
+            .expect("the store opens");
+        let inner = store.inner.clone();
+        let (a, b, c) = (
+            key("alice", "g-a"),
+            key("alice", "g-b"),
+            key("alice", "g-c"),
+        );
+        let done = event(&a, "ga", 3, TaskState::Completed);
+        let first = vec![
+            vec![
+                event(&a, "ga", 1, TaskState::Submitted),
+                event(&a, "ga", 2, TaskState::Working),
+                turn_of(&done),
+                done,
+            ],
+            vec![event(&b, "gb", 1, TaskState::Submitted)],
+            vec![event(&c, "gc", 2, TaskState::Working)],
+        ];
+        let fenced = |outcomes: &[Outcome]| -> Vec<Option<Vec<String>>> {
+            outcomes
+                .iter()
+                .map(|o| match o {
+                    Outcome::Done(_) => None,
+                    Outcome::Fenced(keys) => {
+                        Some(keys.iter().map(|k| k.task.as_str().to_string()).collect())
+                    }
+                })
+                .collect()
+        };
+        let (pg, schema) = (inner.pg.clone(), inner.schema.clone());
+        rt.block_on(async {
+            let mut client = connect(&pg, None, None).await.expect("connects");
+            let prepared = prepare(&client, &schema).await.expect("prepares");
+            for round in ["first", "retried"] {
+                let outcomes = commit(&inner, &mut client, &prepared, &first)
+                    .await
+                    .expect("commits");
+                assert_eq!(
+                    fenced(&outcomes),
+                    vec![None, None, Some(vec!["g-c".to_string()])],
+                    "{round}"
+                );
+            }
+            let later = vec![
+                vec![
+                    event(&b, "gb", 2, TaskState::Working),
+                    event(&b, "gb", 3, TaskState::Completed),
+                ],
+                vec![event(&a, "ga", 5, TaskState::Failed)],
+            ];
+            let outcomes = commit(&inner, &mut client, &prepared, &later)
+                .await
+                .expect("commits");
+            assert_eq!(fenced(&outcomes), vec![None, Some(vec!["g-a".to_string()])]);
+            let turns: i64 = client
+                .query_one(&format!("SELECT count(*) FROM {schema}.turns"), &[])
+                .await
+                .expect("reads")
+                .get(0);
+            assert_eq!(turns, 1, "the finished task's turn, once");
+        });
+        for (k, state) in [(&a, TaskState::Completed), (&b, TaskState::Completed)] {
+            let got = block(store.task(k)).expect("read").expect("the task");
+            assert_eq!((got.seq, got.status.state), (3, state), "{}", k.task);
+            let events = block(store.events(k, 0)).expect("events");
+            assert_eq!(
+                events.iter().map(|e| e.seq).collect::<Vec<_>>(),
+                vec![1, 2, 3],
+                "{}",
+                k.task
+            );
+        }
+        assert!(block(store.task(&c)).expect("read").is_none());
+        rt.block_on(store.drop_schema()).expect("drop the schema");
     }
 }

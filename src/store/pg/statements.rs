@@ -1,12 +1,14 @@
 //! The committer's prepared statements, and the SQL of an event with its planned
 //! deliveries.
 
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use futures_util::future::try_join_all;
 use uuid::Uuid;
 
-use crate::model::{TaskEvent, TaskKey, TaskSnapshot};
+use crate::model::{ContextId, Principal, TaskEvent, TaskKey, TaskSnapshot};
+use crate::store::codec;
 use crate::store::{TurnId, Write};
 
 /// One prepared statement per kind of write, for a connection.
@@ -23,6 +25,9 @@ pub(super) struct Prepared {
     pub(super) other: Vec<tokio_postgres::Statement>,
     /// One `NOTIFY` per payload.
     pub(super) notify: tokio_postgres::Statement,
+    /// The batch's tasks without deliveries, and its conversation turns, in one
+    /// statement: see [`GATHER_SQL`].
+    pub(super) gather: tokio_postgres::Statement,
 }
 
 /// Which of [`OTHER_SQL`] (and of `Prepared::other`) a write uses.
@@ -70,6 +75,63 @@ pub(super) const OTHER_SQL: &[&str] = &[
     "UPDATE {s}.outbox SET attempt = $2, due_us = $3 WHERE delivery = $1",
 ];
 
+/// The writes of a batch gathered into one statement (`{s}`: the schema): a row per task
+/// that plans no delivery in the batch, however many of its events the batch holds — the
+/// record as its last event left it, its number that event's — and a row per event and
+/// per conversation turn. PostgreSQL's cost is mostly per statement (bind, plan, executor
+/// start, a `RETURNING` each), so a batch's tasks cost one statement, not one per event,
+/// and a task that starts and ends in one batch is inserted finished, never updated.
+///
+/// - `c` creates the tasks whose first event in the batch is their first (`$1`–`$10`,
+///   run by this incarnation and node `$11`, `$12`, fence 1). A row already there is
+///   taken only if it is this incarnation's at fence 1 and either still at its first
+///   event or holding the same record (the batch retried after a commit whose answer was
+///   lost); else the task is not created here (fenced).
+/// - `u` moves on the others (`$13`–`$21`): only at the fence this node holds, and only
+///   from the number just before the batch's first event (or a retry's, up to its last).
+/// - `e` inserts the events (`$22`–`$24`) of the tasks `c` and `u` wrote, `t` the turns
+///   (`$25`–`$29`, one row per turn).
+///
+/// Answers the ids of the tasks written; those of the batch it does not list were fenced.
+pub(super) const GATHER_SQL: &str = "
+WITH c AS (
+  INSERT INTO {s}.tasks (id, principal, agent, task, context, state, terminal, seq, fence,
+                         runner, runner_node, status_us, finished_at, record)
+  SELECT x.id, x.principal, x.agent, x.task, x.context, x.state, x.terminal, x.seq, 1,
+         $11::uuid, $12::text, x.status_us, CASE WHEN x.terminal THEN now() END, x.record
+  FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[],
+              $7::boolean[], $8::bigint[], $9::bigint[], $10::bytea[])
+       AS x(id, principal, agent, task, context, state, terminal, seq, status_us, record)
+  ON CONFLICT (id) DO UPDATE SET context = EXCLUDED.context, state = EXCLUDED.state,
+    terminal = EXCLUDED.terminal, seq = EXCLUDED.seq, status_us = EXCLUDED.status_us,
+    finished_at = EXCLUDED.finished_at, record = EXCLUDED.record
+  WHERE {s}.tasks.runner = $11::uuid AND {s}.tasks.fence = 1
+    AND ({s}.tasks.seq = 1 OR {s}.tasks.record = EXCLUDED.record)
+  RETURNING id),
+u AS (
+  UPDATE {s}.tasks SET context = x.context, state = x.state, terminal = x.terminal,
+    seq = x.seq, status_us = x.status_us,
+    finished_at = CASE WHEN x.terminal THEN now() END, record = x.record
+  FROM unnest($13::uuid[], $14::bigint[], $15::bigint[], $16::text[], $17::text[],
+              $18::boolean[], $19::bigint[], $20::bigint[], $21::bytea[])
+       AS x(id, fence, first, context, state, terminal, seq, status_us, record)
+  WHERE {s}.tasks.id = x.id AND {s}.tasks.fence = x.fence
+    AND {s}.tasks.seq BETWEEN x.first - 1 AND x.seq
+  RETURNING {s}.tasks.id),
+w AS (SELECT id FROM c UNION ALL SELECT id FROM u),
+e AS (
+  INSERT INTO {s}.events (task, seq, body)
+  SELECT x.task, x.seq, x.body
+  FROM unnest($22::uuid[], $23::bigint[], $24::bytea[]) AS x(task, seq, body)
+  WHERE x.task IN (SELECT id FROM w)
+  ON CONFLICT DO NOTHING),
+t AS (
+  INSERT INTO {s}.turns (principal, context, since, number, body)
+  SELECT * FROM unnest($25::text[], $26::text[], $27::bigint[], $28::int[], $29::bytea[])
+  ON CONFLICT (principal, context, since, number)
+  DO UPDATE SET body = EXCLUDED.body, at = now())
+SELECT ARRAY(SELECT id FROM w)";
+
 /// Prepares the task statements on a committer connection.
 pub(super) async fn prepare(
     client: &tokio_postgres::Client,
@@ -112,6 +174,7 @@ pub(super) async fn prepare(
         notify: client
             .prepare("SELECT pg_notify($1::text, p) FROM unnest($2::text[]) AS p")
             .await?,
+        gather: client.prepare(&GATHER_SQL.replace("{s}", s)).await?,
         other: {
             let texts: Vec<String> = OTHER_SQL.iter().map(|q| q.replace("{s}", s)).collect();
             try_join_all(texts.iter().map(|q| client.prepare(q))).await?
@@ -204,7 +267,10 @@ pub(super) enum Planned {
         last: bool,
     },
     Other(Write),
-    /// A write the batch's later one supersedes (a configuration's bookkeeping).
+    /// A task event written by the batch's [`GATHER_SQL`] statement.
+    Gathered(Uuid),
+    /// A write the batch's later one supersedes (a configuration's bookkeeping), or one
+    /// the [`GATHER_SQL`] statement makes (a conversation turn).
     Nothing,
 }
 
@@ -212,3 +278,226 @@ pub(super) enum Planned {
 /// planned that wait behind earlier ones of their lane held by another node (see
 /// [`plan_deliveries`]): this node does not send them.
 pub(super) type Executed = Option<Vec<Uuid>>;
+
+/// A task of the batch written by the [`GATHER_SQL`] statement: its first and last event
+/// numbers, and the record its last event left.
+struct Group {
+    id: Uuid,
+    key: TaskKey,
+    fence: i64,
+    first: u64,
+    last: u64,
+    task: Arc<TaskSnapshot>,
+    turn: TurnId,
+}
+
+/// The parameters of one [`GATHER_SQL`] statement.
+#[derive(Default)]
+pub(super) struct Gather {
+    groups: Vec<Group>,
+    event_tasks: Vec<Uuid>,
+    event_seqs: Vec<i64>,
+    event_bodies: Vec<Vec<u8>>,
+    turns: Vec<(Principal, ContextId, TurnId, Vec<u8>)>,
+}
+
+impl Gather {
+    /// Takes out of `planned` what the statement writes, each task event left as
+    /// [`Planned::Gathered`] and each turn as [`Planned::Nothing`]: every task event but
+    /// those of a task that plans a delivery in the batch (a lane's check is per event:
+    /// [`plan_deliveries`]), and the conversation turns unless the batch also forgets a
+    /// conversation (its statement must then come after the turns in order).
+    pub(super) fn from_batch(planned: &mut [Planned]) -> Gather {
+        let delivering: HashSet<Uuid> = planned
+            .iter()
+            .filter_map(|p| match p {
+                Planned::Task { id, deliveries, .. } if !deliveries.is_empty() => Some(*id),
+                _ => None,
+            })
+            .collect();
+        let forgets = planned
+            .iter()
+            .any(|p| matches!(p, Planned::Other(Write::ForgetContext { .. })));
+        let mut gather = Gather::default();
+        let mut groups: HashMap<Uuid, usize> = HashMap::new();
+        let mut turns: HashMap<(Principal, ContextId, TurnId), usize> = HashMap::new();
+        for p in planned.iter_mut() {
+            match p {
+                Planned::Task { id, .. } if !delivering.contains(id) => {
+                    let id = *id;
+                    let Planned::Task {
+                        key,
+                        task,
+                        event,
+                        turn,
+                        fence,
+                        ..
+                    } = std::mem::replace(p, Planned::Gathered(id))
+                    else {
+                        continue;
+                    };
+                    // Not this node's: not sent, so not written (fenced).
+                    let Some(fence) = fence else {
+                        continue;
+                    };
+                    match groups.get(&id) {
+                        Some(&i) => {
+                            let group = &mut gather.groups[i];
+                            group.last = event.seq;
+                            group.task = task;
+                            group.turn = turn;
+                        }
+                        None => {
+                            groups.insert(id, gather.groups.len());
+                            gather.groups.push(Group {
+                                id,
+                                key,
+                                fence,
+                                first: event.seq,
+                                last: event.seq,
+                                task,
+                                turn,
+                            });
+                        }
+                    }
+                    gather.event_tasks.push(id);
+                    gather.event_seqs.push(number(event.seq));
+                    gather.event_bodies.push(codec::encode_event(&event));
+                }
+                Planned::Other(Write::Turn { .. }) if !forgets => {
+                    let Planned::Other(Write::Turn {
+                        principal,
+                        context,
+                        turn,
+                        user,
+                        reply,
+                    }) = std::mem::replace(p, Planned::Nothing)
+                    else {
+                        continue;
+                    };
+                    let body = codec::encode_turn(&user, reply.as_deref());
+                    // One row per turn: the statement may not write a row twice.
+                    let at = (principal, context, turn);
+                    match turns.get(&at) {
+                        Some(&i) => gather.turns[i].3 = body,
+                        None => {
+                            turns.insert(at.clone(), gather.turns.len());
+                            gather.turns.push((at.0, at.1, at.2, body));
+                        }
+                    }
+                }
+                _ => {}
+            }
+        }
+        gather
+    }
+
+    pub(super) fn is_empty(&self) -> bool {
+        self.groups.is_empty() && self.turns.is_empty()
+    }
+
+    /// Sends the statement (on its first poll: it goes out in the batch's flight).
+    pub(super) async fn execute(
+        &self,
+        tx: &tokio_postgres::Client,
+        prepared: &Prepared,
+        me: Uuid,
+        node: &str,
+    ) -> std::result::Result<tokio_postgres::Row, tokio_postgres::Error> {
+        let (created, moved): (Vec<&Group>, Vec<&Group>) =
+            self.groups.iter().partition(|g| g.first == 1);
+        let c = Columns::of(&created);
+        let c_principals: Vec<&str> = created.iter().map(|g| g.key.principal.as_str()).collect();
+        let c_agents: Vec<&str> = created.iter().map(|g| g.key.agent.as_str()).collect();
+        let c_tasks: Vec<&str> = created.iter().map(|g| g.key.task.as_str()).collect();
+        let u = Columns::of(&moved);
+        let u_fences: Vec<i64> = moved.iter().map(|g| g.fence).collect();
+        let u_firsts: Vec<i64> = moved.iter().map(|g| number(g.first)).collect();
+
+        let t_principals: Vec<&str> = self.turns.iter().map(|t| t.0.as_str()).collect();
+        let t_contexts: Vec<&str> = self.turns.iter().map(|t| t.1.as_str()).collect();
+        let t_since: Vec<i64> = self.turns.iter().map(|t| t.2.since).collect();
+        let t_numbers: Vec<i32> = self
+            .turns
+            .iter()
+            .map(|t| i32::try_from(t.2.number).unwrap_or(i32::MAX))
+            .collect();
+        let t_bodies: Vec<&[u8]> = self.turns.iter().map(|t| t.3.as_slice()).collect();
+
+        let params: [&(dyn tokio_postgres::types::ToSql + Sync); 29] = [
+            &c.ids,
+            &c_principals,
+            &c_agents,
+            &c_tasks,
+            &c.contexts,
+            &c.states,
+            &c.terminals,
+            &c.seqs,
+            &c.status,
+            &c.records,
+            &me,
+            &node,
+            &u.ids,
+            &u_fences,
+            &u_firsts,
+            &u.contexts,
+            &u.states,
+            &u.terminals,
+            &u.seqs,
+            &u.status,
+            &u.records,
+            &self.event_tasks,
+            &self.event_seqs,
+            &self.event_bodies,
+            &t_principals,
+            &t_contexts,
+            &t_since,
+            &t_numbers,
+            &t_bodies,
+        ];
+        tx.query_one(&prepared.gather, &params).await
+    }
+}
+
+/// An event number as PostgreSQL's `bigint`.
+fn number(n: u64) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
+}
+
+/// The columns [`GATHER_SQL`]'s created and moved-on tasks share.
+struct Columns<'a> {
+    ids: Vec<Uuid>,
+    contexts: Vec<&'a str>,
+    states: Vec<&'static str>,
+    terminals: Vec<bool>,
+    /// The number of the task's last event in the batch.
+    seqs: Vec<i64>,
+    status: Vec<i64>,
+    records: Vec<Vec<u8>>,
+}
+
+impl<'a> Columns<'a> {
+    fn of(groups: &[&'a Group]) -> Columns<'a> {
+        Columns {
+            ids: groups.iter().map(|g| g.id).collect(),
+            contexts: groups.iter().map(|g| g.task.context_id.as_str()).collect(),
+            states: groups
+                .iter()
+                .map(|g| g.task.status.state.as_str())
+                .collect(),
+            terminals: groups
+                .iter()
+                .map(|g| g.task.status.state.is_terminal())
+                .collect(),
+            seqs: groups.iter().map(|g| number(g.last)).collect(),
+            status: groups
+                .iter()
+                .map(|g| g.task.status.timestamp.timestamp_micros())
+                .collect(),
+            records: groups
+                .iter()
+                .map(|g| codec::encode_task(&g.task, g.turn))
+                .collect(),
+        }
+    }
+}
