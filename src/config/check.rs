@@ -448,6 +448,7 @@ fn cluster(c: &ClusterConfig) -> Result<(), ConfigError> {
         ));
     }
     int("cluster.pool_size", c.pool_size, 2, 1024)?;
+    int("cluster.commit_lanes", c.commit_lanes, 1, 64)?;
     int("cluster.max_followers", c.max_followers, 1, 1_000_000)
 }
 

@@ -75,6 +75,10 @@ pub struct ClusterConfig {
     /// Connections to PostgreSQL for reads and cross-node operations.
     #[serde(default = "ClusterConfig::default_pool_size")]
     pub pool_size: usize,
+    /// Committers side by side, each with its own connection and one transaction at a
+    /// time; a task's writes always go through the same one.
+    #[serde(default = "ClusterConfig::default_commit_lanes")]
+    pub commit_lanes: usize,
     /// Followers of tasks another node runs (streams and waiting sends) this node holds at
     /// most; past it new ones are refused as busy.
     #[serde(default = "ClusterConfig::default_max_followers")]
@@ -117,6 +121,8 @@ impl ClusterConfig {
     pub const DEFAULT_HEARTBEAT_MS: u64 = 1_000;
     /// Default pool.
     pub const DEFAULT_POOL_SIZE: usize = 16;
+    /// Default `commit_lanes`: one (docs/decisions/one-statement-a-batch-on-postgresql.md).
+    pub const DEFAULT_COMMIT_LANES: usize = 1;
     /// Default `max_followers`.
     pub const DEFAULT_MAX_FOLLOWERS: usize = 10_000;
 
@@ -132,6 +138,9 @@ impl ClusterConfig {
     fn default_pool_size() -> usize {
         Self::DEFAULT_POOL_SIZE
     }
+    fn default_commit_lanes() -> usize {
+        Self::DEFAULT_COMMIT_LANES
+    }
     fn default_max_followers() -> usize {
         Self::DEFAULT_MAX_FOLLOWERS
     }
@@ -146,6 +155,7 @@ impl ClusterConfig {
             lease_ttl_ms: Self::DEFAULT_LEASE_TTL_MS,
             heartbeat_ms: Self::DEFAULT_HEARTBEAT_MS,
             pool_size: Self::DEFAULT_POOL_SIZE,
+            commit_lanes: Self::DEFAULT_COMMIT_LANES,
             max_followers: Self::DEFAULT_MAX_FOLLOWERS,
             on_node_loss: NodeLoss::Fail,
             ca_file: None,

@@ -340,9 +340,10 @@ fn the_cluster_section_is_checked_key_by_key() {
             c.schema.as_str(),
             c.lease_ttl_ms,
             c.heartbeat_ms,
-            c.pool_size
+            c.pool_size,
+            c.commit_lanes
         ),
-        ("a2ad", 10_000, 1_000, 16)
+        ("a2ad", 10_000, 1_000, 16, 1)
     );
     assert_eq!(c.on_node_loss, crate::config::NodeLoss::Fail);
     let cases = [
@@ -355,6 +356,8 @@ fn the_cluster_section_is_checked_key_by_key() {
         ("heartbeat_ms = 5000\n", "cluster.heartbeat_ms"),
         ("pool_size = 0\n", "cluster.pool_size"),
         ("pool_size = 100000\n", "cluster.pool_size"),
+        ("commit_lanes = 0\n", "cluster.commit_lanes"),
+        ("commit_lanes = 65\n", "cluster.commit_lanes"),
         ("schema = \"Bad-Name\"\n", "cluster.schema"),
         ("schema = \"x; DROP TABLE t\"\n", "cluster.schema"),
         ("node_id = \"\"\n", "cluster.node_id"),

@@ -70,8 +70,6 @@ const REAP_LIMIT: i64 = 200;
 const EVICT_CHUNK: i64 = 2000;
 /// A `NOTIFY` payload is kept under PostgreSQL's 8000-byte limit.
 const NOTIFY_MAX: usize = 7900;
-/// Committers (each with its own connection), side by side.
-const LANES: usize = 4;
 /// Commit times kept for the append percentiles.
 const RECENT: usize = 4096;
 /// Signals queued for the runtime at most (the lease loop waits when it is full).
@@ -391,7 +389,9 @@ impl PgStore {
         }
         drop(setup);
 
-        let (jobs, lanes): (Vec<_>, Vec<_>) = (0..LANES).map(|_| mpsc::unbounded_channel()).unzip();
+        let (jobs, lanes): (Vec<_>, Vec<_>) = (0..cfg.commit_lanes.max(1))
+            .map(|_| mpsc::unbounded_channel())
+            .unzip();
         let (signals, signals_rx) = mpsc::channel(SIGNALS);
         let rerun_agents = match cfg.on_node_loss {
             NodeLoss::Fail => HashSet::new(),

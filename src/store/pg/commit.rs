@@ -172,12 +172,11 @@ pub(super) async fn commit(
     // fails aborts the transaction (its COMMIT then rolls back) and fails the batch,
     // which is retried on a new connection.
     let tx: &tokio_postgres::Client = client;
-    let config_sql = format!("SELECT body FROM {s}.push WHERE owner = ANY($1) ORDER BY created_us");
     let (_, rows) = futures_util::try_join!(tx.batch_execute("BEGIN"), async {
         if owners.is_empty() {
             Ok(Vec::new())
         } else {
-            tx.query(&config_sql, &[&owners]).await
+            tx.query(&prepared.configs, &[&owners]).await
         }
     })?;
     let mut configs: Vec<Arc<StoredPushConfig>> = rows

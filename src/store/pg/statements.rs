@@ -28,6 +28,8 @@ pub(super) struct Prepared {
     /// The batch's tasks without deliveries, and its conversation turns, in one
     /// statement: see [`GATHER_SQL`].
     pub(super) gather: tokio_postgres::Statement,
+    /// The push configurations of a batch's owners (prepared: read once a batch).
+    pub(super) configs: tokio_postgres::Statement,
 }
 
 /// Which of [`OTHER_SQL`] (and of `Prepared::other`) a write uses.
@@ -175,6 +177,11 @@ pub(super) async fn prepare(
             .prepare("SELECT pg_notify($1::text, p) FROM unnest($2::text[]) AS p")
             .await?,
         gather: client.prepare(&GATHER_SQL.replace("{s}", s)).await?,
+        configs: client
+            .prepare(&format!(
+                "SELECT body FROM {s}.push WHERE owner = ANY($1) ORDER BY created_us"
+            ))
+            .await?,
         other: {
             let texts: Vec<String> = OTHER_SQL.iter().map(|q| q.replace("{s}", s)).collect();
             try_join_all(texts.iter().map(|q| client.prepare(q))).await?
