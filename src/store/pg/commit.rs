@@ -1,5 +1,6 @@
-//! The committer: one task with its own connection, one transaction per batch, one
-//! statement per task event checked against the task's fence.
+//! The committer: one task with its own connection, one transaction per batch — the
+//! gathered statement for the tasks that plan no delivery ([`Gather`]), a statement per
+//! event of the others — every write checked against its task's fence.
 
 use std::collections::HashSet;
 use std::sync::Arc;
