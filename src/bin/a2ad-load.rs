@@ -115,6 +115,10 @@ struct Cli {
     /// Concurrent streams for `hold`.
     #[arg(long, default_value_t = 10_000)]
     streams: usize,
+    /// `hold` over HTTP/2 (cleartext, prior knowledge): this many streams share each
+    /// connection (0: HTTP/1.1, a connection per stream).
+    #[arg(long, default_value_t = 0)]
+    h2_streams: usize,
     /// How long the slow agent of a started server takes, in ms (`hold`).
     #[arg(long, default_value_t = 3_000)]
     hold_ms: u64,

@@ -158,24 +158,7 @@ impl Conn {
     /// POSTs a request body (JSON-RPC, or on REST the operation's); returns the status and
     /// the whole response body.
     pub async fn post(&mut self, body: String, sse: bool) -> Result<(u16, Bytes), String> {
-        let uri = match (self.target.dialect, sse) {
-            (Dialect::Rest, false) => format!("{}/message:send", self.target.path),
-            (Dialect::Rest, true) => format!("{}/message:stream", self.target.path),
-            _ => self.target.path.clone(),
-        };
-        let mut req = Request::post(uri)
-            .header("host", "a2ad")
-            .header("content-type", "application/json")
-            .header("x-api-key", &self.target.key);
-        if self.target.dialect.is_1_0() {
-            req = req.header("a2a-version", "1.0");
-        }
-        if sse {
-            req = req.header("accept", "text/event-stream");
-        }
-        let req = req
-            .body(Full::new(Bytes::from(body)))
-            .map_err(|_| "request".to_string())?;
+        let req = post_request(&self.target, body, sse)?;
         self.send(req).await
     }
 
@@ -189,15 +172,82 @@ impl Conn {
             .send_request(req)
             .await
             .map_err(|_| "io".to_string())?;
-        let status = resp.status().as_u16();
-        let body = resp
-            .into_body()
-            .collect()
-            .await
-            .map_err(|_| "io-body".to_string())?
-            .to_bytes();
-        Ok((status, body))
+        whole(resp).await
     }
+}
+
+/// An HTTP/2 connection (cleartext, prior knowledge) whose streams tasks share: a clone
+/// is another stream on the same connection.
+#[derive(Clone)]
+pub struct H2 {
+    sender: hyper::client::conn::http2::SendRequest<Full<Bytes>>,
+    target: Arc<Target>,
+}
+
+impl H2 {
+    pub async fn open(target: Arc<Target>) -> Result<Self, String> {
+        let tcp = tokio::time::timeout(Duration::from_secs(10), TcpStream::connect(target.addr))
+            .await
+            .map_err(|_| "connect-timeout".to_string())?
+            .map_err(|_| "connect".to_string())?;
+        let _ = tcp.set_nodelay(true);
+        let (sender, conn) = hyper::client::conn::http2::handshake(
+            hyper_util::rt::TokioExecutor::new(),
+            TokioIo::new(tcp),
+        )
+        .await
+        .map_err(|_| "handshake".to_string())?;
+        tokio::spawn(conn);
+        Ok(Self { sender, target })
+    }
+
+    /// As [`Conn::post`], on a stream of its own.
+    pub async fn post(&mut self, body: String, sse: bool) -> Result<(u16, Bytes), String> {
+        let req = post_request(&self.target, body, sse)?;
+        self.sender
+            .ready()
+            .await
+            .map_err(|_| "closed".to_string())?;
+        let resp = self
+            .sender
+            .send_request(req)
+            .await
+            .map_err(|_| "io".to_string())?;
+        whole(resp).await
+    }
+}
+
+/// A POST of `body` to the target's path (on REST, the operation's).
+fn post_request(target: &Target, body: String, sse: bool) -> Result<Request<Full<Bytes>>, String> {
+    let uri = match (target.dialect, sse) {
+        (Dialect::Rest, false) => format!("{}/message:send", target.path),
+        (Dialect::Rest, true) => format!("{}/message:stream", target.path),
+        _ => target.path.clone(),
+    };
+    let mut req = Request::post(uri)
+        .header("host", "a2ad")
+        .header("content-type", "application/json")
+        .header("x-api-key", &target.key);
+    if target.dialect.is_1_0() {
+        req = req.header("a2a-version", "1.0");
+    }
+    if sse {
+        req = req.header("accept", "text/event-stream");
+    }
+    req.body(Full::new(Bytes::from(body)))
+        .map_err(|_| "request".to_string())
+}
+
+/// The status and the whole body of a response.
+async fn whole(resp: hyper::Response<hyper::body::Incoming>) -> Result<(u16, Bytes), String> {
+    let status = resp.status().as_u16();
+    let body = resp
+        .into_body()
+        .collect()
+        .await
+        .map_err(|_| "io-body".to_string())?
+        .to_bytes();
+    Ok((status, body))
 }
 
 /// A `message/send` or `message/stream` body with a fresh messageId.

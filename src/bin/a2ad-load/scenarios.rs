@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
-use crate::client::{self, Conn, Kind, Stats, Target};
+use crate::client::{self, Conn, H2, Kind, Stats, Target};
 use crate::report::{Report, progress_line, report};
 use crate::{Cli, Scenario, WEBHOOK_SECRET, drive, measured, procs, receiver};
 
@@ -160,20 +160,34 @@ pub(crate) async fn hold(
         format!("hold {n} streams"),
         (cli.hold_ms as f64 / 1000.0) + 5.0,
     );
+    // Over HTTP/2, the connections first; each stream takes one of them.
+    let mut shared = Vec::new();
+    if cli.h2_streams > 0 {
+        for _ in 0..n.div_ceil(cli.h2_streams) {
+            shared.push(H2::open(target.clone()).await?);
+        }
+    }
     let tasks: Vec<_> = (0..n)
-        .map(|_| {
+        .map(|i| {
             let (target, opened, connects) = (target.clone(), opened.clone(), connects.clone());
+            let h2 = (!shared.is_empty()).then(|| shared[i % shared.len()].clone());
             tokio::spawn(async move {
-                let conn = {
-                    let _permit = connects.acquire().await;
-                    Conn::open(target).await
+                let body = client::send_body("message/stream", "hold", "");
+                let t;
+                let (status, body) = if let Some(mut h2) = h2 {
+                    opened.fetch_add(1, Relaxed);
+                    t = Instant::now();
+                    h2.post(body, true).await?
+                } else {
+                    let conn = {
+                        let _permit = connects.acquire().await;
+                        Conn::open(target).await
+                    };
+                    let mut conn = conn?;
+                    opened.fetch_add(1, Relaxed);
+                    t = Instant::now();
+                    conn.post(body, true).await?
                 };
-                let mut conn = conn?;
-                opened.fetch_add(1, Relaxed);
-                let t = Instant::now();
-                let (status, body) = conn
-                    .post(client::send_body("message/stream", "hold", ""), true)
-                    .await?;
                 client::DONE.fetch_add(1, Relaxed);
                 if status != 200 {
                     return Err(format!("http-{status}"));
@@ -198,6 +212,12 @@ pub(crate) async fn hold(
     let finished = stats.latencies.len();
     let mut r = report(Scenario::Hold, "a2ad", n, seconds, stats, pid, None);
     r.extra.insert("streams", json!(n));
+    r.extra.insert(
+        "protocol",
+        json!(if shared.is_empty() { "http/1.1" } else { "h2c" }),
+    );
+    let connections = if shared.is_empty() { n } else { shared.len() };
+    r.extra.insert("http_connections", json!(connections));
     r.extra.insert("finished_with_final_event", json!(finished));
     r.extra.insert("dropped", json!(n - finished));
     Ok(r)
