@@ -11,7 +11,7 @@ use futures_util::future::try_join_all;
 use tokio::sync::mpsc;
 use uuid::Uuid;
 
-use super::statements::{Executed, Gather, Other, Planned, Prepared, executed, prepare};
+use super::statements::{Executed, Gather, Other, Planned, Prepared, prepare};
 use super::{
     COMMIT_TIMEOUT, CONNECT_TIMEOUT, Inner, Msg, NOTIFY_MAX, Owned, RECENT, connect, owner_id,
     row_id,
@@ -186,8 +186,10 @@ pub(super) async fn commit(
         .map(|c| inner.config(c))
         .collect();
 
-    // Plan every statement first (in order), then send them all at once (pipelined).
+    // Plan every write first (in order), then send them all at once (pipelined): the
+    // task events, their deliveries, the turns and the deliveries done in one statement.
     let mut planned: Vec<Planned> = Vec::new();
+    let mut gathered = Gather::default();
     let mut plans: Vec<Vec<(usize, Vec<Delivery>, TaskKey)>> = Vec::with_capacity(batch.len());
     let mut touched: Vec<Uuid> = Vec::new();
     for job in batch {
@@ -199,7 +201,7 @@ pub(super) async fn commit(
                     task,
                     event,
                     changed,
-                    turn,
+                    ..
                 } => {
                     let deliveries = deliveries_for(key, task, event, *changed, configs.iter());
                     let id = row_id(key);
@@ -218,20 +220,9 @@ pub(super) async fn commit(
                         }
                         None => None,
                     };
-                    mine.push((planned.len(), deliveries.clone(), key.clone()));
-                    planned.push(Planned::Task {
-                        id,
-                        key: key.clone(),
-                        task: task.clone(),
-                        event: event.clone(),
-                        turn: *turn,
-                        fence,
-                        deliveries: deliveries
-                            .iter()
-                            .map(|d| (d.id, d.key.config.clone()))
-                            .collect(),
-                        last: true,
-                    });
+                    gathered.event(id, fence, w, &deliveries);
+                    mine.push((planned.len(), deliveries, key.clone()));
+                    planned.push(Planned::Gathered(id));
                 }
                 Write::PushSet(c) => {
                     match c.namespace {
@@ -265,29 +256,28 @@ pub(super) async fn commit(
         plans.push(mine);
     }
 
-    // Only a task's last event of the batch writes its record, and only a configuration's
-    // last bookkeeping is written.
-    let mut seen = HashSet::new();
+    // Only a configuration's last bookkeeping is written.
     let mut stats = StatsOnce::default();
     for p in planned.iter_mut().rev() {
-        match p {
-            Planned::Task { id, last, .. } => *last = seen.insert(*id),
-            Planned::Other(w) if stats.superseded(w) => *p = Planned::Nothing,
-            _ => {}
+        if let Planned::Other(w) = p
+            && stats.superseded(w)
+        {
+            *p = Planned::Nothing;
         }
     }
-    let gathered = Gather::from_batch(&mut planned);
+    gathered.take_others(&mut planned);
     let gather = async {
         if gathered.is_empty() {
-            return Ok(HashSet::new());
+            return Ok((HashSet::new(), Vec::new()));
         }
         let row = gathered.execute(tx, prepared, me, &inner.node).await?;
-        Ok(row.get::<_, Vec<Uuid>>(0).into_iter().collect())
+        let written: HashSet<Uuid> = row.get::<_, Vec<Uuid>>(0).into_iter().collect();
+        Ok((written, row.get::<_, Vec<Uuid>>(1)))
     };
     let statements = try_join_all(
         planned
             .iter()
-            .map(|p| execute(tx, prepared, p, me, &inner.node, &inner.sealer)),
+            .map(|p| execute(tx, prepared, p, &inner.sealer)),
     );
 
     touched.sort_unstable();
@@ -309,13 +299,11 @@ pub(super) async fn commit(
     let channel = format!("{s}_ev");
     let notify_params: [&(dyn tokio_postgres::types::ToSql + Sync); 2] = [&channel, &notifies];
     let notified = tx.execute(&prepared.notify, &notify_params);
-    let (written, mut results, _, ()) =
+    let ((written, waiting), mut results, _, ()) =
         futures_util::try_join!(gather, statements, notified, tx.batch_execute("COMMIT"))?;
     for (p, result) in planned.iter().zip(results.iter_mut()) {
-        if let Planned::Gathered(id) = p
-            && !written.contains(id)
-        {
-            *result = None;
+        if let Planned::Gathered(id) = p {
+            *result = written.contains(id).then(|| waiting.clone());
         }
     }
 
@@ -347,87 +335,9 @@ pub(super) async fn execute(
     tx: &tokio_postgres::Client,
     prepared: &Prepared,
     p: &Planned,
-    me: Uuid,
-    node: &str,
     sealer: &super::super::seal::Sealer,
 ) -> std::result::Result<Executed, tokio_postgres::Error> {
     match p {
-        Planned::Task {
-            id,
-            key,
-            task,
-            event,
-            turn,
-            fence,
-            deliveries,
-            last,
-        } => {
-            let Some(fence) = fence else {
-                return Ok(None);
-            };
-            let ids: Vec<Uuid> = deliveries.iter().map(|d| d.0).collect();
-            let cfgs: Vec<&str> = deliveries.iter().map(|d| d.1.as_str()).collect();
-            let seq = i64::try_from(event.seq).unwrap_or(i64::MAX);
-            if !*last && event.seq > 1 {
-                let body = codec::encode_event(event);
-                let row = if ids.is_empty() {
-                    tx.query_one(&prepared.light[0], &[id, &seq, fence, &body])
-                        .await?
-                } else {
-                    tx.query_one(
-                        &prepared.light[1],
-                        &[id, &seq, fence, &body, &me, &ids, &cfgs, &node],
-                    )
-                    .await?
-                };
-                return Ok(executed(&row));
-            }
-            let state = task.status.state;
-            let terminal = state.is_terminal();
-            let record = codec::encode_task(task, *turn);
-            let body = codec::encode_event(event);
-            let status_us = task.status.timestamp.timestamp_micros();
-            let row = if event.seq == 1 {
-                tx.query_one(
-                    &prepared.create,
-                    &[
-                        id,
-                        &key.principal.as_str(),
-                        &key.agent.as_str(),
-                        &key.task.as_str(),
-                        &task.context_id.as_str(),
-                        &state.as_str(),
-                        &terminal,
-                        &me,
-                        &node,
-                        &status_us,
-                        &record,
-                        &body,
-                        &ids,
-                        &cfgs,
-                    ],
-                )
-                .await?
-            } else {
-                let context = task.context_id.as_str();
-                let state = state.as_str();
-                let first: [&(dyn tokio_postgres::types::ToSql + Sync); 9] = [
-                    id, &context, &state, &terminal, &seq, &status_us, &record, fence, &body,
-                ];
-                if ids.is_empty() {
-                    tx.query_one(&prepared.next[0], &first).await?
-                } else {
-                    let mut all = first.to_vec();
-                    all.extend_from_slice(&[&me, &ids, &cfgs, &node]);
-                    tx.query_one(&prepared.next[1], &all).await?
-                }
-            };
-            Ok(if event.seq == 1 {
-                (row.get::<_, i64>(0) == 1).then(Vec::new)
-            } else {
-                executed(&row)
-            })
-        }
         Planned::Nothing | Planned::Gathered(_) => Ok(Some(Vec::new())),
         Planned::Other(w) => {
             match w {
@@ -507,10 +417,6 @@ pub(super) async fn execute(
                     )
                     .await?;
                 }
-                Write::OutboxDone(key) => {
-                    tx.execute(prepared.other(Other::OutboxDone), &[&delivery_id(key)])
-                        .await?;
-                }
                 Write::OutboxRetry { key, attempt, due } => {
                     let attempt = i32::try_from(*attempt).unwrap_or(i32::MAX);
                     tx.execute(
@@ -519,7 +425,8 @@ pub(super) async fn execute(
                     )
                     .await?;
                 }
-                Write::Task { .. } => {}
+                // Written by the gathered statement.
+                Write::Task { .. } | Write::OutboxDone(_) => {}
             }
             Ok(Some(Vec::new()))
         }

@@ -1,35 +1,27 @@
-//! The committer's prepared statements, and the SQL of an event with its planned
-//! deliveries.
+//! The committer's prepared statements, and the one statement that writes a batch's
+//! tasks, their events, outbox rows and conversation turns ([`GATHER_SQL`]).
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use futures_util::future::try_join_all;
 use uuid::Uuid;
 
-use crate::model::{ContextId, Principal, TaskEvent, TaskKey, TaskSnapshot};
+use crate::model::{ContextId, Principal, TaskKey, TaskSnapshot};
 use crate::store::codec;
-use crate::store::{TurnId, Write};
+use crate::store::{Delivery, TurnId, Write, delivery_id};
 
-/// One prepared statement per kind of write, for a connection.
+/// The statements of a committer's connection, prepared once.
 pub(super) struct Prepared {
-    pub(super) create: tokio_postgres::Statement,
-    /// An event: without deliveries (`[0]`, most events: a statement PostgreSQL plans
-    /// quickly) and with them (`[1]`, see [`plan_deliveries`]).
-    pub(super) next: [tokio_postgres::Statement; 2],
-    /// An event followed by a later one of the same task in the same batch: its record
-    /// is superseded before the commit, so only the numbering moves. Indexed as `next`.
-    pub(super) light: [tokio_postgres::Statement; 2],
+    /// The batch's task events, outbox rows and turns: see [`GATHER_SQL`].
+    pub(super) gather: tokio_postgres::Statement,
+    /// The push configurations of a batch's owners (read once a batch).
+    pub(super) configs: tokio_postgres::Statement,
     /// The other writes' statements, prepared up front so that a batch goes out in one
     /// flight (a statement prepared on the way would reach the server after COMMIT).
     pub(super) other: Vec<tokio_postgres::Statement>,
     /// One `NOTIFY` per payload.
     pub(super) notify: tokio_postgres::Statement,
-    /// The batch's tasks without deliveries, and its conversation turns, in one
-    /// statement: see [`GATHER_SQL`].
-    pub(super) gather: tokio_postgres::Statement,
-    /// The push configurations of a batch's owners (prepared: read once a batch).
-    pub(super) configs: tokio_postgres::Statement,
 }
 
 /// Which of [`OTHER_SQL`] (and of `Prepared::other`) a write uses.
@@ -42,7 +34,6 @@ pub(super) enum Other {
     PushScoped,
     PushRemove,
     PushRemoveNamed,
-    OutboxDone,
     OutboxRetry,
 }
 
@@ -73,16 +64,15 @@ pub(super) const OTHER_SQL: &[&str] = &[
                                  VALUES ($1, $2, false, $3, $4, $5)",
     "DELETE FROM {s}.push WHERE owner = $1 AND task IS NOT DISTINCT FROM $2 AND NOT named",
     "DELETE FROM {s}.push WHERE owner = $1 AND task = $2 AND named AND id = $3",
-    "DELETE FROM {s}.outbox WHERE delivery = $1",
     "UPDATE {s}.outbox SET attempt = $2, due_us = $3 WHERE delivery = $1",
 ];
 
-/// The writes of a batch gathered into one statement (`{s}`: the schema): a row per task
-/// that plans no delivery in the batch, however many of its events the batch holds — the
-/// record as its last event left it, its number that event's — and a row per event and
-/// per conversation turn. PostgreSQL's cost is mostly per statement (bind, plan, executor
-/// start, a `RETURNING` each), so a batch's tasks cost one statement, not one per event,
-/// and a task that starts and ends in one batch is inserted finished, never updated.
+/// A batch's writes in one statement (`{s}`: the schema): a row per task, however many
+/// of its events the batch holds — the record as its last event left it, its number that
+/// event's — and a row per event, per planned delivery, per conversation turn and per
+/// delivery done. PostgreSQL's cost is mostly per statement (bind, plan, executor start),
+/// so a batch costs one statement, not one per event, and a task that starts and ends in
+/// one batch is inserted finished, never updated.
 ///
 /// - `c` creates the tasks whose first event in the batch is their first (`$1`–`$10`,
 ///   run by this incarnation and node `$11`, `$12`, fence 1). A row already there is
@@ -91,10 +81,20 @@ pub(super) const OTHER_SQL: &[&str] = &[
 ///   lost); else the task is not created here (fenced).
 /// - `u` moves on the others (`$13`–`$21`): only at the fence this node holds, and only
 ///   from the number just before the batch's first event (or a retry's, up to its last).
-/// - `e` inserts the events (`$22`–`$24`) of the tasks `c` and `u` wrote, `t` the turns
-///   (`$25`–`$29`, one row per turn).
+/// - `e` inserts the events (`$22`–`$24`) and `o` the planned deliveries (`$30`–`$33`:
+///   delivery, task, event, configuration) of the tasks `c` and `u` wrote. A delivery is
+///   claimed by this incarnation unless its lane (task, configuration) already holds a
+///   delivery that is not this incarnation's — one a node that took the lane over holds,
+///   one of a dead node nobody claimed yet, or one already waiting so: then it is
+///   inserted unclaimed, and whoever holds (or claims) the lane takes it at its next
+///   heartbeat, so a lane's deliveries go out from one node, in order, across a
+///   takeover. (The rows `o` inserts are not visible to its own check; they are this
+///   incarnation's, or unclaimed because of a row that was, so the answer is the same.)
+/// - `t` writes the turns (`$25`–`$29`, one row per turn), `d` deletes the deliveries
+///   done (`$34`).
 ///
-/// Answers the ids of the tasks written; those of the batch it does not list were fenced.
+/// Answers the ids of the tasks written (those of the batch it does not list were
+/// fenced) and the deliveries it inserted unclaimed (this node does not send them).
 pub(super) const GATHER_SQL: &str = "
 WITH c AS (
   INSERT INTO {s}.tasks (id, principal, agent, task, context, state, terminal, seq, fence,
@@ -131,51 +131,35 @@ t AS (
   INSERT INTO {s}.turns (principal, context, since, number, body)
   SELECT * FROM unnest($25::text[], $26::text[], $27::bigint[], $28::int[], $29::bytea[])
   ON CONFLICT (principal, context, since, number)
-  DO UPDATE SET body = EXCLUDED.body, at = now())
-SELECT ARRAY(SELECT id FROM w)";
+  DO UPDATE SET body = EXCLUDED.body, at = now()),
+o AS (
+  INSERT INTO {s}.outbox (delivery, task, seq, config, attempt, due_us, claimed_by, claimed_node)
+  SELECT x.d, x.task, x.seq, x.c, 1, NULL,
+         CASE WHEN h.held THEN NULL ELSE $11::uuid END,
+         CASE WHEN h.held THEN NULL ELSE $12::text END
+  FROM unnest($30::uuid[], $31::uuid[], $32::bigint[], $33::text[]) AS x(d, task, seq, c)
+  CROSS JOIN LATERAL (SELECT EXISTS (
+    SELECT 1 FROM {s}.outbox p WHERE p.task = x.task AND p.config = x.c
+      AND p.claimed_by IS DISTINCT FROM $11::uuid) AS held) h
+  WHERE x.task IN (SELECT id FROM w)
+  ON CONFLICT DO NOTHING
+  RETURNING delivery, claimed_by),
+d AS (DELETE FROM {s}.outbox WHERE delivery = ANY($34::uuid[]))
+SELECT ARRAY(SELECT id FROM w), ARRAY(SELECT delivery FROM o WHERE claimed_by IS NULL)";
 
-/// Prepares the task statements on a committer connection.
+/// Prepares a committer connection's statements.
 pub(super) async fn prepare(
     client: &tokio_postgres::Client,
     s: &str,
 ) -> std::result::Result<Prepared, tokio_postgres::Error> {
+    // Each statement is planned once for the connection. PostgreSQL would otherwise plan
+    // the gathered statement anew for many of its executions (its generic plan's estimate
+    // loses to the custom ones' on arrays of unknown length), which cost more than the
+    // writes of a small batch.
+    client
+        .batch_execute("SET plan_cache_mode = force_generic_plan")
+        .await?;
     Ok(Prepared {
-        create: client
-            .prepare(&format!(
-                "WITH t AS (INSERT INTO {s}.tasks (id, principal, agent, task, context, state, terminal,
-                    seq, fence, runner, runner_node, status_us, finished_at, record)
-                  VALUES ($1, $2, $3, $4, $5, $6, $7::boolean, 1, 1, $8, $9, $10::bigint,
-                          CASE WHEN $7::boolean THEN now() END, $11)
-                  ON CONFLICT (id) DO UPDATE SET fence = {s}.tasks.fence
-                    WHERE {s}.tasks.runner = $8 AND {s}.tasks.seq = 1 AND {s}.tasks.fence = 1
-                  RETURNING id),
-                 e AS (INSERT INTO {s}.events (task, seq, body) SELECT id, 1, $12 FROM t
-                       ON CONFLICT DO NOTHING),
-                 o AS (INSERT INTO {s}.outbox (delivery, task, seq, config, attempt, due_us, claimed_by, claimed_node)
-                       SELECT x.d, $1, 1, x.c, 1, NULL, $8, $9 FROM t, unnest($13::uuid[], $14::text[]) AS x(d, c)
-                       ON CONFLICT DO NOTHING)
-                 SELECT count(*) FROM t"
-            ))
-            .await?,
-        next: append_pair(
-            client,
-            &format!(
-                "WITH t AS (UPDATE {s}.tasks SET context = $2, state = $3, terminal = $4::boolean,
-                    seq = $5::bigint, status_us = $6::bigint,
-                    finished_at = CASE WHEN $4::boolean THEN now() END, record = $7
-                  WHERE id = $1 AND fence = $8::bigint AND (seq = $5::bigint - 1 OR seq = $5::bigint)
-                  RETURNING id),
-                 e AS (INSERT INTO {s}.events (task, seq, body) SELECT id, $5::bigint, $9 FROM t
-                       ON CONFLICT DO NOTHING)"
-            ),
-            s,
-            "$5",
-            (["$11", "$12"], ["$10", "$13"]),
-        )
-        .await?,
-        notify: client
-            .prepare("SELECT pg_notify($1::text, p) FROM unnest($2::text[]) AS p")
-            .await?,
         gather: client.prepare(&GATHER_SQL.replace("{s}", s)).await?,
         configs: client
             .prepare(&format!(
@@ -186,104 +170,26 @@ pub(super) async fn prepare(
             let texts: Vec<String> = OTHER_SQL.iter().map(|q| q.replace("{s}", s)).collect();
             try_join_all(texts.iter().map(|q| client.prepare(q))).await?
         },
-        light: append_pair(
-            client,
-            &format!(
-                "WITH t AS (UPDATE {s}.tasks SET seq = $2::bigint
-                  WHERE id = $1 AND fence = $3::bigint AND (seq = $2::bigint - 1 OR seq = $2::bigint)
-                  RETURNING id),
-                 e AS (INSERT INTO {s}.events (task, seq, body) SELECT id, $2::bigint, $4 FROM t
-                       ON CONFLICT DO NOTHING)"
-            ),
-            s,
-            "$2",
-            (["$6", "$7"], ["$5", "$8"]),
-        )
-        .await?,
+        notify: client
+            .prepare("SELECT pg_notify($1::text, p) FROM unnest($2::text[]) AS p")
+            .await?,
     })
 }
 
-/// An append statement (`head`: its `t` and `e` parts) prepared twice: `[0]` for an event
-/// without deliveries (most events: a statement PostgreSQL plans quickly), `[1]` for one
-/// that plans them (see [`plan_deliveries`]; `params` name its parameters there).
-pub(super) async fn append_pair(
-    client: &tokio_postgres::Client,
-    head: &str,
-    s: &str,
-    seq: &str,
-    params: ([&str; 2], [&str; 2]),
-) -> std::result::Result<[tokio_postgres::Statement; 2], tokio_postgres::Error> {
-    let plain = format!("{head}{}", plan_deliveries(s, seq, None));
-    let planned = format!("{head}{}", plan_deliveries(s, seq, Some(params)));
-    let (plain, planned) =
-        futures_util::try_join!(client.prepare(&plain), client.prepare(&planned))?;
-    Ok([plain, planned])
-}
-
-/// The end of an append statement (after its `t` and `e` parts): with `deliveries`, it
-/// plans the event's deliveries — outbox rows for the task `$1`, event `seq`, deliveries
-/// and configurations `[ids, configs]`, claimed by this incarnation and node `[me, node]`
-/// — unless the lane (task, configuration) still holds a delivery that is not this
-/// incarnation's: one a node that took the lane over holds, one of a dead node nobody
-/// claimed yet, or one already waiting so. Such a delivery is inserted unclaimed, and
-/// whoever holds (or claims) the lane takes it at its next heartbeat, so a lane's
-/// deliveries go out from one node, in order, across a takeover. Answers the append's
-/// count and the deliveries left unclaimed.
-pub(super) fn plan_deliveries(
-    s: &str,
-    seq: &str,
-    deliveries: Option<([&str; 2], [&str; 2])>,
-) -> String {
-    let Some(([ids, configs], [me, node])) = deliveries else {
-        return "\n SELECT (SELECT count(*) FROM t), ARRAY[]::uuid[]".into();
-    };
-    let held = format!(
-        "EXISTS (SELECT 1 FROM {s}.outbox p WHERE p.task = $1 AND p.config = x.c
-                   AND p.claimed_by IS DISTINCT FROM {me}::uuid)"
-    );
-    format!(
-        ",
-         o AS (INSERT INTO {s}.outbox (delivery, task, seq, config, attempt, due_us, claimed_by, claimed_node)
-               SELECT x.d, $1, {seq}::bigint, x.c, 1, NULL,
-                      CASE WHEN {held} THEN NULL ELSE {me}::uuid END,
-                      CASE WHEN {held} THEN NULL ELSE {node}::text END
-               FROM t, unnest({ids}::uuid[], {configs}::text[]) AS x(d, c)
-               ON CONFLICT DO NOTHING
-               RETURNING delivery, claimed_by)
-         SELECT (SELECT count(*) FROM t), ARRAY(SELECT delivery FROM o WHERE claimed_by IS NULL)"
-    )
-}
-
-/// The outcome of an append: `None` when it was fenced.
-pub(super) fn executed(row: &tokio_postgres::Row) -> Executed {
-    (row.get::<_, i64>(0) == 1).then(|| row.get::<_, Vec<Uuid>>(1))
-}
-
-/// One statement of a batch.
+/// One write of a batch, as the committer sends it.
 pub(super) enum Planned {
-    Task {
-        id: Uuid,
-        key: TaskKey,
-        task: Arc<TaskSnapshot>,
-        event: Arc<TaskEvent>,
-        turn: TurnId,
-        /// `None`: this node does not hold the task (its append is fenced).
-        fence: Option<i64>,
-        deliveries: Vec<(Uuid, String)>,
-        /// The task's last event in the batch: it writes the record.
-        last: bool,
-    },
+    /// Its own statement.
     Other(Write),
-    /// A task event written by the batch's [`GATHER_SQL`] statement.
+    /// A task event of the batch's [`GATHER_SQL`] statement (of the task with this id).
     Gathered(Uuid),
     /// A write the batch's later one supersedes (a configuration's bookkeeping), or one
-    /// the [`GATHER_SQL`] statement makes (a conversation turn).
+    /// the [`GATHER_SQL`] statement makes (a conversation turn, a delivery done).
     Nothing,
 }
 
-/// What one statement did: `None` when a task append was fenced, else the deliveries it
+/// What one write did: `None` when a task append was fenced, else the deliveries it
 /// planned that wait behind earlier ones of their lane held by another node (see
-/// [`plan_deliveries`]): this node does not send them.
+/// [`GATHER_SQL`]): this node does not send them.
 pub(super) type Executed = Option<Vec<Uuid>>;
 
 /// A task of the batch written by the [`GATHER_SQL`] statement: its first and last event
@@ -302,74 +208,90 @@ struct Group {
 #[derive(Default)]
 pub(super) struct Gather {
     groups: Vec<Group>,
+    /// Where each task's group is in `groups`.
+    by_task: HashMap<Uuid, usize>,
     event_tasks: Vec<Uuid>,
     event_seqs: Vec<i64>,
     event_bodies: Vec<Vec<u8>>,
+    /// Planned deliveries: the delivery, its task, event and configuration.
+    delivery_ids: Vec<Uuid>,
+    delivery_tasks: Vec<Uuid>,
+    delivery_seqs: Vec<i64>,
+    delivery_configs: Vec<String>,
     turns: Vec<(Principal, ContextId, TurnId, Vec<u8>)>,
+    done: Vec<Uuid>,
 }
 
 impl Gather {
-    /// Takes out of `planned` what the statement writes, each task event left as
-    /// [`Planned::Gathered`] and each turn as [`Planned::Nothing`]: every task event but
-    /// those of a task that plans a delivery in the batch (a lane's check is per event:
-    /// [`plan_deliveries`]), and the conversation turns unless the batch also forgets a
-    /// conversation (its statement must then come after the turns in order).
-    pub(super) fn from_batch(planned: &mut [Planned]) -> Gather {
-        let delivering: HashSet<Uuid> = planned
-            .iter()
-            .filter_map(|p| match p {
-                Planned::Task { id, deliveries, .. } if !deliveries.is_empty() => Some(*id),
-                _ => None,
-            })
-            .collect();
+    /// Adds a task's event (`write`, of the task with row id `id`) and the deliveries it
+    /// plans. `fence` is the fence this node holds; `None` (not this node's task): nothing
+    /// is sent, so it is not written and the answer calls it fenced.
+    pub(super) fn event(
+        &mut self,
+        id: Uuid,
+        fence: Option<i64>,
+        write: &Write,
+        deliveries: &[Delivery],
+    ) {
+        let (
+            Some(fence),
+            Write::Task {
+                key,
+                task,
+                event,
+                turn,
+                ..
+            },
+        ) = (fence, write)
+        else {
+            return;
+        };
+        let turn = *turn;
+        match self.by_task.get(&id) {
+            Some(&i) => {
+                let group = &mut self.groups[i];
+                group.last = event.seq;
+                group.task = task.clone();
+                group.turn = turn;
+            }
+            None => {
+                self.by_task.insert(id, self.groups.len());
+                self.groups.push(Group {
+                    id,
+                    key: key.clone(),
+                    fence,
+                    first: event.seq,
+                    last: event.seq,
+                    task: task.clone(),
+                    turn,
+                });
+            }
+        }
+        self.event_tasks.push(id);
+        self.event_seqs.push(number(event.seq));
+        self.event_bodies.push(codec::encode_event(event));
+        for d in deliveries {
+            self.delivery_ids.push(d.id);
+            self.delivery_tasks.push(id);
+            self.delivery_seqs.push(number(event.seq));
+            self.delivery_configs.push(d.key.config.clone());
+        }
+    }
+
+    /// Takes out of `planned` the other writes the statement makes, each left as
+    /// [`Planned::Nothing`]: the deliveries done, and the conversation turns unless the
+    /// batch also forgets a conversation (its statement must then come after the turns,
+    /// in order).
+    pub(super) fn take_others(&mut self, planned: &mut [Planned]) {
         let forgets = planned
             .iter()
             .any(|p| matches!(p, Planned::Other(Write::ForgetContext { .. })));
-        let mut gather = Gather::default();
-        let mut groups: HashMap<Uuid, usize> = HashMap::new();
         let mut turns: HashMap<(Principal, ContextId, TurnId), usize> = HashMap::new();
         for p in planned.iter_mut() {
             match p {
-                Planned::Task { id, .. } if !delivering.contains(id) => {
-                    let id = *id;
-                    let Planned::Task {
-                        key,
-                        task,
-                        event,
-                        turn,
-                        fence,
-                        ..
-                    } = std::mem::replace(p, Planned::Gathered(id))
-                    else {
-                        continue;
-                    };
-                    // Not this node's: not sent, so not written (fenced).
-                    let Some(fence) = fence else {
-                        continue;
-                    };
-                    match groups.get(&id) {
-                        Some(&i) => {
-                            let group = &mut gather.groups[i];
-                            group.last = event.seq;
-                            group.task = task;
-                            group.turn = turn;
-                        }
-                        None => {
-                            groups.insert(id, gather.groups.len());
-                            gather.groups.push(Group {
-                                id,
-                                key,
-                                fence,
-                                first: event.seq,
-                                last: event.seq,
-                                task,
-                                turn,
-                            });
-                        }
-                    }
-                    gather.event_tasks.push(id);
-                    gather.event_seqs.push(number(event.seq));
-                    gather.event_bodies.push(codec::encode_event(&event));
+                Planned::Other(Write::OutboxDone(key)) => {
+                    self.done.push(delivery_id(key));
+                    *p = Planned::Nothing;
                 }
                 Planned::Other(Write::Turn { .. }) if !forgets => {
                     let Planned::Other(Write::Turn {
@@ -386,21 +308,20 @@ impl Gather {
                     // One row per turn: the statement may not write a row twice.
                     let at = (principal, context, turn);
                     match turns.get(&at) {
-                        Some(&i) => gather.turns[i].3 = body,
+                        Some(&i) => self.turns[i].3 = body,
                         None => {
-                            turns.insert(at.clone(), gather.turns.len());
-                            gather.turns.push((at.0, at.1, at.2, body));
+                            turns.insert(at.clone(), self.turns.len());
+                            self.turns.push((at.0, at.1, at.2, body));
                         }
                     }
                 }
                 _ => {}
             }
         }
-        gather
     }
 
     pub(super) fn is_empty(&self) -> bool {
-        self.groups.is_empty() && self.turns.is_empty()
+        self.groups.is_empty() && self.turns.is_empty() && self.done.is_empty()
     }
 
     /// Sends the statement (on its first poll: it goes out in the batch's flight).
@@ -431,7 +352,7 @@ impl Gather {
             .collect();
         let t_bodies: Vec<&[u8]> = self.turns.iter().map(|t| t.3.as_slice()).collect();
 
-        let params: [&(dyn tokio_postgres::types::ToSql + Sync); 29] = [
+        let params: [&(dyn tokio_postgres::types::ToSql + Sync); 34] = [
             &c.ids,
             &c_principals,
             &c_agents,
@@ -461,6 +382,11 @@ impl Gather {
             &t_since,
             &t_numbers,
             &t_bodies,
+            &self.delivery_ids,
+            &self.delivery_tasks,
+            &self.delivery_seqs,
+            &self.delivery_configs,
+            &self.done,
         ];
         tx.query_one(&prepared.gather, &params).await
     }
