@@ -4,10 +4,9 @@
 //!
 //! - **Appends** go to committer tasks (`cluster.commit_lanes`, each with its own
 //!   connection; a task's writes always to the same one): each batch is one transaction —
-//!   one statement for every task that plans no delivery (a row per task, its events and
-//!   the batch's turns from arrays), one statement per event of the others (record, event
-//!   row and outbox rows together), each checked against the task's fence — and one
-//!   `NOTIFY` with the tasks it touched. A task's
+//!   one statement for its task events (a row per task, its events, outbox rows and the
+//!   batch's turns from arrays, each task checked against its fence) — and one `NOTIFY`
+//!   with the tasks it touched. A task's
 //!   first event creates its row (fence 1, this node its runner); every later one must
 //!   carry the fence this node holds, so a node whose task was taken (a cancel elsewhere,
 //!   a takeover) cannot append to it any more: its append is *fenced*, acknowledged to

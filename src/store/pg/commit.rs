@@ -1,6 +1,5 @@
-//! The committer: one task with its own connection, one transaction per batch — the
-//! gathered statement for the tasks that plan no delivery ([`Gather`]), a statement per
-//! event of the others — every write checked against its task's fence.
+//! The committer: one task with its own connection, one transaction per batch, its task
+//! events in one gathered statement ([`Gather`]), each task checked against its fence.
 
 use std::collections::HashSet;
 use std::sync::Arc;
