@@ -401,24 +401,31 @@ pub(crate) fn test_pg_url() -> Option<String> {
     None
 }
 
-#[test]
-fn postgres_keeps_the_contract_and_a_second_node_takes_over_what_the_first_left() {
-    use super::pg::PgStore;
-    use crate::config::ClusterConfig;
-    use crate::store::cluster::{Cluster as _, Signal};
-
-    let Some(url) = test_pg_url() else {
-        return;
-    };
+/// A runtime, PostgreSQL's URL and a fresh schema name (`prefix_` and 12 hex digits) for a
+/// test on PostgreSQL; `None` (the test skips) without a reachable one.
+pub(crate) fn pg_test_setup(prefix: &str) -> Option<(tokio::runtime::Runtime, String, String)> {
+    let url = test_pg_url()?;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()
         .expect("runtime");
     let schema = format!(
-        "a2ad_contract_{}",
+        "{prefix}_{}",
         &uuid::Uuid::new_v4().simple().to_string()[..12]
     );
+    Some((rt, url, schema))
+}
+
+#[test]
+fn postgres_keeps_the_contract_and_a_second_node_takes_over_what_the_first_left() {
+    use super::pg::PgStore;
+    use crate::config::ClusterConfig;
+    use crate::store::cluster::{Cluster as _, Signal};
+
+    let Some((rt, url, schema)) = pg_test_setup("a2ad_contract") else {
+        return;
+    };
     let node = |id: &str| {
         let mut cluster = ClusterConfig::postgres(url.clone());
         cluster.schema = schema.clone();

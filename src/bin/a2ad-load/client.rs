@@ -128,22 +128,55 @@ pub static DONE: AtomicU64 = AtomicU64::new(0);
 
 /// A keep-alive connection.
 pub struct Conn {
-    sender: SendRequest<Full<Bytes>>,
+    sender: Sender,
     target: Arc<Target>,
+}
+
+/// How a connection sends: HTTP/1.1, or a stream of an HTTP/2 connection (cleartext, prior
+/// knowledge) that other `Conn`s may share.
+enum Sender {
+    H1(SendRequest<Full<Bytes>>),
+    H2(hyper::client::conn::http2::SendRequest<Full<Bytes>>),
 }
 
 impl Conn {
     pub async fn open(target: Arc<Target>) -> Result<Self, String> {
-        let tcp = tokio::time::timeout(Duration::from_secs(10), TcpStream::connect(target.addr))
-            .await
-            .map_err(|_| "connect-timeout".to_string())?
-            .map_err(|_| "connect".to_string())?;
-        let _ = tcp.set_nodelay(true);
+        let tcp = connect(&target).await?;
         let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tcp))
             .await
             .map_err(|_| "handshake".to_string())?;
         tokio::spawn(conn);
-        Ok(Self { sender, target })
+        Ok(Self {
+            sender: Sender::H1(sender),
+            target,
+        })
+    }
+
+    /// An HTTP/2 connection whose streams [`Conn::stream`] hands out.
+    pub async fn open_h2(target: Arc<Target>) -> Result<Self, String> {
+        let tcp = connect(&target).await?;
+        let (sender, conn) = hyper::client::conn::http2::handshake(
+            hyper_util::rt::TokioExecutor::new(),
+            TokioIo::new(tcp),
+        )
+        .await
+        .map_err(|_| "handshake".to_string())?;
+        tokio::spawn(conn);
+        Ok(Self {
+            sender: Sender::H2(sender),
+            target,
+        })
+    }
+
+    /// Another stream on this HTTP/2 connection (`None` on HTTP/1.1).
+    pub fn stream(&self) -> Option<Self> {
+        match &self.sender {
+            Sender::H1(_) => None,
+            Sender::H2(s) => Some(Self {
+                sender: Sender::H2(s.clone()),
+                target: self.target.clone(),
+            }),
+        }
     }
 
     /// GETs a path; returns the status and the whole response body.
@@ -163,58 +196,29 @@ impl Conn {
     }
 
     async fn send(&mut self, req: Request<Full<Bytes>>) -> Result<(u16, Bytes), String> {
-        self.sender
-            .ready()
-            .await
-            .map_err(|_| "closed".to_string())?;
-        let resp = self
-            .sender
-            .send_request(req)
-            .await
-            .map_err(|_| "io".to_string())?;
-        whole(resp).await
+        let closed = |_| "closed".to_string();
+        let sent = match &mut self.sender {
+            Sender::H1(s) => {
+                s.ready().await.map_err(closed)?;
+                s.send_request(req).await
+            }
+            Sender::H2(s) => {
+                s.ready().await.map_err(closed)?;
+                s.send_request(req).await
+            }
+        };
+        whole(sent.map_err(|_| "io".to_string())?).await
     }
 }
 
-/// An HTTP/2 connection (cleartext, prior knowledge) whose streams tasks share: a clone
-/// is another stream on the same connection.
-#[derive(Clone)]
-pub struct H2 {
-    sender: hyper::client::conn::http2::SendRequest<Full<Bytes>>,
-    target: Arc<Target>,
-}
-
-impl H2 {
-    pub async fn open(target: Arc<Target>) -> Result<Self, String> {
-        let tcp = tokio::time::timeout(Duration::from_secs(10), TcpStream::connect(target.addr))
-            .await
-            .map_err(|_| "connect-timeout".to_string())?
-            .map_err(|_| "connect".to_string())?;
-        let _ = tcp.set_nodelay(true);
-        let (sender, conn) = hyper::client::conn::http2::handshake(
-            hyper_util::rt::TokioExecutor::new(),
-            TokioIo::new(tcp),
-        )
+/// A TCP connection to the target, within ten seconds.
+async fn connect(target: &Target) -> Result<TcpStream, String> {
+    let tcp = tokio::time::timeout(Duration::from_secs(10), TcpStream::connect(target.addr))
         .await
-        .map_err(|_| "handshake".to_string())?;
-        tokio::spawn(conn);
-        Ok(Self { sender, target })
-    }
-
-    /// As [`Conn::post`], on a stream of its own.
-    pub async fn post(&mut self, body: String, sse: bool) -> Result<(u16, Bytes), String> {
-        let req = post_request(&self.target, body, sse)?;
-        self.sender
-            .ready()
-            .await
-            .map_err(|_| "closed".to_string())?;
-        let resp = self
-            .sender
-            .send_request(req)
-            .await
-            .map_err(|_| "io".to_string())?;
-        whole(resp).await
-    }
+        .map_err(|_| "connect-timeout".to_string())?
+        .map_err(|_| "connect".to_string())?;
+    let _ = tcp.set_nodelay(true);
+    Ok(tcp)
 }
 
 /// A POST of `body` to the target's path (on REST, the operation's).

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
-use crate::client::{self, Conn, H2, Kind, Stats, Target};
+use crate::client::{self, Conn, Kind, Stats, Target};
 use crate::report::{Report, progress_line, report};
 use crate::{Cli, Scenario, WEBHOOK_SECRET, drive, measured, procs, receiver};
 
@@ -164,13 +164,13 @@ pub(crate) async fn hold(
     let mut shared = Vec::new();
     if cli.h2_streams > 0 {
         for _ in 0..n.div_ceil(cli.h2_streams) {
-            shared.push(H2::open(target.clone()).await?);
+            shared.push(Conn::open_h2(target.clone()).await?);
         }
     }
     let tasks: Vec<_> = (0..n)
         .map(|i| {
             let (target, opened, connects) = (target.clone(), opened.clone(), connects.clone());
-            let h2 = (!shared.is_empty()).then(|| shared[i % shared.len()].clone());
+            let h2 = shared.get(i % shared.len().max(1)).and_then(Conn::stream);
             tokio::spawn(async move {
                 let body = client::send_body("message/stream", "hold", "");
                 let t;

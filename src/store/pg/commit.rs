@@ -438,7 +438,7 @@ mod tests {
     use crate::config::{ClusterConfig, Config};
     use crate::model::TaskState;
     use crate::store::Store as _;
-    use crate::store::contract::{block, event, key, test_pg_url};
+    use crate::store::contract::{block, event, key, pg_test_setup};
     use crate::store::pg::PgStore;
 
     fn turn_of(w: &Write) -> Write {
@@ -463,19 +463,11 @@ mod tests {
     /// lost, is kept and not fenced; and the tasks move on in a later batch.
     #[test]
     fn a_batch_is_gathered_into_one_statement_and_its_retry_is_kept() {
-        let Some(url) = test_pg_url() else {
+        let Some((rt, url, schema)) = pg_test_setup("a2ad_gather") else {
             return;
         };
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .enable_all()
-            .build()
-            .expect("runtime");
         let mut cluster = ClusterConfig::postgres(url);
-        cluster.schema = format!(
-            "a2ad_gather_{}",
-            &uuid::Uuid::new_v4().simple().to_string()[..12]
-        );
+        cluster.schema = schema;
         cluster.node_id = Some("g1".into());
         let config = Config {
             cluster: Some(cluster.clone()),
