@@ -10,7 +10,7 @@ use futures_util::future::try_join_all;
 use tokio::sync::mpsc;
 use uuid::Uuid;
 
-use super::statements::{Executed, Gather, Other, Planned, Prepared, prepare};
+use super::statements::{Gather, Other, Prepared, prepare};
 use super::{
     COMMIT_TIMEOUT, CONNECT_TIMEOUT, Inner, Msg, NOTIFY_MAX, Owned, RECENT, connect, owner_id,
     row_id,
@@ -186,10 +186,11 @@ pub(super) async fn commit(
         .collect();
 
     // Plan every write first (in order), then send them all at once (pipelined): the
-    // task events, their deliveries, the turns and the deliveries done in one statement.
-    let mut planned: Vec<Planned> = Vec::new();
+    // task events, their deliveries, the turns and the deliveries done in one statement,
+    // the other writes (`None` once superseded or gathered) one statement each.
+    let mut planned: Vec<Option<&Write>> = Vec::new();
     let mut gathered = Gather::default();
-    let mut plans: Vec<Vec<(usize, Vec<Delivery>, TaskKey)>> = Vec::with_capacity(batch.len());
+    let mut plans: Vec<Vec<(Uuid, Vec<Delivery>, TaskKey)>> = Vec::with_capacity(batch.len());
     let mut touched: Vec<Uuid> = Vec::new();
     for job in batch {
         let mut mine = Vec::new();
@@ -220,8 +221,7 @@ pub(super) async fn commit(
                         None => None,
                     };
                     gathered.event(id, fence, w, &deliveries);
-                    mine.push((planned.len(), deliveries, key.clone()));
-                    planned.push(Planned::Gathered(id));
+                    mine.push((id, deliveries, key.clone()));
                 }
                 Write::PushSet(c) => {
                     match c.namespace {
@@ -233,11 +233,11 @@ pub(super) async fn commit(
                     }
                     configs.push(c.clone());
                     inner.configs.insert(c.id.clone(), c.clone());
-                    planned.push(Planned::Other(w.clone()));
+                    planned.push(Some(w));
                 }
                 Write::PushRemove(scope) => {
                     configs.retain(|o| !(o.namespace == Namespace::Scoped && o.scope == *scope));
-                    planned.push(Planned::Other(w.clone()));
+                    planned.push(Some(w));
                 }
                 Write::PushRemoveNamed { task, id } => {
                     configs.retain(|o| {
@@ -247,9 +247,9 @@ pub(super) async fn commit(
                             && o.scope.agent == task.agent
                             && o.scope.task.as_ref() == Some(&task.task))
                     });
-                    planned.push(Planned::Other(w.clone()));
+                    planned.push(Some(w));
                 }
-                _ => planned.push(Planned::Other(w.clone())),
+                _ => planned.push(Some(w)),
             }
         }
         plans.push(mine);
@@ -258,10 +258,8 @@ pub(super) async fn commit(
     // Only a configuration's last bookkeeping is written.
     let mut stats = StatsOnce::default();
     for p in planned.iter_mut().rev() {
-        if let Planned::Other(w) = p
-            && stats.superseded(w)
-        {
-            *p = Planned::Nothing;
+        if p.is_some_and(|w| stats.superseded(w)) {
+            *p = None;
         }
     }
     gathered.take_others(&mut planned);
@@ -276,7 +274,8 @@ pub(super) async fn commit(
     let statements = try_join_all(
         planned
             .iter()
-            .map(|p| execute(tx, prepared, p, &inner.sealer)),
+            .flatten()
+            .map(|w| execute(tx, prepared, w, &inner.sealer)),
     );
 
     touched.sort_unstable();
@@ -298,26 +297,21 @@ pub(super) async fn commit(
     let channel = format!("{s}_ev");
     let notify_params: [&(dyn tokio_postgres::types::ToSql + Sync); 2] = [&channel, &notifies];
     let notified = tx.execute(&prepared.notify, &notify_params);
-    let ((written, waiting), mut results, _, ()) =
+    let ((written, waiting), _, _, ()) =
         futures_util::try_join!(gather, statements, notified, tx.batch_execute("COMMIT"))?;
-    for (p, result) in planned.iter().zip(results.iter_mut()) {
-        if let Planned::Gathered(id) = p {
-            *result = written.contains(id).then(|| waiting.clone());
-        }
-    }
 
     Ok(plans
         .into_iter()
         .map(|mine| {
             let mut committed = Committed::default();
             let mut fenced = Vec::new();
-            for (index, deliveries, key) in mine {
-                match &results[index] {
-                    Some(waiting) => committed
+            for (id, deliveries, key) in mine {
+                if written.contains(&id) {
+                    committed
                         .deliveries
-                        .extend(deliveries.into_iter().filter(|d| !waiting.contains(&d.id))),
-                    None if !fenced.contains(&key) => fenced.push(key),
-                    None => {}
+                        .extend(deliveries.into_iter().filter(|d| !waiting.contains(&d.id)));
+                } else if !fenced.contains(&key) {
+                    fenced.push(key);
                 }
             }
             if fenced.is_empty() {
@@ -329,107 +323,102 @@ pub(super) async fn commit(
         .collect())
 }
 
-/// Runs one statement.
+/// Runs the statement of one write the gathered statement does not make.
 pub(super) async fn execute(
     tx: &tokio_postgres::Client,
     prepared: &Prepared,
-    p: &Planned,
+    w: &Write,
     sealer: &super::super::seal::Sealer,
-) -> std::result::Result<Executed, tokio_postgres::Error> {
-    match p {
-        Planned::Nothing | Planned::Gathered(_) => Ok(Some(Vec::new())),
-        Planned::Other(w) => {
-            match w {
-                Write::Turn {
-                    principal,
-                    context,
-                    turn,
-                    user,
-                    reply,
-                } => {
-                    let body = codec::encode_turn(user, reply.as_deref());
-                    let number = i32::try_from(turn.number).unwrap_or(i32::MAX);
-                    tx.execute(
-                        prepared.other(Other::TurnPut),
-                        &[
-                            &principal.as_str(),
-                            &context.as_str(),
-                            &turn.since,
-                            &number,
-                            &body,
-                        ],
-                    )
-                    .await?;
-                }
-                Write::ForgetContext {
-                    principal,
-                    context,
-                    since,
-                } => {
-                    tx.execute(
-                        prepared.other(Other::TurnsForget),
-                        &[&principal.as_str(), &context.as_str(), since],
-                    )
-                    .await?;
-                }
-                Write::PushSet(c) | Write::PushStats(c) => {
-                    let owner = owner_id(&c.scope.principal, &c.scope.agent);
-                    let task = c.scope.task.as_ref().map(|t| t.as_str().to_string());
-                    let named = c.namespace == Namespace::Named;
-                    let body = codec::encode_push(c, sealer);
-                    if matches!(w, Write::PushStats(_)) {
-                        tx.execute(
-                            prepared.other(Other::PushStats),
-                            &[&owner, &task, &named, &c.id, &body],
-                        )
-                        .await?;
-                    } else {
-                        let which = if named {
-                            Other::PushNamed
-                        } else {
-                            Other::PushScoped
-                        };
-                        tx.execute(
-                            prepared.other(which),
-                            &[
-                                &owner,
-                                &task,
-                                &c.id,
-                                &c.created_at.timestamp_micros(),
-                                &body,
-                            ],
-                        )
-                        .await?;
-                    }
-                }
-                Write::PushRemove(scope) => {
-                    let owner = owner_id(&scope.principal, &scope.agent);
-                    let task = scope.task.as_ref().map(|t| t.as_str().to_string());
-                    tx.execute(prepared.other(Other::PushRemove), &[&owner, &task])
-                        .await?;
-                }
-                Write::PushRemoveNamed { task, id } => {
-                    let owner = owner_id(&task.principal, &task.agent);
-                    tx.execute(
-                        prepared.other(Other::PushRemoveNamed),
-                        &[&owner, &task.task.as_str(), id],
-                    )
-                    .await?;
-                }
-                Write::OutboxRetry { key, attempt, due } => {
-                    let attempt = i32::try_from(*attempt).unwrap_or(i32::MAX);
-                    tx.execute(
-                        prepared.other(Other::OutboxRetry),
-                        &[&delivery_id(key), &attempt, &due.timestamp_micros()],
-                    )
-                    .await?;
-                }
-                // Written by the gathered statement.
-                Write::Task { .. } | Write::OutboxDone(_) => {}
-            }
-            Ok(Some(Vec::new()))
+) -> std::result::Result<(), tokio_postgres::Error> {
+    match w {
+        Write::Turn {
+            principal,
+            context,
+            turn,
+            user,
+            reply,
+        } => {
+            let body = codec::encode_turn(user, reply.as_deref());
+            let number = i32::try_from(turn.number).unwrap_or(i32::MAX);
+            tx.execute(
+                prepared.other(Other::TurnPut),
+                &[
+                    &principal.as_str(),
+                    &context.as_str(),
+                    &turn.since,
+                    &number,
+                    &body,
+                ],
+            )
+            .await?;
         }
+        Write::ForgetContext {
+            principal,
+            context,
+            since,
+        } => {
+            tx.execute(
+                prepared.other(Other::TurnsForget),
+                &[&principal.as_str(), &context.as_str(), since],
+            )
+            .await?;
+        }
+        Write::PushSet(c) | Write::PushStats(c) => {
+            let owner = owner_id(&c.scope.principal, &c.scope.agent);
+            let task = c.scope.task.as_ref().map(|t| t.as_str().to_string());
+            let named = c.namespace == Namespace::Named;
+            let body = codec::encode_push(c, sealer);
+            if matches!(w, Write::PushStats(_)) {
+                tx.execute(
+                    prepared.other(Other::PushStats),
+                    &[&owner, &task, &named, &c.id, &body],
+                )
+                .await?;
+            } else {
+                let which = if named {
+                    Other::PushNamed
+                } else {
+                    Other::PushScoped
+                };
+                tx.execute(
+                    prepared.other(which),
+                    &[
+                        &owner,
+                        &task,
+                        &c.id,
+                        &c.created_at.timestamp_micros(),
+                        &body,
+                    ],
+                )
+                .await?;
+            }
+        }
+        Write::PushRemove(scope) => {
+            let owner = owner_id(&scope.principal, &scope.agent);
+            let task = scope.task.as_ref().map(|t| t.as_str().to_string());
+            tx.execute(prepared.other(Other::PushRemove), &[&owner, &task])
+                .await?;
+        }
+        Write::PushRemoveNamed { task, id } => {
+            let owner = owner_id(&task.principal, &task.agent);
+            tx.execute(
+                prepared.other(Other::PushRemoveNamed),
+                &[&owner, &task.task.as_str(), id],
+            )
+            .await?;
+        }
+        Write::OutboxRetry { key, attempt, due } => {
+            let attempt = i32::try_from(*attempt).unwrap_or(i32::MAX);
+            tx.execute(
+                prepared.other(Other::OutboxRetry),
+                &[&delivery_id(key), &attempt, &due.timestamp_micros()],
+            )
+            .await?;
+        }
+        // Written by the gathered statement.
+        Write::Task { .. } | Write::OutboxDone(_) => {}
     }
+    Ok(())
 }
 
 #[cfg(test)]

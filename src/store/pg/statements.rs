@@ -176,22 +176,6 @@ pub(super) async fn prepare(
     })
 }
 
-/// One write of a batch, as the committer sends it.
-pub(super) enum Planned {
-    /// Its own statement.
-    Other(Write),
-    /// A task event of the batch's [`GATHER_SQL`] statement (of the task with this id).
-    Gathered(Uuid),
-    /// A write the batch's later one supersedes (a configuration's bookkeeping), or one
-    /// the [`GATHER_SQL`] statement makes (a conversation turn, a delivery done).
-    Nothing,
-}
-
-/// What one write did: `None` when a task append was fenced, else the deliveries it
-/// planned that wait behind earlier ones of their lane held by another node (see
-/// [`GATHER_SQL`]): this node does not send them.
-pub(super) type Executed = Option<Vec<Uuid>>;
-
 /// A task of the batch written by the [`GATHER_SQL`] statement: its first and last event
 /// numbers, and the record its last event left.
 struct Group {
@@ -278,42 +262,38 @@ impl Gather {
         }
     }
 
-    /// Takes out of `planned` the other writes the statement makes, each left as
-    /// [`Planned::Nothing`]: the deliveries done, and the conversation turns unless the
-    /// batch also forgets a conversation (its statement must then come after the turns,
-    /// in order).
-    pub(super) fn take_others(&mut self, planned: &mut [Planned]) {
+    /// Takes out of `planned` the other writes the statement makes (each left `None`):
+    /// the deliveries done, and the conversation turns unless the batch also forgets a
+    /// conversation (its statement must then come after the turns, in order).
+    pub(super) fn take_others(&mut self, planned: &mut [Option<&Write>]) {
         let forgets = planned
             .iter()
-            .any(|p| matches!(p, Planned::Other(Write::ForgetContext { .. })));
-        let mut turns: HashMap<(Principal, ContextId, TurnId), usize> = HashMap::new();
+            .any(|p| matches!(p, Some(Write::ForgetContext { .. })));
+        let mut turns: HashMap<(&Principal, &ContextId, TurnId), usize> = HashMap::new();
         for p in planned.iter_mut() {
-            match p {
-                Planned::Other(Write::OutboxDone(key)) => {
+            match *p {
+                Some(Write::OutboxDone(key)) => {
                     self.done.push(delivery_id(key));
-                    *p = Planned::Nothing;
+                    *p = None;
                 }
-                Planned::Other(Write::Turn { .. }) if !forgets => {
-                    let Planned::Other(Write::Turn {
-                        principal,
-                        context,
-                        turn,
-                        user,
-                        reply,
-                    }) = std::mem::replace(p, Planned::Nothing)
-                    else {
-                        continue;
-                    };
-                    let body = codec::encode_turn(&user, reply.as_deref());
+                Some(Write::Turn {
+                    principal,
+                    context,
+                    turn,
+                    user,
+                    reply,
+                }) if !forgets => {
+                    let body = codec::encode_turn(user, reply.as_deref());
                     // One row per turn: the statement may not write a row twice.
-                    let at = (principal, context, turn);
-                    match turns.get(&at) {
+                    match turns.get(&(principal, context, *turn)) {
                         Some(&i) => self.turns[i].3 = body,
                         None => {
-                            turns.insert(at.clone(), self.turns.len());
-                            self.turns.push((at.0, at.1, at.2, body));
+                            turns.insert((principal, context, *turn), self.turns.len());
+                            self.turns
+                                .push((principal.clone(), context.clone(), *turn, body));
                         }
                     }
+                    *p = None;
                 }
                 _ => {}
             }
