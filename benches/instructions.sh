@@ -9,6 +9,8 @@
 #   A2AD_INSN_SCENARIO=webhooks A2AD_INSN_DIALECTS=seed benches/instructions.sh
 #     # per task with its webhook delivery (one agent-wide configuration, every delivery
 #     # received by the tool's receiver and its signature checked)
+#   A2AD_INSN_LOAD_ARGS=--h2 A2AD_INSN_DIALECTS="v1 rest" benches/instructions.sh
+#     # the same calls over cleartext HTTP/2: what HTTP/2 costs beside HTTP/1.1 and gRPC
 #   A2AD_INSN_SCENARIO=gateway A2AD_INSN_STORES=memory benches/instructions.sh
 #     # per task forwarded: the measured server's `echo` is an `a2a` agent fronting the
 #     # `echo` of another a2ad (memory store, not under valgrind); its instructions are the
@@ -132,10 +134,12 @@ EOF
   [ -n "$url" ] || { cat "$out" >&2; echo "a2ad did not start under valgrind" >&2; exit 1; }
   # Warmed with plain sends: a `webhooks` run sets a configuration, and a second one
   # would double the deliveries of the measured run.
-  "$LOAD" --url "$url" --key "$KEY" --dialect "$dialect" --requests 300 -c "$conns" >/dev/null
+  # shellcheck disable=SC2086
+  "$LOAD" --url "$url" --key "$KEY" --dialect "$dialect" ${A2AD_INSN_LOAD_ARGS:-} --requests 300 -c "$conns" >/dev/null
   callgrind_control -z "$SERVER" >/dev/null 2>&1
+  # shellcheck disable=SC2086
   "$LOAD" --url "$url" --key "$KEY" --scenario "$LOAD_SCENARIO" --dialect "$dialect" \
-    --requests "$N" -c "$conns" >"$WORK/load.txt"
+    ${A2AD_INSN_LOAD_ARGS:-} --requests "$N" -c "$conns" >"$WORK/load.txt"
   callgrind_control -d "$SERVER" >/dev/null 2>&1
   [ -n "${A2AD_INSN_KEEP:-}" ] && mkdir -p "$A2AD_INSN_KEEP" && cp "$(ls -t "$WORK"/cg.*.* | head -1)" "$A2AD_INSN_KEEP/callgrind.$store.$dialect.c$conns"
   if grep -q "errors: none" "$WORK/load.txt"; then :; else

@@ -234,17 +234,20 @@ pub(crate) struct TaskActorState {
 
 impl Actor for TaskActor {
     type Msg = TaskMsg;
-    type State = TaskActorState;
-    type Arguments = TaskArgs;
+    // Boxed: ractor moves an actor's state through its start-up futures several times.
+    type State = Box<TaskActorState>;
+    // Boxed too: the arguments ride in the spawning request's future until `pre_start`.
+    type Arguments = Box<TaskArgs>;
 
     async fn pre_start(
         &self,
         myself: ActorRef<TaskMsg>,
-        args: TaskArgs,
-    ) -> Result<TaskActorState, ActorProcessingErr> {
+        args: Box<TaskArgs>,
+    ) -> Result<Box<TaskActorState>, ActorProcessingErr> {
+        let args = *args;
         let status = TaskStatus::new(TaskState::Submitted);
         let placeholder = Arc::new(placeholder(&args.key, &args.context_id, &status));
-        let mut state = TaskActorState {
+        let mut state = Box::new(TaskActorState {
             created_at: status.timestamp,
             started: Instant::now(),
             history: vec![args.message.clone()],
@@ -280,7 +283,7 @@ impl Actor for TaskActor {
             flow_events: VecDeque::new(),
             pending: Vec::with_capacity(4),
             span: args.span,
-        };
+        });
         state.follow(args.follow);
         let submitted = || std::sync::atomic::Ordering::Relaxed;
         match args.restored {
@@ -325,7 +328,7 @@ impl Actor for TaskActor {
         &self,
         myself: ActorRef<TaskMsg>,
         msg: TaskMsg,
-        state: &mut TaskActorState,
+        state: &mut Box<TaskActorState>,
     ) -> Result<(), ActorProcessingErr> {
         let terminal = state.status.state.is_terminal();
         match msg {
@@ -500,7 +503,7 @@ impl Actor for TaskActor {
     async fn post_stop(
         &self,
         _myself: ActorRef<TaskMsg>,
-        state: &mut TaskActorState,
+        state: &mut Box<TaskActorState>,
     ) -> Result<(), ActorProcessingErr> {
         state.cancel.cancel();
         state.link.flow.close();

@@ -119,6 +119,10 @@ struct Cli {
     /// connection (0: HTTP/1.1, a connection per stream).
     #[arg(long, default_value_t = 0)]
     h2_streams: usize,
+    /// `send`, `stream` and `mixed` over cleartext HTTP/2 (prior knowledge), a connection
+    /// per worker: what HTTP/2 itself costs a call, beside HTTP/1.1 and gRPC.
+    #[arg(long)]
+    h2: bool,
     /// How long the slow agent of a started server takes, in ms (`hold`).
     #[arg(long, default_value_t = 3_000)]
     hold_ms: u64,
@@ -417,6 +421,7 @@ async fn measure_a2ad(cli: &Cli) -> Result<Report, String> {
             key: key.clone(),
             dialect: cli.dialect,
             grpc_channels: cli.grpc_channels,
+            h2: cli.h2,
         })
     };
     let result = match cli.scenario {
@@ -486,6 +491,7 @@ async fn measure_floor(cli: &Cli) -> Result<Report, String> {
         key: BENCH_KEY.into(),
         dialect: Dialect::Seed,
         grpc_channels: 0,
+        h2: false,
     });
     // The floor answers every call with one JSON result, so `send` is its workload.
     let r = timed(cli, target, Kind::Send, Some(s.pid()), "floor").await;

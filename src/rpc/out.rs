@@ -29,6 +29,21 @@ pub(crate) fn to_vec<T: Serialize + ?Sized>(value: &T) -> Result<Vec<u8>, Error>
     Ok(out)
 }
 
+/// JSON text already written (by [`to_vec`]), written again as it is: serialized the way
+/// `serde_json`'s `RawValue` serializes itself, so `serde_json`'s writer and this one
+/// both copy it verbatim. For a value a reply holds twice (a completed task's reply is its
+/// `status.message` and the last of its `history`).
+pub(crate) struct Verbatim<'a>(pub(crate) &'a str);
+
+impl Serialize for Verbatim<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeStruct as _;
+        let mut raw = s.serialize_struct(RAW_VALUE, 1)?;
+        raw.serialize_field(RAW_VALUE, self.0)?;
+        raw.end()
+    }
+}
+
 /// Appends `value` as compact JSON to `out`.
 ///
 /// # Errors

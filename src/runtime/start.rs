@@ -286,7 +286,7 @@ impl Runtime {
             },
             turn: r.turn,
         });
-        let args = TaskArgs {
+        let args = Box::new(TaskArgs {
             shared: self.shared.clone(),
             agent,
             key: r.key.clone(),
@@ -301,7 +301,7 @@ impl Runtime {
             restored: Some((r.task.clone(), r.events)),
             why: r.why,
             span: None,
-        };
+        });
         match Actor::spawn_linked(None, TaskActor, args, self.supervisor.get_cell()).await {
             Ok((actor, _)) => {
                 self.shared.metrics.live_tasks.fetch_add(1, Relaxed);

@@ -89,7 +89,7 @@ impl Runtime {
         let (context_id, turn, history) = self.open_context(principal, request.context_id).await?;
 
         let message = Arc::new(request.message);
-        let args = TaskArgs {
+        let args = Box::new(TaskArgs {
             shared: self.shared.clone(),
             agent: agent.clone(),
             key: key.clone(),
@@ -105,7 +105,7 @@ impl Runtime {
             why: crate::store::Orphan::Restart,
             span: crate::telemetry::on()
                 .then(|| crate::telemetry::task_span(&key, context_id.as_str())),
-        };
+        });
         let mut push = InlinePush::checked(
             &self.shared.store,
             &key,

@@ -23,6 +23,8 @@ pub struct Target {
     pub dialect: Dialect,
     /// gRPC: how many HTTP/2 connections the workers share (0: one each).
     pub grpc_channels: usize,
+    /// `send`/`stream`/`mixed` over cleartext HTTP/2 (prior knowledge), a connection each.
+    pub h2: bool,
 }
 
 /// The JSON-RPC dialect `send` and `stream` speak.
@@ -310,7 +312,12 @@ pub async fn run_loop(
             break;
         }
         if conn.is_none() {
-            match Conn::open(target.clone()).await {
+            let opened = if target.h2 {
+                Conn::open_h2(target.clone()).await
+            } else {
+                Conn::open(target.clone()).await
+            };
+            match opened {
                 Ok(c) => conn = Some(c),
                 Err(kind) => {
                     stats.error(kind);

@@ -16,6 +16,7 @@ use crate::model::{
     TaskStatus,
 };
 use crate::push::StoredPushConfig;
+use crate::rpc::out::{self, Verbatim};
 use crate::rpc::success;
 use crate::runtime::StreamItem;
 use crate::store::{ListPage, PageToken};
@@ -70,6 +71,29 @@ impl<'a> TaskOut<'a> {
 impl Serialize for TaskOut<'_> {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         let (v, t) = (self.v, self.task);
+        let history = match self.history_length {
+            Some(n) => &t.history[t.history.len().saturating_sub(n)..],
+            None => &t.history[..],
+        };
+        // A completed task's reply is its status message and the last of its history:
+        // written once, copied the second time.
+        let written = t
+            .status
+            .message
+            .as_ref()
+            .filter(|m| history.last().is_some_and(|h| Arc::ptr_eq(h, m)))
+            .and_then(|m| {
+                let bytes = out::to_vec(&MessageOut {
+                    v,
+                    message: m,
+                    task_id: Some(&t.id),
+                    context_id: Some(&t.context_id),
+                    metadata: None,
+                })
+                .ok()?;
+                String::from_utf8(bytes).ok()
+            });
+        let written = written.as_deref();
         let mut map = s.serialize_map(None)?;
         if v == Version::V03 {
             map.serialize_entry("kind", "task")?;
@@ -83,15 +107,12 @@ impl Serialize for TaskOut<'_> {
                 status: &t.status,
                 task_id: &t.id,
                 context_id: &t.context_id,
+                written,
             },
         )?;
         if self.artifacts && !t.artifacts.is_empty() {
             map.serialize_entry("artifacts", &ArtifactsOut(v, &t.artifacts))?;
         }
-        let history = match self.history_length {
-            Some(n) => &t.history[t.history.len().saturating_sub(n)..],
-            None => &t.history[..],
-        };
         if !history.is_empty() {
             map.serialize_entry(
                 "history",
@@ -100,6 +121,7 @@ impl Serialize for TaskOut<'_> {
                     history,
                     task_id: &t.id,
                     context_id: &t.context_id,
+                    written,
                 },
             )?;
         }
@@ -121,17 +143,30 @@ struct HistoryOut<'a> {
     history: &'a [Arc<Message>],
     task_id: &'a TaskId,
     context_id: &'a ContextId,
+    /// The last message as already written, when given.
+    written: Option<&'a str>,
 }
 
 impl Serialize for HistoryOut<'_> {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.collect_seq(self.history.iter().map(|m| MessageOut {
-            v: self.v,
-            message: m,
-            task_id: Some(self.task_id),
-            context_id: Some(self.context_id),
-            metadata: None,
-        }))
+        let (earlier, last) = match (self.written, self.history.split_last()) {
+            (Some(written), Some((_, earlier))) => (earlier, Some(written)),
+            _ => (self.history, None),
+        };
+        let mut seq = s.serialize_seq(Some(self.history.len()))?;
+        for m in earlier {
+            seq.serialize_element(&MessageOut {
+                v: self.v,
+                message: m,
+                task_id: Some(self.task_id),
+                context_id: Some(self.context_id),
+                metadata: None,
+            })?;
+        }
+        if let Some(written) = last {
+            seq.serialize_element(&Verbatim(written))?;
+        }
+        seq.end()
     }
 }
 
@@ -276,6 +311,8 @@ pub(crate) struct StatusOut<'a> {
     pub(crate) status: &'a TaskStatus,
     pub(crate) task_id: &'a TaskId,
     pub(crate) context_id: &'a ContextId,
+    /// The status's own message as already written, when given.
+    pub(crate) written: Option<&'a str>,
 }
 
 impl Serialize for StatusOut<'_> {
@@ -283,7 +320,13 @@ impl Serialize for StatusOut<'_> {
         let st = self.status;
         let mut map = s.serialize_map(None)?;
         map.serialize_entry("state", state_name(self.v, st.state))?;
-        let (message, metadata) = status_message(st, self.task_id);
+        let (message, metadata) = match self.written {
+            Some(written) => {
+                map.serialize_entry("message", &Verbatim(written))?;
+                (None, None)
+            }
+            None => status_message(st, self.task_id),
+        };
         if let Some(message) = &message {
             map.serialize_entry(
                 "message",
@@ -394,6 +437,7 @@ impl Serialize for EventOut<'_> {
             status: &event.status,
             task_id: &t.id,
             context_id: &t.context_id,
+            written: None,
         };
         match (&event.artifact, v) {
             (Some(update), Version::V10) => {
@@ -600,6 +644,56 @@ pub(crate) fn push_config(v: Version, c: &StoredPushConfig) -> Value {
                 inner["authentication"] = a;
             }
             json!({"taskId": task, "pushNotificationConfig": inner})
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A completed task whose reply is `status.message` and the last of `history`: the
+    /// same `Arc`, as the task actor leaves it; and the same task with an equal copy.
+    fn completed() -> (TaskSnapshot, TaskSnapshot) {
+        let mut status = TaskStatus::new(TaskState::Completed);
+        let reply = Arc::new(Message::agent_text(["a \"quoted\"\nreply", "second"]));
+        status.message = Some(reply.clone());
+        let shared = TaskSnapshot {
+            id: TaskId::new("t-1"),
+            context_id: ContextId::new("c-1"),
+            seq: 3,
+            created_at: status.timestamp,
+            updated_at: status.timestamp,
+            status,
+            history: vec![Arc::new(Message::user_text(["hello"])), reply.clone()],
+            artifacts: Vec::new(),
+            metadata: None,
+            extensions: Default::default(),
+            note: None,
+        };
+        let mut copies = shared.clone();
+        copies.status.message = Some(Arc::new((*reply).clone()));
+        (shared, copies)
+    }
+
+    #[test]
+    fn a_reply_written_once_and_copied_reads_as_one_written_twice() {
+        for v in [Version::V10, Version::V03] {
+            let (shared, copies) = completed();
+            let once = out::to_vec(&TaskOut::full(v, &shared)).expect("rendered");
+            let twice = out::to_vec(&TaskOut::full(v, &copies)).expect("rendered");
+            assert_eq!(
+                String::from_utf8_lossy(&once),
+                String::from_utf8_lossy(&twice)
+            );
+            // `serde_json`'s writer copies the written reply verbatim too.
+            let by_serde_json = serde_json::to_vec(&TaskOut::full(v, &shared)).expect("json");
+            assert_eq!(by_serde_json, once);
+            // A history cut before the reply shows the status's own.
+            let mut cut = TaskOut::full(v, &shared);
+            cut.history_length = Some(0);
+            let cut = out::to_vec(&cut).expect("rendered");
+            assert!(String::from_utf8_lossy(&cut).contains("second"));
         }
     }
 }

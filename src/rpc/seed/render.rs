@@ -13,6 +13,7 @@ use crate::model::{
     Artifact, Iso8601, Message, Part, Role, TaskId, TaskSnapshot, TaskState, TaskStatus, iso8601,
 };
 use crate::push::{Events, StoredPushConfig, WebhookEvent};
+use crate::rpc::out::{self, Verbatim};
 use crate::rpc::success;
 use crate::runtime::{AgentCard, StreamItem};
 
@@ -113,15 +114,18 @@ struct FileInner<'a> {
     bytes: &'a str,
 }
 
-struct StatusOut<'a>(&'a TaskStatus);
+/// A status; its message as already written (`.1`) when the reply holds it twice.
+struct StatusOut<'a>(&'a TaskStatus, Option<&'a str>);
 
 impl Serialize for StatusOut<'_> {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         let st = self.0;
         let mut map = s.serialize_map(None)?;
         map.serialize_entry("state", st.state.as_str())?;
-        if let Some(m) = &st.message {
-            map.serialize_entry("message", &MessageOut(m))?;
+        match (self.1, &st.message) {
+            (Some(written), Some(_)) => map.serialize_entry("message", &Verbatim(written))?,
+            (None, Some(m)) => map.serialize_entry("message", &MessageOut(m))?,
+            (_, None) => {}
         }
         if let Some(r) = &st.reason {
             map.serialize_entry("reason", &**r)?;
@@ -149,14 +153,23 @@ impl Serialize for TaskOut<'_> {
             Some(n) => &t.history[t.history.len().saturating_sub(n)..],
             None => &t.history[..],
         };
+        // A completed task's reply is its status message and the last of its history:
+        // written once, copied the second time.
+        let reply = t
+            .status
+            .message
+            .as_ref()
+            .filter(|m| history.last().is_some_and(|h| Arc::ptr_eq(h, m)));
+        let written = reply.and_then(|m| String::from_utf8(out::to_vec(&MessageOut(m)).ok()?).ok());
+        let written = written.as_deref();
         let mut map = s.serialize_map(Some(8))?;
         map.serialize_entry("id", t.id.as_str())?;
         map.serialize_entry("contextId", t.context_id.as_str())?;
-        map.serialize_entry("status", &StatusOut(&t.status))?;
+        map.serialize_entry("status", &StatusOut(&t.status, written))?;
         map.serialize_entry("final", &t.status.state.is_terminal())?;
         map.serialize_entry("createdAt", &Iso8601::of(&t.created_at))?;
         map.serialize_entry("updatedAt", &Iso8601::of(&t.updated_at))?;
-        map.serialize_entry("history", &HistoryOut(history))?;
+        map.serialize_entry("history", &HistoryOut(history, written))?;
         if t.status.state == TaskState::Completed {
             map.serialize_entry("artifacts", &ArtifactsOut(&t.status, &t.artifacts))?;
         }
@@ -171,11 +184,23 @@ impl Serialize for TaskOut<'_> {
     }
 }
 
-struct HistoryOut<'a>(&'a [Arc<Message>]);
+/// A history; its last message as already written (`.1`), when given.
+struct HistoryOut<'a>(&'a [Arc<Message>], Option<&'a str>);
 
 impl Serialize for HistoryOut<'_> {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.collect_seq(self.0.iter().map(|m| MessageOut(m)))
+        let (earlier, last) = match (self.1, self.0.split_last()) {
+            (Some(written), Some((_, earlier))) => (earlier, Some(written)),
+            _ => (self.0, None),
+        };
+        let mut seq = s.serialize_seq(Some(self.0.len()))?;
+        for m in earlier {
+            seq.serialize_element(&MessageOut(m))?;
+        }
+        if let Some(written) = last {
+            seq.serialize_element(&Verbatim(written))?;
+        }
+        seq.end()
     }
 }
 
@@ -194,7 +219,7 @@ impl Serialize for EventOut<'_> {
         let mut map = s.serialize_map(None)?;
         map.serialize_entry("id", task.id.as_str())?;
         map.serialize_entry("contextId", task.context_id.as_str())?;
-        map.serialize_entry("status", &StatusOut(&event.status))?;
+        map.serialize_entry("status", &StatusOut(&event.status, None))?;
         map.serialize_entry("final", &event.is_final())?;
         // Never `artifacts` (docs/PROTOCOL.md §5): Evo AI's stream client shows every text an
         // event holds, and the reply is in `status.message` already.
@@ -362,4 +387,59 @@ pub(crate) fn card_out(card: &AgentCard, capabilities: bool, metrics: bool) -> V
         });
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::{ContextId, TaskStatus};
+
+    /// A completed task whose reply is `status.message` and the last of `history`: the
+    /// same `Arc`, as the task actor leaves it; and the same task with an equal copy.
+    fn completed() -> (TaskSnapshot, TaskSnapshot) {
+        let mut status = TaskStatus::new(TaskState::Completed);
+        let reply = Arc::new(Message::agent_text(["a \"quoted\"\nreply", "second"]));
+        status.message = Some(reply.clone());
+        let shared = TaskSnapshot {
+            id: TaskId::new("t-1"),
+            context_id: ContextId::new("c-1"),
+            seq: 3,
+            created_at: status.timestamp,
+            updated_at: status.timestamp,
+            status,
+            history: vec![Arc::new(Message::user_text(["hello"])), reply.clone()],
+            artifacts: Vec::new(),
+            metadata: None,
+            extensions: Default::default(),
+            note: None,
+        };
+        let mut copies = shared.clone();
+        copies.status.message = Some(Arc::new((*reply).clone()));
+        (shared, copies)
+    }
+
+    #[test]
+    fn a_reply_written_once_and_copied_reads_as_one_written_twice() {
+        let (shared, copies) = completed();
+        let out = |t| TaskOut {
+            task: t,
+            history_length: None,
+        };
+        let once = out::to_vec(&out(&shared)).expect("rendered");
+        let twice = out::to_vec(&out(&copies)).expect("rendered");
+        assert_eq!(
+            String::from_utf8_lossy(&once),
+            String::from_utf8_lossy(&twice)
+        );
+        assert_eq!(serde_json::to_vec(&out(&shared)).expect("json"), once);
+        let cut = out::to_vec(&TaskOut {
+            task: &shared,
+            history_length: Some(1),
+        })
+        .expect("rendered");
+        assert_eq!(
+            serde_json::from_slice::<Value>(&cut).expect("json")["history"][0]["messageId"],
+            serde_json::from_slice::<Value>(&once).expect("json")["status"]["message"]["messageId"]
+        );
+    }
 }

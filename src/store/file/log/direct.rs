@@ -9,8 +9,8 @@
 //!
 //! Direct I/O moves whole blocks ([`BLOCK`]) from block-aligned memory. The log's end is
 //! rarely on a block boundary, so each write starts at the block that holds the end: the
-//! bytes already there ([`Direct::tail`], kept in memory), then the frame, then zeros to
-//! the next boundary. Those zeros are the end of the log as in a segment written in
+//! bytes already there (kept in memory, at the start of the aligned buffer), then the
+//! frame, then zeros to the next boundary (already in the buffer). Those zeros are the end of the log as in a segment written in
 //! advance; a segment is cut back to its last frame before the next one is begun
 //! ([`LogDisk::rotate`](super::LogDisk)), so only the newest ever ends in them. Rewriting
 //! the bytes already there is what writeback does anyway (it writes whole pages).
@@ -30,10 +30,18 @@ pub(super) const BLOCK: usize = 4096;
 /// The newest segment, opened for direct writes.
 pub(super) struct Direct {
     file: File,
-    /// The segment's bytes from the start of the block holding its end up to the end.
-    tail: Vec<u8>,
-    /// Scratch for one write, with room to align its start.
+    /// Block-aligned at `at`: the segment's bytes from the start of the block holding its
+    /// end up to the end (`kept` of them), then bytes left from earlier writes up to
+    /// `dirty`, then zeros to the buffer's end. A write adds its frame after the kept
+    /// bytes, zeros what is left after it, and sends whole blocks: the kept bytes are
+    /// never copied, and only bytes an earlier write left are zeroed.
     buf: Vec<u8>,
+    /// Where the aligned block starts in `buf`.
+    at: usize,
+    /// How many bytes of the segment's last block are held.
+    kept: usize,
+    /// Where the zeros begin (relative to `at`).
+    dirty: usize,
 }
 
 impl Direct {
@@ -46,39 +54,62 @@ impl Direct {
             .custom_flags(rustix::fs::OFlags::DIRECT.bits() as i32)
             .open(path)
             .ok()?;
-        let kept = len % BLOCK as u64;
-        let mut tail = vec![0u8; kept as usize];
-        file.read_exact_at(&mut tail, len - kept).ok()?;
-        Some(Self {
+        let kept = (len % BLOCK as u64) as usize;
+        let mut d = Self {
             file: direct,
-            tail,
             buf: Vec::new(),
-        })
+            at: 0,
+            kept: 0,
+            dirty: 0,
+        };
+        d.grow(BLOCK);
+        file.read_exact_at(&mut d.buf[d.at..d.at + kept], len - kept as u64)
+            .ok()?;
+        d.kept = kept;
+        d.dirty = kept;
+        Some(d)
+    }
+
+    /// A zeroed buffer with `whole` aligned bytes, the kept bytes moved to its start.
+    fn grow(&mut self, whole: usize) {
+        let mut buf = vec![0u8; whole + BLOCK];
+        let at = buf.as_ptr().align_offset(BLOCK);
+        buf[at..at + self.kept].copy_from_slice(&self.buf[self.at..self.at + self.kept]);
+        self.buf = buf;
+        self.at = at;
+        self.dirty = self.kept;
     }
 
     /// Writes `bytes` at `len`, the end of the log (not yet durable: the caller syncs).
     /// `EINVAL` means the file system will not take direct writes at all.
     pub(super) fn write(&mut self, bytes: &[u8], len: u64) -> std::io::Result<()> {
-        let start = len - self.tail.len() as u64;
+        let kept = self.kept;
+        let start = len - kept as u64;
         if !start.is_multiple_of(BLOCK as u64) {
             return Err(std::io::Error::other(
                 "the direct writer lost track of the log's end",
             ));
         }
-        let used = self.tail.len() + bytes.len();
+        let used = kept + bytes.len();
         let whole = used.div_ceil(BLOCK) * BLOCK;
-        if self.buf.len() < whole + BLOCK {
-            self.buf.resize(whole + BLOCK, 0);
+        if self.buf.len() < self.at + whole {
+            self.grow(whole);
         }
-        let skip = self.buf.as_ptr().align_offset(BLOCK);
-        let out = &mut self.buf[skip..skip + whole];
-        out[..self.tail.len()].copy_from_slice(&self.tail);
-        out[self.tail.len()..used].copy_from_slice(bytes);
-        out[used..].fill(0);
-        self.file.write_all_at(out, start)?;
-        let kept = used % BLOCK;
-        self.tail.clear();
-        self.tail.extend_from_slice(&out[used - kept..used]);
+        let region = &mut self.buf[self.at..];
+        region[kept..used].copy_from_slice(bytes);
+        if self.dirty > used {
+            region[used..self.dirty].fill(0);
+        }
+        self.dirty = used;
+        self.file.write_all_at(&region[..whole], start)?;
+        // The new last block's bytes move to the start; what they leave is zeroed by the
+        // write that sends it next.
+        let now_kept = used % BLOCK;
+        let from = used - now_kept;
+        if from > 0 {
+            region.copy_within(from..used, 0);
+        }
+        self.kept = now_kept;
         Ok(())
     }
 
@@ -87,9 +118,9 @@ impl Direct {
         self.buf.capacity()
     }
 
-    /// Lets the scratch buffer go.
+    /// Lets the large scratch buffer go, keeping one block for the kept bytes.
     pub(super) fn release(&mut self) {
-        self.buf = Vec::new();
+        self.grow(BLOCK);
     }
 }
 
@@ -134,9 +165,23 @@ mod tests {
         let path = &scratch.0;
         let mut expected = b"0123456789abcdef".to_vec();
         // Within a block, across one, exactly to one, and several blocks at once.
-        for size in [100, 4000, BLOCK * 2 - 4116, 3 * BLOCK + 5] {
+        // After the large one, the scratch buffer is let go (its kept bytes stay), and
+        // the writes go on.
+        for size in [
+            100,
+            4000,
+            BLOCK * 2 - 4116,
+            3 * BLOCK + 5,
+            7,
+            BLOCK,
+            2 * BLOCK - 3,
+            1,
+        ] {
             let bytes: Vec<u8> = (0..size).map(|i| (i % 251) as u8 + 1).collect();
             d.write(&bytes, expected.len() as u64).expect("written");
+            if size > 2 * BLOCK {
+                d.release();
+            }
             expected.extend_from_slice(&bytes);
             let on_disk = std::fs::read(path).expect("read back");
             assert_eq!(&on_disk[..expected.len()], &expected[..]);
