@@ -174,8 +174,8 @@ impl KeyStore {
         headers: &HeaderMap,
         peer: Option<&Arc<Caller>>,
     ) -> Result<Arc<Caller>, AuthError> {
-        let api_key = single(headers, "x-api-key")?;
-        let bearer = match single(headers, "authorization")? {
+        let api_key = single(headers, &X_API_KEY)?;
+        let bearer = match single(headers, &hyper::header::AUTHORIZATION)? {
             None => None,
             Some(v) => Some(bearer_token(v).ok_or(AuthError::Unknown)?),
         };
@@ -249,9 +249,15 @@ impl KeyStore {
     }
 }
 
+/// `x-api-key`, as a constant: a lookup by `&str` parses and lower-cases the name each time.
+const X_API_KEY: hyper::header::HeaderName = hyper::header::HeaderName::from_static("x-api-key");
+
 /// The one value of a header that may repeat only with the same value: two different
 /// credentials in one request are refused, never resolved by picking one.
-fn single<'h>(headers: &'h HeaderMap, name: &str) -> Result<Option<&'h [u8]>, AuthError> {
+fn single<'h>(
+    headers: &'h HeaderMap,
+    name: &hyper::header::HeaderName,
+) -> Result<Option<&'h [u8]>, AuthError> {
     let mut values = headers.get_all(name).iter().map(|v| v.as_bytes());
     let Some(first) = values.next() else {
         return Ok(None);

@@ -218,26 +218,12 @@ fn route(rest: &str) -> Route<'_> {
 /// The public base URL: `server.public_url`, else `http://` + the request's `Host` (when
 /// it looks like a host), else the listening address.
 pub(crate) fn base_url(app: &App, headers: &hyper::HeaderMap) -> String {
-    if let Some(url) = &app.runtime.config().server.public_url {
-        return url.clone();
-    }
-    let scheme = if app.https { "https://" } else { "http://" };
-    match request_host(headers) {
-        // Pushed, not formatted: this runs for every request (formatting cost ~400
-        // instructions more).
-        Some(h) => {
-            let mut url = String::with_capacity(scheme.len() + h.len());
-            url.push_str(scheme);
-            url.push_str(h);
-            url
-        }
-        None => format!("{scheme}{}", app.local_addr),
-    }
-}
-
-/// The request's `Host`, when it looks like a host.
-fn request_host(headers: &hyper::HeaderMap) -> Option<&str> {
-    headers.get(header::HOST).and_then(rpc::plausible_host)
+    rpc::base_url_of(
+        app.runtime.config().server.public_url.as_deref(),
+        app.https,
+        headers.get(header::HOST),
+        app.local_addr,
+    )
 }
 
 /// The address of the gRPC interface the cards announce ([`rpc::grpc_address`]).
@@ -251,7 +237,7 @@ pub(crate) fn grpc_url(app: &App, headers: &hyper::HeaderMap) -> String {
 
 /// The `A2A-Version` a request names: the header, else the query parameter.
 pub(crate) fn requested_version<B>(req: &Request<B>) -> Option<String> {
-    if let Some(v) = req.headers().get("a2a-version") {
+    if let Some(v) = req.headers().get(admit::A2A_VERSION) {
         return Some(String::from_utf8_lossy(v.as_bytes()).into_owned());
     }
     req.uri().query().and_then(|q| {

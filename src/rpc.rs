@@ -344,8 +344,10 @@ pub(crate) struct CallContext {
     pub(crate) last_event_id: Option<String>,
     /// Inside a batch (streams are refused there).
     pub(crate) in_batch: bool,
-    /// The public base URL (`server.public_url`, else `http://` + `Host`), no trailing `/`.
-    pub(crate) base_url: String,
+    /// `server.public_url`, when set ([`CallContext::base_url`]).
+    pub(crate) public_url: Option<String>,
+    /// The connection is TLS.
+    pub(crate) https: bool,
     /// The request's `Host`, for the gRPC interface's address (computed only for a card).
     pub(crate) host: Option<hyper::header::HeaderValue>,
     /// The listening address.
@@ -385,7 +387,8 @@ impl CallContext {
             accepts_sse: true,
             last_event_id: None,
             in_batch: false,
-            base_url: "http://127.0.0.1".into(),
+            public_url: None,
+            https: false,
             host: None,
             local_addr: std::net::SocketAddr::from(([127, 0, 0, 1], 0)),
             card_signer: None,
@@ -393,11 +396,23 @@ impl CallContext {
         }
     }
 
+    /// The public base URL (`server.public_url`, else `http://` + `Host`, else the
+    /// listening address), no trailing `/`: made only when a call shows it.
+    pub(crate) fn base_url(&self) -> String {
+        base_url_of(
+            self.public_url.as_deref(),
+            self.https,
+            self.host.as_ref(),
+            self.local_addr,
+        )
+    }
+
     /// The URL of this agent's endpoint in a dialect.
     pub(crate) fn url(&self, dialect: Dialect) -> String {
+        let base = self.base_url();
         match dialect.path() {
-            "" => format!("{}/api/v1/a2a/{}", self.base_url, self.agent_id),
-            path => format!("{}/api/v1/a2a/{}/{path}", self.base_url, self.agent_id),
+            "" => format!("{base}/api/v1/a2a/{}", self.agent_id),
+            path => format!("{base}/api/v1/a2a/{}/{path}", self.agent_id),
         }
     }
 
@@ -515,6 +530,30 @@ pub(crate) fn plausible_host(v: &hyper::header::HeaderValue) -> Option<&str> {
             && h.bytes()
                 .all(|b| b.is_ascii_alphanumeric() || b"-._:[]".contains(&b))
     })
+}
+
+/// The public base URL from its parts (`server.public_url`, else the scheme and the
+/// request's `Host` when it looks like a host, else the listening address): made only
+/// where a call shows it (a card, an error naming a URL), not for every request.
+pub(crate) fn base_url_of(
+    public: Option<&str>,
+    https: bool,
+    host: Option<&hyper::header::HeaderValue>,
+    local: std::net::SocketAddr,
+) -> String {
+    if let Some(url) = public {
+        return url.to_string();
+    }
+    let scheme = if https { "https://" } else { "http://" };
+    match host.and_then(plausible_host) {
+        Some(h) => {
+            let mut url = String::with_capacity(scheme.len() + h.len());
+            url.push_str(scheme);
+            url.push_str(h);
+            url
+        }
+        None => format!("{scheme}{local}"),
+    }
 }
 
 /// The address of the gRPC interface the cards announce (a bare `host:port`, S10 §8.3.1):

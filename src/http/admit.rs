@@ -13,10 +13,11 @@ use std::sync::Arc;
 use hyper::header::{self, HeaderValue};
 use hyper::{HeaderMap, Request};
 
-use super::{App, ENDPOINT_PREFIX, base_url};
+use super::{App, ENDPOINT_PREFIX};
 use crate::actors::AgentEntry;
 use crate::auth::{Caller, PeerCertificate};
 use crate::model::{AgentId, Extensions};
+use crate::rpc::base_url_of;
 use crate::rpc::{Binding, CallContext, Dialect, Refusal};
 
 /// 401 unless the request carries a usable credential: an API key (`x-api-key` or
@@ -132,7 +133,7 @@ impl Admitted {
         Err(Refusal::VersionNotSupported {
             served,
             requested: facts.version.clone(),
-            agent_url: format!("{}{ENDPOINT_PREFIX}{}", facts.base_url, self.agent_id),
+            agent_url: format!("{}{ENDPOINT_PREFIX}{}", facts.base_url(), self.agent_id),
         })
     }
 
@@ -146,9 +147,10 @@ impl Admitted {
             accepts_sse,
             last_event_id: facts.last_event_id,
             in_batch: false,
-            base_url: facts.base_url,
+            public_url: facts.public_url,
+            https: facts.https,
             host: facts.host,
-            local_addr: app.local_addr,
+            local_addr: facts.local_addr,
             card_signer: app.card_signer.clone(),
             extensions,
         }
@@ -200,7 +202,10 @@ fn take(app: &App, caller: &Caller, agent: &AgentEntry) -> Result<(), Refusal> {
 /// `Host` (for the gRPC interface's address, made only for a card) and the `A2A-Version`.
 pub(crate) struct Facts {
     last_event_id: Option<String>,
-    pub(crate) base_url: String,
+    /// `server.public_url`, when set; else the base URL is made from `host` when shown.
+    public_url: Option<String>,
+    https: bool,
+    local_addr: std::net::SocketAddr,
     host: Option<HeaderValue>,
     version: Option<String>,
     /// The extension URIs asked for, comma-separated (every header that names them).
@@ -208,13 +213,25 @@ pub(crate) struct Facts {
 }
 
 impl Facts {
+    /// The public base URL ([`super::base_url`]).
+    pub(crate) fn base_url(&self) -> String {
+        base_url_of(
+            self.public_url.as_deref(),
+            self.https,
+            self.host.as_ref(),
+            self.local_addr,
+        )
+    }
+
     /// An HTTP request's: `Last-Event-ID`, and `A2A-Version` from the header or else the
     /// query parameter.
     pub(crate) fn http<B>(app: &App, req: &Request<B>) -> Self {
         let headers = req.headers();
         Self {
-            last_event_id: text(headers, "last-event-id"),
-            base_url: base_url(app, headers),
+            last_event_id: text(headers, &LAST_EVENT_ID),
+            public_url: app.runtime.config().server.public_url.clone(),
+            https: app.https,
+            local_addr: app.local_addr,
             // A copy: a clone would be a slice of the connection's read buffer, and keep it
             // (8 KiB) alive for as long as the call runs (`http::unpinned`).
             host: headers
@@ -228,16 +245,22 @@ impl Facts {
     /// A gRPC call's metadata: `a2a-last-event-id` and `a2a-version`.
     pub(crate) fn grpc(app: &App, headers: &HeaderMap) -> Self {
         Self {
-            last_event_id: text(headers, "a2a-last-event-id"),
-            base_url: base_url(app, headers),
+            last_event_id: text(headers, &A2A_LAST_EVENT_ID),
+            public_url: app.runtime.config().server.public_url.clone(),
+            https: app.https,
+            local_addr: app.local_addr,
             host: headers.get(header::HOST).cloned(),
-            version: text(headers, "a2a-version"),
+            version: text(headers, &A2A_VERSION),
             extensions: joined(headers, &[A2A_EXTENSIONS]),
         }
     }
 }
 
 /// `A2A-Extensions` (and gRPC's `a2a-extensions` metadata).
+// Names as constants: a lookup by `&str` parses and lower-cases the name each time.
+const LAST_EVENT_ID: header::HeaderName = header::HeaderName::from_static("last-event-id");
+const A2A_LAST_EVENT_ID: header::HeaderName = header::HeaderName::from_static("a2a-last-event-id");
+pub(crate) const A2A_VERSION: header::HeaderName = header::HeaderName::from_static("a2a-version");
 const A2A_EXTENSIONS: header::HeaderName = header::HeaderName::from_static("a2a-extensions");
 /// `X-A2A-Extensions` (A2A 0.3).
 const X_A2A_EXTENSIONS: header::HeaderName = header::HeaderName::from_static("x-a2a-extensions");
@@ -261,7 +284,7 @@ fn joined(headers: &HeaderMap, names: &[header::HeaderName]) -> Option<String> {
 }
 
 /// A header's value as text (bytes that are not UTF-8 replaced).
-fn text(headers: &HeaderMap, name: &str) -> Option<String> {
+fn text(headers: &HeaderMap, name: &header::HeaderName) -> Option<String> {
     headers
         .get(name)
         .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned())

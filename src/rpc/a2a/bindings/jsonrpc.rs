@@ -274,7 +274,7 @@ pub(crate) fn encode(
             framing.ok(&card::card(
                 v,
                 &c,
-                &cx.base_url,
+                &cx.base_url(),
                 &grpc,
                 &runtime.config(),
                 cx.card_signer.as_deref(),
