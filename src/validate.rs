@@ -348,19 +348,14 @@ pub(crate) fn message_length(message: &Message, limits: &AgentLimits) -> Result<
 /// True for a UUID v4 in canonical hyphenated form (version nibble 4, RFC 4122 variant).
 pub(crate) fn is_uuid_v4(s: &str) -> bool {
     let b = s.as_bytes();
-    if b.len() != 36 {
-        return false;
-    }
-    for (i, &c) in b.iter().enumerate() {
-        let ok = match i {
-            8 | 13 | 18 | 23 => c == b'-',
-            _ => c.is_ascii_hexdigit(),
-        };
-        if !ok {
-            return false;
-        }
-    }
-    b[14] == b'4' && matches!(b[19], b'8' | b'9' | b'a' | b'b' | b'A' | b'B')
+    // The groups' digits, the version (`4`) and variant (`8`–`b`) digits checked apart.
+    b.len() == 36
+        && [b[8], b[13], b[18], b[23]] == [b'-'; 4]
+        && b[14] == b'4'
+        && matches!(b[19], b'8' | b'9' | b'a' | b'b' | b'A' | b'B')
+        && [&b[..8], &b[9..13], &b[15..18], &b[20..23], &b[24..]]
+            .iter()
+            .all(|group| group.iter().all(u8::is_ascii_hexdigit))
 }
 
 fn too_large(field: String, size: usize, max: u64) -> Error {
@@ -508,6 +503,24 @@ mod tests {
         );
         assert!(!is_uuid_v4("not-a-uuid"));
         assert!(!is_uuid_v4("6f1c2a1e-3b4d-4c5e-8f70-1a2b3c4d5e6g"));
+    }
+
+    #[test]
+    fn uuid_v4_checks_every_position() {
+        for _ in 0..50 {
+            let id = uuid::Uuid::new_v4().to_string();
+            assert!(is_uuid_v4(&id), "{id}");
+            for at in 0..36 {
+                let mut bytes = id.clone().into_bytes();
+                bytes[at] = if matches!(at, 8 | 13 | 18 | 23) {
+                    b'0'
+                } else {
+                    b'g'
+                };
+                let broken = String::from_utf8(bytes).expect("ASCII");
+                assert!(!is_uuid_v4(&broken), "{broken}");
+            }
+        }
     }
 
     #[test]
