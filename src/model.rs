@@ -733,6 +733,32 @@ impl serde::Serialize for Iso8601 {
     }
 }
 
+/// A completed task whose reply is its `status.message` and the last of its `history` as
+/// the same `Arc` (as the task actor leaves it), and the same task holding an equal copy:
+/// for the renders that write such a reply once.
+#[cfg(test)]
+pub(crate) fn completed_sharing_its_reply() -> (TaskSnapshot, TaskSnapshot) {
+    let mut status = TaskStatus::new(TaskState::Completed);
+    let reply = Arc::new(Message::agent_text(["a \"quoted\"\nreply", "second"]));
+    status.message = Some(reply.clone());
+    let shared = TaskSnapshot {
+        id: TaskId::new("t-1"),
+        context_id: ContextId::new("c-1"),
+        seq: 3,
+        created_at: status.timestamp,
+        updated_at: status.timestamp,
+        status,
+        history: vec![Arc::new(Message::user_text(["hello"])), reply.clone()],
+        artifacts: Vec::new(),
+        metadata: None,
+        extensions: Default::default(),
+        note: None,
+    };
+    let mut copies = shared.clone();
+    copies.status.message = Some(Arc::new((*reply).clone()));
+    (shared, copies)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

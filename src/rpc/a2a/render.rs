@@ -652,34 +652,10 @@ pub(crate) fn push_config(v: Version, c: &StoredPushConfig) -> Value {
 mod tests {
     use super::*;
 
-    /// A completed task whose reply is `status.message` and the last of `history`: the
-    /// same `Arc`, as the task actor leaves it; and the same task with an equal copy.
-    fn completed() -> (TaskSnapshot, TaskSnapshot) {
-        let mut status = TaskStatus::new(TaskState::Completed);
-        let reply = Arc::new(Message::agent_text(["a \"quoted\"\nreply", "second"]));
-        status.message = Some(reply.clone());
-        let shared = TaskSnapshot {
-            id: TaskId::new("t-1"),
-            context_id: ContextId::new("c-1"),
-            seq: 3,
-            created_at: status.timestamp,
-            updated_at: status.timestamp,
-            status,
-            history: vec![Arc::new(Message::user_text(["hello"])), reply.clone()],
-            artifacts: Vec::new(),
-            metadata: None,
-            extensions: Default::default(),
-            note: None,
-        };
-        let mut copies = shared.clone();
-        copies.status.message = Some(Arc::new((*reply).clone()));
-        (shared, copies)
-    }
-
     #[test]
     fn a_reply_written_once_and_copied_reads_as_one_written_twice() {
         for v in [Version::V10, Version::V03] {
-            let (shared, copies) = completed();
+            let (shared, copies) = crate::model::completed_sharing_its_reply();
             let once = out::to_vec(&TaskOut::full(v, &shared)).expect("rendered");
             let twice = out::to_vec(&TaskOut::full(v, &copies)).expect("rendered");
             assert_eq!(
