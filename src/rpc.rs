@@ -344,14 +344,8 @@ pub(crate) struct CallContext {
     pub(crate) last_event_id: Option<String>,
     /// Inside a batch (streams are refused there).
     pub(crate) in_batch: bool,
-    /// `server.public_url`, when set ([`CallContext::base_url`]).
-    pub(crate) public_url: Option<String>,
-    /// The connection is TLS.
-    pub(crate) https: bool,
-    /// The request's `Host`, for the gRPC interface's address (computed only for a card).
-    pub(crate) host: Option<hyper::header::HeaderValue>,
-    /// The listening address.
-    pub(crate) local_addr: std::net::SocketAddr,
+    /// Where the request came in: its base URL and gRPC address are made from it.
+    pub(crate) origin: Origin,
     /// Signs the cards a call returns (`[cards.signing]`).
     pub(crate) card_signer: Option<Arc<a2a::card::CardSigner>>,
     /// The extensions the request activated (docs/PROTOCOL.md §12).
@@ -387,24 +381,20 @@ impl CallContext {
             accepts_sse: true,
             last_event_id: None,
             in_batch: false,
-            public_url: None,
-            https: false,
-            host: None,
-            local_addr: std::net::SocketAddr::from(([127, 0, 0, 1], 0)),
+            origin: Origin {
+                public_url: None,
+                https: false,
+                host: None,
+                local_addr: std::net::SocketAddr::from(([127, 0, 0, 1], 0)),
+            },
             card_signer: None,
             extensions: crate::model::Extensions::default(),
         }
     }
 
-    /// The public base URL (`server.public_url`, else `http://` + `Host`, else the
-    /// listening address), no trailing `/`: made only when a call shows it.
+    /// The public base URL ([`Origin::base_url`]).
     pub(crate) fn base_url(&self) -> String {
-        base_url_of(
-            self.public_url.as_deref(),
-            self.https,
-            self.host.as_ref(),
-            self.local_addr,
-        )
+        self.origin.base_url()
     }
 
     /// The URL of this agent's endpoint in a dialect.
@@ -419,7 +409,7 @@ impl CallContext {
     /// The gRPC interface's `host:port`: `public` (`server.public_grpc_url`), else from the
     /// request's `Host`.
     pub(crate) fn grpc_url(&self, public: Option<&str>) -> String {
-        grpc_address(public, self.host.as_ref(), self.local_addr)
+        grpc_address(public, self.origin.host.as_ref(), self.origin.local_addr)
     }
 
     /// Names the call's task in the request's span (for following it through the logs).
@@ -530,6 +520,33 @@ pub(crate) fn plausible_host(v: &hyper::header::HeaderValue) -> Option<&str> {
             && h.bytes()
                 .all(|b| b.is_ascii_alphanumeric() || b"-._:[]".contains(&b))
     })
+}
+
+/// Where a request came in: what its public base URL and the gRPC interface's address
+/// are made from, when a call shows them (a card, an error naming a URL).
+pub(crate) struct Origin {
+    /// `server.public_url`, when set.
+    pub(crate) public_url: Option<String>,
+    /// The connection is TLS.
+    pub(crate) https: bool,
+    /// The request's `Host` (a copy: a clone would be a slice of the connection's read
+    /// buffer, and keep it alive for as long as the call runs).
+    pub(crate) host: Option<hyper::header::HeaderValue>,
+    /// The listening address.
+    pub(crate) local_addr: std::net::SocketAddr,
+}
+
+impl Origin {
+    /// The public base URL (`server.public_url`, else `http://` + `Host`, else the
+    /// listening address), no trailing `/`.
+    pub(crate) fn base_url(&self) -> String {
+        base_url_of(
+            self.public_url.as_deref(),
+            self.https,
+            self.host.as_ref(),
+            self.local_addr,
+        )
+    }
 }
 
 /// The public base URL from its parts (`server.public_url`, else the scheme and the

@@ -17,8 +17,7 @@ use super::{App, ENDPOINT_PREFIX};
 use crate::actors::AgentEntry;
 use crate::auth::{Caller, PeerCertificate};
 use crate::model::{AgentId, Extensions};
-use crate::rpc::base_url_of;
-use crate::rpc::{Binding, CallContext, Dialect, Refusal};
+use crate::rpc::{Binding, CallContext, Dialect, Origin, Refusal};
 
 /// 401 unless the request carries a usable credential: an API key (`x-api-key` or
 /// `Authorization: Bearer`; gRPC: the same metadata), an OIDC token or a client
@@ -133,7 +132,11 @@ impl Admitted {
         Err(Refusal::VersionNotSupported {
             served,
             requested: facts.version.clone(),
-            agent_url: format!("{}{ENDPOINT_PREFIX}{}", facts.base_url(), self.agent_id),
+            agent_url: format!(
+                "{}{ENDPOINT_PREFIX}{}",
+                facts.origin.base_url(),
+                self.agent_id
+            ),
         })
     }
 
@@ -147,10 +150,7 @@ impl Admitted {
             accepts_sse,
             last_event_id: facts.last_event_id,
             in_batch: false,
-            public_url: facts.public_url,
-            https: facts.https,
-            host: facts.host,
-            local_addr: facts.local_addr,
+            origin: facts.origin,
             card_signer: app.card_signer.clone(),
             extensions,
         }
@@ -202,41 +202,29 @@ fn take(app: &App, caller: &Caller, agent: &AgentEntry) -> Result<(), Refusal> {
 /// `Host` (for the gRPC interface's address, made only for a card) and the `A2A-Version`.
 pub(crate) struct Facts {
     last_event_id: Option<String>,
-    /// `server.public_url`, when set; else the base URL is made from `host` when shown.
-    public_url: Option<String>,
-    https: bool,
-    local_addr: std::net::SocketAddr,
-    host: Option<HeaderValue>,
+    origin: Origin,
     version: Option<String>,
     /// The extension URIs asked for, comma-separated (every header that names them).
     extensions: Option<String>,
 }
 
 impl Facts {
-    /// The public base URL ([`super::base_url`]).
-    pub(crate) fn base_url(&self) -> String {
-        base_url_of(
-            self.public_url.as_deref(),
-            self.https,
-            self.host.as_ref(),
-            self.local_addr,
-        )
-    }
-
     /// An HTTP request's: `Last-Event-ID`, and `A2A-Version` from the header or else the
     /// query parameter.
     pub(crate) fn http<B>(app: &App, req: &Request<B>) -> Self {
         let headers = req.headers();
         Self {
             last_event_id: text(headers, &LAST_EVENT_ID),
-            public_url: app.runtime.config().server.public_url.clone(),
-            https: app.https,
-            local_addr: app.local_addr,
-            // A copy: a clone would be a slice of the connection's read buffer, and keep it
-            // (8 KiB) alive for as long as the call runs (`http::unpinned`).
-            host: headers
-                .get(header::HOST)
-                .and_then(|v| HeaderValue::from_bytes(v.as_bytes()).ok()),
+            origin: Origin {
+                public_url: app.runtime.config().server.public_url.clone(),
+                https: app.https,
+                // A copy: a clone would be a slice of the connection's read buffer, and
+                // keep it (8 KiB) alive for as long as the call runs (`http::unpinned`).
+                host: headers
+                    .get(header::HOST)
+                    .and_then(|v| HeaderValue::from_bytes(v.as_bytes()).ok()),
+                local_addr: app.local_addr,
+            },
             version: super::requested_version(req),
             extensions: joined(headers, &[A2A_EXTENSIONS, X_A2A_EXTENSIONS]),
         }
@@ -246,10 +234,12 @@ impl Facts {
     pub(crate) fn grpc(app: &App, headers: &HeaderMap) -> Self {
         Self {
             last_event_id: text(headers, &A2A_LAST_EVENT_ID),
-            public_url: app.runtime.config().server.public_url.clone(),
-            https: app.https,
-            local_addr: app.local_addr,
-            host: headers.get(header::HOST).cloned(),
+            origin: Origin {
+                public_url: app.runtime.config().server.public_url.clone(),
+                https: app.https,
+                host: headers.get(header::HOST).cloned(),
+                local_addr: app.local_addr,
+            },
             version: text(headers, &A2A_VERSION),
             extensions: joined(headers, &[A2A_EXTENSIONS]),
         }

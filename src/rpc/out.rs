@@ -44,6 +44,19 @@ impl Serialize for Verbatim<'_> {
     }
 }
 
+/// A completed task's reply, written once: its `status.message` when that is the last of
+/// the `history` shown (the same `Arc`, as the task actor leaves it), rendered by `render`;
+/// the caller writes it in both places as [`Verbatim`].
+pub(crate) fn reply_written_once<'a, T: Serialize>(
+    status_message: Option<&'a std::sync::Arc<crate::model::Message>>,
+    history: &[std::sync::Arc<crate::model::Message>],
+    render: impl FnOnce(&'a crate::model::Message) -> T,
+) -> Option<String> {
+    let m =
+        status_message.filter(|m| history.last().is_some_and(|h| std::sync::Arc::ptr_eq(h, m)))?;
+    String::from_utf8(to_vec(&render(m)).ok()?).ok()
+}
+
 /// Appends `value` as compact JSON to `out`.
 ///
 /// # Errors

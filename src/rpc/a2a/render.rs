@@ -77,21 +77,13 @@ impl Serialize for TaskOut<'_> {
         };
         // A completed task's reply is its status message and the last of its history:
         // written once, copied the second time.
-        let written = t
-            .status
-            .message
-            .as_ref()
-            .filter(|m| history.last().is_some_and(|h| Arc::ptr_eq(h, m)))
-            .and_then(|m| {
-                let bytes = out::to_vec(&MessageOut {
-                    v,
-                    message: m,
-                    task_id: Some(&t.id),
-                    context_id: Some(&t.context_id),
-                    metadata: None,
-                })
-                .ok()?;
-                String::from_utf8(bytes).ok()
+        let written =
+            out::reply_written_once(t.status.message.as_ref(), history, |message| MessageOut {
+                v,
+                message,
+                task_id: Some(&t.id),
+                context_id: Some(&t.context_id),
+                metadata: None,
             });
         let written = written.as_deref();
         let mut map = s.serialize_map(None)?;

@@ -155,12 +155,7 @@ impl Serialize for TaskOut<'_> {
         };
         // A completed task's reply is its status message and the last of its history:
         // written once, copied the second time.
-        let reply = t
-            .status
-            .message
-            .as_ref()
-            .filter(|m| history.last().is_some_and(|h| Arc::ptr_eq(h, m)));
-        let written = reply.and_then(|m| String::from_utf8(out::to_vec(&MessageOut(m)).ok()?).ok());
+        let written = out::reply_written_once(t.status.message.as_ref(), history, MessageOut);
         let written = written.as_deref();
         let mut map = s.serialize_map(Some(8))?;
         map.serialize_entry("id", t.id.as_str())?;
