@@ -240,7 +240,12 @@ pub(crate) fn requested_version<B>(req: &Request<B>) -> Option<String> {
     if let Some(v) = req.headers().get(admit::A2A_VERSION) {
         return Some(String::from_utf8_lossy(v.as_bytes()).into_owned());
     }
-    req.uri().query().and_then(|q| {
+    version_in_query(req.uri())
+}
+
+/// The `a2a-version` query parameter, when the request has one.
+fn version_in_query(uri: &hyper::Uri) -> Option<String> {
+    uri.query().and_then(|q| {
         url::form_urlencoded::parse(q.as_bytes())
             .find(|(k, _)| k.eq_ignore_ascii_case("a2a-version"))
             .map(|(_, v)| v.into_owned())

@@ -213,8 +213,14 @@ impl Facts {
     /// query parameter.
     pub(crate) fn http<B>(app: &App, req: &Request<B>) -> Self {
         let headers = req.headers();
+        let named = Named::read(
+            headers,
+            &LAST_EVENT_ID,
+            &A2A_VERSION,
+            &[A2A_EXTENSIONS, X_A2A_EXTENSIONS],
+        );
         Self {
-            last_event_id: text(headers, &LAST_EVENT_ID),
+            last_event_id: named.last_event_id,
             origin: Origin {
                 public_url: app.runtime.config().server.public_url.clone(),
                 https: app.https,
@@ -225,23 +231,24 @@ impl Facts {
                     .and_then(|v| HeaderValue::from_bytes(v.as_bytes()).ok()),
                 local_addr: app.local_addr,
             },
-            version: super::requested_version(req),
-            extensions: joined(headers, &[A2A_EXTENSIONS, X_A2A_EXTENSIONS]),
+            version: named.version.or_else(|| super::version_in_query(req.uri())),
+            extensions: named.extensions,
         }
     }
 
     /// A gRPC call's metadata: `a2a-last-event-id` and `a2a-version`.
     pub(crate) fn grpc(app: &App, headers: &HeaderMap) -> Self {
+        let named = Named::read(headers, &A2A_LAST_EVENT_ID, &A2A_VERSION, &[A2A_EXTENSIONS]);
         Self {
-            last_event_id: text(headers, &A2A_LAST_EVENT_ID),
+            last_event_id: named.last_event_id,
             origin: Origin {
                 public_url: app.runtime.config().server.public_url.clone(),
                 https: app.https,
                 host: headers.get(header::HOST).cloned(),
                 local_addr: app.local_addr,
             },
-            version: text(headers, &A2A_VERSION),
-            extensions: joined(headers, &[A2A_EXTENSIONS]),
+            version: named.version,
+            extensions: named.extensions,
         }
     }
 }
@@ -255,27 +262,87 @@ const A2A_EXTENSIONS: header::HeaderName = header::HeaderName::from_static("a2a-
 /// `X-A2A-Extensions` (A2A 0.3).
 const X_A2A_EXTENSIONS: header::HeaderName = header::HeaderName::from_static("x-a2a-extensions");
 
-/// Every value of these headers, joined by commas (`None`: none sent).
-fn joined(headers: &HeaderMap, names: &[header::HeaderName]) -> Option<String> {
-    let mut out: Option<String> = None;
-    for name in names {
-        for v in headers.get_all(name) {
-            let v = String::from_utf8_lossy(v.as_bytes());
-            match &mut out {
-                Some(o) => {
-                    o.push(',');
-                    o.push_str(&v);
-                }
-                None => out = Some(v.into_owned()),
-            }
-        }
-    }
-    out
+/// The headers a call takes besides its credentials, read in one pass over the map: a
+/// lookup by a name outside HTTP's standard table hashes the name, and four of them cost
+/// more than a pass over the handful of headers a request carries.
+#[derive(Default)]
+struct Named {
+    /// The first value of the last-event-id header.
+    last_event_id: Option<String>,
+    /// The first value of the version header.
+    version: Option<String>,
+    /// Every value of the extension headers, joined by commas (`None`: none sent).
+    extensions: Option<String>,
 }
 
-/// A header's value as text (bytes that are not UTF-8 replaced).
-fn text(headers: &HeaderMap, name: &header::HeaderName) -> Option<String> {
-    headers
-        .get(name)
-        .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned())
+impl Named {
+    fn read(
+        headers: &HeaderMap,
+        last_event_id: &header::HeaderName,
+        version: &header::HeaderName,
+        extensions: &[header::HeaderName],
+    ) -> Self {
+        let mut named = Self::default();
+        let text = |v: &HeaderValue| String::from_utf8_lossy(v.as_bytes()).into_owned();
+        for (name, value) in headers {
+            if name == last_event_id {
+                named.last_event_id.get_or_insert_with(|| text(value));
+            } else if name == version {
+                named.version.get_or_insert_with(|| text(value));
+            } else if extensions.contains(name) {
+                let v = String::from_utf8_lossy(value.as_bytes());
+                match &mut named.extensions {
+                    Some(o) => {
+                        o.push(',');
+                        o.push_str(&v);
+                    }
+                    None => named.extensions = Some(v.into_owned()),
+                }
+            }
+        }
+        named
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn one_pass_reads_what_lookups_by_name_would() {
+        let mut headers = HeaderMap::new();
+        headers.append(header::HOST, HeaderValue::from_static("h"));
+        headers.append(&X_A2A_EXTENSIONS, HeaderValue::from_static("urn:x"));
+        headers.append(&LAST_EVENT_ID, HeaderValue::from_static("7"));
+        headers.append(&A2A_EXTENSIONS, HeaderValue::from_static("urn:a, urn:b"));
+        headers.append(&LAST_EVENT_ID, HeaderValue::from_static("9"));
+        headers.append(&A2A_EXTENSIONS, HeaderValue::from_static("urn:c"));
+        let named = Named::read(
+            &headers,
+            &LAST_EVENT_ID,
+            &A2A_VERSION,
+            &[A2A_EXTENSIONS, X_A2A_EXTENSIONS],
+        );
+        // The first value, as `HeaderMap::get` gives it.
+        assert_eq!(named.last_event_id.as_deref(), Some("7"));
+        assert_eq!(named.version, None);
+        let mut uris: Vec<&str> = named
+            .extensions
+            .as_deref()
+            .expect("extensions")
+            .split(',')
+            .map(str::trim)
+            .collect();
+        uris.sort_unstable();
+        assert_eq!(uris, ["urn:a", "urn:b", "urn:c", "urn:x"]);
+        // gRPC reads only `a2a-extensions`.
+        let grpc = Named::read(
+            &headers,
+            &A2A_LAST_EVENT_ID,
+            &A2A_VERSION,
+            &[A2A_EXTENSIONS],
+        );
+        assert_eq!(grpc.last_event_id, None);
+        assert_eq!(grpc.extensions.as_deref(), Some("urn:a, urn:b,urn:c"));
+    }
 }
