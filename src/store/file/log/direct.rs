@@ -10,10 +10,11 @@
 //! Direct I/O moves whole blocks ([`BLOCK`]) from block-aligned memory. The log's end is
 //! rarely on a block boundary, so each write starts at the block that holds the end: the
 //! bytes already there (kept in memory, at the start of the aligned buffer), then the
-//! frame, then zeros to the next boundary (already in the buffer). Those zeros are the end of the log as in a segment written in
-//! advance; a segment is cut back to its last frame before the next one is begun
-//! ([`LogDisk::rotate`](super::LogDisk)), so only the newest ever ends in them. Rewriting
-//! the bytes already there is what writeback does anyway (it writes whole pages).
+//! frame, then zeros to the next boundary (already in the buffer). Those zeros are the end
+//! of the log as in a segment written in advance; a segment is cut back to its last frame
+//! before the next one is begun ([`LogDisk::rotate`](super::LogDisk)), so only the newest
+//! ever ends in them. Rewriting the bytes already there is what writeback does anyway (it
+//! writes whole pages).
 //!
 //! A file system that refuses direct I/O (at open, or with `EINVAL` on the first write)
 //! is written through the page cache as before.
