@@ -68,15 +68,21 @@ string_id!(
 impl TaskId {
     /// A fresh server-generated task id (UUID v4).
     pub fn generate() -> Self {
-        Self::new(uuid::Uuid::new_v4().to_string())
+        Self::new(new_v4_text(&mut uuid::Uuid::encode_buffer()))
     }
 }
 
 impl ContextId {
     /// A fresh server-generated context id (UUID v4).
     pub fn generate() -> Self {
-        Self::new(uuid::Uuid::new_v4().to_string())
+        Self::new(new_v4_text(&mut uuid::Uuid::encode_buffer()))
     }
+}
+
+/// A fresh UUID v4's hyphenated lower-case text, written into `buf` (at least 36 bytes;
+/// `uuid::Uuid::encode_buffer()`) without a formatter.
+pub(crate) fn new_v4_text(buf: &mut [u8]) -> &str {
+    uuid::Uuid::new_v4().hyphenated().encode_lower(buf)
 }
 
 /// Where a task lives: task ids are scoped per principal and per agent.
@@ -277,7 +283,7 @@ impl Message {
         Self {
             role: Role::Agent,
             parts: texts.into_iter().map(|t| Part::Text(t.into())).collect(),
-            message_id: uuid::Uuid::new_v4().to_string(),
+            message_id: new_v4_text(&mut uuid::Uuid::encode_buffer()).to_owned(),
             extensions: Extensions::default(),
         }
     }
@@ -447,7 +453,7 @@ impl Artifact {
     /// An artifact with a fresh id.
     pub fn new(name: Option<&str>, parts: Vec<Part>) -> Self {
         Self {
-            artifact_id: uuid::Uuid::new_v4().to_string(),
+            artifact_id: new_v4_text(&mut uuid::Uuid::encode_buffer()).to_owned(),
             name: name.map(str::to_string),
             description: None,
             parts,

@@ -13,6 +13,7 @@
 
 use std::collections::VecDeque;
 use std::sync::Arc;
+use std::sync::atomic::Ordering::Relaxed;
 use std::time::Instant;
 
 use chrono::{DateTime, Utc};
@@ -23,7 +24,7 @@ use tokio_util::sync::CancellationToken;
 mod events;
 mod run;
 
-use super::{AgentEntry, Shared};
+use super::{AgentEntry, LiveTask, Shared};
 use crate::agent::{AgentError, Flow, MAX_UPDATES_IN_FLIGHT, Outcome};
 use crate::error::Error;
 use crate::limits::Admission;
@@ -43,7 +44,9 @@ pub(crate) const NODE_LOST_ERROR: &str = "node lost";
 
 /// Messages of a [`TaskActor`].
 pub(crate) enum TaskMsg {
-    /// The task is in the live index: start the driver. Sent once, by `Runtime::submit`.
+    /// The task is in the live index: start the driver. Sent once, by `Runtime::submit`
+    /// for a client-chosen id and by a restart's take-up (a task with a server-generated
+    /// id starts itself: [`TaskArgs::starts_itself`]).
     Start,
     /// The driver got a slot and the agent starts: `submitted` → `working`.
     Started,
@@ -161,6 +164,10 @@ pub(crate) struct TaskArgs {
     pub(crate) why: Orphan,
     /// The task's trace span (`crate::telemetry`), when traces are exported.
     pub(crate) span: Option<tracing::Span>,
+    /// The actor enters the live index in `pre_start` and starts its first run in
+    /// `post_start`, with no [`TaskMsg::Start`]: a new task whose id the server generated,
+    /// which nothing can collide with. The spawner enters it otherwise, then sends `Start`.
+    pub(crate) starts_itself: bool,
 }
 
 /// A reply that waits until every event emitted before it is durable.
@@ -228,6 +235,8 @@ pub(crate) struct TaskActorState {
     pending: Vec<Write>,
     /// The task's trace span, from submit to the end of the actor (`crate::telemetry`).
     span: Option<tracing::Span>,
+    /// Its first run starts in `post_start` ([`TaskArgs::starts_itself`]).
+    starts_itself: bool,
 }
 
 // === impl TaskActor ===
@@ -283,7 +292,21 @@ impl Actor for TaskActor {
             flow_events: VecDeque::new(),
             pending: Vec::with_capacity(4),
             span: args.span,
+            starts_itself: args.starts_itself,
         });
+        if state.starts_itself {
+            // Indexed before the actor runs: its first run may end it at once, and an
+            // ended task leaves the index.
+            state.shared.metrics.live_tasks.fetch_add(1, Relaxed);
+            state.shared.live.insert(
+                state.key.clone(),
+                LiveTask {
+                    actor: myself.clone(),
+                    message_id: state.message.message_id.as_str().into(),
+                    context_id: state.context_id.clone(),
+                },
+            );
+        }
         state.follow(args.follow);
         let submitted = || std::sync::atomic::Ordering::Relaxed;
         match args.restored {
@@ -324,6 +347,18 @@ impl Actor for TaskActor {
         Ok(state)
     }
 
+    async fn post_start(
+        &self,
+        myself: ActorRef<TaskMsg>,
+        state: &mut Box<TaskActorState>,
+    ) -> Result<(), ActorProcessingErr> {
+        if state.starts_itself {
+            state.start(&myself);
+            state.flush(&myself);
+        }
+        Ok(())
+    }
+
     async fn handle(
         &self,
         myself: ActorRef<TaskMsg>,
@@ -332,34 +367,7 @@ impl Actor for TaskActor {
     ) -> Result<(), ActorProcessingErr> {
         let terminal = state.status.state.is_terminal();
         match msg {
-            TaskMsg::Start => {
-                if let Some(error) = state.orphaned.take() {
-                    // It was running when the server (or its node) stopped: its agent's work
-                    // is lost.
-                    let mut s = TaskStatus::new(TaskState::Failed);
-                    s.error = Some(Arc::new(TaskError {
-                        code: AGENT_ERROR_CODE,
-                        message: error.into(),
-                    }));
-                    state.transition(&myself, s);
-                } else if let Some(admission) = state.start.take() {
-                    let history = state.history[1..].to_vec();
-                    let request = state.request(state.message.clone(), history);
-                    if let Some(said) = state.run(admission, request) {
-                        // Its first poll ended the run: handled in this turn, so
-                        // `submitted` and the answer go to the store in one batch.
-                        state.first_poll_said(&myself, said);
-                    }
-                } else if state.status.state == TaskState::Submitted {
-                    // Restored, and its agent's queue had no room.
-                    let mut s = TaskStatus::new(TaskState::Failed);
-                    s.error = Some(Arc::new(TaskError {
-                        code: AGENT_ERROR_CODE,
-                        message: "could not be queued again after a server restart (the agent's queue is full)".into(),
-                    }));
-                    state.transition(&myself, s);
-                }
-            }
+            TaskMsg::Start => state.start(&myself),
             TaskMsg::Started => state.transition(&myself, TaskStatus::new(TaskState::Working)),
             TaskMsg::Progress { message, keep } if state.status.state == TaskState::Working => {
                 let message = Arc::new(state.stamped(message));
@@ -511,6 +519,40 @@ impl Actor for TaskActor {
             span.record("a2a.task.state", state.status.state.as_str());
         }
         Ok(())
+    }
+}
+
+impl TaskActorState {
+    /// The task's first run: its agent's driver starts, or (restored) it fails or waits.
+    fn start(&mut self, myself: &ActorRef<TaskMsg>) {
+        if let Some(error) = self.orphaned.take() {
+            // It was running when the server (or its node) stopped: its agent's work
+            // is lost.
+            let mut s = TaskStatus::new(TaskState::Failed);
+            s.error = Some(Arc::new(TaskError {
+                code: AGENT_ERROR_CODE,
+                message: error.into(),
+            }));
+            self.transition(myself, s);
+        } else if let Some(admission) = self.start.take() {
+            let history = self.history[1..].to_vec();
+            let request = self.request(self.message.clone(), history);
+            if let Some(said) = self.run(admission, request) {
+                // Its first poll ended the run: handled in this turn, so
+                // `submitted` and the answer go to the store in one batch.
+                self.first_poll_said(myself, said);
+            }
+        } else if self.status.state == TaskState::Submitted {
+            // Restored, and its agent's queue had no room.
+            let mut s = TaskStatus::new(TaskState::Failed);
+            s.error = Some(Arc::new(TaskError {
+                code: AGENT_ERROR_CODE,
+                message:
+                    "could not be queued again after a server restart (the agent's queue is full)"
+                        .into(),
+            }));
+            self.transition(myself, s);
+        }
     }
 }
 

@@ -150,7 +150,8 @@ impl<'a> Obj<'a> {
         if kind(raw) != Kind::Object {
             return Err(Error::invalid(field, "must be an object"));
         }
-        let mut members = Vec::new();
+        // Room for the members of a request's objects (params, a message, a part) at once.
+        let mut members = Vec::with_capacity(8);
         let mut scan = Scan::after_open(raw.0);
         while let Some(key) = scan.next_key() {
             if members.len() == MAX_MEMBERS {

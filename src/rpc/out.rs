@@ -67,9 +67,20 @@ pub(crate) fn write<T: Serialize + ?Sized>(out: &mut Vec<u8>, value: &T) -> Resu
 
 /// Appends `s` as a JSON string.
 pub(crate) fn write_str(out: &mut Vec<u8>, s: &str) {
-    let mut rest = s.as_bytes();
-    out.reserve(rest.len() + 2);
+    let bytes = s.as_bytes();
+    out.reserve(bytes.len() + 2);
     out.push(b'"');
+    if any_escaped(bytes) {
+        write_escaped(out, bytes);
+    } else {
+        // The usual case (keys, ids, timestamps, most text): copied whole.
+        out.extend_from_slice(bytes);
+    }
+    out.push(b'"');
+}
+
+/// Appends `rest`, escaping what JSON escapes.
+fn write_escaped(out: &mut Vec<u8>, mut rest: &[u8]) {
     while let Some(at) = first_escaped(rest) {
         out.extend_from_slice(&rest[..at]);
         let byte = rest[at];
@@ -90,7 +101,34 @@ pub(crate) fn write_str(out: &mut Vec<u8>, s: &str) {
         rest = &rest[at + 1..];
     }
     out.extend_from_slice(rest);
-    out.push(b'"');
+}
+
+/// Whether any byte of `bytes` is one JSON escapes, eight at a time: the last few read as
+/// the word that ends with them (overlapping the one before), and a string of four to seven
+/// bytes as its first four and last four — no byte-by-byte tail.
+fn any_escaped(bytes: &[u8]) -> bool {
+    let n = bytes.len();
+    if n >= 8 {
+        let mut words = bytes.chunks_exact(8);
+        if words.by_ref().any(|w| needs_escape(word(w))) {
+            return true;
+        }
+        !words.remainder().is_empty() && needs_escape(word(&bytes[n - 8..]))
+    } else if n >= 4 {
+        let (mut low, mut high) = ([0; 4], [0; 4]);
+        low.copy_from_slice(&bytes[..4]);
+        high.copy_from_slice(&bytes[n - 4..]);
+        needs_escape(u64::from(u32::from_le_bytes(low)) | u64::from(u32::from_le_bytes(high)) << 32)
+    } else {
+        bytes.iter().any(|&b| ESCAPED[usize::from(b)])
+    }
+}
+
+/// The first eight bytes of `bytes` (at least eight) as a little-endian word.
+fn word(bytes: &[u8]) -> u64 {
+    let mut w = [0; 8];
+    w.copy_from_slice(&bytes[..8]);
+    u64::from_le_bytes(w)
 }
 
 /// Where the first byte of `bytes` that JSON escapes is: eight bytes at a time, then the
@@ -665,6 +703,28 @@ mod tests {
             "</script>",
         ] {
             same(s);
+        }
+    }
+
+    #[test]
+    fn every_escaped_byte_is_found_at_every_position_of_every_short_length() {
+        // The word-at-a-time check reads lengths 4-7 as two overlapping halves and the
+        // tail of longer strings as an overlapping word: each position of each length.
+        for len in 0..=24 {
+            let clean = "x".repeat(len);
+            assert!(!any_escaped(clean.as_bytes()), "{len} clean bytes");
+            same(clean.as_str());
+            for at in 0..len {
+                for bad in [b'"', b'\\', 0x00, 0x1f, b'\n'] {
+                    let mut b = clean.clone().into_bytes();
+                    b[at] = bad;
+                    assert!(any_escaped(&b), "{bad:#x} at {at} of {len}");
+                    same(std::str::from_utf8(&b).expect("ascii"));
+                }
+                let mut b = clean.clone().into_bytes();
+                b[at] = b' ';
+                assert!(!any_escaped(&b), "a space at {at} of {len}");
+            }
         }
     }
 

@@ -301,6 +301,7 @@ impl Runtime {
             restored: Some((r.task.clone(), r.events)),
             why: r.why,
             span: None,
+            starts_itself: false,
         });
         match Actor::spawn_linked(None, TaskActor, args, self.supervisor.get_cell()).await {
             Ok((actor, _)) => {

@@ -105,6 +105,7 @@ impl Runtime {
             why: crate::store::Orphan::Restart,
             span: crate::telemetry::on()
                 .then(|| crate::telemetry::task_span(&key, context_id.as_str())),
+            starts_itself: request.task_id.is_none(),
         });
         let mut push = InlinePush::checked(
             &self.shared.store,
@@ -115,29 +116,25 @@ impl Runtime {
         .await?;
         let existing = if request.task_id.is_none() {
             // A server-generated id cannot collide: spawn awaiting `pre_start` here (no
-            // wrapper task), then index the task, then start its driver.
+            // wrapper task), where the actor enters the live index; it starts its first run
+            // as it begins (`TaskArgs::starts_itself`).
             push.store()?;
             let (actor, _) = Actor::spawn_linked(None, TaskActor, args, self.supervisor.get_cell())
                 .await
                 .map_err(|e| {
+                    // Indexed by `pre_start`, then not started (the supervisor stops).
+                    if self.shared.live.remove(&key).is_some() {
+                        self.shared.metrics.live_tasks.fetch_sub(1, Relaxed);
+                    }
                     push.undo();
                     spawn_failed(e)
                 })?;
-            self.shared.metrics.live_tasks.fetch_add(1, Relaxed);
-            self.shared.live.insert(
-                key.clone(),
-                LiveTask {
-                    actor: actor.clone(),
-                    message_id: message.message_id.as_str().into(),
-                    context_id: context_id.clone(),
-                },
-            );
             Ok(actor)
         } else {
             // A client-chosen id: spawn under the index entry's guard (no await inside), so
             // two requests with the same id cannot both create the task. The store is read
             // under the guard too: a finished task writes its record before leaving the index.
-            match self.shared.live.entry(key.clone()) {
+            let existing = match self.shared.live.entry(key.clone()) {
                 Entry::Occupied(o) => Err(Existing::Live(o.get().clone())),
                 Entry::Vacant(v) => match self.shared.store.task_now(&key) {
                     Some(f) => Err(Existing::Finished(f)),
@@ -162,12 +159,13 @@ impl Runtime {
                         Ok(actor)
                     }
                 },
+            };
+            if let Ok(actor) = &existing {
+                // Queued behind nothing the actor could do first: it starts the driver.
+                let _ = actor.cast(TaskMsg::Start);
             }
+            existing
         };
-        if let Ok(actor) = &existing {
-            // Queued behind nothing the actor could do first: it starts the driver.
-            let _ = actor.cast(TaskMsg::Start);
-        }
         match existing {
             Ok(actor) => Ok(Submitted::Fresh {
                 key,
