@@ -318,13 +318,19 @@ impl Message {
     /// The text parts joined by a newline.
     pub fn joined_text(&self) -> String {
         let mut out = String::new();
+        self.push_joined_text(&mut out);
+        out
+    }
+
+    /// Appends [`Message::joined_text`] to `out`.
+    pub fn push_joined_text(&self, out: &mut String) {
+        let start = out.len();
         for text in self.parts.iter().filter_map(Part::as_text) {
-            if !out.is_empty() {
+            if out.len() > start {
                 out.push('\n');
             }
             out.push_str(text);
         }
-        out
     }
 }
 

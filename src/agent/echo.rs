@@ -22,7 +22,10 @@ impl EchoAgent {
     /// The reply to a message in turn `turn` of a request that activated `extensions`.
     pub fn reply(message: &Message, turn: u32, extensions: &Extensions) -> Message {
         let mut parts = Vec::with_capacity(message.parts.len() + 3);
-        parts.push(Part::Text(format!("echo: {}", message.joined_text())));
+        let mut echo = String::with_capacity(64);
+        echo.push_str("echo: ");
+        message.push_joined_text(&mut echo);
+        parts.push(Part::Text(echo));
         for part in &message.parts {
             match part {
                 Part::File(f) => parts.push(Part::Text(format!(
@@ -51,7 +54,10 @@ impl EchoAgent {
                 extensions.as_slice().join(", ")
             )));
         }
-        parts.push(Part::Text(format!("turn {turn}")));
+        let mut said = String::with_capacity(16);
+        said.push_str("turn ");
+        said.push_str(itoa::Buffer::new().format(turn));
+        parts.push(Part::Text(said));
         let mut reply = Message::agent_text(std::iter::empty::<String>());
         reply.parts = parts;
         reply
@@ -131,5 +137,15 @@ mod tests {
             ]
         );
         assert_eq!(r.role, Role::Agent);
+    }
+
+    #[test]
+    fn an_empty_text_part_joins_as_joined_text_joins_it() {
+        let m = Message::agent_text(["", "b", "", "c"].map(String::from));
+        // Leading empty texts add nothing; after the first text each adds its newline.
+        let mut s = String::from("echo: ");
+        m.push_joined_text(&mut s);
+        assert_eq!(s, "echo: b\n\nc");
+        assert_eq!(m.joined_text(), "b\n\nc");
     }
 }
