@@ -333,6 +333,14 @@ pub(super) async fn drive(
             TaskMsg::Finished(result)
         })
     };
+    let mut work = std::pin::pin!(work);
+    // Nothing can have cancelled the run or passed its deadline before its first poll
+    // (`TaskActorState::run` makes both and polls it in the same turn of the actor): an
+    // agent that answers at once never registers the token's waiter or the deadline's
+    // timer, whose registration and removal cost more than the rest of the driver.
+    if let Some(said) = futures_util::future::poll_immediate(work.as_mut()).await {
+        return said;
+    }
     tokio::select! {
         biased;
         () = cancel.cancelled() => None,
