@@ -87,8 +87,18 @@ pub(crate) fn decode_as(body: &[u8], max_batch: usize, null_ids: bool) -> Result
             e.column()
         ))
     };
+    let utf8 = |body| {
+        std::str::from_utf8(body).map_err(|e| {
+            RpcError::parse_error(format!(
+                "the body is not UTF-8 (at byte {})",
+                e.valid_up_to()
+            ))
+        })
+    };
     match body.iter().find(|b| !b.is_ascii_whitespace()) {
-        Some(b'{') => match serde_json::from_slice::<Envelope<'_>>(body) {
+        // Checked as UTF-8 once, whole: `serde_json` then reads the text without checking
+        // each string, and the params' raw text, again.
+        Some(b'{') => match serde_json::from_str::<Envelope<'_>>(utf8(body)?) {
             Ok(env) => Ok(Body::Single(decode_envelope(env, null_ids))),
             Err(e)
                 if matches!(
@@ -105,12 +115,7 @@ pub(crate) fn decode_as(body: &[u8], max_batch: usize, null_ids: bool) -> Result
             }))),
         },
         Some(b'[') => {
-            let text = std::str::from_utf8(body).map_err(|e| {
-                RpcError::parse_error(format!(
-                    "the body is not UTF-8 (at byte {})",
-                    e.valid_up_to()
-                ))
-            })?;
+            let text = utf8(body)?;
             let items = json::seq(text, max_batch).map_err(|e| match e {
                 json::SeqError::TooMany => RpcError::invalid_request(&format!(
                     "a batch may hold at most {max_batch} requests"
@@ -258,6 +263,22 @@ mod tests {
         assert_eq!(decode(b"{nope").unwrap_err().code, error::PARSE_ERROR);
         assert_eq!(decode(b"").unwrap_err().code, error::PARSE_ERROR);
         assert_eq!(decode(b"\xff\xfe").unwrap_err().code, error::PARSE_ERROR);
+        // A request object that is not UTF-8, in a member's value, in the raw params, or
+        // after its end: the body is checked once, whole.
+        for body in [
+            &b"{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"m\xff\"}"[..],
+            b"{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"m\",\"params\":{\"a\":\"\xc3\"}}",
+            b"{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"m\"} \xff",
+        ] {
+            let e = decode(body).unwrap_err();
+            assert_eq!(e.code, error::PARSE_ERROR);
+            let reason = e.data.as_ref().and_then(|d| d["reason"].as_str());
+            assert!(reason.is_some_and(|r| r.contains("not UTF-8")), "{reason:?}");
+        }
+        // Text that is: read as before.
+        let c = single("{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"m\",\"params\":{\"a\":\"é\"}}")
+            .expect("call");
+        assert_eq!(c.params().expect("params").get(), "{\"a\":\"é\"}");
     }
 
     #[test]
