@@ -241,9 +241,9 @@ impl TaskActorState {
     /// The run ended (terminal or interrupted) and that is published: waiters get the
     /// task, streams end after the event they just received.
     pub(super) fn end_run(&mut self) {
-        let snapshot = (*self.durable).clone();
+        // One copy per waiter, none when nobody waits.
         for waiter in self.waiters.drain(..) {
-            let _ = waiter.send(snapshot.clone());
+            let _ = waiter.send((*self.durable).clone());
         }
         self.subscribers.clear();
     }
