@@ -273,7 +273,10 @@ mod tests {
             let e = decode(body).unwrap_err();
             assert_eq!(e.code, error::PARSE_ERROR);
             let reason = e.data.as_ref().and_then(|d| d["reason"].as_str());
-            assert!(reason.is_some_and(|r| r.contains("not UTF-8")), "{reason:?}");
+            assert!(
+                reason.is_some_and(|r| r.contains("not UTF-8")),
+                "{reason:?}"
+            );
         }
         // Text that is: read as before.
         let c = single("{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"m\",\"params\":{\"a\":\"é\"}}")

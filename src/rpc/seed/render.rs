@@ -114,8 +114,9 @@ struct FileInner<'a> {
     bytes: &'a str,
 }
 
-/// A status; its message as already written (`.1`) when the reply holds it twice.
-struct StatusOut<'a>(&'a TaskStatus, Option<&'a str>);
+/// A status; its message as already written (`.1`) when the reply holds it twice, and its
+/// timestamp as already formatted (`.2`) when the task's `updatedAt` is the same instant.
+struct StatusOut<'a>(&'a TaskStatus, Option<&'a str>, Option<&'a Iso8601>);
 
 impl Serialize for StatusOut<'_> {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
@@ -133,7 +134,10 @@ impl Serialize for StatusOut<'_> {
         if let Some(e) = &st.error {
             map.serialize_entry("error", &json!({ "code": e.code, "message": e.message }))?;
         }
-        map.serialize_entry("timestamp", &Iso8601::of(&st.timestamp))?;
+        match self.2 {
+            Some(formatted) => map.serialize_entry("timestamp", formatted)?,
+            None => map.serialize_entry("timestamp", &Iso8601::of(&st.timestamp))?,
+        }
         map.end()
     }
 }
@@ -160,10 +164,13 @@ impl Serialize for TaskOut<'_> {
         let mut map = s.serialize_map(Some(8))?;
         map.serialize_entry("id", t.id.as_str())?;
         map.serialize_entry("contextId", t.context_id.as_str())?;
-        map.serialize_entry("status", &StatusOut(&t.status, written))?;
+        // The status's time is the task's `updatedAt` (its last change): formatted once.
+        let updated = Iso8601::of(&t.updated_at);
+        let same = (t.status.timestamp == t.updated_at).then_some(&updated);
+        map.serialize_entry("status", &StatusOut(&t.status, written, same))?;
         map.serialize_entry("final", &t.status.state.is_terminal())?;
         map.serialize_entry("createdAt", &Iso8601::of(&t.created_at))?;
-        map.serialize_entry("updatedAt", &Iso8601::of(&t.updated_at))?;
+        map.serialize_entry("updatedAt", &updated)?;
         map.serialize_entry("history", &HistoryOut(history, written))?;
         if t.status.state == TaskState::Completed {
             map.serialize_entry("artifacts", &ArtifactsOut(&t.status, &t.artifacts))?;
@@ -214,7 +221,7 @@ impl Serialize for EventOut<'_> {
         let mut map = s.serialize_map(None)?;
         map.serialize_entry("id", task.id.as_str())?;
         map.serialize_entry("contextId", task.context_id.as_str())?;
-        map.serialize_entry("status", &StatusOut(&event.status, None))?;
+        map.serialize_entry("status", &StatusOut(&event.status, None, None))?;
         map.serialize_entry("final", &event.is_final())?;
         // Never `artifacts` (docs/PROTOCOL.md §5): Evo AI's stream client shows every text an
         // event holds, and the reply is in `status.message` already.
