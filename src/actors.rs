@@ -23,7 +23,7 @@ use crate::agent::Agent;
 use crate::config::{AgentConfig, Config};
 use crate::limits::Scheduler;
 use crate::metrics::{AgentMetrics, Metrics};
-use crate::model::{AgentId, ContextId, Principal, TaskKey};
+use crate::model::{AgentId, ContextId, Message, Principal, TaskKey};
 use crate::store::Store;
 use crate::store::cluster::Cluster;
 use crate::swap::Swap;
@@ -67,6 +67,17 @@ pub(crate) struct LiveTask {
     pub(crate) actor: ActorRef<TaskMsg>,
     pub(crate) message_id: Arc<str>,
     pub(crate) context_id: ContextId,
+}
+
+impl LiveTask {
+    /// The entry of `actor`'s task, created by `message` in `context`.
+    pub(crate) fn new(actor: ActorRef<TaskMsg>, message: &Message, context: &ContextId) -> Self {
+        Self {
+            actor,
+            message_id: message.message_id.as_str().into(),
+            context_id: context.clone(),
+        }
+    }
 }
 
 /// State shared by the runtime, the actors and the request path.

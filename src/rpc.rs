@@ -15,6 +15,7 @@ pub(crate) mod error;
 pub(crate) mod json;
 pub(crate) mod out;
 pub(crate) mod seed;
+mod words;
 
 use std::sync::Arc;
 

@@ -298,24 +298,13 @@ impl Actor for TaskActor {
             // Indexed before the actor runs: its first run may end it at once, and an
             // ended task leaves the index.
             state.shared.metrics.live_tasks.fetch_add(1, Relaxed);
-            state.shared.live.insert(
-                state.key.clone(),
-                LiveTask {
-                    actor: myself.clone(),
-                    message_id: state.message.message_id.as_str().into(),
-                    context_id: state.context_id.clone(),
-                },
-            );
+            let live = LiveTask::new(myself.clone(), &state.message, &state.context_id);
+            state.shared.live.insert(state.key.clone(), live);
         }
         state.follow(args.follow);
-        let submitted = || std::sync::atomic::Ordering::Relaxed;
         match args.restored {
             None => {
-                state
-                    .shared
-                    .metrics
-                    .tasks_submitted
-                    .fetch_add(1, submitted());
+                state.shared.metrics.tasks_submitted.fetch_add(1, Relaxed);
                 state.emit(status, None, true);
             }
             Some((task, events)) => {
@@ -323,10 +312,10 @@ impl Actor for TaskActor {
                 let m = &state.shared.metrics;
                 match task.status.state {
                     TaskState::Submitted => {
-                        m.tasks_submitted.fetch_add(1, submitted());
+                        m.tasks_submitted.fetch_add(1, Relaxed);
                     }
                     TaskState::Working => {
-                        m.tasks_working.fetch_add(1, submitted());
+                        m.tasks_working.fetch_add(1, Relaxed);
                         let takes_up = state.agent.backend.takes_up()
                             && task.note.is_some()
                             && args.why != Orphan::Held;

@@ -20,6 +20,7 @@ use std::fmt;
 use serde::de::{self, Deserializer, SeqAccess, Visitor};
 use serde_json::value::RawValue;
 
+use super::words::{equal, word};
 use crate::error::Error;
 use crate::model::Extensions;
 
@@ -607,18 +608,10 @@ impl<'a> Scan<'a> {
 /// Where the first quote or backslash of `bytes` is, eight bytes at a time: most strings
 /// are keys and ids of a few dozen bytes, which a vector search costs more to set up for.
 fn quote_or_backslash(bytes: &[u8]) -> Option<usize> {
-    const ONES: u64 = 0x0101_0101_0101_0101;
-    const HIGH: u64 = 0x8080_8080_8080_8080;
-    // The high bit of each zero byte of `v`; the lowest one set is exactly the first zero
-    // byte (a borrow only runs upward from a zero byte).
-    let zero_bytes = |v: u64| v.wrapping_sub(ONES) & !v & HIGH;
     let mut at = 0;
     while let Some(chunk) = bytes.get(at..at + 8) {
-        let mut w = [0; 8];
-        w.copy_from_slice(chunk);
-        let w = u64::from_le_bytes(w);
-        let found =
-            zero_bytes(w ^ (ONES * u64::from(b'"'))) | zero_bytes(w ^ (ONES * u64::from(b'\\')));
+        let w = word(chunk);
+        let found = equal(w, b'"') | equal(w, b'\\');
         if found != 0 {
             return Some(at + (found.trailing_zeros() / 8) as usize);
         }

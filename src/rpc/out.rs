@@ -9,6 +9,7 @@
 //! `RawValue` (written verbatim) — comes out as `serde_json` writes it; the tests hold the
 //! two to the same bytes.
 
+use super::words::{below, equal, word};
 use serde::Serialize;
 use serde::ser::{self, Impossible, Serializer};
 
@@ -124,22 +125,12 @@ fn any_escaped(bytes: &[u8]) -> bool {
     }
 }
 
-/// The first eight bytes of `bytes` (at least eight) as a little-endian word.
-fn word(bytes: &[u8]) -> u64 {
-    let mut w = [0; 8];
-    w.copy_from_slice(&bytes[..8]);
-    u64::from_le_bytes(w)
-}
-
 /// Where the first byte of `bytes` that JSON escapes is: eight bytes at a time, then the
 /// last few one by one.
 fn first_escaped(bytes: &[u8]) -> Option<usize> {
     let mut at = 0;
-    for word in bytes.chunks_exact(8) {
-        let Ok(word) = <[u8; 8]>::try_from(word) else {
-            break;
-        };
-        if needs_escape(u64::from_le_bytes(word)) {
+    for w in bytes.chunks_exact(8) {
+        if needs_escape(word(w)) {
             break;
         }
         at += 8;
@@ -165,15 +156,7 @@ static ESCAPED: [bool; 256] = {
 
 /// Whether any of the eight bytes of `w` is below 0x20, a quote or a backslash.
 const fn needs_escape(w: u64) -> bool {
-    const ONES: u64 = 0x0101_0101_0101_0101;
-    const HIGH: u64 = 0x8080_8080_8080_8080;
-    const fn zero_byte(v: u64) -> u64 {
-        v.wrapping_sub(ONES) & !v
-    }
-    let control = w.wrapping_sub(ONES * 0x20) & !w;
-    let quote = zero_byte(w ^ (ONES * b'"' as u64));
-    let backslash = zero_byte(w ^ (ONES * b'\\' as u64));
-    (control | quote | backslash) & HIGH != 0
+    below(w, 0x20) | equal(w, b'"') | equal(w, b'\\') != 0
 }
 
 /// The integer methods of a serializer, each `$body` on the value.

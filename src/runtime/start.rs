@@ -306,11 +306,7 @@ impl Runtime {
         match Actor::spawn_linked(None, TaskActor, args, self.supervisor.get_cell()).await {
             Ok((actor, _)) => {
                 self.shared.metrics.live_tasks.fetch_add(1, Relaxed);
-                let live = LiveTask {
-                    actor: actor.clone(),
-                    message_id: message.message_id.as_str().into(),
-                    context_id,
-                };
+                let live = LiveTask::new(actor.clone(), &message, &context_id);
                 self.shared.live.insert(r.key, live.clone());
                 if r.why != Orphan::Held {
                     let _ = actor.cast(TaskMsg::Start);

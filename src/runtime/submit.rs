@@ -151,11 +151,7 @@ impl Runtime {
                             spawn_failed(e)
                         })?;
                         self.shared.metrics.live_tasks.fetch_add(1, Relaxed);
-                        v.insert(LiveTask {
-                            actor: actor.clone(),
-                            message_id: message.message_id.as_str().into(),
-                            context_id: context_id.clone(),
-                        });
+                        v.insert(LiveTask::new(actor.clone(), &message, &context_id));
                         Ok(actor)
                     }
                 },
