@@ -20,6 +20,13 @@ pub(crate) type Error = serde_json::Error;
 /// of that name, whose value is the raw text): written verbatim, as `serde_json` does.
 const RAW_VALUE: &str = "$serde_json::private::RawValue";
 
+/// The name a renderer gives the objects it writes as structs (`serialize_struct` and
+/// `serialize_field`, not a map's entries): their keys are the program's own literals, so
+/// this writer copies them without the escape check a map's keys get. The length given
+/// with it must not be 0 when fields follow: `serde_json` closes an object of no fields
+/// at once.
+pub(crate) const OBJECT: &str = "object";
+
 /// `value` as compact JSON.
 ///
 /// # Errors
@@ -231,10 +238,21 @@ impl<'w, 'a> Compound<'w, 'a> {
         value.serialize(&mut *self.w)
     }
 
-    fn field<T: Serialize + ?Sized>(&mut self, key: &str, value: &T) -> Result<(), Error> {
-        self.comma();
-        write_str(self.w.out, key);
-        self.w.out.push(b':');
+    /// A struct's field: its name is the program's own text (a field or its `rename`),
+    /// written as it is, without the escape check a map's keys get.
+    fn field<T: Serialize + ?Sized>(&mut self, key: &'static str, value: &T) -> Result<(), Error> {
+        debug_assert!(
+            !any_escaped(key.as_bytes()),
+            "a field name to escape: {key}"
+        );
+        let out = &mut *self.w.out;
+        out.reserve(key.len() + 4);
+        if !std::mem::take(&mut self.first) {
+            out.push(b',');
+        }
+        out.push(b'"');
+        out.extend_from_slice(key.as_bytes());
+        out.extend_from_slice(b"\":");
         value.serialize(&mut *self.w)
     }
 

@@ -6,7 +6,7 @@ use std::borrow::Cow;
 use std::sync::Arc;
 
 use serde::Serialize;
-use serde::ser::{SerializeMap, SerializeSeq, Serializer};
+use serde::ser::{SerializeSeq, SerializeStruct, Serializer};
 use serde_json::value::RawValue;
 use serde_json::{Value, json};
 
@@ -16,7 +16,7 @@ use crate::model::{
     TaskStatus,
 };
 use crate::push::StoredPushConfig;
-use crate::rpc::out::{self, Verbatim};
+use crate::rpc::out::{self, OBJECT, Verbatim};
 use crate::rpc::success;
 use crate::runtime::StreamItem;
 use crate::store::{ListPage, PageToken};
@@ -86,13 +86,13 @@ impl Serialize for TaskOut<'_> {
                 metadata: None,
             });
         let written = written.as_deref();
-        let mut map = s.serialize_map(None)?;
+        let mut map = s.serialize_struct(OBJECT, 7)?;
         if v == Version::V03 {
-            map.serialize_entry("kind", "task")?;
+            map.serialize_field("kind", "task")?;
         }
-        map.serialize_entry("id", t.id.as_str())?;
-        map.serialize_entry("contextId", t.context_id.as_str())?;
-        map.serialize_entry(
+        map.serialize_field("id", t.id.as_str())?;
+        map.serialize_field("contextId", t.context_id.as_str())?;
+        map.serialize_field(
             "status",
             &StatusOut {
                 v,
@@ -103,10 +103,10 @@ impl Serialize for TaskOut<'_> {
             },
         )?;
         if self.artifacts && !t.artifacts.is_empty() {
-            map.serialize_entry("artifacts", &ArtifactsOut(v, &t.artifacts))?;
+            map.serialize_field("artifacts", &ArtifactsOut(v, &t.artifacts))?;
         }
         if !history.is_empty() {
-            map.serialize_entry(
+            map.serialize_field(
                 "history",
                 &HistoryOut {
                     v,
@@ -119,7 +119,7 @@ impl Serialize for TaskOut<'_> {
         }
         // The request's metadata; omitted when there is none (or it is `{}`).
         if let Some(m) = t.metadata.as_deref().filter(|m| !is_empty_object(m)) {
-            map.serialize_entry("metadata", m)?;
+            map.serialize_field("metadata", m)?;
         }
         map.end()
     }
@@ -180,24 +180,24 @@ impl Serialize for MessageOut<'_> {
             (Version::V03, Role::User) => "user",
             (Version::V03, Role::Agent) => "agent",
         };
-        let mut map = s.serialize_map(None)?;
+        let mut map = s.serialize_struct(OBJECT, 8)?;
         if v == Version::V03 {
-            map.serialize_entry("kind", "message")?;
+            map.serialize_field("kind", "message")?;
         }
-        map.serialize_entry("messageId", &m.message_id)?;
+        map.serialize_field("messageId", &m.message_id)?;
         if let Some(c) = self.context_id {
-            map.serialize_entry("contextId", c.as_str())?;
+            map.serialize_field("contextId", c.as_str())?;
         }
         if let Some(t) = self.task_id {
-            map.serialize_entry("taskId", t.as_str())?;
+            map.serialize_field("taskId", t.as_str())?;
         }
-        map.serialize_entry("role", role)?;
-        map.serialize_entry("parts", &PartsOut(v, &m.parts))?;
+        map.serialize_field("role", role)?;
+        map.serialize_field("parts", &PartsOut(v, &m.parts))?;
         if let Some(meta) = &self.metadata {
-            map.serialize_entry("metadata", meta)?;
+            map.serialize_field("metadata", meta)?;
         }
         if !m.extensions.is_empty() {
-            map.serialize_entry("extensions", m.extensions.as_slice())?;
+            map.serialize_field("extensions", m.extensions.as_slice())?;
         }
         map.end()
     }
@@ -219,54 +219,54 @@ struct PartOut<'a>(Version, &'a Part);
 
 impl Serialize for PartOut<'_> {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        let mut map = s.serialize_map(None)?;
+        let mut map = s.serialize_struct(OBJECT, 24)?;
         match (self.0, self.1) {
-            (Version::V10, Part::Text(t)) => map.serialize_entry("text", t)?,
+            (Version::V10, Part::Text(t)) => map.serialize_field("text", t)?,
             (Version::V10, Part::File(f)) => {
-                map.serialize_entry("raw", &f.bytes)?;
-                map.serialize_entry("filename", &f.name)?;
-                map.serialize_entry("mediaType", &f.mime_type)?;
+                map.serialize_field("raw", &f.bytes)?;
+                map.serialize_field("filename", &f.name)?;
+                map.serialize_field("mediaType", &f.mime_type)?;
                 if let Some(m) = &f.metadata {
-                    map.serialize_entry("metadata", &*m.0)?;
+                    map.serialize_field("metadata", &*m.0)?;
                 }
             }
             (Version::V10, Part::Url(u)) => {
-                map.serialize_entry("url", &u.url)?;
+                map.serialize_field("url", &u.url)?;
                 if let Some(n) = &u.name {
-                    map.serialize_entry("filename", n)?;
+                    map.serialize_field("filename", n)?;
                 }
                 if let Some(m) = &u.mime_type {
-                    map.serialize_entry("mediaType", m)?;
+                    map.serialize_field("mediaType", m)?;
                 }
                 if let Some(m) = &u.metadata {
-                    map.serialize_entry("metadata", &*m.0)?;
+                    map.serialize_field("metadata", &*m.0)?;
                 }
             }
             (Version::V10, Part::Data(d)) => {
-                map.serialize_entry("data", &*d.data.0)?;
+                map.serialize_field("data", &*d.data.0)?;
                 if let Some(m) = &d.media_type {
-                    map.serialize_entry("mediaType", m)?;
+                    map.serialize_field("mediaType", m)?;
                 }
                 if let Some(m) = &d.metadata {
-                    map.serialize_entry("metadata", &*m.0)?;
+                    map.serialize_field("metadata", &*m.0)?;
                 }
             }
             (Version::V03, Part::Text(t)) => {
-                map.serialize_entry("kind", "text")?;
-                map.serialize_entry("text", t)?;
+                map.serialize_field("kind", "text")?;
+                map.serialize_field("text", t)?;
             }
             (Version::V03, Part::File(f)) => {
-                map.serialize_entry("kind", "file")?;
-                map.serialize_entry(
+                map.serialize_field("kind", "file")?;
+                map.serialize_field(
                     "file",
                     &json!({"bytes": f.bytes, "name": f.name, "mimeType": f.mime_type}),
                 )?;
                 if let Some(m) = &f.metadata {
-                    map.serialize_entry("metadata", &*m.0)?;
+                    map.serialize_field("metadata", &*m.0)?;
                 }
             }
             (Version::V03, Part::Url(u)) => {
-                map.serialize_entry("kind", "file")?;
+                map.serialize_field("kind", "file")?;
                 let mut file = json!({"uri": u.url});
                 if let Some(n) = &u.name {
                     file["name"] = json!(n);
@@ -274,21 +274,21 @@ impl Serialize for PartOut<'_> {
                 if let Some(m) = &u.mime_type {
                     file["mimeType"] = json!(m);
                 }
-                map.serialize_entry("file", &file)?;
+                map.serialize_field("file", &file)?;
                 if let Some(m) = &u.metadata {
-                    map.serialize_entry("metadata", &*m.0)?;
+                    map.serialize_field("metadata", &*m.0)?;
                 }
             }
             (Version::V03, Part::Data(d)) => {
-                map.serialize_entry("kind", "data")?;
+                map.serialize_field("kind", "data")?;
                 // 0.3's data is an object: another value is shown as `{"value": …}`.
                 if d.data.get().starts_with('{') {
-                    map.serialize_entry("data", &*d.data.0)?;
+                    map.serialize_field("data", &*d.data.0)?;
                 } else {
-                    map.serialize_entry("data", &ValueObject(&d.data.0))?;
+                    map.serialize_field("data", &ValueObject(&d.data.0))?;
                 }
                 if let Some(m) = &d.metadata {
-                    map.serialize_entry("metadata", &*m.0)?;
+                    map.serialize_field("metadata", &*m.0)?;
                 }
             }
         }
@@ -310,17 +310,17 @@ pub(crate) struct StatusOut<'a> {
 impl Serialize for StatusOut<'_> {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         let st = self.status;
-        let mut map = s.serialize_map(None)?;
-        map.serialize_entry("state", state_name(self.v, st.state))?;
+        let mut map = s.serialize_struct(OBJECT, 4)?;
+        map.serialize_field("state", state_name(self.v, st.state))?;
         let (message, metadata) = match self.written {
             Some(written) => {
-                map.serialize_entry("message", &Verbatim(written))?;
+                map.serialize_field("message", &Verbatim(written))?;
                 (None, None)
             }
             None => status_message(st, self.task_id),
         };
         if let Some(message) = &message {
-            map.serialize_entry(
+            map.serialize_field(
                 "message",
                 &MessageOut {
                     v: self.v,
@@ -331,7 +331,7 @@ impl Serialize for StatusOut<'_> {
                 },
             )?;
         }
-        map.serialize_entry("timestamp", &Iso8601::of(&st.timestamp))?;
+        map.serialize_field("timestamp", &Iso8601::of(&st.timestamp))?;
         map.end()
     }
 }
@@ -380,17 +380,17 @@ struct ArtifactOut<'a>(Version, &'a Artifact);
 impl Serialize for ArtifactOut<'_> {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         let a = self.1;
-        let mut map = s.serialize_map(None)?;
-        map.serialize_entry("artifactId", &a.artifact_id)?;
+        let mut map = s.serialize_struct(OBJECT, 5)?;
+        map.serialize_field("artifactId", &a.artifact_id)?;
         if let Some(n) = &a.name {
-            map.serialize_entry("name", n)?;
+            map.serialize_field("name", n)?;
         }
         if let Some(d) = &a.description {
-            map.serialize_entry("description", d)?;
+            map.serialize_field("description", d)?;
         }
-        map.serialize_entry("parts", &PartsOut(self.0, &a.parts))?;
+        map.serialize_field("parts", &PartsOut(self.0, &a.parts))?;
         if !a.extensions.is_empty() {
-            map.serialize_entry("extensions", a.extensions.as_slice())?;
+            map.serialize_field("extensions", a.extensions.as_slice())?;
         }
         map.end()
     }
@@ -401,8 +401,8 @@ struct ValueObject<'a>(&'a RawValue);
 
 impl Serialize for ValueObject<'_> {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        let mut map = s.serialize_map(Some(1))?;
-        map.serialize_entry("value", self.0)?;
+        let mut map = s.serialize_struct(OBJECT, 1)?;
+        map.serialize_field("value", self.0)?;
         map.end()
     }
 }
@@ -423,7 +423,7 @@ impl Serialize for EventOut<'_> {
             let t = crate::stream::task_at(event, t);
             return SendResultOut(TaskOut::full(v, &t)).serialize(s);
         }
-        let mut map = s.serialize_map(None)?;
+        let mut map = s.serialize_struct(OBJECT, 13)?;
         let status = StatusOut {
             v,
             status: &event.status,
@@ -444,18 +444,18 @@ impl Serialize for EventOut<'_> {
                 if update.last_chunk {
                     inner["lastChunk"] = json!(true);
                 }
-                map.serialize_entry("artifactUpdate", &inner)?;
+                map.serialize_field("artifactUpdate", &inner)?;
             }
             (Some(update), Version::V03) => {
-                map.serialize_entry("kind", "artifact-update")?;
-                map.serialize_entry("taskId", t.id.as_str())?;
-                map.serialize_entry("contextId", t.context_id.as_str())?;
-                map.serialize_entry("artifact", &ArtifactOut(v, &update.artifact))?;
-                map.serialize_entry("append", &update.append)?;
-                map.serialize_entry("lastChunk", &update.last_chunk)?;
+                map.serialize_field("kind", "artifact-update")?;
+                map.serialize_field("taskId", t.id.as_str())?;
+                map.serialize_field("contextId", t.context_id.as_str())?;
+                map.serialize_field("artifact", &ArtifactOut(v, &update.artifact))?;
+                map.serialize_field("append", &update.append)?;
+                map.serialize_field("lastChunk", &update.last_chunk)?;
             }
             (None, Version::V10) => {
-                map.serialize_entry(
+                map.serialize_field(
                     "statusUpdate",
                     &json!({
                         "taskId": t.id.as_str(),
@@ -465,11 +465,11 @@ impl Serialize for EventOut<'_> {
                 )?;
             }
             (None, Version::V03) => {
-                map.serialize_entry("kind", "status-update")?;
-                map.serialize_entry("taskId", t.id.as_str())?;
-                map.serialize_entry("contextId", t.context_id.as_str())?;
-                map.serialize_entry("status", &status)?;
-                map.serialize_entry("final", &event.is_final())?;
+                map.serialize_field("kind", "status-update")?;
+                map.serialize_field("taskId", t.id.as_str())?;
+                map.serialize_field("contextId", t.context_id.as_str())?;
+                map.serialize_field("status", &status)?;
+                map.serialize_field("final", &event.is_final())?;
             }
         }
         map.end()
@@ -521,8 +521,8 @@ impl Serialize for SendResultOut<'_> {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         match self.0.v {
             Version::V10 => {
-                let mut map = s.serialize_map(Some(1))?;
-                map.serialize_entry("task", &self.0)?;
+                let mut map = s.serialize_struct(OBJECT, 1)?;
+                map.serialize_field("task", &self.0)?;
                 map.end()
             }
             Version::V03 => self.0.serialize(s),

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use serde::Serialize;
-use serde::ser::{SerializeMap, SerializeSeq, Serializer};
+use serde::ser::{SerializeSeq, SerializeStruct, Serializer};
 use serde_json::value::RawValue;
 use serde_json::{Map, Value, json};
 
@@ -13,7 +13,7 @@ use crate::model::{
     Artifact, Iso8601, Message, Part, Role, TaskId, TaskSnapshot, TaskState, TaskStatus, iso8601,
 };
 use crate::push::{Events, StoredPushConfig, WebhookEvent};
-use crate::rpc::out::{self, Verbatim};
+use crate::rpc::out::{self, OBJECT, Verbatim};
 use crate::rpc::success;
 use crate::runtime::{AgentCard, StreamItem};
 
@@ -23,16 +23,16 @@ pub(super) struct MessageOut<'a>(pub(super) &'a Message);
 impl Serialize for MessageOut<'_> {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         let m = self.0;
-        let mut map = s.serialize_map(Some(3))?;
+        let mut map = s.serialize_struct(OBJECT, 3)?;
         let role = match m.role {
             Role::User => "user",
             Role::Agent => "agent",
         };
-        map.serialize_entry("role", role)?;
-        map.serialize_entry("parts", &PartsOut(&m.parts))?;
-        map.serialize_entry("messageId", &m.message_id)?;
+        map.serialize_field("role", role)?;
+        map.serialize_field("parts", &PartsOut(&m.parts))?;
+        map.serialize_field("messageId", &m.message_id)?;
         if !m.extensions.is_empty() {
-            map.serialize_entry("extensions", m.extensions.as_slice())?;
+            map.serialize_field("extensions", m.extensions.as_slice())?;
         }
         map.end()
     }
@@ -121,22 +121,22 @@ struct StatusOut<'a>(&'a TaskStatus, Option<&'a str>, Option<&'a Iso8601>);
 impl Serialize for StatusOut<'_> {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         let st = self.0;
-        let mut map = s.serialize_map(None)?;
-        map.serialize_entry("state", st.state.as_str())?;
+        let mut map = s.serialize_struct(OBJECT, 7)?;
+        map.serialize_field("state", st.state.as_str())?;
         match (self.1, &st.message) {
-            (Some(written), Some(_)) => map.serialize_entry("message", &Verbatim(written))?,
-            (None, Some(m)) => map.serialize_entry("message", &MessageOut(m))?,
+            (Some(written), Some(_)) => map.serialize_field("message", &Verbatim(written))?,
+            (None, Some(m)) => map.serialize_field("message", &MessageOut(m))?,
             (_, None) => {}
         }
         if let Some(r) = &st.reason {
-            map.serialize_entry("reason", &**r)?;
+            map.serialize_field("reason", &**r)?;
         }
         if let Some(e) = &st.error {
-            map.serialize_entry("error", &json!({ "code": e.code, "message": e.message }))?;
+            map.serialize_field("error", &json!({ "code": e.code, "message": e.message }))?;
         }
         match self.2 {
-            Some(formatted) => map.serialize_entry("timestamp", formatted)?,
-            None => map.serialize_entry("timestamp", &Iso8601::of(&st.timestamp))?,
+            Some(formatted) => map.serialize_field("timestamp", formatted)?,
+            None => map.serialize_field("timestamp", &Iso8601::of(&st.timestamp))?,
         }
         map.end()
     }
@@ -161,26 +161,26 @@ impl Serialize for TaskOut<'_> {
         // written once, copied the second time.
         let written = out::reply_written_once(t.status.message.as_ref(), history, MessageOut);
         let written = written.as_deref();
-        let mut map = s.serialize_map(Some(8))?;
-        map.serialize_entry("id", t.id.as_str())?;
-        map.serialize_entry("contextId", t.context_id.as_str())?;
+        let mut map = s.serialize_struct(OBJECT, 8)?;
+        map.serialize_field("id", t.id.as_str())?;
+        map.serialize_field("contextId", t.context_id.as_str())?;
         // The status's time is the task's `updatedAt` (its last change): formatted once.
         let updated = Iso8601::of(&t.updated_at);
         let same = (t.status.timestamp == t.updated_at).then_some(&updated);
-        map.serialize_entry("status", &StatusOut(&t.status, written, same))?;
-        map.serialize_entry("final", &t.status.state.is_terminal())?;
-        map.serialize_entry("createdAt", &Iso8601::of(&t.created_at))?;
-        map.serialize_entry("updatedAt", &updated)?;
-        map.serialize_entry("history", &HistoryOut(history, written))?;
+        map.serialize_field("status", &StatusOut(&t.status, written, same))?;
+        map.serialize_field("final", &t.status.state.is_terminal())?;
+        map.serialize_field("createdAt", &Iso8601::of(&t.created_at))?;
+        map.serialize_field("updatedAt", &updated)?;
+        map.serialize_field("history", &HistoryOut(history, written))?;
         if t.status.state == TaskState::Completed {
-            map.serialize_entry("artifacts", &ArtifactsOut(&t.status, &t.artifacts))?;
+            map.serialize_field("artifacts", &ArtifactsOut(&t.status, &t.artifacts))?;
         }
         match &t.metadata {
-            Some(m) => map.serialize_entry("metadata", &**m)?,
-            None => map.serialize_entry("metadata", &Map::new())?,
+            Some(m) => map.serialize_field("metadata", &**m)?,
+            None => map.serialize_field("metadata", &Map::new())?,
         }
         if !t.extensions.is_empty() {
-            map.serialize_entry("extensions", t.extensions.as_slice())?;
+            map.serialize_field("extensions", t.extensions.as_slice())?;
         }
         map.end()
     }
@@ -218,15 +218,15 @@ struct EventOut<'a>(&'a StreamItem);
 impl Serialize for EventOut<'_> {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         let (event, task) = (&self.0.event, &self.0.task);
-        let mut map = s.serialize_map(None)?;
-        map.serialize_entry("id", task.id.as_str())?;
-        map.serialize_entry("contextId", task.context_id.as_str())?;
-        map.serialize_entry("status", &StatusOut(&event.status, None, None))?;
-        map.serialize_entry("final", &event.is_final())?;
+        let mut map = s.serialize_struct(OBJECT, 5)?;
+        map.serialize_field("id", task.id.as_str())?;
+        map.serialize_field("contextId", task.context_id.as_str())?;
+        map.serialize_field("status", &StatusOut(&event.status, None, None))?;
+        map.serialize_field("final", &event.is_final())?;
         // Never `artifacts` (docs/PROTOCOL.md §5): Evo AI's stream client shows every text an
         // event holds, and the reply is in `status.message` already.
         if let Some(update) = &event.artifact {
-            map.serialize_entry(
+            map.serialize_field(
                 "artifact",
                 &json!({
                     "artifactId": update.artifact.artifact_id,
@@ -282,14 +282,14 @@ impl<'a> ReplyArtifact<'a> {
 impl Serialize for ReplyArtifact<'_> {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         let id = uuid::Uuid::new_v5(&Self::NAMESPACE, self.0.message_id.as_bytes());
-        let mut map = s.serialize_map(Some(3))?;
-        map.serialize_entry(
+        let mut map = s.serialize_struct(OBJECT, 3)?;
+        map.serialize_field(
             "artifactId",
             id.hyphenated()
                 .encode_lower(&mut uuid::Uuid::encode_buffer()),
         )?;
-        map.serialize_entry("name", "reply")?;
-        map.serialize_entry("parts", &PartsOut(&self.0.parts))?;
+        map.serialize_field("name", "reply")?;
+        map.serialize_field("parts", &PartsOut(&self.0.parts))?;
         map.end()
     }
 }
