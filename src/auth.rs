@@ -174,8 +174,8 @@ impl KeyStore {
         headers: &HeaderMap,
         peer: Option<&Arc<Caller>>,
     ) -> Result<Arc<Caller>, AuthError> {
-        let api_key = single(headers, &X_API_KEY)?;
-        let bearer = match single(headers, &hyper::header::AUTHORIZATION)? {
+        let (api_key, authorization) = credentials(headers)?;
+        let bearer = match authorization {
             None => None,
             Some(v) => Some(bearer_token(v).ok_or(AuthError::Unknown)?),
         };
@@ -252,20 +252,30 @@ impl KeyStore {
 /// `x-api-key`, as a constant: a lookup by `&str` parses and lower-cases the name each time.
 const X_API_KEY: hyper::header::HeaderName = hyper::header::HeaderName::from_static("x-api-key");
 
-/// The one value of a header that may repeat only with the same value: two different
-/// credentials in one request are refused, never resolved by picking one.
-fn single<'h>(
-    headers: &'h HeaderMap,
-    name: &hyper::header::HeaderName,
-) -> Result<Option<&'h [u8]>, AuthError> {
-    let mut values = headers.get_all(name).iter().map(|v| v.as_bytes());
-    let Some(first) = values.next() else {
-        return Ok(None);
-    };
-    if values.any(|other| other != first) {
-        return Err(AuthError::Conflict);
+/// The request's `x-api-key` and `Authorization` values, each of which may repeat only
+/// with the same value: two different credentials in one request are refused, never
+/// resolved by picking one. One pass over the headers: a lookup of `x-api-key`, a name
+/// outside HTTP's standard table, would hash it, and two lookups cost more than a pass
+/// over the handful of headers a request carries.
+type Credentials<'h> = (Option<&'h [u8]>, Option<&'h [u8]>);
+
+fn credentials(headers: &HeaderMap) -> Result<Credentials<'_>, AuthError> {
+    let (mut api_key, mut authorization) = (None, None);
+    for (name, value) in headers {
+        let slot = if *name == X_API_KEY {
+            &mut api_key
+        } else if name == hyper::header::AUTHORIZATION {
+            &mut authorization
+        } else {
+            continue;
+        };
+        match slot {
+            Some(first) if *first != value.as_bytes() => return Err(AuthError::Conflict),
+            Some(_) => {}
+            None => *slot = Some(value.as_bytes()),
+        }
     }
-    Ok(Some(first))
+    Ok((api_key, authorization))
 }
 
 fn bearer_token(value: &[u8]) -> Option<&[u8]> {

@@ -149,6 +149,10 @@ impl RateLimiter {
     fn look(&self, bucket: &Mutex<Bucket>, agent: usize, take: bool) -> Result<(), u64> {
         let (capacity, per_second) = self.rates[agent];
         let mut b = lock(bucket);
+        if !take && b.tokens >= 1.0 {
+            // It holds a token without a refill (which only adds).
+            return Ok(());
+        }
         let now = Instant::now();
         let refill = now.duration_since(b.last).as_secs_f64() * per_second;
         b.tokens = (b.tokens + refill).min(capacity);

@@ -12,8 +12,23 @@ use chrono::{DateTime, SecondsFormat, Utc};
 macro_rules! string_id {
     ($(#[$doc:meta])* $name:ident) => {
         $(#[$doc])*
-        #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+        #[derive(Clone, Debug, Eq, PartialOrd, Ord)]
         pub struct $name(Arc<str>);
+
+        // As the strings compare; a clone of the same id (a task's key, written with
+        // each of its events) is equal without reading them.
+        impl PartialEq for $name {
+            fn eq(&self, other: &Self) -> bool {
+                Arc::ptr_eq(&self.0, &other.0) || self.0 == other.0
+            }
+        }
+
+        // As the string hashes (`Borrow<str>` below relies on it).
+        impl std::hash::Hash for $name {
+            fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+                self.as_str().hash(state);
+            }
+        }
 
         impl $name {
             /// Wraps an identifier.
@@ -524,12 +539,17 @@ pub struct TaskStatus {
 impl TaskStatus {
     /// A bare status in `state`, stamped now.
     pub fn new(state: TaskState) -> Self {
+        Self::at(state, Utc::now())
+    }
+
+    /// A bare status in `state`, stamped `timestamp`.
+    pub fn at(state: TaskState, timestamp: DateTime<Utc>) -> Self {
         Self {
             state,
             message: None,
             reason: None,
             error: None,
-            timestamp: Utc::now(),
+            timestamp,
         }
     }
 }

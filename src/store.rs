@@ -131,6 +131,14 @@ pub(crate) trait Store: Send + Sync + 'static {
     /// Writes appended and not yet durable (cheap: admission reads it per task).
     fn backlog(&self) -> u64;
 
+    /// Whether appending a task's events may plan webhook deliveries, each with the task
+    /// as its event left it (cheap: a task actor asks once per turn). `false` only when
+    /// the store knows there is no push configuration at all: the events of a turn then
+    /// need no copy of the task each (the task actor's `emit`).
+    fn may_deliver(&self) -> bool {
+        true
+    }
+
     /// Makes everything appended so far durable and stops the committer (shutdown),
     /// waiting at most `within`; returns the writes that never became durable.
     fn close(&self, within: std::time::Duration) -> u64;

@@ -168,6 +168,9 @@ pub(crate) struct TaskArgs {
     /// `post_start`, with no [`TaskMsg::Start`]: a new task whose id the server generated,
     /// which nothing can collide with. The spawner enters it otherwise, then sends `Start`.
     pub(crate) starts_itself: bool,
+    /// When the request submitted it: its `submitted` status's time (a conversation it
+    /// opens starts at the same instant).
+    pub(crate) submitted: DateTime<Utc>,
 }
 
 /// A reply that waits until every event emitted before it is durable.
@@ -201,8 +204,16 @@ pub(crate) struct TaskActorState {
     /// The user message, then the agent messages (and continuing user messages).
     history: Vec<Arc<Message>>,
     artifacts: Vec<Arc<Artifact>>,
-    /// The record as the last event left it.
+    /// The record as the last event left it — as the last turn left it when this turn's
+    /// events have none of their own (`unshared`).
     snapshot: Arc<TaskSnapshot>,
+    /// This turn's choice, made at its first event: whether each event gets a copy of the
+    /// task as it left it — when someone follows the task or the store may plan webhook
+    /// deliveries — or all of them carry the task as the turn leaves it (`flush`), which
+    /// is all a reader or the store's record ever sees of them then.
+    each_event: Option<bool>,
+    /// This turn's events that carry no copy of their own yet.
+    unshared: usize,
     /// Events emitted and not yet durable, oldest first.
     unpublished: VecDeque<StreamItem>,
     /// The number of the last published (durable) event.
@@ -254,14 +265,21 @@ impl Actor for TaskActor {
         args: Box<TaskArgs>,
     ) -> Result<Box<TaskActorState>, ActorProcessingErr> {
         let args = *args;
-        let status = TaskStatus::new(TaskState::Submitted);
+        let status = TaskStatus::at(TaskState::Submitted, args.submitted);
         let placeholder = Arc::new(placeholder(&args.key, &args.context_id, &status));
         let mut state = Box::new(TaskActorState {
             created_at: status.timestamp,
             started: Instant::now(),
-            history: vec![args.message.clone()],
+            history: {
+                // With room for the agent's answer.
+                let mut history = Vec::with_capacity(2);
+                history.push(args.message.clone());
+                history
+            },
             artifacts: Vec::new(),
             snapshot: placeholder.clone(),
+            each_event: None,
+            unshared: 0,
             unpublished: VecDeque::new(),
             published: 0,
             durable: placeholder,
@@ -407,7 +425,7 @@ impl Actor for TaskActor {
                 } else {
                     state.cancel_elsewhere();
                     state.transition(&myself, canceled(reason));
-                    Ok((*state.snapshot).clone())
+                    Ok(state.build_snapshot())
                 };
                 if let Some(reply) = reply {
                     // Told only once what it reports is durable.

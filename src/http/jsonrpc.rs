@@ -215,7 +215,14 @@ pub(super) fn not_served(app: &App, agent: &str, req: &Request<Incoming>) -> Res
 /// Whether a `Content-Type` is JSON: `application/json`, and on the official paths also
 /// `application/a2a+json` (S10 §4.3.3).
 pub(super) fn is_json(value: Option<&HeaderValue>, dialect: Dialect) -> bool {
-    let Some(v) = value.and_then(|v| v.to_str().ok()) else {
+    let Some(value) = value else {
+        return false;
+    };
+    if value.as_bytes() == b"application/json" {
+        // What nearly every client sends, exactly.
+        return true;
+    }
+    let Ok(v) = value.to_str() else {
         return false;
     };
     let essence = v.split(';').next().unwrap_or("").trim();

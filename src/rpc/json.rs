@@ -305,7 +305,7 @@ pub(crate) fn array<'a>(
 
 /// The elements of an array (`raw` is one), or `None` when there are more than `max`.
 fn elements(raw: Raw<'_>, max: usize) -> Option<Vec<Raw<'_>>> {
-    let mut items = Vec::new();
+    let mut items = Vec::with_capacity(max.min(4));
     let mut scan = Scan::after_open(raw.0);
     while let Some(item) = scan.next_element() {
         if items.len() == max {

@@ -296,6 +296,8 @@ impl Runtime {
             extensions: r.task.extensions.clone(),
             history: Vec::new(),
             turn: r.turn,
+            // Its record's own times replace it (`restore`).
+            submitted: chrono::Utc::now(),
             admission,
             follow: Follow::Nobody,
             restored: Some((r.task.clone(), r.events)),

@@ -86,7 +86,10 @@ impl Runtime {
                 .map(|e| Submitted::Existing(key, e));
         }
         let admission = self.admit(&agent)?;
-        let (context_id, turn, history) = self.open_context(principal, request.context_id).await?;
+        let submitted = chrono::Utc::now();
+        let (context_id, turn, history) = self
+            .open_context(principal, request.context_id, submitted)
+            .await?;
 
         let message = Arc::new(request.message);
         let args = Box::new(TaskArgs {
@@ -106,6 +109,7 @@ impl Runtime {
             span: crate::telemetry::on()
                 .then(|| crate::telemetry::task_span(&key, context_id.as_str())),
             starts_itself: request.task_id.is_none(),
+            submitted,
         });
         let mut push = InlinePush::checked(
             &self.shared.store,
@@ -193,12 +197,13 @@ impl Runtime {
         agent.scheduler.admit()
     }
 
-    /// The conversation a new task joins: a new one, or the named one with its history
-    /// (a shared store may know turns other nodes recorded).
+    /// The conversation a new task joins: a new one (starting `now`), or the named one
+    /// with its history (a shared store may know turns other nodes recorded).
     async fn open_context(
         &self,
         principal: &Principal,
         context: Option<ContextId>,
+        now: chrono::DateTime<chrono::Utc>,
     ) -> Result<(ContextId, TurnId, Vec<Arc<Message>>)> {
         Ok(match context {
             None => {
@@ -207,7 +212,7 @@ impl Runtime {
                     principal: principal.clone(),
                     context: context.clone(),
                 };
-                let since = chrono::Utc::now().timestamp_micros();
+                let since = now.timestamp_micros();
                 let _ = self
                     .shared
                     .contexts

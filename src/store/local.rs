@@ -130,6 +130,11 @@ impl Store for LocalStore {
         self.indexes.push.set(config.clone(), max_per_task)
     }
 
+    fn may_deliver(&self) -> bool {
+        // Configurations are visible to planning once reserved (`push_reserve`).
+        !self.indexes.push.is_empty()
+    }
+
     fn recovered(&self) -> Recovered {
         self.recovered
             .lock()

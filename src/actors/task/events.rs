@@ -30,7 +30,15 @@ impl TaskActorState {
         });
         self.status = status;
         self.events.push(event.clone());
-        self.snapshot = Arc::new(self.build_snapshot());
+        let each = *self
+            .each_event
+            .get_or_insert_with(|| !self.subscribers.is_empty() || self.shared.store.may_deliver());
+        if each {
+            self.snapshot = Arc::new(self.build_snapshot());
+        } else {
+            // Given the task as this turn leaves it, in `flush`.
+            self.unshared += 1;
+        }
         self.unpublished.push_back(StreamItem {
             event: event.clone(),
             task: self.snapshot.clone(),
@@ -58,6 +66,22 @@ impl TaskActorState {
     /// that is submitted and finished in one turn costs one commit — and publishes them
     /// once durable (at once for a store that is durable on append).
     pub(super) fn flush(&mut self, myself: &ActorRef<TaskMsg>) {
+        self.each_event = None;
+        if self.unshared > 0 {
+            // Nobody follows the task and no webhook is planned: its events of this turn
+            // carry one copy of the task, as the turn leaves it (the store keeps the last).
+            let task = Arc::new(self.build_snapshot());
+            for item in self.unpublished.iter_mut().rev().take(self.unshared) {
+                item.task = task.clone();
+            }
+            for write in &mut self.pending {
+                if let Write::Task { task: t, .. } = write {
+                    *t = task.clone();
+                }
+            }
+            self.snapshot = task;
+            self.unshared = 0;
+        }
         if self.pending.is_empty() {
             return;
         }
