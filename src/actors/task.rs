@@ -280,7 +280,8 @@ impl Actor for TaskActor {
             snapshot: placeholder.clone(),
             each_event: None,
             unshared: 0,
-            unpublished: VecDeque::new(),
+            // Room for a run's events (growing from nothing costs more than this).
+            unpublished: VecDeque::with_capacity(4),
             published: 0,
             durable: placeholder,
             deferred: Vec::new(),
@@ -307,7 +308,7 @@ impl Actor for TaskActor {
                 actor: myself.clone(),
                 flow: Flow::default(),
             }),
-            flow_events: VecDeque::new(),
+            flow_events: VecDeque::with_capacity(4),
             pending: Vec::with_capacity(4),
             span: args.span,
             starts_itself: args.starts_itself,

@@ -11,22 +11,13 @@ use crate::rpc::{self, RpcError};
 pub(crate) fn json(status: StatusCode, body: Vec<u8>) -> Response<Body> {
     let mut r = Response::new(Body::full(body));
     *r.status_mut() = status;
-    *r.headers_mut() = JSON_HEADERS.clone();
-    r
-}
-
-/// The headers every JSON response starts with, made once: a copy of the map costs a
-/// third of inserting the three (each insert hashes its name and probes the map). Room
-/// for a `Retry-After`.
-static JSON_HEADERS: std::sync::LazyLock<hyper::HeaderMap> = std::sync::LazyLock::new(|| {
-    let mut h = hyper::HeaderMap::with_capacity(4);
-    h.insert(
+    r.headers_mut().insert(
         header::CONTENT_TYPE,
         HeaderValue::from_static("application/json"),
     );
-    cors(&mut h);
-    h
-});
+    cors(r.headers_mut());
+    r
+}
 
 /// A refusal's response (the error alone, no id); the request's span, when traced, is
 /// marked as an error with its code.
