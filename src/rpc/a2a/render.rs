@@ -219,7 +219,7 @@ struct PartOut<'a>(Version, &'a Part);
 
 impl Serialize for PartOut<'_> {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        let mut map = s.serialize_struct(OBJECT, 24)?;
+        let mut map = s.serialize_struct(OBJECT, 4)?;
         match (self.0, self.1) {
             (Version::V10, Part::Text(t)) => map.serialize_field("text", t)?,
             (Version::V10, Part::File(f)) => {
@@ -423,7 +423,7 @@ impl Serialize for EventOut<'_> {
             let t = crate::stream::task_at(event, t);
             return SendResultOut(TaskOut::full(v, &t)).serialize(s);
         }
-        let mut map = s.serialize_struct(OBJECT, 13)?;
+        let mut map = s.serialize_struct(OBJECT, 6)?;
         let status = StatusOut {
             v,
             status: &event.status,

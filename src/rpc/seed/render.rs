@@ -121,7 +121,7 @@ struct StatusOut<'a>(&'a TaskStatus, Option<&'a str>, Option<&'a Iso8601>);
 impl Serialize for StatusOut<'_> {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         let st = self.0;
-        let mut map = s.serialize_struct(OBJECT, 7)?;
+        let mut map = s.serialize_struct(OBJECT, 5)?;
         map.serialize_field("state", st.state.as_str())?;
         match (self.1, &st.message) {
             (Some(written), Some(_)) => map.serialize_field("message", &Verbatim(written))?,
@@ -161,7 +161,7 @@ impl Serialize for TaskOut<'_> {
         // written once, copied the second time.
         let written = out::reply_written_once(t.status.message.as_ref(), history, MessageOut);
         let written = written.as_deref();
-        let mut map = s.serialize_struct(OBJECT, 8)?;
+        let mut map = s.serialize_struct(OBJECT, 10)?;
         map.serialize_field("id", t.id.as_str())?;
         map.serialize_field("contextId", t.context_id.as_str())?;
         // The status's time is the task's `updatedAt` (its last change): formatted once.
