@@ -132,7 +132,7 @@ pub(crate) trait Store: Send + Sync + 'static {
     fn backlog(&self) -> u64;
 
     /// Whether appending a task's events may plan webhook deliveries, each with the task
-    /// as its event left it (cheap: a task actor asks once per turn). `false` only when
+    /// as its event left it (cheap: a task actor asks at its events). `false` only when
     /// the store knows there is no push configuration at all: the events of a turn then
     /// need no copy of the task each (the task actor's `emit`).
     fn may_deliver(&self) -> bool {

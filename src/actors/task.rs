@@ -207,12 +207,10 @@ pub(crate) struct TaskActorState {
     /// The record as the last event left it — as the last turn left it when this turn's
     /// events have none of their own (`unshared`).
     snapshot: Arc<TaskSnapshot>,
-    /// This turn's choice, made at its first event: whether each event gets a copy of the
-    /// task as it left it — when someone follows the task or the store may plan webhook
-    /// deliveries — or all of them carry the task as the turn leaves it (`flush`), which
-    /// is all a reader or the store's record ever sees of them then.
-    each_event: Option<bool>,
-    /// This turn's events that carry no copy of their own yet.
+    /// This turn's last events that carry no copy of the task of their own yet: nobody
+    /// followed the task and the store could plan no webhook when they were emitted, so
+    /// they get the task as the turn leaves it (`flush`), which is all a reader or the
+    /// store's record ever sees of them.
     unshared: usize,
     /// Events emitted and not yet durable, oldest first.
     unpublished: VecDeque<StreamItem>,
@@ -278,7 +276,6 @@ impl Actor for TaskActor {
             },
             artifacts: Vec::new(),
             snapshot: placeholder.clone(),
-            each_event: None,
             unshared: 0,
             // Room for a run's events (growing from nothing costs more than this).
             unpublished: VecDeque::with_capacity(4),

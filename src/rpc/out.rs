@@ -245,11 +245,9 @@ impl<'w, 'a> Compound<'w, 'a> {
             !any_escaped(key.as_bytes()),
             "a field name to escape: {key}"
         );
+        self.comma();
         let out = &mut *self.w.out;
-        out.reserve(key.len() + 4);
-        if !std::mem::take(&mut self.first) {
-            out.push(b',');
-        }
+        out.reserve(key.len() + 3);
         out.push(b'"');
         out.extend_from_slice(key.as_bytes());
         out.extend_from_slice(b"\":");

@@ -30,10 +30,11 @@ impl TaskActorState {
         });
         self.status = status;
         self.events.push(event.clone());
-        let each = *self
-            .each_event
-            .get_or_insert_with(|| !self.subscribers.is_empty() || self.shared.store.may_deliver());
-        if each {
+        // Once an event of this turn goes without a copy, so do the rest of the turn's: the
+        // unshared are always its last ones.
+        let shared =
+            self.unshared == 0 && (!self.subscribers.is_empty() || self.shared.store.may_deliver());
+        if shared {
             self.snapshot = Arc::new(self.build_snapshot());
         } else {
             // Given the task as this turn leaves it, in `flush`.
@@ -66,18 +67,17 @@ impl TaskActorState {
     /// that is submitted and finished in one turn costs one commit — and publishes them
     /// once durable (at once for a store that is durable on append).
     pub(super) fn flush(&mut self, myself: &ActorRef<TaskMsg>) {
-        self.each_event = None;
         if self.unshared > 0 {
-            // Nobody follows the task and no webhook is planned: its events of this turn
+            // Nobody follows the task and no webhook is planned: this turn's last events
             // carry one copy of the task, as the turn leaves it (the store keeps the last).
             let task = Arc::new(self.build_snapshot());
-            for item in self.unpublished.iter_mut().rev().take(self.unshared) {
-                item.task = task.clone();
-            }
-            for write in &mut self.pending {
-                if let Write::Task { task: t, .. } = write {
-                    *t = task.clone();
-                }
+            let items = self.unpublished.iter_mut().rev().map(|item| &mut item.task);
+            let writes = self.pending.iter_mut().rev().filter_map(|w| match w {
+                Write::Task { task, .. } => Some(task),
+                _ => None,
+            });
+            for t in items.take(self.unshared).chain(writes.take(self.unshared)) {
+                *t = task.clone();
             }
             self.snapshot = task;
             self.unshared = 0;
