@@ -278,6 +278,16 @@ pub(crate) fn encode_record(task: &TaskSnapshot, turn: TurnId, carries_turn: boo
     binary::encode_task(task, turn, carries_turn)
 }
 
+/// [`encode_record`], appended to `buf`.
+pub(crate) fn encode_record_into(
+    buf: &mut Vec<u8>,
+    task: &TaskSnapshot,
+    turn: TurnId,
+    carries_turn: bool,
+) {
+    binary::encode_task_into(buf, task, turn, carries_turn);
+}
+
 /// Decodes a task's record: the task and its conversation turn.
 pub(crate) fn decode_task(key: &TaskKey, bytes: &[u8]) -> Option<(TaskSnapshot, TurnId)> {
     decode_record(key, bytes).map(|(task, turn, _)| (task, turn))
@@ -324,6 +334,11 @@ struct EventRec {
 /// Encodes an event (the compact form).
 pub(crate) fn encode_event(event: &TaskEvent) -> Vec<u8> {
     binary::encode_event(event)
+}
+
+/// [`encode_event`], appended to `buf`.
+pub(crate) fn encode_event_into(buf: &mut Vec<u8>, event: &TaskEvent) {
+    binary::encode_event_into(buf, event);
 }
 
 /// Whether an event row reads back: its key is a task's key and a number, its value an

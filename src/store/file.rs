@@ -238,6 +238,7 @@ impl Journal {
             tombstones,
             handoff: committer::Handoff::current(),
             spinner: spin::Spinner::start(spin::per_commit(config.store.sync_spin_us)),
+            spare: committer::Batch::default(),
         };
         let thread = std::thread::Builder::new()
             .name("a2ad-store".into())

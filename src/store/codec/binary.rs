@@ -44,13 +44,14 @@ const STATES: [TaskState; 8] = [
     TaskState::Failed,
 ];
 
-struct W(Vec<u8>);
+/// A row's writer: appends to a buffer (a vector of its own, or the frame the row goes in).
+struct W<'a>(&'a mut Vec<u8>);
 
-impl W {
-    fn new() -> Self {
-        let mut v = Vec::with_capacity(256);
-        v.push(TAG);
-        Self(v)
+impl<'a> W<'a> {
+    /// A row that starts at the end of `buf`.
+    fn new(buf: &'a mut Vec<u8>) -> Self {
+        buf.push(TAG);
+        Self(buf)
     }
 
     fn u8(&mut self, v: u8) {
@@ -449,7 +450,19 @@ impl<'a> R<'a> {
 /// and the backend's note go in a trailing flags byte (bit 0, bit 1: the note follows);
 /// a record with neither ends after the turn's id, as records always did.
 pub(crate) fn encode_task(task: &TaskSnapshot, turn: TurnId, carries_turn: bool) -> Vec<u8> {
-    let mut w = W::new();
+    let mut buf = Vec::with_capacity(256);
+    encode_task_into(&mut buf, task, turn, carries_turn);
+    buf
+}
+
+/// [`encode_task`], appended to `buf`.
+pub(crate) fn encode_task_into(
+    buf: &mut Vec<u8>,
+    task: &TaskSnapshot,
+    turn: TurnId,
+    carries_turn: bool,
+) {
+    let mut w = W::new(buf);
     w.str(task.context_id.as_str());
     w.u64(task.seq);
     w.i64(task.created_at.timestamp_micros());
@@ -476,7 +489,6 @@ pub(crate) fn encode_task(task: &TaskSnapshot, turn: TurnId, carries_turn: bool)
     if let Some(note) = &task.note {
         w.str(note);
     }
-    w.0
 }
 
 /// Reads a task's record written by [`encode_task`]: the task, its turn, and whether the
@@ -543,7 +555,14 @@ pub(crate) fn decode_task(key: &TaskKey, bytes: &[u8]) -> Option<(TaskSnapshot, 
 
 /// An event.
 pub(crate) fn encode_event(event: &TaskEvent) -> Vec<u8> {
-    let mut w = W::new();
+    let mut buf = Vec::with_capacity(128);
+    encode_event_into(&mut buf, event);
+    buf
+}
+
+/// [`encode_event`], appended to `buf`.
+pub(crate) fn encode_event_into(buf: &mut Vec<u8>, event: &TaskEvent) {
+    let mut w = W::new(buf);
     w.status(&event.status);
     match &event.artifact {
         None => w.u8(0),
@@ -554,7 +573,6 @@ pub(crate) fn encode_event(event: &TaskEvent) -> Vec<u8> {
             w.u8(u8::from(u.last_chunk));
         }
     }
-    w.0
 }
 
 /// Reads event `seq` written by [`encode_event`]; `history` lends the messages it shares
@@ -595,7 +613,14 @@ pub(crate) fn check_event(bytes: &[u8]) -> bool {
 
 /// A conversation turn.
 pub(crate) fn encode_turn(user: &Message, reply: Option<&Message>) -> Vec<u8> {
-    let mut w = W::new();
+    let mut buf = Vec::with_capacity(256);
+    encode_turn_into(&mut buf, user, reply);
+    buf
+}
+
+/// [`encode_turn`], appended to `buf`.
+pub(crate) fn encode_turn_into(buf: &mut Vec<u8>, user: &Message, reply: Option<&Message>) {
+    let mut w = W::new(buf);
     w.message(user);
     match reply {
         None => w.u8(0),
@@ -604,7 +629,6 @@ pub(crate) fn encode_turn(user: &Message, reply: Option<&Message>) -> Vec<u8> {
             w.message(m);
         }
     }
-    w.0
 }
 
 /// Reads a turn written by [`encode_turn`].

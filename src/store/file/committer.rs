@@ -35,6 +35,8 @@ pub(super) struct Committer {
     pub(super) handoff: Handoff,
     /// Keeps this thread's core awake while a commit waits on the disk (`None`: off).
     pub(super) spinner: Option<super::spin::Spinner>,
+    /// An empty batch whose vectors keep the room the last one needed.
+    pub(super) spare: Batch,
 }
 
 /// The continuations of one durable batch, in append order.
@@ -238,6 +240,11 @@ pub(super) struct Batch {
     pub(super) writes_count: u64,
 }
 
+impl Batch {
+    /// The most writes whose room a batch keeps for the next.
+    const KEPT: usize = 1024;
+}
+
 impl Committer {
     pub(super) fn run(mut self) {
         let adapt = set_policy(Policy::YieldToRequests);
@@ -274,7 +281,8 @@ impl Committer {
                     Err(RecvTimeoutError::Disconnected) => break,
                 }
             };
-            let mut batch = Batch::default();
+            // The vectors of the last batch, kept for their room.
+            let mut batch = std::mem::take(&mut self.spare);
             let mut tasks = 0usize;
             let mut next = Some(first);
             while let Some(job) = next.take() {
@@ -304,7 +312,8 @@ impl Committer {
                 if normal {
                     set_policy(Policy::Normal);
                 }
-                let committed = self.commit(batch);
+                let committed = self.commit(&mut batch);
+                self.spare = batch;
                 if normal {
                     set_policy(Policy::YieldToRequests);
                 }
@@ -324,7 +333,7 @@ impl Committer {
     /// commit leaves redb's handle unusable (it latches the I/O error), so each retry
     /// reopens the file first: once the disk has room again, the same writes go in.
     /// Returns false when shutdown gave up on it (nothing of the batch was acknowledged).
-    pub(super) fn commit(&mut self, batch: Batch) -> bool {
+    pub(super) fn commit(&mut self, batch: &mut Batch) -> bool {
         let mut pause = Duration::from_millis(100);
         let mut failure: Option<Failure> = None;
         let parks = super::PARKS.load(Relaxed);
@@ -397,13 +406,19 @@ impl Committer {
                 self.forget.extend(evicted);
             }
         }
+        batch.writes.clear();
+        batch.writes_count = 0;
+        if batch.writes.capacity() > Batch::KEPT {
+            // A burst's room is not kept.
+            batch.writes = Vec::new();
+        }
         for key in applied.tombstones {
             self.tombstones.add(key, Duration::ZERO);
         }
         let mut deliveries = applied.planned.into_iter().peekable();
         let mut end = 0;
         let mut ready = Ready::with_capacity(batch.appends.len());
-        for (count, then) in batch.appends {
+        for (count, then) in batch.appends.drain(..) {
             end += count;
             let mut mine = Vec::new();
             while let Some((_, d)) = deliveries.next_if(|(i, _)| *i < end) {
@@ -412,6 +427,9 @@ impl Committer {
             if let Some(then) = then {
                 ready.push((then, Committed { deliveries: mine }));
             }
+        }
+        if batch.appends.capacity() > Batch::KEPT {
+            batch.appends = Vec::new();
         }
         if !ready.is_empty() {
             self.handoff.run(ready);

@@ -970,6 +970,16 @@ impl TableWrite for Batch<'_> {
         Ok(())
     }
 
+    fn put_with(
+        &mut self,
+        t: Table,
+        key: &[u8],
+        encode: &mut dyn FnMut(&mut Vec<u8>),
+    ) -> std::result::Result<(), DiskError> {
+        self.frame.put_with(t, key, encode);
+        Ok(())
+    }
+
     fn remove(&mut self, t: Table, key: &[u8]) -> std::result::Result<(), DiskError> {
         self.frame.remove(t, key);
         Ok(())

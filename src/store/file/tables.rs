@@ -91,6 +91,18 @@ impl From<std::io::Error> for DiskError {
 pub(crate) trait TableWrite {
     /// Sets a row.
     fn put(&mut self, table: Table, key: &[u8], value: &[u8]) -> Result<(), DiskError>;
+    /// Sets a row whose value `encode` appends to the buffer it is given (empty here; the
+    /// log's frame, where the value goes without a copy of its own).
+    fn put_with(
+        &mut self,
+        table: Table,
+        key: &[u8],
+        encode: &mut dyn FnMut(&mut Vec<u8>),
+    ) -> Result<(), DiskError> {
+        let mut value = Vec::with_capacity(256);
+        encode(&mut value);
+        self.put(table, key, &value)
+    }
     /// Removes a row, if it is there.
     fn remove(&mut self, table: Table, key: &[u8]) -> Result<(), DiskError>;
     /// Removes the rows with keys in `start..end`.
@@ -168,16 +180,23 @@ pub(crate) fn apply(
         HashSet::with_capacity_and_hasher(writes.len(), Default::default());
     let mut stats = StatsOnce::default();
     let mut last = vec![false; writes.len()];
+    // The key of the task write after this one: an append's writes are one task's, so
+    // most keys are this one's, equal without hashing (ids compare by pointer first).
+    let mut after: Option<&TaskKey> = None;
     for (i, write) in writes.iter().enumerate().rev() {
         last[i] = match write {
-            Write::Task { key, .. } => seen.insert(key),
+            Write::Task { key, .. } if after == Some(key) => false,
+            Write::Task { key, .. } => {
+                after = Some(key);
+                seen.insert(key)
+            }
             w => !stats.superseded(w),
         };
     }
     // A task's row key, made once for its consecutive writes (an echo task's three); the
     // event's key is the row key and its number.
     let mut rows: Option<(&TaskKey, Vec<u8>)> = None;
-    let mut event_row = Vec::new();
+    let mut event_row = Vec::with_capacity(128);
     let mut tombstones = Vec::new();
     let carries: Vec<bool> = (0..writes.len())
         .map(|i| last[i] && Write::carries_turn(writes, i))
@@ -202,7 +221,9 @@ pub(crate) fn apply(
                 event_row.clear();
                 event_row.extend_from_slice(row);
                 event_row.extend_from_slice(&event.seq.to_be_bytes());
-                t.put(Table::Events, &event_row, &codec::encode_event(event))?;
+                t.put_with(Table::Events, &event_row, &mut |buf| {
+                    codec::encode_event_into(buf, event);
+                })?;
                 for d in indexes.plan(key, task, event, *changed) {
                     t.put(
                         Table::Outbox,
@@ -212,8 +233,9 @@ pub(crate) fn apply(
                     planned.push((i, d));
                 }
                 if last[i] {
-                    let record = codec::encode_record(task, *turn, carries[i]);
-                    t.put(Table::Tasks, row, &record)?;
+                    t.put_with(Table::Tasks, row, &mut |buf| {
+                        codec::encode_record_into(buf, task, *turn, carries[i]);
+                    })?;
                 }
             }
             // The record before it carries it.

@@ -117,6 +117,23 @@ impl FrameBuf {
         self.0.len() - value.len()
     }
 
+    /// Adds a put whose value `encode` appends to the frame (its length filled in after).
+    pub(crate) fn put_with(
+        &mut self,
+        table: Table,
+        key: &[u8],
+        encode: &mut dyn FnMut(&mut Vec<u8>),
+    ) {
+        self.0.extend_from_slice(&[PUT, table.code()]);
+        self.part(key);
+        let len_at = self.0.len();
+        self.0.extend_from_slice(&[0; 4]);
+        encode(&mut self.0);
+        let len = self.0.len() - len_at - 4;
+        let len = u32::try_from(len).unwrap_or(u32::MAX).to_le_bytes();
+        self.0[len_at..len_at + 4].copy_from_slice(&len);
+    }
+
     /// Adds a remove.
     pub(crate) fn remove(&mut self, table: Table, key: &[u8]) {
         self.0.extend_from_slice(&[REMOVE, table.code()]);
