@@ -11,6 +11,9 @@
 #     # received by the tool's receiver and its signature checked)
 #   A2AD_INSN_LOAD_ARGS=--h2 A2AD_INSN_DIALECTS="v1 rest" benches/instructions.sh
 #     # the same calls over cleartext HTTP/2: what HTTP/2 costs beside HTTP/1.1 and gRPC
+#   A2AD_INSN_THREADS=1 A2AD_INSN_STORES=log A2AD_INSN_DIALECTS=seed A2AD_INSN_CONNS=4 benches/instructions.sh
+#     # also each thread's share (the request runtime's workers, the log's committer):
+#     # where a store's own work runs (`A2AD_INSN_KEEP=DIR` then keeps a file per thread)
 #   A2AD_INSN_SCENARIO=gateway A2AD_INSN_STORES=memory benches/instructions.sh
 #     # per task forwarded: the measured server's `echo` is an `a2a` agent fronting the
 #     # `echo` of another a2ad (memory store, not under valgrind); its instructions are the
@@ -122,8 +125,10 @@ concurrent_tasks = 100000
 max_queued_tasks = 100000
 EOF
   # The allocator's options set here: a2ad then does not re-execute itself to set them.
+  local threads=no
+  [ "${A2AD_INSN_THREADS:-0}" = 1 ] && threads=yes
   MIMALLOC_PURGE_DELAY=0 MIMALLOC_ALLOW_THP=0 RUST_LOG=warn valgrind --tool=callgrind --quiet \
-    --callgrind-out-file="$WORK/cg.%p" "$BIN" --config "$cfg" >"$out" 2>&1 &
+    --separate-threads=$threads --callgrind-out-file="$WORK/cg.%p" "$BIN" --config "$cfg" >"$out" 2>&1 &
   SERVER=$!
   local url=
   for _ in $(seq 1 600); do
@@ -141,7 +146,21 @@ EOF
   "$LOAD" --url "$url" --key "$KEY" --scenario "$LOAD_SCENARIO" --dialect "$dialect" \
     ${A2AD_INSN_LOAD_ARGS:-} --requests "$N" -c "$conns" >"$WORK/load.txt"
   callgrind_control -d "$SERVER" >/dev/null 2>&1
-  [ -n "${A2AD_INSN_KEEP:-}" ] && mkdir -p "$A2AD_INSN_KEEP" && cp "$(ls -t "$WORK"/cg.*.* | head -1)" "$A2AD_INSN_KEEP/callgrind.$store.$dialect.c$conns"
+  # The dump: one file, or (threads) one per thread, named cg.PID.1-NN.
+  local dumps
+  if [ "$threads" = yes ]; then
+    dumps=$(ls "$WORK"/cg.*.1-* 2>/dev/null)
+  else
+    dumps=$(ls -t "$WORK"/cg.*.* 2>/dev/null | head -1)
+  fi
+  if [ -n "${A2AD_INSN_KEEP:-}" ]; then
+    mkdir -p "$A2AD_INSN_KEEP"
+    for f in $dumps; do
+      suffix=
+      [ "$threads" = yes ] && suffix=".${f##*-}"
+      cp "$f" "$A2AD_INSN_KEEP/callgrind.$store.$dialect.c$conns$suffix"
+    done
+  fi
   if grep -q "errors: none" "$WORK/load.txt"; then :; else
     cat "$WORK/load.txt" >&2; echo "requests failed" >&2; exit 1
   fi
@@ -149,10 +168,16 @@ EOF
     grep -q " bad_signatures: 0$" "$WORK/load.txt"; }; then
     cat "$WORK/load.txt" >&2; echo "deliveries were lost or badly signed" >&2; exit 1
   fi
-  local dump
-  dump=$(ls -t "$WORK"/cg.*.* 2>/dev/null | head -1)
-  local total
-  total=$(awk '/^(summary|totals):/ {print $2; exit}' "$dump")
+  local total=0 f n
+  for f in $dumps; do
+    n=$(awk '/^(summary|totals):/ {print $2; exit}' "$f")
+    total=$((total + ${n:-0}))
+    if [ "$threads" = yes ] && [ "${n:-0}" -gt 0 ]; then
+      local role=
+      grep -q 'Disk::commit' "$f" && role=" (the log's committer)"
+      printf '  thread %-3s %12s Ir: %9.0f instructions per request%s\n' "${f##*-}" "$n" "$(echo "$n / $N" | bc -l)" "$role"
+    fi
+  done
   kill "$SERVER" && wait "$SERVER" 2>/dev/null || true
   SERVER=
   printf '%-7s %-5s c=%-2s %12s Ir for %s %s requests: %9.0f instructions per request\n' \

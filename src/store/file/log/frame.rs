@@ -356,6 +356,23 @@ mod tests {
     }
 
     #[test]
+    fn a_value_encoded_into_the_frame_is_the_put_of_the_same_bytes() {
+        let value = b"an encoded row".as_slice();
+        let copied = frame(|f| {
+            f.put(Table::Tasks, b"k0", b"first");
+            f.put(Table::Events, b"k1", value);
+            f.put(Table::Tasks, b"k2", b"");
+        });
+        let encoded = frame(|f| {
+            f.put(Table::Tasks, b"k0", b"first");
+            f.put_with(Table::Events, b"k1", &mut |buf| {
+                buf.extend_from_slice(value)
+            });
+            f.put_with(Table::Tasks, b"k2", &mut |_| {});
+        });
+        assert_eq!(encoded, copied, "its length is filled in after it");
+    }
+    #[test]
     fn a_cut_short_last_frame_is_torn_and_a_bad_one_before_a_whole_one_is_damage() {
         let a = frame(|f| {
             f.put(Table::Tasks, b"a", &[7; 100]);

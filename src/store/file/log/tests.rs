@@ -1368,3 +1368,38 @@ fn churn_through_new_conversations_keeps_the_log_bounded_on_disk() {
         "the log grew to {most} bytes for 24 MB of churn"
     );
 }
+
+#[test]
+fn each_tasks_last_write_in_a_batch_is_its_record_however_the_writes_interleave() {
+    use crate::store::contract::{commit, event};
+    let dir = Dir::new();
+    let (a, b) = (key("alice", "a"), key("alice", "b"));
+    let store = open(&dir.config());
+    // One append: a's writes broken by b's, and a run of a's own at the end.
+    commit(
+        &store,
+        vec![
+            event(&a, "ctx", 1, TaskState::Submitted),
+            event(&b, "ctx", 1, TaskState::Submitted),
+            event(&a, "ctx", 2, TaskState::Working),
+            event(&b, "ctx", 2, TaskState::Completed),
+            event(&a, "ctx", 3, TaskState::Working),
+            event(&a, "ctx", 4, TaskState::Completed),
+        ],
+    );
+    let state = |s: &LocalStore, k| {
+        block(s.task(k))
+            .expect("read")
+            .map(|t| (t.seq, t.status.state))
+    };
+    assert_eq!(state(&store, &a), Some((4, TaskState::Completed)));
+    assert_eq!(state(&store, &b), Some((2, TaskState::Completed)));
+    close(store);
+    // And from the file, as a restart reads them.
+    let store = open(&dir.config());
+    assert_eq!(state(&store, &a), Some((4, TaskState::Completed)));
+    assert_eq!(state(&store, &b), Some((2, TaskState::Completed)));
+    let events = |k| block(store.events(k, 0)).expect("events").len();
+    assert_eq!((events(&a), events(&b)), (4, 2), "every event kept");
+    close(store);
+}
