@@ -98,10 +98,15 @@ impl Direct {
         }
         let region = &mut self.buf[self.at..];
         region[kept..used].copy_from_slice(bytes);
-        if self.dirty > used {
-            region[used..self.dirty].fill(0);
+        // What this write sends past the log's end is zeroed; stale bytes beyond the
+        // blocks it sends stay until a write reaches them (`dirty` still covers them).
+        let stale = self.dirty.min(whole);
+        if stale > used {
+            region[used..stale].fill(0);
         }
-        self.dirty = used;
+        if self.dirty <= whole {
+            self.dirty = used;
+        }
         self.file.write_all_at(&region[..whole], start)?;
         // The new last block's bytes move to the start; what they leave is zeroed by the
         // write that sends it next.
@@ -167,7 +172,8 @@ mod tests {
         let mut expected = b"0123456789abcdef".to_vec();
         // Within a block, across one, exactly to one, and several blocks at once.
         // After the large one, the scratch buffer is let go (its kept bytes stay), and
-        // the writes go on.
+        // the writes go on. A short write after a long one leaves stale bytes beyond the
+        // blocks it sends; the longer writes after it reach them.
         for size in [
             100,
             4000,
@@ -177,6 +183,10 @@ mod tests {
             BLOCK,
             2 * BLOCK - 3,
             1,
+            BLOCK + 900,
+            2,
+            2 * BLOCK,
+            5,
         ] {
             let bytes: Vec<u8> = (0..size).map(|i| (i % 251) as u8 + 1).collect();
             d.write(&bytes, expected.len() as u64).expect("written");
