@@ -19,7 +19,9 @@ pub(super) enum Policy {
     /// process on its core, a scheduler tick each time (one connection: 86 → ~2,900
     /// requests/s). Not for large batches: there the later wake-up lets the next batch
     /// grow, and taking the core at once cost 5–19% at 32–256 connections; and not while
-    /// waiting for work, so that batches form as before (docs/decisions/the-committer-paces-the-request-path.md).
+    /// waiting for work, so that batches form as before — except after a batch of one
+    /// append that left nothing waiting (one client at a time: no batch to form, and two
+    /// switches a request saved; docs/decisions/the-committer-paces-the-request-path.md).
     Normal,
     /// `SCHED_IDLE`: only the time no other thread wants — the store's spinner
     /// (`spin.rs`), which keeps the core awake while a commit waits.
