@@ -614,13 +614,7 @@ pub(crate) fn check_event(bytes: &[u8]) -> bool {
 /// A conversation turn.
 pub(crate) fn encode_turn(user: &Message, reply: Option<&Message>) -> Vec<u8> {
     let mut buf = Vec::with_capacity(256);
-    encode_turn_into(&mut buf, user, reply);
-    buf
-}
-
-/// [`encode_turn`], appended to `buf`.
-pub(crate) fn encode_turn_into(buf: &mut Vec<u8>, user: &Message, reply: Option<&Message>) {
-    let mut w = W::new(buf);
+    let mut w = W::new(&mut buf);
     w.message(user);
     match reply {
         None => w.u8(0),
@@ -629,6 +623,7 @@ pub(crate) fn encode_turn_into(buf: &mut Vec<u8>, user: &Message, reply: Option<
             w.message(m);
         }
     }
+    buf
 }
 
 /// Reads a turn written by [`encode_turn`].

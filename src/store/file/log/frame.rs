@@ -111,27 +111,26 @@ impl FrameBuf {
 
     /// Adds a put; returns where its value starts in the frame.
     pub(crate) fn put(&mut self, table: Table, key: &[u8], value: &[u8]) -> usize {
-        self.0.extend_from_slice(&[PUT, table.code()]);
-        self.part(key);
-        self.part(value);
-        self.0.len() - value.len()
+        self.put_with(table, key, &mut |buf| buf.extend_from_slice(value))
     }
 
-    /// Adds a put whose value `encode` appends to the frame (its length filled in after).
+    /// Adds a put whose value `encode` appends to the frame (its length filled in after);
+    /// returns where the value starts in the frame.
     pub(crate) fn put_with(
         &mut self,
         table: Table,
         key: &[u8],
         encode: &mut dyn FnMut(&mut Vec<u8>),
-    ) {
+    ) -> usize {
         self.0.extend_from_slice(&[PUT, table.code()]);
         self.part(key);
         let len_at = self.0.len();
         self.0.extend_from_slice(&[0; 4]);
+        let at = self.0.len();
         encode(&mut self.0);
-        let len = self.0.len() - len_at - 4;
-        let len = u32::try_from(len).unwrap_or(u32::MAX).to_le_bytes();
-        self.0[len_at..len_at + 4].copy_from_slice(&len);
+        let len = u32::try_from(self.0.len() - at).unwrap_or(u32::MAX);
+        self.0[len_at..at].copy_from_slice(&len.to_le_bytes());
+        at
     }
 
     /// Adds a remove.

@@ -325,33 +325,24 @@ impl Keydir {
     fn put_rows(&mut self, task: &[u8], rows: &mut Vec<(Option<u64>, Loc)>) {
         let Self { tasks, live, .. } = self;
         let entry = tasks.entry(key_of(task)).or_default();
-        // The run's rows are in one frame, so one segment: its live bytes counted once.
-        let mut added: Option<(u32, u64)> = None;
+        let key_len = |seq: &Option<u64>| task.len() + if seq.is_some() { 8 } else { 0 };
+        // The run's rows are in one frame, so one segment: their live bytes are added at
+        // once, before those of the rows they replace are taken off.
+        if let Some((_, first)) = rows.first() {
+            let added: u64 = rows
+                .iter()
+                .map(|(seq, loc)| weight(key_len(seq), loc))
+                .sum();
+            *live.entry(first.seg).or_default() += added;
+        }
         for (seq, loc) in rows.drain(..) {
-            let key_len = task.len() + if seq.is_some() { 8 } else { 0 };
-            match &mut added {
-                Some((seg, n)) if *seg == loc.seg => *n += weight(key_len, &loc),
-                other => {
-                    if let Some((seg, n)) = other.take() {
-                        *live.entry(seg).or_default() += n;
-                    }
-                    *other = Some((loc.seg, weight(key_len, &loc)));
-                }
-            }
             let was = match seq {
                 None => entry.record.replace(loc),
                 Some(seq) => put_event(&mut entry.events, seq, loc),
             };
             if let Some(was) = was {
-                // What the run added is counted first, as one put at a time would have.
-                if let Some((seg, n)) = added.take() {
-                    *live.entry(seg).or_default() += n;
-                }
-                Self::unlive(live, key_len, &was);
+                Self::unlive(live, key_len(&seq), &was);
             }
-        }
-        if let Some((seg, n)) = added {
-            *live.entry(seg).or_default() += n;
         }
     }
 
