@@ -120,6 +120,8 @@ async fn call(
     let admitted =
         admit::agent(app, caller, agent_id, DIALECT, Binding::Grpc).map_err(|r| refusal(&r))?;
     let facts = Facts::grpc(app, &parts.headers);
+    // Freed on the thread that made them (see `jsonrpc::endpoint`).
+    drop(parts);
     if let Err(r) = admitted.version(&facts) {
         let e = errors::refusal(Version::V10, &r);
         admitted.count_refused(app, e.code);

@@ -83,6 +83,10 @@ pub(super) async fn endpoint(
             return error_response(&refuse(&refusal));
         }
     };
+    // The headers are read: freed here, on the thread that made them, rather than after
+    // the answer (a durable store answers from whichever worker its commit wakes). So is
+    // the body once decoded (the calls own their params; `_held` still counts it).
+    drop(parts);
     if let Err(r) = admitted.version(&facts) {
         return error_response(&refuse(&r));
     }
@@ -94,6 +98,7 @@ pub(super) async fn endpoint(
             return error_response(&dialect.dress(e));
         }
     };
+    drop(body);
     let mut cx = admitted.context(app, facts, accepts_sse);
     cx.in_batch = matches!(decoded, rpc::Body::Batch(_));
     let cx = cx;
