@@ -336,16 +336,51 @@ impl Runtime {
             Ok(CallResult::Success(s)) => Ok(s),
             Ok(CallResult::Timeout) => Err(Error::Busy),
             // The actor ended between the lookup and the call: it left a record first.
-            _ => self
-                .shared
-                .store
-                .task(key)
-                .await?
-                .map(|f| (*f).clone())
-                .ok_or_else(|| Error::TaskNotFound {
-                    task: key.task.clone(),
-                }),
+            _ => {
+                self.settled(key, &live).await?;
+                self.shared
+                    .store
+                    .task(key)
+                    .await?
+                    .map(|f| (*f).clone())
+                    .ok_or_else(|| Error::TaskNotFound {
+                        task: key.task.clone(),
+                    })
+            }
         }
+    }
+
+    /// Waits, within the actor call time-out, until `live`'s actor — found gone by a call
+    /// — no longer holds `key` in the live index. An actor leaves the index before it
+    /// stops, except one whose end is its commit's (`actors::task::finale`), which stops
+    /// before its last events are durable and leaves once they are: after this, the store has the record
+    /// of any task whose actor is gone.
+    ///
+    /// # Errors
+    /// [`Error::Busy`] past the time-out (the store has not committed).
+    pub(crate) async fn settled(&self, key: &TaskKey, live: &LiveTask) -> Result<()> {
+        let actor = live.actor.get_id();
+        let held = || {
+            self.shared
+                .live
+                .get(key)
+                .is_some_and(|l| l.actor.get_id() == actor)
+        };
+        let wait = async {
+            loop {
+                let told = self.shared.settled.notified();
+                tokio::pin!(told);
+                // Registered before the look, so a removal after it is not missed.
+                told.as_mut().enable();
+                if !held() {
+                    return;
+                }
+                told.await;
+            }
+        };
+        tokio::time::timeout(self.shared.call_timeout, wait)
+            .await
+            .map_err(|_| Error::Busy)
     }
 
     /// One page of this principal's tasks on this agent (docs/PROTOCOL.md §10.6).
@@ -401,13 +436,16 @@ impl Runtime {
                 match call.await {
                     Ok(CallResult::Success(outcome)) => outcome,
                     Ok(CallResult::Timeout) => Err(Error::Busy),
-                    _ => match self.shared.store.task(&key).await? {
-                        Some(f) => Err(Error::CancelFailed {
-                            task: task.clone(),
-                            state: f.status.state,
-                        }),
-                        None => Err(Error::TaskNotFound { task: task.clone() }),
-                    },
+                    _ => {
+                        self.settled(&key, &live).await?;
+                        match self.shared.store.task(&key).await? {
+                            Some(f) => Err(Error::CancelFailed {
+                                task: task.clone(),
+                                state: f.status.state,
+                            }),
+                            None => Err(Error::TaskNotFound { task: task.clone() }),
+                        }
+                    }
                 }
             }
         }

@@ -139,6 +139,13 @@ pub(crate) trait Store: Send + Sync + 'static {
         true
     }
 
+    /// `append` answers [`Durable::Later`]: the store commits on a thread of its own (the
+    /// embedded log and redb, PostgreSQL), and its continuation is how an append's caller
+    /// hears of durability. `false`: durable on append (memory), the continuation unused.
+    fn commits_later(&self) -> bool {
+        true
+    }
+
     /// Makes everything appended so far durable and stops the committer (shutdown),
     /// waiting at most `within`; returns the writes that never became durable.
     fn close(&self, within: std::time::Duration) -> u64;

@@ -413,3 +413,81 @@ async fn a_full_disk_stalls_then_recovers_and_cannot_hold_a_shutdown() {
     assert_ne!(code, 0, "{err}");
     assert!(err.contains("never became durable"), "{err}");
 }
+
+/// A task whose last turn ends it stops its actor at once and leaves its end to the
+/// commit (docs/decisions/a-task-ends-in-its-commits-continuation.md). While a full disk
+/// holds that commit, the task is still there: a read and a cancel wait for it (no "not
+/// found" from a task whose actor is gone and whose record is not durable yet), and answer
+/// from the record once the disk has room.
+#[tokio::test]
+async fn a_task_whose_end_waits_for_a_full_disk_is_read_and_cancelled_from_its_record() {
+    if !private_tmpfs_available() {
+        return;
+    }
+    let dir = TempDir::new();
+    let mnt = dir.path.join("mnt");
+    std::fs::create_dir_all(&mnt).expect("mkdir");
+    let store = mnt.join("log");
+    // Longer than the disk stays full below: the waiting calls answer from the record.
+    let text = config(&store, "actor_call_timeout_seconds = 60");
+    let mount = "mount -t tmpfs -o size=24m tmpfs \"$0\" && exec \"$@\"";
+    let mnt_arg = mnt.display().to_string();
+    let server = Binary::start(
+        &text,
+        &[],
+        &[
+            "unshare",
+            "-m",
+            "--propagation",
+            "private",
+            "sh",
+            "-c",
+            mount,
+            &mnt_arg,
+        ],
+    );
+    let base = server.base.clone();
+    let inside = PathBuf::from(format!("/proc/{}/root{}", server.pid(), mnt.display()));
+    fill(&base, 2).await;
+
+    fill_disk(&inside.join("filler"));
+    let id = "ends-while-the-disk-is-full";
+    let sent = {
+        let base = base.clone();
+        tokio::spawn(async move {
+            let message = json!({"role": "user", "messageId": uuid::Uuid::new_v4().to_string(),
+                                 "parts": [{"type": "text", "text": "y".repeat(20_000)}]});
+            call(&base, "message/send", json!({"id": id, "message": message})).await
+        })
+    };
+    let body = wait_health(&base, 503, Duration::from_secs(60)).await;
+    assert!(body.contains("store failing"), "{body}");
+    let mut get = {
+        let base = base.clone();
+        tokio::spawn(async move { call(&base, "tasks/get", json!({"id": id})).await })
+    };
+    let cancel = {
+        let base = base.clone();
+        tokio::spawn(async move { call(&base, "tasks/cancel", json!({"id": id})).await })
+    };
+    // Nothing about the task is told while its end is not durable.
+    assert!(
+        tokio::time::timeout(Duration::from_millis(500), &mut get)
+            .await
+            .is_err(),
+        "a read answered while the task's end was not durable"
+    );
+    std::fs::remove_file(inside.join("filler")).expect("free the space");
+    let v = sent.await.expect("join");
+    assert_eq!(v["result"]["status"]["state"], "completed", "{v}");
+    let v = get.await.expect("join");
+    assert_eq!(v["result"]["id"], id, "{v}");
+    assert_eq!(v["result"]["status"]["state"], "completed", "{v}");
+    let v = cancel.await.expect("join");
+    // -32003 when it waited for the end (it ended before it could be canceled), -32001
+    // when it came after.
+    let code = v["error"]["code"].as_i64();
+    assert!(matches!(code, Some(-32003 | -32001)), "{v}");
+    let v = call(&base, "tasks/get", json!({"id": id})).await;
+    assert_eq!(v["result"]["status"]["state"], "completed", "{v}");
+}

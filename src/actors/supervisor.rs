@@ -90,6 +90,8 @@ impl Actor for TaskSupervisor {
                 if let Some(key) = key
                     && let Some((key, live)) = state.shared.live.remove(&key)
                 {
+                    // A caller that found the actor gone waits for the entry to go.
+                    state.shared.settled.notify_waiters();
                     // The last durable record, if the store has one, now failed.
                     let last = state.shared.store.task_now(&key);
                     let now = chrono::Utc::now();

@@ -22,6 +22,7 @@ use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
 mod events;
+mod finale;
 mod run;
 
 use super::{AgentEntry, LiveTask, Shared};

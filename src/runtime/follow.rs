@@ -348,12 +348,15 @@ impl Runtime {
             }
             Ok(CallResult::Success(Err(e))) => Err(e),
             Ok(CallResult::Timeout) => Err(Error::Busy),
-            _ => match self.shared.store.task(key).await? {
-                Some(f) => Ok(Resubscribed::Finished(f)),
-                None => Err(Error::TaskNotFound {
-                    task: key.task.clone(),
-                }),
-            },
+            _ => {
+                self.settled(key, &live).await?;
+                match self.shared.store.task(key).await? {
+                    Some(f) => Ok(Resubscribed::Finished(f)),
+                    None => Err(Error::TaskNotFound {
+                        task: key.task.clone(),
+                    }),
+                }
+            }
         }
     }
 

@@ -32,7 +32,9 @@ impl Runtime {
             keep_queued,
         });
         let deadline = tokio::time::Instant::now() + grace;
-        while self.shared.metrics.live_tasks.load(Relaxed) > 0
+        // Ended means published too: a task in its finale has no actor any more, and leaves
+        // the live index once its end is durable.
+        while (self.shared.metrics.live_tasks.load(Relaxed) > 0 || !self.shared.live.is_empty())
             && tokio::time::Instant::now() < deadline
         {
             tokio::time::sleep(Duration::from_millis(10)).await;

@@ -201,6 +201,7 @@ impl Runtime {
             next_subscriber: AtomicU64::new(1),
             shutting_down: AtomicBool::new(false),
             call_timeout: server.actor_call_timeout(),
+            settled: tokio::sync::Notify::new(),
             config: config.clone(),
             in_force: crate::swap::Swap::from_arc(config.clone()),
         });

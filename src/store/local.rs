@@ -130,6 +130,10 @@ impl Store for LocalStore {
         self.indexes.push.set(config.clone(), max_per_task)
     }
 
+    fn commits_later(&self) -> bool {
+        self.journal.is_some()
+    }
+
     fn may_deliver(&self) -> bool {
         // Configurations are visible to planning once reserved (`push_reserve`).
         !self.indexes.push.is_empty()

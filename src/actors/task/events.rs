@@ -85,6 +85,21 @@ impl TaskActorState {
         if self.pending.is_empty() {
             return;
         }
+        if self.ends_in_commit() {
+            // The last turn, and only waiters follow: the commit's continuation ends the
+            // task (`finale`), and the actor stops now.
+            let finale = self.finale(myself);
+            let writes = std::mem::take(&mut self.pending);
+            let then = Box::new(move |committed: Committed| finale.publish(committed));
+            if let Durable::Now(committed) = self.shared.store.append(writes, Some(then)) {
+                // Not by `commits_later`'s word; the record is durable all the same, and
+                // the waiters (dropped with `then`) read it from the store.
+                if !committed.deliveries.is_empty() {
+                    self.shared.webhooks.deliver(committed.deliveries);
+                }
+            }
+            return;
+        }
         let writes = std::mem::take(&mut self.pending);
         let seq = self.events.len() as u64;
         let me = myself.clone();

@@ -1,0 +1,130 @@
+//! A task whose last turn ends it, handed to the store's continuation whole: the actor
+//! stops in that turn, and what it would have done on hearing the end was durable — tell
+//! the waiters, leave the live index, count the end, record the conversation's turn — is
+//! done by the continuation itself, with no message back to the actor and no second turn
+//! of it (docs/decisions/a-task-ends-in-its-commits-continuation.md).
+//!
+//! Only where nothing else follows the task: no subscriber, no reply deferred to an event,
+//! no webhook the store could plan, no trace span, one node (what a shared store's
+//! followers read needs the actor's word). Between the stop and the continuation the task
+//! stays in the live index under its stopped actor: a caller whose call finds that actor
+//! gone waits for the entry to go (`Runtime::settled`) and then reads the store, where the
+//! record is durable and indexed before the continuation runs.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use ractor::{ActorId, ActorRef};
+use tokio::sync::oneshot;
+
+use super::{TaskActorState, TaskMsg};
+use crate::actors::context::ContextMsg;
+use crate::actors::{AgentEntry, ContextKey, Shared};
+use crate::model::{TaskKey, TaskSnapshot, TaskState};
+use crate::store::Committed;
+
+/// The end of a task in its finale, run by the store's continuation once its events are durable
+/// (or, dropped unrun — the store closed first —, only its live entry removed).
+pub(super) struct Finale {
+    shared: Arc<Shared>,
+    agent: Arc<AgentEntry>,
+    key: TaskKey,
+    actor: ActorId,
+    /// The task as its last event left it.
+    task: Arc<TaskSnapshot>,
+    waiters: Vec<oneshot::Sender<TaskSnapshot>>,
+    /// The conversation's turn, for the context actor.
+    turn: Option<ContextMsg>,
+    state: TaskState,
+    started: Instant,
+    /// Out of the live index.
+    left: bool,
+}
+
+impl TaskActorState {
+    /// This turn ends the task and nothing but its waiters follows it: its end may be
+    /// left to the commit ([`Finale`]).
+    pub(super) fn ends_in_commit(&self) -> bool {
+        let ends = self.pending.iter().rev().find_map(|w| match w {
+            crate::store::Write::Task { event, .. } => Some(event.status.state.is_terminal()),
+            _ => None,
+        });
+        ends == Some(true)
+            && self.subscribers.is_empty()
+            && self.deferred.is_empty()
+            && self.span.is_none()
+            && self.shared.cluster.is_none()
+            && self.shared.store.commits_later()
+            && !self.shared.store.may_deliver()
+    }
+
+    /// Hands the task's end to a [`Finale`] and stops the actor (after this turn).
+    pub(super) fn finale(&mut self, myself: &ActorRef<TaskMsg>) -> Finale {
+        let task = match self.unpublished.back() {
+            Some(item) => item.task.clone(),
+            None => self.snapshot.clone(),
+        };
+        let turn = ContextMsg::Record {
+            key: ContextKey {
+                principal: self.key.principal.clone(),
+                context: self.context_id.clone(),
+            },
+            user: self.message.clone(),
+            reply: self.reply(),
+        };
+        self.cancel.cancel();
+        myself.stop(None);
+        Finale {
+            shared: self.shared.clone(),
+            agent: self.agent.clone(),
+            key: self.key.clone(),
+            actor: myself.get_id(),
+            task,
+            waiters: std::mem::take(&mut self.waiters),
+            turn: Some(turn),
+            state: self.status.state,
+            started: self.started,
+            left: false,
+        }
+    }
+}
+
+impl Finale {
+    /// The task's events are durable: its end is published.
+    pub(super) fn publish(mut self, committed: Committed) {
+        self.leave();
+        for waiter in self.waiters.drain(..) {
+            let _ = waiter.send((*self.task).clone());
+        }
+        self.agent
+            .metrics
+            .finished(self.state, self.started.elapsed());
+        if let Some(turn) = self.turn.take() {
+            let _ = self.shared.contexts.cast(turn);
+        }
+        if !committed.deliveries.is_empty() {
+            // A configuration set since `ends_in_commit` looked was planned for.
+            self.shared.webhooks.deliver(committed.deliveries);
+        }
+    }
+
+    /// Leaves the live index (once) and tells whoever waits for that.
+    fn leave(&mut self) {
+        if std::mem::replace(&mut self.left, true) {
+            return;
+        }
+        let actor = self.actor;
+        self.shared
+            .live
+            .remove_if(&self.key, |_, live| live.actor.get_id() == actor);
+        self.shared.settled.notify_waiters();
+    }
+}
+
+impl Drop for Finale {
+    fn drop(&mut self) {
+        // Unrun: the store never said durable (it closed). The waiters hear nothing and
+        // read the store; the entry of a stopped actor does not stay behind.
+        self.leave();
+    }
+}
