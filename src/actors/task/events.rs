@@ -139,10 +139,20 @@ impl TaskActorState {
             };
             self.published = item.seq;
             self.durable = item.task.clone();
+            let ends = item.is_final() && item.status.state.is_terminal();
+            if ends {
+                // Counted, and its turn recorded, before anyone hears of the end: a
+                // follower running on another worker may send the conversation's next
+                // message at once, and the context actor has the `Record` first.
+                self.agent
+                    .metrics
+                    .finished(self.status.state, self.started.elapsed());
+                let _ = self.shared.contexts.cast(self.turn_record());
+            }
             self.fan_out(&item);
             if item.is_final() {
                 self.end_run();
-                if item.status.state.is_terminal() {
+                if ends {
                     // Subscribers and waiters heard of the end just now (`fan_out`); the
                     // store indexed the record before it said durable, so whoever heard
                     // finds it ended: through this actor while the entry below is still
@@ -151,7 +161,8 @@ impl TaskActorState {
                     self.shared
                         .live
                         .remove_if(&self.key, |_, live| live.actor.get_id() == me);
-                    self.finish(myself);
+                    self.cancel.cancel();
+                    myself.stop(None);
                 }
             }
         }
@@ -296,19 +307,16 @@ impl TaskActorState {
         myself.send_after(timeout, move || TaskMsg::TimedOut(generation));
     }
 
-    pub(super) fn finish(&mut self, myself: &ActorRef<TaskMsg>) {
-        let state = self.status.state;
-        self.agent.metrics.finished(state, self.started.elapsed());
-        let _ = self.shared.contexts.cast(ContextMsg::Record {
+    /// The conversation's turn this task ends, for the context actor.
+    pub(super) fn turn_record(&self) -> ContextMsg {
+        ContextMsg::Record {
             key: ContextKey {
                 principal: self.key.principal.clone(),
                 context: self.context_id.clone(),
             },
             user: self.message.clone(),
             reply: self.reply(),
-        });
-        self.cancel.cancel();
-        myself.stop(None);
+        }
     }
 
     /// Adds a stream subscriber; returns the published events to replay first. A task

@@ -19,7 +19,7 @@ use tokio::sync::oneshot;
 
 use super::{TaskActorState, TaskMsg};
 use crate::actors::context::ContextMsg;
-use crate::actors::{AgentEntry, ContextKey, Shared};
+use crate::actors::{AgentEntry, Shared};
 use crate::model::{TaskKey, TaskSnapshot, TaskState};
 use crate::store::Committed;
 
@@ -64,14 +64,7 @@ impl TaskActorState {
             Some(item) => item.task.clone(),
             None => self.snapshot.clone(),
         };
-        let turn = ContextMsg::Record {
-            key: ContextKey {
-                principal: self.key.principal.clone(),
-                context: self.context_id.clone(),
-            },
-            user: self.message.clone(),
-            reply: self.reply(),
-        };
+        let turn = self.turn_record();
         self.cancel.cancel();
         myself.stop(None);
         Finale {
@@ -91,11 +84,13 @@ impl TaskActorState {
 
 impl Finale {
     /// The task's events are durable: its end is published.
+    ///
+    /// The waiters hear last: this may run on another thread than theirs (a runtime's
+    /// other worker, an embedder's store thread), and whoever heard of the end must find
+    /// the task out of the live index, counted, and its turn in the conversation (the
+    /// context actor has the `Record` before the caller's next message can ask it).
     pub(super) fn publish(mut self, committed: Committed) {
         self.leave();
-        for waiter in self.waiters.drain(..) {
-            let _ = waiter.send((*self.task).clone());
-        }
         self.agent
             .metrics
             .finished(self.state, self.started.elapsed());
@@ -105,6 +100,9 @@ impl Finale {
         if !committed.deliveries.is_empty() {
             // A configuration set since `ends_in_commit` looked was planned for.
             self.shared.webhooks.deliver(committed.deliveries);
+        }
+        for waiter in self.waiters.drain(..) {
+            let _ = waiter.send((*self.task).clone());
         }
     }
 
