@@ -337,23 +337,20 @@ fn private_tmpfs_available() -> bool {
     ok
 }
 
-/// Defect 5: on a full disk (a real ENOSPC) the server says `store failing`, acknowledges
-/// nothing, and recovers by itself once space is back: the stalled sends complete and new
-/// ones work. Full again, a SIGTERM ends the process within its grace, non-zero, saying
-/// how many writes never became durable.
-#[tokio::test]
-async fn a_full_disk_stalls_then_recovers_and_cannot_hold_a_shutdown() {
+/// Starts the binary (`server` settings added) with its log on a private 24 MiB tmpfs of
+/// its own mount namespace; returns it and that tmpfs as the test reaches it (the
+/// process's own view, `/proc/PID/root`), for the test to fill. `None` where this machine
+/// cannot make one (`private_tmpfs_available`).
+fn start_on_private_tmpfs(dir: &TempDir, server: &str) -> Option<(Binary, PathBuf)> {
     if !private_tmpfs_available() {
-        return;
+        return None;
     }
-    let dir = TempDir::new();
     let mnt = dir.path.join("mnt");
     std::fs::create_dir_all(&mnt).expect("mkdir");
-    let store = mnt.join("log");
-    let text = config(&store, "shutdown_grace_seconds = 2");
+    let text = config(&mnt.join("log"), server);
     let mount = "mount -t tmpfs -o size=24m tmpfs \"$0\" && exec \"$@\"";
     let mnt_arg = mnt.display().to_string();
-    let server = Binary::start(
+    let binary = Binary::start(
         &text,
         &[],
         &[
@@ -367,10 +364,22 @@ async fn a_full_disk_stalls_then_recovers_and_cannot_hold_a_shutdown() {
             &mnt_arg,
         ],
     );
-    let base = server.base.clone();
-    // The process's own view of the tmpfs (its mount namespace), for the test to fill.
-    let inside = PathBuf::from(format!("/proc/{}/root{}", server.pid(), mnt.display()));
+    let inside = PathBuf::from(format!("/proc/{}/root{}", binary.pid(), mnt.display()));
     assert!(inside.join("log").join("LOCK").exists(), "{inside:?}");
+    Some((binary, inside))
+}
+
+/// Defect 5: on a full disk (a real ENOSPC) the server says `store failing`, acknowledges
+/// nothing, and recovers by itself once space is back: the stalled sends complete and new
+/// ones work. Full again, a SIGTERM ends the process within its grace, non-zero, saying
+/// how many writes never became durable.
+#[tokio::test]
+async fn a_full_disk_stalls_then_recovers_and_cannot_hold_a_shutdown() {
+    let dir = TempDir::new();
+    let Some((server, inside)) = start_on_private_tmpfs(&dir, "shutdown_grace_seconds = 2") else {
+        return;
+    };
+    let base = server.base.clone();
     fill(&base, 5).await;
 
     fill_disk(&inside.join("filler"));
@@ -421,33 +430,13 @@ async fn a_full_disk_stalls_then_recovers_and_cannot_hold_a_shutdown() {
 /// from the record once the disk has room.
 #[tokio::test]
 async fn a_task_whose_end_waits_for_a_full_disk_is_read_and_cancelled_from_its_record() {
-    if !private_tmpfs_available() {
-        return;
-    }
     let dir = TempDir::new();
-    let mnt = dir.path.join("mnt");
-    std::fs::create_dir_all(&mnt).expect("mkdir");
-    let store = mnt.join("log");
     // Longer than the disk stays full below: the waiting calls answer from the record.
-    let text = config(&store, "actor_call_timeout_seconds = 60");
-    let mount = "mount -t tmpfs -o size=24m tmpfs \"$0\" && exec \"$@\"";
-    let mnt_arg = mnt.display().to_string();
-    let server = Binary::start(
-        &text,
-        &[],
-        &[
-            "unshare",
-            "-m",
-            "--propagation",
-            "private",
-            "sh",
-            "-c",
-            mount,
-            &mnt_arg,
-        ],
-    );
+    let Some((server, inside)) = start_on_private_tmpfs(&dir, "actor_call_timeout_seconds = 60")
+    else {
+        return;
+    };
     let base = server.base.clone();
-    let inside = PathBuf::from(format!("/proc/{}/root{}", server.pid(), mnt.display()));
     fill(&base, 2).await;
 
     fill_disk(&inside.join("filler"));
