@@ -21,10 +21,10 @@ use super::{TaskActorState, TaskMsg};
 use crate::actors::context::ContextMsg;
 use crate::actors::{AgentEntry, Shared};
 use crate::model::{TaskKey, TaskSnapshot, TaskState};
-use crate::store::Committed;
+use crate::store::{Committed, Write};
 
-/// The end of a task in its finale, run by the store's continuation once its events are durable
-/// (or, dropped unrun — the store closed first —, only its live entry removed).
+/// A task's end, run by the store's continuation once its last events are durable (or,
+/// dropped unrun — the store closed first —, only its live entry removed).
 pub(super) struct Finale {
     shared: Arc<Shared>,
     agent: Arc<AgentEntry>,
@@ -42,14 +42,19 @@ pub(super) struct Finale {
 }
 
 impl TaskActorState {
-    /// This turn ends the task and nothing but its waiters follows it: its end may be
-    /// left to the commit ([`Finale`]).
+    /// This turn ends the task, every earlier event is durable, and nothing but its
+    /// waiters follows it: its end may be left to the commit ([`Finale`]).
     pub(super) fn ends_in_commit(&self) -> bool {
-        let ends = self.pending.iter().rev().find_map(|w| match w {
-            crate::store::Write::Task { event, .. } => Some(event.status.state.is_terminal()),
+        let mut events = self.pending.iter().filter_map(|w| match w {
+            Write::Task { event, .. } => Some(event),
             _ => None,
         });
-        ends == Some(true)
+        let ends = events
+            .next_back()
+            .is_some_and(|e| e.status.state.is_terminal());
+        // Each of this turn's events is one write and one unpublished item: no more
+        // unpublished items than that, and no earlier append waits for its `Durable`.
+        ends && self.unpublished.len() == events.count() + 1
             && self.subscribers.is_empty()
             && self.deferred.is_empty()
             && self.span.is_none()
