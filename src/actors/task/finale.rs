@@ -1,15 +1,16 @@
 //! A task whose last turn ends it, handed to the store's continuation whole: the actor
-//! stops in that turn, and what it would have done on hearing the end was durable — tell
-//! the waiters, leave the live index, count the end, record the conversation's turn — is
+//! stops in that turn, and what it would have done on hearing the end was durable — leave
+//! the live index, count the end, record the conversation's turn, tell the waiters — is
 //! done by the continuation itself, with no message back to the actor and no second turn
 //! of it (docs/decisions/a-task-ends-in-its-commits-continuation.md).
 //!
-//! Only where nothing else follows the task: no subscriber, no reply deferred to an event,
-//! no webhook the store could plan, no trace span, one node (what a shared store's
-//! followers read needs the actor's word). Between the stop and the continuation the task
-//! stays in the live index under its stopped actor: a caller whose call finds that actor
-//! gone waits for the entry to go (`Runtime::settled`) and then reads the store, where the
-//! record is durable and indexed before the continuation runs.
+//! Only where every earlier event is durable and nothing else follows the task: no
+//! subscriber, no reply deferred to an event, no webhook the store could plan, no trace
+//! span, one node (what a shared store's followers read needs the actor's word). Between
+//! the stop and the continuation the task stays in the live index under its stopped
+//! actor: a caller whose call finds that actor gone waits for the entry to go
+//! (`Runtime::settled`) and then reads the store, where the record is durable and indexed
+//! before the continuation runs.
 
 use std::sync::Arc;
 use std::time::Instant;
