@@ -102,7 +102,7 @@ pub(crate) struct Shared {
     pub(crate) shutting_down: AtomicBool,
     pub(crate) call_timeout: Duration,
     /// Told whenever a task in its finale (`task::finale`: its actor stopped before its
-    /// last events were durable) leaves the live index: a caller that found such a task's actor
-    /// gone waits for it before it reads the store (`Runtime::settled`).
+    /// last events were durable) leaves the live index: a caller that found such a task's
+    /// actor gone waits for that before it reads the store (`Runtime::ended_record`).
     pub(crate) settled: tokio::sync::Notify,
 }

@@ -336,29 +336,29 @@ impl Runtime {
             Ok(CallResult::Success(s)) => Ok(s),
             Ok(CallResult::Timeout) => Err(Error::Busy),
             // The actor ended between the lookup and the call: it left a record first.
-            _ => {
-                self.settled(key, &live).await?;
-                self.shared
-                    .store
-                    .task(key)
-                    .await?
-                    .map(|f| (*f).clone())
-                    .ok_or_else(|| Error::TaskNotFound {
-                        task: key.task.clone(),
-                    })
-            }
+            _ => self
+                .ended_record(key, &live)
+                .await?
+                .map(|f| (*f).clone())
+                .ok_or_else(|| Error::TaskNotFound {
+                    task: key.task.clone(),
+                }),
         }
     }
 
-    /// Waits, within the actor call time-out, until `live`'s actor — found gone by a call
-    /// — no longer holds `key` in the live index. An actor leaves the index before it
-    /// stops, except one whose end is its commit's (`actors::task::finale`), which stops
-    /// before its last events are durable and leaves once they are: after this, the store has the record
-    /// of any task whose actor is gone.
+    /// The durable record of a task whose actor a call found gone. An actor leaves the
+    /// live index before it stops, except one whose end is its commit's
+    /// (`actors::task::finale`): it stops before its last events are durable and leaves
+    /// once they are. So this first waits, within the actor call time-out, until `live`'s
+    /// actor no longer holds `key` there; then the store has the record.
     ///
     /// # Errors
-    /// [`Error::Busy`] past the time-out (the store has not committed).
-    pub(crate) async fn settled(&self, key: &TaskKey, live: &LiveTask) -> Result<()> {
+    /// [`Error::Busy`] past the time-out (the store has not committed); the store's.
+    pub(crate) async fn ended_record(
+        &self,
+        key: &TaskKey,
+        live: &LiveTask,
+    ) -> Result<Option<Arc<TaskSnapshot>>> {
         let actor = live.actor.get_id();
         let held = || {
             self.shared
@@ -380,7 +380,8 @@ impl Runtime {
         };
         tokio::time::timeout(self.shared.call_timeout, wait)
             .await
-            .map_err(|_| Error::Busy)
+            .map_err(|_| Error::Busy)?;
+        self.shared.store.task(key).await
     }
 
     /// One page of this principal's tasks on this agent (docs/PROTOCOL.md §10.6).
@@ -436,16 +437,13 @@ impl Runtime {
                 match call.await {
                     Ok(CallResult::Success(outcome)) => outcome,
                     Ok(CallResult::Timeout) => Err(Error::Busy),
-                    _ => {
-                        self.settled(&key, &live).await?;
-                        match self.shared.store.task(&key).await? {
-                            Some(f) => Err(Error::CancelFailed {
-                                task: task.clone(),
-                                state: f.status.state,
-                            }),
-                            None => Err(Error::TaskNotFound { task: task.clone() }),
-                        }
-                    }
+                    _ => match self.ended_record(&key, &live).await? {
+                        Some(f) => Err(Error::CancelFailed {
+                            task: task.clone(),
+                            state: f.status.state,
+                        }),
+                        None => Err(Error::TaskNotFound { task: task.clone() }),
+                    },
                 }
             }
         }

@@ -348,15 +348,12 @@ impl Runtime {
             }
             Ok(CallResult::Success(Err(e))) => Err(e),
             Ok(CallResult::Timeout) => Err(Error::Busy),
-            _ => {
-                self.settled(key, &live).await?;
-                match self.shared.store.task(key).await? {
-                    Some(f) => Ok(Resubscribed::Finished(f)),
-                    None => Err(Error::TaskNotFound {
-                        task: key.task.clone(),
-                    }),
-                }
-            }
+            _ => match self.ended_record(key, &live).await? {
+                Some(f) => Ok(Resubscribed::Finished(f)),
+                None => Err(Error::TaskNotFound {
+                    task: key.task.clone(),
+                }),
+            },
         }
     }
 

@@ -308,17 +308,13 @@ impl Runtime {
             Ok(CallResult::Success(Err(e))) => Err(e),
             Ok(CallResult::Timeout) => Err(Error::Busy),
             // It ended between the lookup and the call.
-            _ => {
-                self.settled(&key, &live).await?;
-                Err(Error::TaskNotContinuable {
-                    task: task.clone(),
-                    state: self
-                        .shared
-                        .store
-                        .task_now(&key)
-                        .map_or(TaskState::Completed, |f| f.status.state),
-                })
-            }
+            _ => Err(Error::TaskNotContinuable {
+                task: task.clone(),
+                state: self
+                    .ended_record(&key, &live)
+                    .await?
+                    .map_or(TaskState::Completed, |f| f.status.state),
+            }),
         }
     }
 }

@@ -9,7 +9,7 @@
 //! span, one node (what a shared store's followers read needs the actor's word). Between
 //! the stop and the continuation the task stays in the live index under its stopped
 //! actor: a caller whose call finds that actor gone waits for the entry to go
-//! (`Runtime::settled`) and then reads the store, where the record is durable and indexed
+//! (`Runtime::ended_record`) and then reads the store, where the record is durable and indexed
 //! before the continuation runs.
 
 use std::sync::Arc;
@@ -21,7 +21,7 @@ use tokio::sync::oneshot;
 use super::{TaskActorState, TaskMsg};
 use crate::actors::context::ContextMsg;
 use crate::actors::{AgentEntry, Shared};
-use crate::model::{TaskKey, TaskSnapshot, TaskState};
+use crate::model::{TaskKey, TaskSnapshot};
 use crate::store::{Committed, Write};
 
 /// A task's end, run by the store's continuation once its last events are durable (or,
@@ -36,7 +36,6 @@ pub(super) struct Finale {
     waiters: Vec<oneshot::Sender<TaskSnapshot>>,
     /// The conversation's turn, for the context actor.
     turn: Option<ContextMsg>,
-    state: TaskState,
     started: Instant,
     /// Out of the live index.
     left: bool,
@@ -66,10 +65,6 @@ impl TaskActorState {
 
     /// Hands the task's end to a [`Finale`] and stops the actor (after this turn).
     pub(super) fn finale(&mut self, myself: &ActorRef<TaskMsg>) -> Finale {
-        let task = match self.unpublished.back() {
-            Some(item) => item.task.clone(),
-            None => self.snapshot.clone(),
-        };
         let turn = self.turn_record();
         self.cancel.cancel();
         myself.stop(None);
@@ -78,10 +73,10 @@ impl TaskActorState {
             agent: self.agent.clone(),
             key: self.key.clone(),
             actor: myself.get_id(),
-            task,
+            // The task as the last event left it: the last item's copy (`flush`, `emit`).
+            task: self.snapshot.clone(),
             waiters: std::mem::take(&mut self.waiters),
             turn: Some(turn),
-            state: self.status.state,
             started: self.started,
             left: false,
         }
@@ -99,7 +94,7 @@ impl Finale {
         self.leave();
         self.agent
             .metrics
-            .finished(self.state, self.started.elapsed());
+            .finished(self.task.status.state, self.started.elapsed());
         if let Some(turn) = self.turn.take() {
             let _ = self.shared.contexts.cast(turn);
         }
