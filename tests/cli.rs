@@ -1,5 +1,5 @@
 //! The `a2ad` binary: --help, bad configuration (exit 2), the listening line, the
-//! development key, and SIGTERM during a stream (exit 0).
+//! development key, and SIGTERM during a stream (exit 0); and the load tool's floor servers.
 
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
@@ -8,6 +8,7 @@ use std::time::Duration;
 use serde_json::json;
 
 const BIN: &str = env!("CARGO_BIN_EXE_a2ad");
+const LOAD: &str = env!("CARGO_BIN_EXE_a2ad-load");
 
 fn write_config(text: &str) -> (tempdir::Dir, String) {
     let dir = tempdir::Dir::new();
@@ -39,7 +40,12 @@ mod tempdir {
 /// Starts the binary in `dir` (where its default store file goes) and reads stdout up to
 /// the listening line; returns (child, base url, lines seen before it).
 fn start(dir: &tempdir::Dir, args: &[&str]) -> (Child, String, Vec<String>) {
-    let mut child = spawn(dir, args);
+    start_program(BIN, dir, args)
+}
+
+/// [`start`] for another of the package's programs.
+fn start_program(program: &str, dir: &tempdir::Dir, args: &[&str]) -> (Child, String, Vec<String>) {
+    let mut child = spawn_program(program, dir, args);
     let stdout = child.stdout.take().expect("stdout");
     let mut lines = BufReader::new(stdout).lines();
     let mut seen = Vec::new();
@@ -55,18 +61,22 @@ fn start(dir: &tempdir::Dir, args: &[&str]) -> (Child, String, Vec<String>) {
     }
     let _ = child.kill();
     let status = child.wait();
-    panic!("a2ad exited before listening ({status:?}); stdout: {seen:?}");
+    panic!("{program} exited before listening ({status:?}); stdout: {seen:?}");
 }
 
 /// The binary in `dir` with its stdout piped.
 fn spawn(dir: &tempdir::Dir, args: &[&str]) -> Child {
-    Command::new(BIN)
+    spawn_program(BIN, dir, args)
+}
+
+fn spawn_program(program: &str, dir: &tempdir::Dir, args: &[&str]) -> Child {
+    Command::new(program)
         .args(args)
         .current_dir(&dir.path)
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()
-        .expect("spawn a2ad")
+        .expect("spawn the program")
 }
 
 fn terminate(child: &Child) {
@@ -702,4 +712,56 @@ async fn sighup_reloads_keys_agents_and_webhooks_names_what_needs_a_restart_and_
     );
     terminate(&child);
     assert_eq!(wait_exit(&mut child), 0);
+}
+
+/// The load tool's two floors (`--floor-server`, and with `--floor-actor` an actor spawned
+/// per call that answers and stops) answer every call with the floor's result, and a body
+/// that is not JSON with 400 — many calls on one connection and several at once, so that
+/// each call's actor is known to answer and go.
+#[tokio::test]
+async fn the_load_tools_floors_answer_each_call() {
+    for args in [
+        &["--floor-server", "127.0.0.1:0"][..],
+        &["--floor-server", "127.0.0.1:0", "--floor-actor"][..],
+    ] {
+        let dir = tempdir::Dir::new();
+        let (mut child, url, _) = start_program(LOAD, &dir, args);
+        let client = reqwest::Client::new();
+        let call = json!({"jsonrpc": "2.0", "id": 1, "method": "message/send", "params": {}});
+        let calls = (0..4).map(|_| {
+            let (client, url, call) = (client.clone(), url.clone(), call.to_string());
+            tokio::spawn(async move {
+                let mut states = Vec::new();
+                for _ in 0..50 {
+                    let r = client
+                        .post(format!("{url}/api/v1/a2a/echo"))
+                        .body(call.clone())
+                        .send()
+                        .await
+                        .expect("post");
+                    assert_eq!(r.status(), 200);
+                    let v: serde_json::Value = r.json().await.expect("json");
+                    states.push(v["result"]["status"]["state"].clone());
+                }
+                states
+            })
+        });
+        for states in futures_util::future::join_all(calls).await {
+            let states = states.expect("calls");
+            assert_eq!(states.len(), 50);
+            assert!(
+                states.iter().all(|s| s == "completed"),
+                "{args:?}: {states:?}"
+            );
+        }
+        let bad = client
+            .post(format!("{url}/api/v1/a2a/echo"))
+            .body("{not json")
+            .send()
+            .await
+            .expect("post");
+        assert_eq!(bad.status(), 400, "{args:?}");
+        let _ = child.kill();
+        let _ = child.wait();
+    }
 }

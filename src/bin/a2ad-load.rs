@@ -160,6 +160,11 @@ struct Cli {
     /// Write the results as JSON to this file.
     #[arg(long)]
     json: Option<String>,
+    /// With `--baseline`, also measure the actor floor: the floor plus a ractor actor per
+    /// request, linked to a supervisor, that answers and stops (the design's own price).
+    /// With `--floor-server`, be that server.
+    #[arg(long)]
+    floor_actor: bool,
     /// Run as the floor server on this address (internal; used by --baseline).
     #[arg(long, value_name = "ADDR")]
     floor_server: Option<String>,
@@ -189,7 +194,7 @@ fn main() -> std::process::ExitCode {
         }
     };
     if let Some(addr) = &cli.floor_server {
-        return match rt.block_on(floor::serve(addr)) {
+        return match rt.block_on(floor::serve(addr, cli.floor_actor)) {
             Ok(()) => std::process::ExitCode::SUCCESS,
             Err(e) => {
                 eprintln!("a2ad-load floor: {e}");
@@ -234,14 +239,26 @@ async fn run(cli: Cli) -> Result<(), String> {
             Scenario::Send | Scenario::Stream | Scenario::Mixed
         )
     {
-        let floor = measure_floor(&cli).await?;
+        let floor = measure_floor(&cli, false).await?;
         floor.print();
         println!(
             "ratio    a2ad/floor  req/s {:.1}%  p99 {:.2}x",
             100.0 * a2ad.rps() / floor.rps().max(1e-9),
             a2ad.latencies_ms[2] / floor.latencies_ms[2].max(1e-9)
         );
-        reports.push(floor);
+        if cli.floor_actor {
+            let actor = measure_floor(&cli, true).await?;
+            actor.print();
+            println!(
+                "ratio    actor floor/floor  req/s {:.1}%   a2ad/actor floor  req/s {:.1}%",
+                100.0 * actor.rps() / floor.rps().max(1e-9),
+                100.0 * a2ad.rps() / actor.rps().max(1e-9),
+            );
+            reports.push(floor);
+            reports.push(actor);
+        } else {
+            reports.push(floor);
+        }
     }
     reports.insert(0, a2ad);
     write_json(&cli, &reports)
@@ -478,12 +495,16 @@ async fn measure_a2ad(cli: &Cli) -> Result<Report, String> {
     result
 }
 
-async fn measure_floor(cli: &Cli) -> Result<Report, String> {
+/// The floor, or with `actor` the actor floor (src/bin/a2ad-load/floor.rs).
+async fn measure_floor(cli: &Cli, actor: bool) -> Result<Report, String> {
     let me = std::env::current_exe()
         .map_err(|e| e.to_string())?
         .display()
         .to_string();
-    let args = vec!["--floor-server".to_string(), "127.0.0.1:0".to_string()];
+    let mut args = vec!["--floor-server".to_string(), "127.0.0.1:0".to_string()];
+    if actor {
+        args.push("--floor-actor".into());
+    }
     let s = ServerProc::start(&me, &args, cli.server_cpus.as_deref())?;
     let target = Arc::new(Target {
         addr: s.addr,
@@ -494,7 +515,8 @@ async fn measure_floor(cli: &Cli) -> Result<Report, String> {
         h2: false,
     });
     // The floor answers every call with one JSON result, so `send` is its workload.
-    let r = timed(cli, target, Kind::Send, Some(s.pid()), "floor").await;
+    let name = if actor { "actor floor" } else { "floor" };
+    let r = timed(cli, target, Kind::Send, Some(s.pid()), name).await;
     s.stop();
     r
 }
