@@ -224,56 +224,65 @@ impl Runtime {
     /// # Errors
     /// As [`Runtime::send`], plus [`Error::TaskNotContinuable`] and
     /// [`Error::ContextMismatch`] when continuing a task.
-    pub async fn send_with(
+    ///
+    /// Not an `async fn`, so that its future holds the request and options once
+    /// (docs/decisions/the-floor-of-the-design.md).
+    #[expect(
+        clippy::manual_async_fn,
+        reason = "an async fn keeps its arguments twice"
+    )]
+    pub fn send_with(
         &self,
         principal: &Principal,
         agent: &AgentId,
         request: SendRequest,
         wait: Option<Duration>,
         options: SubmitOptions,
-    ) -> Result<Sent> {
-        if let Some(reply) = self.direct_reply(agent, &request, &options)? {
-            return Ok(Sent::Message(reply));
-        }
-        let (tx, rx) = oneshot::channel();
-        let follow = match wait {
-            Some(_) => Follow::Final(tx),
-            None => Follow::Nobody,
-        };
-        match self
-            .submit(principal, agent, request, follow, options)
-            .await?
-        {
-            submit::Submitted::Fresh { key, .. } | submit::Submitted::Continued { key, .. } => {
-                match wait {
-                    Some(wait) => self.await_final(&key, rx, wait).await.map(Sent::Task),
-                    None => self.get_key(&key).await.map(Sent::Task),
-                }
+    ) -> impl Future<Output = Result<Sent>> + Send {
+        async move {
+            if let Some(reply) = self.direct_reply(agent, &request, &options)? {
+                return Ok(Sent::Message(reply));
             }
-            submit::Submitted::Existing(_, submit::Existing::Finished(f)) => {
-                Ok(Sent::Task((*f).clone()))
+            let (tx, rx) = oneshot::channel();
+            let follow = match wait {
+                Some(_) => Follow::Final(tx),
+                None => Follow::Nobody,
+            };
+            match self
+                .submit(principal, agent, request, follow, options)
+                .await?
+            {
+                submit::Submitted::Fresh { key, .. } | submit::Submitted::Continued { key, .. } => {
+                    match wait {
+                        Some(wait) => self.await_final(&key, rx, wait).await.map(Sent::Task),
+                        None => self.get_key(&key).await.map(Sent::Task),
+                    }
+                }
+                submit::Submitted::Existing(_, submit::Existing::Finished(f)) => {
+                    Ok(Sent::Task((*f).clone()))
+                }
+                submit::Submitted::Existing(key, submit::Existing::Live(live)) => match wait {
+                    None => self.get_live(&key, live).await.map(Sent::Task),
+                    Some(wait) => {
+                        let (tx, rx) = oneshot::channel();
+                        let _ = live.actor.cast(TaskMsg::WaitFinal(tx));
+                        self.await_final(&key, rx, wait).await.map(Sent::Task)
+                    }
+                },
+                submit::Submitted::Existing(key, submit::Existing::Remote(r)) => match wait {
+                    None => Ok(Sent::Task((*r).clone())),
+                    Some(wait) => {
+                        let (tx, rx) = oneshot::channel();
+                        remote::try_spawn(
+                            self.shared.clone(),
+                            key.clone(),
+                            r.seq,
+                            remote::Sink::Final(tx),
+                        )?;
+                        self.await_final(&key, rx, wait).await.map(Sent::Task)
+                    }
+                },
             }
-            submit::Submitted::Existing(key, submit::Existing::Live(live)) => match wait {
-                None => self.get_live(&key, live).await.map(Sent::Task),
-                Some(wait) => {
-                    let (tx, rx) = oneshot::channel();
-                    let _ = live.actor.cast(TaskMsg::WaitFinal(tx));
-                    self.await_final(&key, rx, wait).await.map(Sent::Task)
-                }
-            },
-            submit::Submitted::Existing(key, submit::Existing::Remote(r)) => match wait {
-                None => Ok(Sent::Task((*r).clone())),
-                Some(wait) => {
-                    let (tx, rx) = oneshot::channel();
-                    remote::try_spawn(
-                        self.shared.clone(),
-                        key.clone(),
-                        r.seq,
-                        remote::Sink::Final(tx),
-                    )?;
-                    self.await_final(&key, rx, wait).await.map(Sent::Task)
-                }
-            },
         }
     }
 

@@ -53,133 +53,147 @@ pub(crate) enum Existing {
 impl Runtime {
     /// Creates the task, finds the existing one with the same client-chosen id, or
     /// continues the interrupted task the request names.
-    pub(crate) async fn submit(
+    ///
+    /// Not an `async fn`: an `async fn` keeps its arguments twice in its future (as
+    /// arguments and as the locals they are moved into), and this future is part of
+    /// every new task's request future, moved at each level.
+    #[expect(
+        clippy::manual_async_fn,
+        reason = "an async fn keeps its arguments twice"
+    )]
+    pub(crate) fn submit(
         &self,
         principal: &Principal,
         agent_id: &AgentId,
         request: SendRequest,
         follow: Follow,
         options: SubmitOptions,
-    ) -> Result<Submitted> {
-        if self.shared.shutting_down.load(Relaxed) {
-            return Err(Error::ShuttingDown);
-        }
-        let agent = self.agent(agent_id).ok_or(Error::AgentNotFound)?;
-        if let Some(uri) = agent.config.missing_required(request.extensions.as_slice()) {
-            return Err(Error::ExtensionRequired {
-                uri: uri.to_string(),
-            });
-        }
-        if options.task_id == TaskIdUse::Continue
-            && let Some(task) = request.task_id.clone()
-        {
-            return self
-                .continue_task(principal, agent_id, &task, request, follow)
-                .await;
-        }
-        let task = request.task_id.clone().unwrap_or_else(TaskId::generate);
-        let key = task_key(principal, agent_id, &task);
-        if request.task_id.is_some()
-            && let Some(existing) = self.find(&key).await?
-        {
-            return replay_or_conflict(existing, &request.message, &task)
-                .map(|e| Submitted::Existing(key, e));
-        }
-        let admission = self.admit(&agent)?;
-        let submitted = chrono::Utc::now();
-        let (context_id, turn, history) = self
-            .open_context(principal, request.context_id, submitted)
-            .await?;
+    ) -> impl Future<Output = Result<Submitted>> + Send {
+        async move {
+            if self.shared.shutting_down.load(Relaxed) {
+                return Err(Error::ShuttingDown);
+            }
+            let agent = self.agent(agent_id).ok_or(Error::AgentNotFound)?;
+            if let Some(uri) = agent.config.missing_required(request.extensions.as_slice()) {
+                return Err(Error::ExtensionRequired {
+                    uri: uri.to_string(),
+                });
+            }
+            if options.task_id == TaskIdUse::Continue
+                && let Some(task) = request.task_id.clone()
+            {
+                // Boxed: continuing a task (1.9 KB of future, restoring it from the store)
+                // would otherwise size every new task's request future, moved at each level.
+                return Box::pin(self.continue_task(principal, agent_id, &task, request, follow))
+                    .await;
+            }
+            let task = request.task_id.clone().unwrap_or_else(TaskId::generate);
+            let key = task_key(principal, agent_id, &task);
+            if request.task_id.is_some()
+                && let Some(existing) = self.find(&key).await?
+            {
+                return replay_or_conflict(existing, &request.message, &task)
+                    .map(|e| Submitted::Existing(key, e));
+            }
+            let admission = self.admit(&agent)?;
+            let submitted = chrono::Utc::now();
+            let (context_id, turn, history) = self
+                .open_context(principal, request.context_id, submitted)
+                .await?;
 
-        let message = Arc::new(request.message);
-        let args = Box::new(TaskArgs {
-            shared: self.shared.clone(),
-            agent: agent.clone(),
-            key: key.clone(),
-            context_id: context_id.clone(),
-            message: message.clone(),
-            metadata: request.metadata.map(Arc::from),
-            extensions: request.extensions,
-            history,
-            turn,
-            admission: Some(admission),
-            follow,
-            restored: None,
-            why: crate::store::Orphan::Restart,
-            span: crate::telemetry::on()
-                .then(|| crate::telemetry::task_span(&key, context_id.as_str())),
-            starts_itself: request.task_id.is_none(),
-            submitted,
-        });
-        let mut push = InlinePush::checked(
-            &self.shared.store,
-            &key,
-            options.push,
-            self.shared.in_force.now().webhooks.max_configs_per_task,
-        )
-        .await?;
-        let existing = if request.task_id.is_none() {
-            // A server-generated id cannot collide: spawn awaiting `pre_start` here (no
-            // wrapper task), where the actor enters the live index; it starts its first run
-            // as it begins (`TaskArgs::starts_itself`).
-            push.store()?;
-            let (actor, _) = Actor::spawn_linked(None, TaskActor, args, self.supervisor.get_cell())
-                .await
-                .map_err(|e| {
-                    // Indexed by `pre_start`, then not started (the supervisor stops).
-                    if self.shared.live.remove(&key).is_some() {
-                        self.shared.metrics.live_tasks.fetch_sub(1, Relaxed);
-                    }
-                    push.undo();
-                    spawn_failed(e)
-                })?;
-            Ok(actor)
-        } else {
-            // A client-chosen id: spawn under the index entry's guard (no await inside), so
-            // two requests with the same id cannot both create the task. The store is read
-            // under the guard too: a finished task writes its record before leaving the index.
-            let existing = match self.shared.live.entry(key.clone()) {
-                Entry::Occupied(o) => Err(Existing::Live(o.get().clone())),
-                Entry::Vacant(v) => match self.shared.store.task_now(&key) {
-                    Some(f) => Err(Existing::Finished(f)),
-                    None => {
-                        push.store()?;
-                        let (actor, _) = ractor::ActorRuntime::<TaskActor>::spawn_linked_instant(
-                            None,
-                            TaskActor,
-                            args,
-                            self.supervisor.get_cell(),
-                        )
+            let message = Arc::new(request.message);
+            let args = Box::new(TaskArgs {
+                shared: self.shared.clone(),
+                agent: agent.clone(),
+                key: key.clone(),
+                context_id: context_id.clone(),
+                message: message.clone(),
+                metadata: request.metadata.map(Arc::from),
+                extensions: request.extensions,
+                history,
+                turn,
+                admission: Some(admission),
+                follow,
+                restored: None,
+                why: crate::store::Orphan::Restart,
+                span: crate::telemetry::on()
+                    .then(|| crate::telemetry::task_span(&key, context_id.as_str())),
+                starts_itself: request.task_id.is_none(),
+                submitted,
+            });
+            let mut push = InlinePush::checked(
+                &self.shared.store,
+                &key,
+                options.push,
+                self.shared.in_force.now().webhooks.max_configs_per_task,
+            )
+            .await?;
+            let existing = if request.task_id.is_none() {
+                // A server-generated id cannot collide: spawn awaiting `pre_start` here (no
+                // wrapper task), where the actor enters the live index; it starts its first run
+                // as it begins (`TaskArgs::starts_itself`).
+                push.store()?;
+                let (actor, _) =
+                    Actor::spawn_linked(None, TaskActor, args, self.supervisor.get_cell())
+                        .await
                         .map_err(|e| {
+                            // Indexed by `pre_start`, then not started (the supervisor stops).
+                            if self.shared.live.remove(&key).is_some() {
+                                self.shared.metrics.live_tasks.fetch_sub(1, Relaxed);
+                            }
                             push.undo();
                             spawn_failed(e)
                         })?;
-                        self.shared.metrics.live_tasks.fetch_add(1, Relaxed);
-                        v.insert(LiveTask::new(actor.clone(), &message, &context_id));
-                        Ok(actor)
-                    }
-                },
-            };
-            if let Ok(actor) = &existing {
-                // Queued behind nothing the actor could do first: it starts the driver.
-                let _ = actor.cast(TaskMsg::Start);
-            }
-            existing
-        };
-        match existing {
-            Ok(actor) => Ok(Submitted::Fresh {
-                key,
-                context_id,
-                actor,
-            }),
-            Err(existing) => {
-                let _ = self.shared.contexts.cast(ContextMsg::Abandon {
-                    key: ContextKey {
-                        principal: principal.clone(),
-                        context: context_id,
+                Ok(actor)
+            } else {
+                // A client-chosen id: spawn under the index entry's guard (no await inside), so
+                // two requests with the same id cannot both create the task. The store is read
+                // under the guard too: a finished task writes its record before leaving the index.
+                let existing = match self.shared.live.entry(key.clone()) {
+                    Entry::Occupied(o) => Err(Existing::Live(o.get().clone())),
+                    Entry::Vacant(v) => match self.shared.store.task_now(&key) {
+                        Some(f) => Err(Existing::Finished(f)),
+                        None => {
+                            push.store()?;
+                            let (actor, _) =
+                                ractor::ActorRuntime::<TaskActor>::spawn_linked_instant(
+                                    None,
+                                    TaskActor,
+                                    args,
+                                    self.supervisor.get_cell(),
+                                )
+                                .map_err(|e| {
+                                    push.undo();
+                                    spawn_failed(e)
+                                })?;
+                            self.shared.metrics.live_tasks.fetch_add(1, Relaxed);
+                            v.insert(LiveTask::new(actor.clone(), &message, &context_id));
+                            Ok(actor)
+                        }
                     },
-                });
-                replay_or_conflict(existing, &message, &task).map(|e| Submitted::Existing(key, e))
+                };
+                if let Ok(actor) = &existing {
+                    // Queued behind nothing the actor could do first: it starts the driver.
+                    let _ = actor.cast(TaskMsg::Start);
+                }
+                existing
+            };
+            match existing {
+                Ok(actor) => Ok(Submitted::Fresh {
+                    key,
+                    context_id,
+                    actor,
+                }),
+                Err(existing) => {
+                    let _ = self.shared.contexts.cast(ContextMsg::Abandon {
+                        key: ContextKey {
+                            principal: principal.clone(),
+                            context: context_id,
+                        },
+                    });
+                    replay_or_conflict(existing, &message, &task)
+                        .map(|e| Submitted::Existing(key, e))
+                }
             }
         }
     }

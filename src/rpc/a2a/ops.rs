@@ -239,143 +239,151 @@ pub(crate) enum OpResponse {
 /// Runs one operation for the caller of `cx`. `v` picks what differs between versions
 /// below the framing: the format of the webhooks a push configuration asks for, and the
 /// field a refused push target is reported under.
-pub(crate) async fn execute(
+///
+/// Not an `async fn`, so that its future holds the request once: it is part of every
+/// call's future (docs/decisions/the-floor-of-the-design.md).
+#[expect(
+    clippy::manual_async_fn,
+    reason = "an async fn keeps its arguments twice"
+)]
+pub(crate) fn execute(
     runtime: &Runtime,
     cx: &CallContext,
     v: Version,
     request: OpRequest,
-) -> Result<OpResponse, Error> {
-    let principal = &cx.caller.principal;
-    let agent = &cx.agent_id;
-    match request {
-        OpRequest::Send { mut params, stream } => {
-            params.request.extensions = cx.extensions.clone();
-            let context = params.request.context_id.clone();
-            let options = submission(runtime, cx, v, params.push)?;
-            if stream {
-                return match runtime
-                    .stream_with(principal, agent, params.request, options)
+) -> impl Future<Output = Result<OpResponse, Error>> + Send {
+    async move {
+        let principal = &cx.caller.principal;
+        let agent = &cx.agent_id;
+        match request {
+            OpRequest::Send { mut params, stream } => {
+                params.request.extensions = cx.extensions.clone();
+                let context = params.request.context_id.clone();
+                let options = submission(runtime, cx, v, params.push)?;
+                if stream {
+                    return match runtime
+                        .stream_with(principal, agent, params.request, options)
+                        .await?
+                    {
+                        Streamed::Task(stream) => {
+                            cx.task(&stream.task_id);
+                            Ok(OpResponse::Stream(stream))
+                        }
+                        Streamed::Message(message) => Ok(OpResponse::MessageStream {
+                            message,
+                            context: context.unwrap_or_else(ContextId::generate),
+                        }),
+                    };
+                }
+                let limits = &cx.agent.config.limits;
+                let wait = params.blocking.then(|| limits.sync_wait());
+                match runtime
+                    .send_with(principal, agent, params.request, wait, options)
                     .await?
                 {
-                    Streamed::Task(stream) => {
-                        cx.task(&stream.task_id);
-                        Ok(OpResponse::Stream(stream))
+                    Sent::Task(task) => {
+                        cx.task(&task.id);
+                        Ok(OpResponse::Task {
+                            task,
+                            history_length: params.history_length,
+                            artifacts: true,
+                        })
                     }
-                    Streamed::Message(message) => Ok(OpResponse::MessageStream {
+                    Sent::Message(message) => Ok(OpResponse::Message {
                         message,
                         context: context.unwrap_or_else(ContextId::generate),
                     }),
-                };
-            }
-            let limits = &cx.agent.config.limits;
-            let wait = params.blocking.then(|| limits.sync_wait());
-            match runtime
-                .send_with(principal, agent, params.request, wait, options)
-                .await?
-            {
-                Sent::Task(task) => {
-                    cx.task(&task.id);
-                    Ok(OpResponse::Task {
-                        task,
-                        history_length: params.history_length,
-                        artifacts: true,
-                    })
                 }
-                Sent::Message(message) => Ok(OpResponse::Message {
-                    message,
-                    context: context.unwrap_or_else(ContextId::generate),
-                }),
             }
-        }
-        OpRequest::GetTask {
-            task,
-            history_length,
-        } => Ok(OpResponse::Task {
-            task: runtime.get(principal, agent, &task).await?,
-            history_length,
-            artifacts: true,
-        }),
-        OpRequest::ListTasks {
-            query,
-            history_length,
-            artifacts,
-        } => {
-            let page_size = query.page_size;
-            Ok(OpResponse::Tasks {
-                page: runtime.list(&query).await?,
-                page_size,
+            OpRequest::GetTask {
+                task,
+                history_length,
+            } => Ok(OpResponse::Task {
+                task: runtime.get(principal, agent, &task).await?,
+                history_length,
+                artifacts: true,
+            }),
+            OpRequest::ListTasks {
+                query,
                 history_length,
                 artifacts,
-            })
-        }
-        OpRequest::CancelTask { task, reason } => Ok(OpResponse::Task {
-            task: runtime.cancel(principal, agent, &task, reason).await?,
-            history_length: None,
-            artifacts: true,
-        }),
-        OpRequest::SubscribeToTask { task, after } => {
-            if !cx.agent.config.streaming() {
-                return Err(not_streaming(Some(task)));
+            } => {
+                let page_size = query.page_size;
+                Ok(OpResponse::Tasks {
+                    page: runtime.list(&query).await?,
+                    page_size,
+                    history_length,
+                    artifacts,
+                })
             }
-            // `Last-Event-ID` (gRPC: `a2a-last-event-id`) resumes, on every binding.
-            let after = match (after, &cx.last_event_id) {
-                (Some(n), _) => Some(n),
-                (None, Some(last)) => Some(
-                    last.trim()
-                        .parse()
-                        .map_err(|_| Error::invalid("Last-Event-ID", "must be an event number"))?,
-                ),
-                (None, None) => None,
-            };
-            let followed = match after {
-                None => runtime.follow(principal, agent, &task).await?,
-                Some(n) => runtime.follow_from(principal, agent, &task, n).await?,
-            };
-            match followed {
-                Resubscribed::Live(stream) => Ok(OpResponse::Stream(stream)),
-                Resubscribed::Finished(t) => Err(Error::SubscriptionFailed {
-                    task: Some(task),
-                    reason: format!(
-                        "the task is {}; a terminal task has no more events",
-                        t.status.state.as_str()
-                    ),
-                }),
+            OpRequest::CancelTask { task, reason } => Ok(OpResponse::Task {
+                task: runtime.cancel(principal, agent, &task, reason).await?,
+                history_length: None,
+                artifacts: true,
+            }),
+            OpRequest::SubscribeToTask { task, after } => {
+                if !cx.agent.config.streaming() {
+                    return Err(not_streaming(Some(task)));
+                }
+                // `Last-Event-ID` (gRPC: `a2a-last-event-id`) resumes, on every binding.
+                let after =
+                    match (after, &cx.last_event_id) {
+                        (Some(n), _) => Some(n),
+                        (None, Some(last)) => Some(last.trim().parse().map_err(|_| {
+                            Error::invalid("Last-Event-ID", "must be an event number")
+                        })?),
+                        (None, None) => None,
+                    };
+                let followed = match after {
+                    None => runtime.follow(principal, agent, &task).await?,
+                    Some(n) => runtime.follow_from(principal, agent, &task, n).await?,
+                };
+                match followed {
+                    Resubscribed::Live(stream) => Ok(OpResponse::Stream(stream)),
+                    Resubscribed::Finished(t) => Err(Error::SubscriptionFailed {
+                        task: Some(task),
+                        reason: format!(
+                            "the task is {}; a terminal task has no more events",
+                            t.status.state.as_str()
+                        ),
+                    }),
+                }
             }
+            OpRequest::CreatePushConfig {
+                task,
+                config,
+                config_id,
+            } => {
+                check_target(runtime, &config, v)?;
+                let key = task_key(principal, agent, &task);
+                let stored = StoredPushConfig::named(&key, config_id, config, webhook::format(v));
+                runtime.set_push(stored.clone()).await?;
+                Ok(OpResponse::PushConfig(stored))
+            }
+            OpRequest::GetPushConfig { task, config_id } => {
+                let configs = runtime.task_push_configs(principal, agent, &task).await?;
+                let found = match &config_id {
+                    Some(wanted) => configs.into_iter().find(|c| &c.id == wanted),
+                    None => configs.into_iter().next(),
+                };
+                found
+                    .map(OpResponse::PushConfig)
+                    .ok_or(Error::TaskNotFound { task })
+            }
+            OpRequest::ListPushConfigs { task } => Ok(OpResponse::PushConfigs(
+                runtime.task_push_configs(principal, agent, &task).await?,
+            )),
+            OpRequest::DeletePushConfig { task, config_id } => {
+                runtime
+                    .delete_push(principal, agent, &task, &config_id)
+                    .await?;
+                Ok(OpResponse::Deleted)
+            }
+            OpRequest::GetExtendedCard => runtime
+                .card(agent)
+                .map(OpResponse::Card)
+                .ok_or(Error::AgentNotFound),
         }
-        OpRequest::CreatePushConfig {
-            task,
-            config,
-            config_id,
-        } => {
-            check_target(runtime, &config, v)?;
-            let key = task_key(principal, agent, &task);
-            let stored = StoredPushConfig::named(&key, config_id, config, webhook::format(v));
-            runtime.set_push(stored.clone()).await?;
-            Ok(OpResponse::PushConfig(stored))
-        }
-        OpRequest::GetPushConfig { task, config_id } => {
-            let configs = runtime.task_push_configs(principal, agent, &task).await?;
-            let found = match &config_id {
-                Some(wanted) => configs.into_iter().find(|c| &c.id == wanted),
-                None => configs.into_iter().next(),
-            };
-            found
-                .map(OpResponse::PushConfig)
-                .ok_or(Error::TaskNotFound { task })
-        }
-        OpRequest::ListPushConfigs { task } => Ok(OpResponse::PushConfigs(
-            runtime.task_push_configs(principal, agent, &task).await?,
-        )),
-        OpRequest::DeletePushConfig { task, config_id } => {
-            runtime
-                .delete_push(principal, agent, &task, &config_id)
-                .await?;
-            Ok(OpResponse::Deleted)
-        }
-        OpRequest::GetExtendedCard => runtime
-            .card(agent)
-            .map(OpResponse::Card)
-            .ok_or(Error::AgentNotFound),
     }
 }
 
