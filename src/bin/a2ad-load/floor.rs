@@ -40,12 +40,7 @@ pub async fn serve(listen: &str, actor: bool) -> std::io::Result<()> {
             let svc = service_fn(move |req: Request<hyper::body::Incoming>| {
                 let supervisor = supervisor.clone();
                 async move {
-                    let body = req
-                        .into_body()
-                        .collect()
-                        .await
-                        .map(|b| b.to_bytes())
-                        .unwrap_or_default();
+                    let body = read_body(req).await;
                     let parsed = serde_json::from_slice::<serde_json::Value>(&body).is_ok();
                     let answer = match supervisor {
                         Some(parent) => turn(parent).await,
@@ -68,6 +63,16 @@ pub async fn serve(listen: &str, actor: bool) -> std::io::Result<()> {
                 .await;
         });
     }
+}
+
+/// A request's whole body (empty if it could not be read): the floors' and the webhook
+/// receiver's.
+pub async fn read_body(req: Request<hyper::body::Incoming>) -> Bytes {
+    req.into_body()
+        .collect()
+        .await
+        .map(|b| b.to_bytes())
+        .unwrap_or_default()
 }
 
 /// One call's actor: spawned linked to the supervisor, it answers as it starts and stops

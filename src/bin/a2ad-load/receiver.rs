@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use bytes::Bytes;
-use http_body_util::{BodyExt, Full};
+use http_body_util::Full;
 use hyper::service::service_fn;
 use hyper::{Request, Response};
 use hyper_util::rt::{TokioExecutor, TokioIo};
@@ -46,12 +46,7 @@ pub async fn start(secret: &'static str) -> std::io::Result<(SocketAddr, Arc<Mut
                             .and_then(|v| v.to_str().ok())
                             .unwrap_or("")
                             .to_string();
-                        let body = req
-                            .into_body()
-                            .collect()
-                            .await
-                            .map(|b| b.to_bytes())
-                            .unwrap_or_default();
+                        let body = crate::floor::read_body(req).await;
                         let valid =
                             sig.as_deref() == Some(&a2ad::signature(secret.as_bytes(), &body)[..]);
                         let now = Instant::now();
