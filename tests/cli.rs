@@ -726,7 +726,10 @@ async fn the_load_tools_floors_answer_each_call() {
     ] {
         let dir = tempdir::Dir::new();
         let (mut child, url, _) = start_program(LOAD, &dir, args);
-        let client = reqwest::Client::new();
+        let client = reqwest::Client::builder()
+            .timeout(Duration::from_secs(30))
+            .build()
+            .expect("client");
         let call = json!({"jsonrpc": "2.0", "id": 1, "method": "message/send", "params": {}});
         let calls = (0..4).map(|_| {
             let (client, url, call) = (client.clone(), url.clone(), call.to_string());

@@ -141,13 +141,13 @@ impl TaskActorState {
             self.durable = item.task.clone();
             let ends = item.is_final() && item.status.state.is_terminal();
             if ends {
-                // Counted, and its turn recorded, before anyone hears of the end: a
-                // follower running on another worker may send the conversation's next
-                // message at once, and the context actor has the `Record` first.
-                self.agent
-                    .metrics
-                    .finished(self.status.state, self.started.elapsed());
-                let _ = self.shared.contexts.cast(self.turn_record());
+                super::finale::count_and_record(
+                    &self.agent,
+                    &self.shared,
+                    item.status.state,
+                    self.started,
+                    self.turn_record(),
+                );
             }
             self.fan_out(&item);
             if item.is_final() {

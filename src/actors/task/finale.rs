@@ -21,7 +21,7 @@ use tokio::sync::oneshot;
 use super::{TaskActorState, TaskMsg};
 use crate::actors::context::ContextMsg;
 use crate::actors::{AgentEntry, Shared};
-use crate::model::{TaskKey, TaskSnapshot};
+use crate::model::{TaskKey, TaskSnapshot, TaskState};
 use crate::store::{Committed, Write};
 
 /// A task's end, run by the store's continuation once its last events are durable (or,
@@ -83,6 +83,21 @@ impl TaskActorState {
     }
 }
 
+/// Counts a task's end and casts its conversation's turn to the context actor: done
+/// before anyone hears of the end, by the actor or by its [`Finale`], since whoever heard
+/// may send the conversation's next message at once, from another worker, and the
+/// context actor must have the `Record` first.
+pub(super) fn count_and_record(
+    agent: &AgentEntry,
+    shared: &Shared,
+    state: TaskState,
+    started: Instant,
+    turn: ContextMsg,
+) {
+    agent.metrics.finished(state, started.elapsed());
+    let _ = shared.contexts.cast(turn);
+}
+
 impl Finale {
     /// The task's events are durable: its end is published.
     ///
@@ -92,11 +107,14 @@ impl Finale {
     /// context actor has the `Record` before the caller's next message can ask it).
     pub(super) fn publish(mut self, committed: Committed) {
         self.leave();
-        self.agent
-            .metrics
-            .finished(self.task.status.state, self.started.elapsed());
         if let Some(turn) = self.turn.take() {
-            let _ = self.shared.contexts.cast(turn);
+            count_and_record(
+                &self.agent,
+                &self.shared,
+                self.task.status.state,
+                self.started,
+                turn,
+            );
         }
         if !committed.deliveries.is_empty() {
             // A configuration set since `ends_in_commit` looked was planned for.
