@@ -18,6 +18,7 @@ use crate::http::{Access, App};
 use crate::runtime::{Runtime, RuntimeBuilder};
 
 pub(crate) mod conn;
+mod recycle;
 mod serve;
 mod tls;
 

@@ -22,6 +22,7 @@ use crate::http::{self, App};
 
 use super::conn::{self, Activity, Closed, Guarded, InFlight, Pressure, Timeouts, Tracked};
 use super::connection_cap;
+use super::recycle;
 use super::tls::Tls;
 
 /// hyper's connection settings: HTTP/1.1 and HTTP/2 (prior knowledge), each with its
@@ -422,7 +423,8 @@ pub(super) async fn serve_protocol<I>(
                 // Boxed: hyper keeps room for this future for the connection's whole
                 // life, so it must stay small; the request's own state lives in the box
                 // only while the request is handled (7.7 KB per held stream otherwise).
-                let response = match Box::pin(http::handle(app, req)).await {
+                // The box is the worker's to reuse for its next request (recycle.rs).
+                let response = match recycle::boxed(http::handle(app, req)).await {
                     Ok(r) => r,
                     Err(never) => match never {},
                 };
