@@ -61,40 +61,37 @@ impl<F: Future + 'static> Drop for Recycled<F> {
 }
 
 fn take<F: Future + 'static>() -> Option<Slot<F>> {
-    SPARE
-        .try_with(|spare| {
-            let mut spare = spare.try_borrow_mut().ok()?;
-            let (_, slots) = spare
-                .iter_mut()
-                .find(|(kind, _)| *kind == TypeId::of::<F>())?;
-            slots.downcast_mut::<Vec<Slot<F>>>()?.pop()
-        })
-        .ok()
-        .flatten()
+    with_spares::<F, _>(Vec::pop).flatten()
 }
 
 /// Drops what the slot holds, here, and keeps the box if this thread has room for it.
 fn give_back<F: Future + 'static>(mut slot: Slot<F>) {
     slot.set(None);
-    // On a thread that is ending, or while the spares are borrowed, the box is freed.
-    let _ = SPARE.try_with(|spare| {
-        let Ok(mut spare) = spare.try_borrow_mut() else {
-            return;
-        };
-        let kind = TypeId::of::<F>();
-        let at = match spare.iter().position(|(k, _)| *k == kind) {
-            Some(at) => at,
-            None => {
-                spare.push((kind, Box::new(Vec::<Slot<F>>::with_capacity(SPARES))));
-                spare.len() - 1
-            }
-        };
-        if let Some(slots) = spare[at].1.downcast_mut::<Vec<Slot<F>>>()
-            && slots.len() < SPARES
-        {
-            slots.push(slot);
+    with_spares::<F, _>(|spares| {
+        if spares.len() < SPARES {
+            spares.push(slot);
         }
     });
+}
+
+/// `f` on this thread's spares of `F`'s kind; `None` on a thread that is ending, or while
+/// the spares are borrowed (a box given back then is freed).
+fn with_spares<F: Future + 'static, R>(f: impl FnOnce(&mut Vec<Slot<F>>) -> R) -> Option<R> {
+    SPARE
+        .try_with(|spare| {
+            let mut spare = spare.try_borrow_mut().ok()?;
+            let kind = TypeId::of::<F>();
+            let at = match spare.iter().position(|(k, _)| *k == kind) {
+                Some(at) => at,
+                None => {
+                    spare.push((kind, Box::new(Vec::<Slot<F>>::with_capacity(SPARES))));
+                    spare.len() - 1
+                }
+            };
+            spare[at].1.downcast_mut::<Vec<Slot<F>>>().map(f)
+        })
+        .ok()
+        .flatten()
 }
 
 #[cfg(test)]
