@@ -125,9 +125,10 @@ concurrent_tasks = 100000
 max_queued_tasks = 100000
 EOF
   # The allocator's options set here: a2ad then does not re-execute itself to set them.
+  # The log filter at its default (`info`): what a user's server pays for it is counted.
   local threads=no
   [ "${A2AD_INSN_THREADS:-0}" = 1 ] && threads=yes
-  MIMALLOC_PURGE_DELAY=0 MIMALLOC_ALLOW_THP=0 RUST_LOG=warn valgrind --tool=callgrind --quiet \
+  MIMALLOC_PURGE_DELAY=0 MIMALLOC_ALLOW_THP=0 RUST_LOG=info valgrind --tool=callgrind --quiet \
     --separate-threads=$threads --callgrind-out-file="$WORK/cg.%p" "$BIN" --config "$cfg" >"$out" 2>&1 &
   SERVER=$!
   local url=

@@ -29,6 +29,35 @@ use tracing_opentelemetry::OpenTelemetrySpanExt as _;
 
 use crate::config::TelemetryConfig;
 
+/// The log filter of `spec` (`RUST_LOG`'s syntax: `"info"`, `"a2ad=debug,info"`, ...).
+///
+/// ractor wraps every actor in two spans at `INFO` ("Actor", its id formatted), entered
+/// and left at each poll: at the default `info`, a task actor's spans cost more than its
+/// own work on an echo turn (+5.6k instructions a request). They say nothing a2ad's own
+/// lines do not (each names its task), so ractor is capped at `warn` unless `spec` names
+/// ractor itself; a `spec` whose level for other targets is `warn` or quieter is kept as
+/// it is (ractor then stays as quiet as the rest).
+///
+/// # Errors
+/// When `spec` is not a filter.
+pub fn log_filter(
+    spec: &str,
+) -> Result<tracing_subscriber::EnvFilter, tracing_subscriber::filter::ParseError> {
+    use tracing_subscriber::filter::LevelFilter;
+    let filter = tracing_subscriber::EnvFilter::builder().parse(spec)?;
+    // The level of the targets no directive names (the last such directive wins).
+    let rest = spec
+        .split(',')
+        .filter_map(|d| d.trim().parse::<LevelFilter>().ok())
+        .next_back();
+    match rest {
+        Some(level) if level > LevelFilter::WARN && !spec.contains("ractor") => {
+            Ok(filter.add_directive("ractor=warn".parse()?))
+        }
+        _ => Ok(filter),
+    }
+}
+
 /// The target of every span exported.
 pub const TARGET: &str = "a2ad::otel";
 
@@ -257,4 +286,54 @@ pub(crate) fn child_of(
         let _ = span.set_parent(parent);
     }
     span
+}
+
+#[cfg(test)]
+mod tests {
+    use super::log_filter;
+    use tracing_subscriber::Layer as _;
+    use tracing_subscriber::layer::SubscriberExt as _;
+
+    /// One at a time: `tracing` keeps each callsite's interest for every subscriber in the
+    /// process, and another test's subscriber, made meanwhile, would change it.
+    static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+    /// Whether a span of `target` at `INFO` is made under the filter of `spec`, as the
+    /// binary wires its log output.
+    fn info_span_made(spec: &str, target: &'static str) -> bool {
+        let _one = ONE_AT_A_TIME
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let logs = tracing_subscriber::fmt::layer()
+            .with_writer(std::io::sink)
+            .with_filter(log_filter(spec).expect("a filter"));
+        let subscriber = tracing_subscriber::registry().with(logs);
+        tracing::subscriber::with_default(subscriber, || match target {
+            "ractor::actor" => !tracing::info_span!(target: "ractor::actor", "Actor").is_disabled(),
+            _ => !tracing::info_span!(target: "a2ad::http", "request").is_disabled(),
+        })
+    }
+
+    #[test]
+    fn ractors_spans_are_left_out_at_the_default_level() {
+        assert!(!info_span_made("info", "ractor::actor"));
+        assert!(!info_span_made("a2ad=debug,debug", "ractor::actor"));
+        // a2ad's own spans and events at that level stay.
+        assert!(info_span_made("info", "a2ad::http"));
+    }
+
+    #[test]
+    fn a_filter_that_names_ractor_is_kept_as_written() {
+        assert!(info_span_made("info,ractor=info", "ractor::actor"));
+        assert!(info_span_made("ractor=trace", "ractor::actor"));
+    }
+
+    #[test]
+    fn a_quieter_filter_is_not_made_louder_for_ractor() {
+        // At `error`, ractor's warnings stay out as everything else's do.
+        let filter = log_filter("error").expect("a filter");
+        assert_eq!(filter.to_string(), "error");
+        assert!(!info_span_made("error", "ractor::actor"));
+        assert!(log_filter("not a = filter [").is_err());
+    }
 }

@@ -26,7 +26,9 @@ impl ServerProc {
         };
         let mut child = cmd
             .args(args)
-            .env("RUST_LOG", "warn")
+            // The level a user's server runs at unless told otherwise (what it costs is
+            // part of what is measured).
+            .env("RUST_LOG", "info")
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
             .spawn()
