@@ -156,15 +156,15 @@ fn decode_one(raw: &RawValue, null_ids: bool) -> Result<Call, Rejected> {
 }
 
 fn decode_envelope(env: Envelope<'_>, null_ids: bool) -> Result<Call, Rejected> {
-    let reject = |id: Option<Raw<'_>>, reason: &str| Rejected {
-        id: id.map(Raw::to_owned),
+    let reject = |id: Option<Box<RawValue>>, reason: &str| Rejected {
+        id,
         error: RpcError::invalid_request(reason),
     };
-    let null = null_id();
     // (`"id": null` reads as `None`: serde takes a JSON null for an absent `Option`.)
-    let id = match env.id.map(Raw::from) {
-        Some(id) if is_valid_id(id) => id,
-        None if null_ids => Raw::from(&null),
+    // The id copied as it was read (checked JSON already: not parsed again).
+    let id = match env.id {
+        Some(id) if is_valid_id(Raw::from(id)) => id.to_owned(),
+        None if null_ids => null_id(),
         Some(_) if null_ids => {
             return Err(reject(None, "`id` must be a string, a number or null"));
         }
@@ -181,7 +181,7 @@ fn decode_envelope(env: Envelope<'_>, null_ids: bool) -> Result<Call, Rejected> 
         None => return Err(reject(Some(id), "`method` is required")),
     };
     Ok(Call {
-        id: id.to_owned(),
+        id,
         method,
         params: env.params.map(|p| Raw::from(p).to_text()),
     })
@@ -193,7 +193,8 @@ fn is_valid_id(id: Raw<'_>) -> bool {
 
 /// The `null` id of responses to unreadable requests.
 pub(crate) fn null_id() -> Box<RawValue> {
-    RawValue::from_string("null".to_string()).expect("null is valid JSON")
+    // `serde_json`'s default raw value is `null`, made without parsing it.
+    Box::<RawValue>::default()
 }
 
 /// Encodes a success response.
