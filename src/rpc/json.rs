@@ -175,10 +175,15 @@ impl<'a> Obj<'a> {
 
     /// The raw value of `key` (the last one if it repeats); `None` when absent or `null`.
     pub(crate) fn get(&self, key: &str) -> Option<Raw<'a>> {
+        self.get_where(|k| k == key)
+    }
+
+    /// The raw value of the last key `is` takes; `None` when absent or `null`.
+    pub(crate) fn get_where(&self, is: impl Fn(&str) -> bool) -> Option<Raw<'a>> {
         self.members
             .iter()
             .rev()
-            .find(|(k, _)| k == key)
+            .find(|(k, _)| is(k))
             .map(|(_, v)| *v)
             .filter(|v| kind(*v) != Kind::Null)
     }

@@ -21,25 +21,25 @@ pub(crate) const MAX_ID_LEN: usize = 256;
 /// The raw value of a field by its JSON (camelCase) name or its proto (snake_case) name.
 pub(crate) fn field<'a>(o: &Obj<'a>, camel: &str) -> Option<Raw<'a>> {
     o.get(camel).or_else(|| {
-        // A one-word name is its own snake_case: no second look, no allocation.
+        // A one-word name is its own snake_case: no second look.
         if !camel.bytes().any(|b| b.is_ascii_uppercase()) {
             return None;
         }
-        o.get(&snake_case(camel))
+        o.get_where(|key| is_snake_case_of(key, camel))
     })
 }
 
-fn snake_case(camel: &str) -> String {
-    let mut out = String::with_capacity(camel.len() + 4);
-    for c in camel.chars() {
+/// Whether `key` is `camel` in snake_case (`contextId`: `context_id`), compared in place
+/// (an absent field is looked for under both names on every request: no name is made).
+fn is_snake_case_of(key: &str, camel: &str) -> bool {
+    let mut key = key.bytes();
+    camel.bytes().all(|c| {
         if c.is_ascii_uppercase() {
-            out.push('_');
-            out.push(c.to_ascii_lowercase());
+            key.next() == Some(b'_') && key.next() == Some(c.to_ascii_lowercase())
         } else {
-            out.push(c);
+            key.next() == Some(c)
         }
-    }
-    out
+    }) && key.next().is_none()
 }
 
 /// An optional string field.
@@ -585,6 +585,25 @@ pub(crate) fn list_status_after(text: &str) -> Result<chrono::DateTime<chrono::U
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_snake_case_name_is_matched_in_place() {
+        assert!(super::is_snake_case_of("context_id", "contextId"));
+        assert!(super::is_snake_case_of(
+            "reference_task_ids",
+            "referenceTaskIds"
+        ));
+        for other in [
+            "contextid",
+            "context_i",
+            "context_idx",
+            "_context_id",
+            "context__id",
+            "",
+        ] {
+            assert!(!super::is_snake_case_of(other, "contextId"), "{other}");
+        }
+    }
+
     use super::*;
     use serde_json::json;
 
