@@ -585,13 +585,13 @@ pub(crate) fn list_status_after(text: &str) -> Result<chrono::DateTime<chrono::U
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+    use serde_json::json;
+
     #[test]
     fn a_snake_case_name_is_matched_in_place() {
-        assert!(super::is_snake_case_of("context_id", "contextId"));
-        assert!(super::is_snake_case_of(
-            "reference_task_ids",
-            "referenceTaskIds"
-        ));
+        assert!(is_snake_case_of("context_id", "contextId"));
+        assert!(is_snake_case_of("reference_task_ids", "referenceTaskIds"));
         for other in [
             "contextid",
             "context_i",
@@ -600,12 +600,9 @@ mod tests {
             "context__id",
             "",
         ] {
-            assert!(!super::is_snake_case_of(other, "contextId"), "{other}");
+            assert!(!is_snake_case_of(other, "contextId"), "{other}");
         }
     }
-
-    use super::*;
-    use serde_json::json;
 
     fn send(v: Version, p: serde_json::Value) -> Result<SendParams, Error> {
         let raw = RawValue::from_string(p.to_string()).expect("json");
