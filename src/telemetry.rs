@@ -51,11 +51,21 @@ pub fn log_filter(
         .filter_map(|d| d.trim().parse::<LevelFilter>().ok())
         .next_back();
     match rest {
-        Some(level) if level > LevelFilter::WARN && !spec.contains("ractor") => {
+        Some(level) if level > LevelFilter::WARN && !names_ractor(spec) => {
             Ok(filter.add_directive("ractor=warn".parse()?))
         }
         _ => Ok(filter),
     }
+}
+
+/// Whether a directive of `spec` is for ractor's own targets (`ractor`, `ractor::actor`,
+/// `ractor[span]`, each with or without `=level`); a crate whose name merely contains
+/// "ractor" is not ractor.
+fn names_ractor(spec: &str) -> bool {
+    spec.split(',').any(|d| {
+        let target = d.trim().split(['=', '[']).next().unwrap_or_default();
+        target == "ractor" || target.starts_with("ractor::")
+    })
 }
 
 /// The target of every span exported.
@@ -326,6 +336,9 @@ mod tests {
     fn a_filter_that_names_ractor_is_kept_as_written() {
         assert!(info_span_made("info,ractor=info", "ractor::actor"));
         assert!(info_span_made("ractor=trace", "ractor::actor"));
+        assert!(info_span_made("info,ractor::actor=info", "ractor::actor"));
+        // Another crate whose name contains "ractor" does not lift the cap.
+        assert!(!info_span_made("info,myractor=debug", "ractor::actor"));
     }
 
     #[test]
