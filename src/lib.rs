@@ -40,6 +40,7 @@
 mod actors;
 pub mod agent;
 mod auth;
+mod boxed;
 pub mod config;
 pub mod error;
 #[doc(hidden)]

@@ -299,9 +299,12 @@ async fn one(
             Err(r) => Reply::error(r.id.as_deref(), &dialect.dress(r.error.clone())),
             Ok(call) => match admit::token(app, cx) {
                 Err(r) => Reply::error(Some(&call.id), &dialect.refusal(&r)),
-                // Boxed: the operations' futures are large (~12 KB); inline they would make
-                // every request's future that large, copied each time it moves.
-                Ok(()) => Box::pin(dialect.dispatch(&app.runtime, cx, call)).await,
+                // Boxed: the operations' futures are large (~3 KB); inline they would make
+                // every request's future that large, copied each time it moves. Made in
+                // the box, not copied into it (crate::boxed).
+                Ok(()) => {
+                    crate::boxed::made_in_place(|| dialect.dispatch(&app.runtime, cx, call)).await
+                }
             },
         }
     };

@@ -424,7 +424,7 @@ pub(super) async fn serve_protocol<I>(
                 // life, so it must stay small; the request's own state lives in the box
                 // only while the request is handled (7.7 KB per held stream otherwise).
                 // The box is the worker's to reuse for its next request (recycle.rs).
-                let response = match recycle::boxed(http::handle(app, req)).await {
+                let response = match recycle::boxed(|| http::handle(app, req)).await {
                     Ok(r) => r,
                     Err(never) => match never {},
                 };

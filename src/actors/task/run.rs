@@ -159,24 +159,19 @@ impl TaskActorState {
             Instant::now()
         };
         let deadline = tokio::time::Instant::from_std(from) + timeout;
-        let driver = drive(
-            self.link.clone(),
-            self.agent.clone(),
-            admission,
-            request,
-            deadline,
-            self.generation,
-        );
+        let (link, agent, generation) = (self.link.clone(), self.agent.clone(), self.generation);
+        let driver = move || drive(link, agent, admission, request, deadline, generation);
         // Traced: the run in a span of its own, so the backend's upstream calls carry it.
+        // Made in its box, not moved into it (crate::boxed).
         let mut driver: std::pin::Pin<
             Box<dyn std::future::Future<Output = Option<TaskMsg>> + Send>,
         > = match &self.span {
             Some(task) => {
                 use tracing::Instrument as _;
                 let run = tracing::trace_span!(target: crate::telemetry::TARGET, parent: task, "a2a.agent.run", a2a.agent.id = self.agent.config.id.as_str());
-                Box::pin(driver.instrument(run))
+                crate::boxed::made_in_place(move || driver().instrument(run))
             }
-            None => Box::pin(driver),
+            None => crate::boxed::made_in_place(driver),
         };
         // The driver's first poll runs here, in this turn of the actor: an agent that
         // answers at once has its `Ran` handled in this turn, with no task spawned, no
