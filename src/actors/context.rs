@@ -210,13 +210,14 @@ struct Conversation {
 }
 
 impl Conversation {
-    /// A new conversation with no turn kept yet.
+    /// A new conversation with no turn kept yet: room for one (most conversations are
+    /// one turn; a first push would make room for four).
     fn new(since: i64, turns_begun: u32, in_flight: u32, now: Instant) -> Self {
         Self {
             since,
             turns_begun,
             in_flight,
-            turns: VecDeque::new(),
+            turns: VecDeque::with_capacity(1),
             bytes: 0,
             last_active: now,
         }
