@@ -300,6 +300,10 @@ impl Actor for ContextActor {
             };
             let turns_begun = c.turns.iter().map(|(n, _)| *n).max().unwrap_or(0);
             let mut conversation = Conversation::new(c.since, turns_begun, 0, now);
+            // Room for what it holds at once (a push comes before the oldest goes), not
+            // grown a step at a time.
+            let held = c.turns.len().min(state.max_turns.saturating_add(1));
+            conversation.turns.reserve(held);
             for (_, turn) in c.turns {
                 conversation.push(turn, state.max_turns, &mut state.bytes);
             }
