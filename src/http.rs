@@ -165,10 +165,10 @@ async fn routed(app: Arc<App>, req: Request<Incoming>) -> Response<Body> {
     } else if let Some(rest) = path.strip_prefix(ENDPOINT_PREFIX) {
         match route(rest) {
             Route::Rpc(agent, dialect) => {
-                jsonrpc::endpoint(&app, AgentId::new(agent), dialect, req).await
+                jsonrpc::endpoint(&app, admit::Target::named(&app, agent), dialect, req).await
             }
             Route::Rest(agent, sub) => {
-                let (agent, sub) = (AgentId::new(agent), sub.to_string());
+                let (agent, sub) = (admit::Target::named(&app, agent), sub.to_string());
                 Box::pin(rest::endpoint(&app, agent, &sub, req)).await
             }
             Route::Card(agent) => card::response(&app, Some(AgentId::new(agent)), &req),

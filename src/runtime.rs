@@ -127,6 +127,15 @@ impl Runtime {
         self.agents.now().get(id).cloned()
     }
 
+    /// A configured agent by its name, with its id as the runtime holds it (a clone of
+    /// that id shares its text).
+    pub fn agent_named(&self, id: &str) -> Option<(AgentId, Arc<AgentEntry>)> {
+        self.agents
+            .now()
+            .get_key_value(id)
+            .map(|(id, agent)| (id.clone(), Arc::clone(agent)))
+    }
+
     /// Server-wide gauges.
     pub fn metrics(&self) -> &Metrics {
         &self.shared.metrics

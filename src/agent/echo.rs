@@ -21,8 +21,16 @@ impl EchoAgent {
 
     /// The reply to a message in turn `turn` of a request that activated `extensions`.
     pub fn reply(message: &Message, turn: u32, extensions: &Extensions) -> Message {
-        let mut parts = Vec::with_capacity(message.parts.len() + 3);
-        let mut echo = String::with_capacity(64);
+        // Sized exactly: the reply is kept with its task for the retention.
+        let (mut texts, mut text_bytes, mut others) = (0, 0, 0);
+        for part in &message.parts {
+            match part {
+                Part::Text(t) => (texts, text_bytes) = (texts + 1, text_bytes + t.len()),
+                Part::File(_) | Part::Url(_) | Part::Data(_) => others += 1,
+            }
+        }
+        let mut parts = Vec::with_capacity(2 + others + usize::from(!extensions.is_empty()));
+        let mut echo = String::with_capacity("echo: ".len() + text_bytes + texts.max(1) - 1);
         echo.push_str("echo: ");
         message.push_joined_text(&mut echo);
         parts.push(Part::Text(echo));
@@ -54,9 +62,11 @@ impl EchoAgent {
                 extensions.as_slice().join(", ")
             )));
         }
-        let mut said = String::with_capacity(16);
+        let mut digits = itoa::Buffer::new();
+        let digits = digits.format(turn);
+        let mut said = String::with_capacity("turn ".len() + digits.len());
         said.push_str("turn ");
-        said.push_str(itoa::Buffer::new().format(turn));
+        said.push_str(digits);
         parts.push(Part::Text(said));
         let mut reply = Message::agent_text(std::iter::empty::<String>());
         reply.parts = parts;

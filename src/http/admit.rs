@@ -35,24 +35,48 @@ pub(crate) async fn caller(
         .map_err(|e| Refusal::Unauthorized(e.message()))
 }
 
+/// The agent a request's path (or gRPC `tenant`) names, looked up as the request arrives:
+/// the configured agent's id is shared, not made again from the path on every request.
+pub(crate) struct Target {
+    id: AgentId,
+    entry: Option<Arc<AgentEntry>>,
+}
+
+impl Target {
+    /// The agent named `name`, or a name no agent has (refused 404 once the caller is
+    /// known: the credential is checked first).
+    pub(crate) fn named(app: &App, name: &str) -> Self {
+        match app.runtime.agent_named(name) {
+            Some((id, entry)) => Self {
+                id,
+                entry: Some(entry),
+            },
+            None => Self {
+                id: AgentId::new(name),
+                entry: None,
+            },
+        }
+    }
+}
+
 /// 404 for an agent this server does not have, 403 for one the caller may not use.
 pub(crate) fn agent(
-    app: &App,
     caller: Arc<Caller>,
-    agent_id: AgentId,
+    target: Target,
     dialect: Dialect,
     binding: Binding,
 ) -> Result<Admitted, Refusal> {
-    let Some(agent) = app.runtime.agent(&agent_id) else {
-        return Err(Refusal::AgentNotFound(agent_id));
+    let Target { id, entry } = target;
+    let Some(agent) = entry else {
+        return Err(Refusal::AgentNotFound(id));
     };
-    if !may_use(&caller, &agent_id) {
-        return Err(Refusal::Forbidden(agent_id));
+    if !may_use(&caller, &id) {
+        return Err(Refusal::Forbidden(id));
     }
     Ok(Admitted {
         caller,
         agent,
-        agent_id,
+        agent_id: id,
         dialect,
         binding,
     })
@@ -67,7 +91,7 @@ pub(crate) fn may_use(caller: &Caller, agent: &AgentId) -> bool {
 pub(crate) async fn admit<B>(
     app: &App,
     req: &Request<B>,
-    agent_id: AgentId,
+    target: Target,
     dialect: Dialect,
     binding: Binding,
 ) -> Result<Admitted, Refusal> {
@@ -80,7 +104,7 @@ pub(crate) async fn admit<B>(
         .authenticate(req.headers(), PeerCertificate::of(req.extensions()))
         .await
         .map_err(|e| Refusal::Unauthorized(e.message()))?;
-    agent(app, caller, agent_id, dialect, binding)
+    agent(caller, target, dialect, binding)
 }
 
 /// A caller admitted to an agent, on a dialect and binding.

@@ -19,7 +19,6 @@ use tonic::Status;
 
 use super::admit::{self, Facts};
 use super::{App, Body, observed};
-use crate::model::AgentId;
 use crate::rpc::a2a::Version;
 use crate::rpc::a2a::bindings::grpc::{self as codec, Decoded, Unframed};
 use crate::rpc::a2a::errors;
@@ -112,13 +111,18 @@ async fn call(
     };
     let mut decoded = Decoded::decode(op, message).map_err(|e| refused(&e))?;
     let tenant = decoded.take_tenant();
-    let agent_id = AgentId::new(if tenant.is_empty() {
+    let agent_id = if tenant.is_empty() {
         default_agent(app)
     } else {
         tenant
-    });
-    let admitted =
-        admit::agent(app, caller, agent_id, DIALECT, Binding::Grpc).map_err(|r| refusal(&r))?;
+    };
+    let admitted = admit::agent(
+        caller,
+        admit::Target::named(app, &agent_id),
+        DIALECT,
+        Binding::Grpc,
+    )
+    .map_err(|r| refusal(&r))?;
     let facts = Facts::grpc(app, &parts.headers);
     // Freed on the thread that made them (see `jsonrpc::endpoint`).
     drop(parts);

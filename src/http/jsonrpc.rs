@@ -17,7 +17,6 @@ use super::{
     App, Body, ENDPOINT_PREFIX, base_url, error_response, json, observed, preflight_official,
     read_limited, reply_response,
 };
-use crate::model::AgentId;
 use crate::rpc::a2a::Version;
 use crate::rpc::error::{INVALID_REQUEST, METHOD_NOT_FOUND};
 use crate::rpc::{self, Binding, CallContext, Dialect, Refusal, Reply, RpcError};
@@ -29,7 +28,7 @@ const RATE_LIMITED_READ: u64 = 64 * 1024;
 /// Serves one request on an agent's JSON-RPC endpoint in a dialect.
 pub(super) async fn endpoint(
     app: &App,
-    agent_id: AgentId,
+    target: admit::Target,
     dialect: Dialect,
     req: Request<Incoming>,
 ) -> Response<Body> {
@@ -39,7 +38,7 @@ pub(super) async fn endpoint(
             Dialect::A2a(_) => preflight_official("POST, OPTIONS"),
         };
     }
-    let admitted = match admit::admit(app, &req, agent_id, dialect, Binding::JsonRpc).await {
+    let admitted = match admit::admit(app, &req, target, dialect, Binding::JsonRpc).await {
         Ok(a) => a,
         Err(r) => return refusal(dialect, &r),
     };

@@ -14,7 +14,6 @@ use super::admit::{self, Facts};
 use super::jsonrpc::is_json;
 use super::{App, Body, budget, ext, json_reply, observed, preflight_official, read_limited};
 use super::{reply_response, respond};
-use crate::model::AgentId;
 use crate::rpc::a2a::Version;
 use crate::rpc::a2a::bindings::rest::{self, RestRoute};
 use crate::rpc::a2a::errors;
@@ -26,14 +25,14 @@ const DIALECT: Dialect = Dialect::A2a(Version::V10);
 /// Serves one request under an agent's `rest` path (`sub`: the path after it).
 pub(super) async fn endpoint(
     app: &App,
-    agent_id: AgentId,
+    target: admit::Target,
     sub: &str,
     req: Request<Incoming>,
 ) -> Response<Body> {
     if req.method() == Method::OPTIONS {
         return preflight_official("GET, POST, DELETE, OPTIONS");
     }
-    let admitted = match admit::admit(app, &req, agent_id, DIALECT, Binding::Rest).await {
+    let admitted = match admit::admit(app, &req, target, DIALECT, Binding::Rest).await {
         Ok(a) => a,
         Err(r) => return refusal(&r),
     };
