@@ -50,6 +50,7 @@ mod limits;
 pub mod metrics;
 pub mod model;
 mod net;
+mod piecewise;
 pub mod push;
 mod rpc;
 pub mod runtime;

@@ -9,7 +9,7 @@
 //! `server.max_contexts` or their turns hold more than `server.max_context_bytes`
 //! (checked whenever a conversation begins or a turn is recorded, not only by the sweep).
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::{Duration, Instant};
@@ -19,6 +19,7 @@ use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 use super::ContextKey;
 use crate::metrics::ConversationMetrics;
 use crate::model::Message;
+use crate::piecewise::{ChunkedQueue, ShardedMap};
 use crate::store::{RecoveredContext, Store, TurnId, TurnMessages, Write};
 
 /// Messages of the [`ContextActor`].
@@ -98,11 +99,13 @@ pub(crate) struct ContextArgs {
 
 /// State of the context actor.
 pub(crate) struct ContextState {
-    conversations: HashMap<ContextKey, Conversation, foldhash::fast::RandomState>,
+    /// In shards, each growing on its own: a million conversations' map doubling at once
+    /// held the worker for tens of milliseconds (`crate::piecewise`).
+    conversations: ShardedMap<ContextKey, Conversation>,
     /// When each conversation was last touched, oldest first. An entry is stale when its
     /// conversation was touched again later; eviction checks the conversation itself, so
     /// a sweep costs what it evicts, never a scan of every conversation.
-    touched: VecDeque<(Instant, ContextKey)>,
+    touched: ChunkedQueue<(Instant, ContextKey)>,
     retention: Duration,
     max_turns: usize,
     max_contexts: usize,
@@ -186,14 +189,13 @@ impl ContextState {
                 break;
             }
         }
-        if self.conversations.capacity() > 1024
-            && self.conversations.len() < self.conversations.capacity() / 4
-        {
-            self.conversations.shrink_to_fit();
-        }
-        if self.touched.capacity() > 1024 && self.touched.len() < self.touched.capacity() / 4 {
-            self.touched.shrink_to_fit();
-        }
+    }
+
+    /// Gives back the room of tables and queues that use under a quarter of it (on the
+    /// periodic sweep: what is held shrinks only when conversations are evicted).
+    fn give_back_room(&mut self) {
+        self.conversations.shrink_sparse();
+        self.touched.shrink_sparse();
     }
 }
 
@@ -267,11 +269,8 @@ impl Actor for ContextActor {
         let state = ContextState {
             // Sized once: a million restored conversations would otherwise be rehashed
             // some twenty times on the way.
-            conversations: HashMap::with_capacity_and_hasher(
-                args.restored.len(),
-                foldhash::fast::RandomState::default(),
-            ),
-            touched: VecDeque::with_capacity(args.restored.len()),
+            conversations: ShardedMap::with_capacity(args.restored.len()),
+            touched: ChunkedQueue::default(),
             retention: args.retention,
             max_turns: args.max_turns,
             max_contexts: args.max_contexts,
@@ -337,7 +336,7 @@ impl Actor for ContextActor {
                     state.merge(&key, stored, now);
                 }
                 let begins = !state.conversations.contains_key(&key);
-                let c = state.conversations.entry(key).or_insert_with(|| {
+                let c = state.conversations.get_or_insert_with(key, || {
                     Conversation::new(chrono::Utc::now().timestamp_micros(), 0, 0, now)
                 });
                 c.turns_begun = c.turns_begun.saturating_add(1);
@@ -386,13 +385,15 @@ impl Actor for ContextActor {
                 let number = turn.number;
                 let c = state
                     .conversations
-                    .entry(key)
-                    .or_insert_with(|| Conversation::new(turn.since, 0, 0, now));
+                    .get_or_insert_with(key, || Conversation::new(turn.since, 0, 0, now));
                 c.turns_begun = c.turns_begun.max(number);
                 c.in_flight += 1;
                 c.last_active = now;
             }
-            ContextMsg::Sweep => state.sweep(now),
+            ContextMsg::Sweep => {
+                state.sweep(now);
+                state.give_back_room();
+            }
         }
         state
             .gauges

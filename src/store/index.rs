@@ -3,7 +3,7 @@
 //! backend is these alone; the redb backend fills them from its file at start and keeps
 //! them in step with what it commits.
 
-use std::collections::{BTreeSet, VecDeque};
+use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -14,6 +14,7 @@ use foldhash::fast::RandomState;
 use super::{CarriedTurn, Delivery, ListPage, ListQuery, PageToken, TurnId, Write, deliveries_for};
 use crate::error::Error;
 use crate::model::{AgentId, Principal, TaskEvent, TaskId, TaskKey, TaskSnapshot};
+use crate::piecewise::ChunkedQueue;
 use crate::push::{Namespace, PushScope, StoredPushConfig};
 
 /// An evicted task: where the file keeps its rows, and the conversation turn its record
@@ -116,8 +117,10 @@ pub(crate) struct TaskIndex {
 
 #[derive(Default)]
 struct Finished {
-    /// Expiry, task, the conversation turn its record carries.
-    queue: VecDeque<(Instant, TaskKey, TurnId)>,
+    /// Expiry, task, the conversation turn its record carries. In chunks: a queue of a
+    /// million doubling at once would hold this lock, and the worker, for milliseconds
+    /// (`crate::piecewise`).
+    queue: ChunkedQueue<(Instant, TaskKey, TurnId)>,
     count: usize,
     bytes: u64,
 }
@@ -220,11 +223,7 @@ impl Restoring {
             let mut f = index.lock();
             f.count += queue.len();
             f.bytes += bytes;
-            if f.queue.is_empty() {
-                f.queue = queue.into();
-            } else {
-                f.queue.extend(queue);
-            }
+            f.queue.extend(queue);
             index.over(&f)
         };
         let evicted = index.evict_if(over);
@@ -232,6 +231,15 @@ impl Restoring {
         index.give_back_room();
         evicted
     }
+}
+
+/// The task map's shards: at least 128, so that its largest growth — each shard grows on
+/// its own, moving what it holds — moves about a 128th of the tasks held
+/// (docs/decisions/growing-without-a-stall.md); more on a machine where `dashmap`'s own
+/// choice (four per core) is more.
+fn shards() -> usize {
+    let cores = std::thread::available_parallelism().map_or(1, std::num::NonZero::get);
+    (cores * 4).max(128).next_power_of_two()
 }
 
 fn micros(task: &TaskSnapshot) -> i64 {
@@ -243,7 +251,7 @@ impl TaskIndex {
     /// at most about `max_bytes` bytes of them.
     pub(crate) fn new(retention: Duration, max_records: usize, max_bytes: u64) -> Self {
         Self {
-            records: DashMap::default(),
+            records: DashMap::with_hasher_and_shard_amount(RandomState::default(), shards()),
             owners: DashMap::default(),
             finished: Mutex::new(Finished::default()),
             retention,
@@ -515,9 +523,7 @@ impl TaskIndex {
     /// Shrinks the expiry queue and the map when they use under a quarter of their room.
     fn give_back_room(&self) {
         let mut f = self.lock();
-        if f.queue.capacity() > 1024 && f.queue.len() < f.queue.capacity() / 4 {
-            f.queue.shrink_to_fit();
-        }
+        f.queue.shrink_sparse();
         drop(f);
         if self.records.capacity() > 1024 && self.records.len() < self.records.capacity() / 4 {
             self.records.shrink_to_fit();
