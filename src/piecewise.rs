@@ -140,14 +140,12 @@ const CHUNK: usize = 4096;
 /// whole, and each is freed once emptied, so nothing held is ever moved.
 pub(crate) struct ChunkedQueue<T> {
     chunks: VecDeque<VecDeque<T>>,
-    len: usize,
 }
 
 impl<T> Default for ChunkedQueue<T> {
     fn default() -> Self {
         Self {
             chunks: VecDeque::new(),
-            len: 0,
         }
     }
 }
@@ -156,13 +154,13 @@ impl<T> ChunkedQueue<T> {
     /// Items held.
     #[cfg(test)]
     pub(crate) fn len(&self) -> usize {
-        self.len
+        self.chunks.iter().map(VecDeque::len).sum()
     }
 
     /// Whether it holds nothing.
     #[cfg(test)]
     pub(crate) fn is_empty(&self) -> bool {
-        self.len == 0
+        self.front().is_none()
     }
 
     /// Adds an item at the back.
@@ -178,7 +176,6 @@ impl<T> ChunkedQueue<T> {
                 self.chunks.push_back(chunk);
             }
         }
-        self.len += 1;
     }
 
     /// The item at the front.
@@ -199,7 +196,6 @@ impl<T> ChunkedQueue<T> {
         if first.is_empty() && self.chunks.len() > 1 {
             self.chunks.pop_front();
         }
-        self.len -= 1;
         Some(item)
     }
 
@@ -214,7 +210,8 @@ impl<T> ChunkedQueue<T> {
         if self.chunks.capacity() > 64 && self.chunks.len() < self.chunks.capacity() / 4 {
             self.chunks.shrink_to_fit();
         }
-        if let [only] = self.chunks.as_mut_slices().0
+        if self.chunks.len() == 1
+            && let Some(only) = self.chunks.front_mut()
             && only.capacity() > 1024
             && only.len() < only.capacity() / 4
         {
@@ -317,6 +314,10 @@ mod tests {
         // Emptied, it holds one chunk.
         assert_eq!(q.chunks.len(), 1);
         q.shrink_sparse();
+        assert!(
+            q.chunks.front().is_some_and(|c| c.capacity() < CHUNK),
+            "room given back"
+        );
         q.extend([1, 2, 3]);
         assert!(q.iter().copied().eq([1, 2, 3]));
     }

@@ -129,7 +129,7 @@ impl Runtime {
 
     /// A configured agent by its name, with its id as the runtime holds it (a clone of
     /// that id shares its text).
-    pub fn agent_named(&self, id: &str) -> Option<(AgentId, Arc<AgentEntry>)> {
+    pub(crate) fn agent_named(&self, id: &str) -> Option<(AgentId, Arc<AgentEntry>)> {
         self.agents
             .now()
             .get_key_value(id)
