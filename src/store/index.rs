@@ -104,7 +104,9 @@ impl Indexes {
 /// kept; both are enforced as records arrive, so no burst can hold more than the budget
 /// until the next sweep. Each owner's tasks are also indexed by status time for ListTasks.
 pub(crate) struct TaskIndex {
-    records: DashMap<TaskKey, Arc<TaskSnapshot>, RandomState>,
+    /// Each record keeps its key's hash, so a growing shard moves its records without
+    /// hashing their keys again (which read each key's names: cold memory, a miss each).
+    records: DashMap<TaskKey, Record, RandomState>,
     /// Per (principal, agent): (status time in µs, task id) of every task.
     owners: DashMap<(Principal, AgentId), BTreeSet<(i64, TaskId)>, RandomState>,
     /// Finished tasks in the order they finished, with their expiry; guarded by a std
@@ -113,6 +115,17 @@ pub(crate) struct TaskIndex {
     retention: Duration,
     max_records: usize,
     max_bytes: u64,
+}
+
+/// A task's record in the map, with its key's hash.
+struct Record {
+    hash: u64,
+    task: Arc<TaskSnapshot>,
+}
+
+/// What a growing shard needs of a record: the hash it keeps.
+fn kept_hash((_, record): &(TaskKey, SharedValue<Record>)) -> u64 {
+    record.get().hash
 }
 
 #[derive(Default)]
@@ -283,10 +296,11 @@ impl TaskIndex {
             let Some((_, key, turn)) = next else { break };
             let Some((_, gone)) = self
                 .records
-                .remove_if(&key, |_, t| t.status.state.is_terminal())
+                .remove_if(&key, |_, r| r.task.status.state.is_terminal())
             else {
                 continue;
             };
+            let gone = gone.task;
             if let Some(mut set) = self.owners.get_mut(&Self::owner(&key)) {
                 set.remove(&(micros(&gone), key.task.clone()));
             }
@@ -317,7 +331,7 @@ impl TaskIndex {
         } else {
             0
         };
-        let previous = self.records.insert(key.clone(), task);
+        let previous = self.insert(key, task);
         let before = previous.as_ref().map(|p| micros(p));
         if before != Some(at) {
             let mut set = self.owners.entry(Self::owner(key)).or_default();
@@ -345,6 +359,32 @@ impl TaskIndex {
         self.evict_if(over)
     }
 
+    /// Puts a record in the map; returns the one it replaces. The map's own `insert`
+    /// would hash every key of a shard again as the shard grows (~3% of a `send`'s CPU
+    /// with hundreds of thousands of tasks kept); this one uses the hashes the records keep.
+    fn insert(&self, key: &TaskKey, task: Arc<TaskSnapshot>) -> Option<Arc<TaskSnapshot>> {
+        let hash = self.records.hash_usize(key) as u64;
+        // The map's own choice of shard: always one of them.
+        let Some(shard) = self
+            .records
+            .shards()
+            .get(self.records.determine_shard(hash as usize))
+        else {
+            let record = Record { hash, task };
+            return self.records.insert(key.clone(), record).map(|r| r.task);
+        };
+        let mut table = shard.write();
+        if let Some((_, record)) = table.get_mut(hash, |(k, _)| k == key) {
+            return Some(std::mem::replace(&mut record.get_mut().task, task));
+        }
+        table.insert(
+            hash,
+            (key.clone(), SharedValue::new(Record { hash, task })),
+            kept_hash,
+        );
+        None
+    }
+
     /// Starts restoring about `n` records read back from a store file: room is made for
     /// them first, so that nothing grows as they come (the map's growing would hash every
     /// key in it again).
@@ -353,9 +393,7 @@ impl TaskIndex {
         // Keys spread over the shards about evenly; the margin covers the unevenness.
         let each = n.div_ceil(shards.len().max(1));
         for shard in shards {
-            shard
-                .write()
-                .reserve(each + each / 16, |(k, _)| self.records.hash_usize(k) as u64);
+            shard.write().reserve(each + each / 16, kept_hash);
         }
         Restoring {
             queue: Vec::with_capacity(n),
@@ -437,11 +475,10 @@ impl TaskIndex {
             let mut table = shard.write();
             while let Some((_, hash, key, task)) = entries.next_if(|e| e.0 == i) {
                 match table.get_mut(hash, |(k, _)| *k == key) {
-                    Some((_, was)) => *was.get_mut() = task,
+                    Some((_, was)) => was.get_mut().task = task,
                     None => {
-                        table.insert(hash, (key, SharedValue::new(task)), |(k, _)| {
-                            self.records.hash_usize(k) as u64
-                        });
+                        let record = Record { hash, task };
+                        table.insert(hash, (key, SharedValue::new(record)), kept_hash);
                     }
                 }
             }
@@ -466,7 +503,7 @@ impl TaskIndex {
 
     /// A task's record.
     pub(crate) fn get(&self, key: &TaskKey) -> Option<Arc<TaskSnapshot>> {
-        self.records.get(key).map(|r| r.value().clone())
+        self.records.get(key).map(|r| r.value().task.clone())
     }
 
     /// One page of an owner's tasks.
@@ -486,7 +523,7 @@ impl TaskIndex {
                 agent: q.agent.clone(),
                 task: id.clone(),
             };
-            let Some(task) = self.records.get(&key).map(|r| r.value().clone()) else {
+            let Some(task) = self.records.get(&key).map(|r| r.value().task.clone()) else {
                 continue;
             };
             if q.context.as_ref().is_some_and(|c| *c != task.context_id)
@@ -526,7 +563,11 @@ impl TaskIndex {
         f.queue.shrink_sparse();
         drop(f);
         if self.records.capacity() > 1024 && self.records.len() < self.records.capacity() / 4 {
-            self.records.shrink_to_fit();
+            for shard in self.records.shards() {
+                let mut table = shard.write();
+                let len = table.len();
+                table.shrink_to(len, kept_hash);
+            }
         }
     }
 
@@ -741,6 +782,58 @@ mod tests {
         );
         assert!(s.get(&key(1)).is_none());
         assert!(s.get(&key(2)).is_some(), "a running task is never evicted");
+    }
+
+    #[test]
+    fn records_are_found_after_the_map_grows_and_gives_room_back_by_their_kept_hashes() {
+        let s = store(10, usize::MAX, u64::MAX);
+        let t0 = Instant::now();
+        let kept = |n: usize| n.is_multiple_of(4);
+        // Every shard grows several times; three records in four are then replaced in
+        // place by their finished selves.
+        for n in 0..20_000 {
+            s.put(&key(n), task(n, TaskState::Working, "c"), TurnId::default());
+        }
+        for n in (0..20_000).filter(|n| !kept(*n)) {
+            s.put(
+                &key(n),
+                task(n, TaskState::Completed, "c"),
+                TurnId::default(),
+            );
+        }
+        assert_eq!(
+            s.records.len(),
+            20_000,
+            "a replaced record is not a second one"
+        );
+        for n in 0..20_000 {
+            let want = if kept(n) {
+                TaskState::Working
+            } else {
+                TaskState::Completed
+            };
+            let got = s.get(&key(n)).map(|t| t.status.state);
+            assert_eq!(got, Some(want), "record {n} after growing");
+        }
+        let grown = s.records.capacity();
+        assert_eq!(s.evict(t0 + Duration::from_secs(11)).len(), 15_000);
+        assert!(
+            s.records.capacity() < grown / 2,
+            "the room of the evicted is given back ({} of {grown})",
+            s.records.capacity()
+        );
+        for n in 0..20_000 {
+            assert_eq!(
+                s.get(&key(n)).is_some(),
+                kept(n),
+                "record {n} after shrinking"
+            );
+        }
+        // The shrunk map grows again from what its records keep.
+        for n in 20_000..30_000 {
+            s.put(&key(n), task(n, TaskState::Working, "c"), TurnId::default());
+        }
+        assert!((0..30_000).all(|n| s.get(&key(n)).is_some() == (kept(n) || n >= 20_000)));
     }
 
     #[test]
