@@ -139,7 +139,7 @@ impl ContextState {
             since: stored.since,
             turns_begun: newest,
             in_flight: self.conversations.get(key).map_or(0, |c| c.in_flight),
-            turns: VecDeque::new(),
+            turns: Turns::default(),
             bytes: 0,
             last_active: now,
         };
@@ -205,21 +205,20 @@ struct Conversation {
     turns_begun: u32,
     in_flight: u32,
     /// The kept turns, oldest first, each with the bytes it was counted as.
-    turns: VecDeque<(u64, TurnMessages)>,
+    turns: Turns,
     /// Their bytes together.
     bytes: u64,
     last_active: Instant,
 }
 
 impl Conversation {
-    /// A new conversation with no turn kept yet: room for one (most conversations are
-    /// one turn; a first push would make room for four).
+    /// A new conversation with no turn kept yet.
     fn new(since: i64, turns_begun: u32, in_flight: u32, now: Instant) -> Self {
         Self {
             since,
             turns_begun,
             in_flight,
-            turns: VecDeque::with_capacity(1),
+            turns: Turns::default(),
             bytes: 0,
             last_active: now,
         }
@@ -238,6 +237,77 @@ impl Conversation {
                 *total -= size;
             }
         }
+    }
+}
+
+/// A turn kept, with the bytes it was counted as.
+type KeptTurn = (u64, TurnMessages);
+
+/// A conversation's kept turns, oldest first. Most conversations are one turn: that one is
+/// kept in the conversation itself, and a queue is made only for a second (the queue of
+/// one it replaces was an allocation, and 32 bytes, for each conversation kept).
+enum Turns {
+    /// None or one.
+    One(Option<KeptTurn>),
+    /// Two or more, or fewer after some were dropped.
+    Many(VecDeque<KeptTurn>),
+}
+
+impl Default for Turns {
+    fn default() -> Self {
+        Self::One(None)
+    }
+}
+
+impl Turns {
+    fn len(&self) -> usize {
+        match self {
+            Self::One(one) => usize::from(one.is_some()),
+            Self::Many(many) => many.len(),
+        }
+    }
+
+    fn push_back(&mut self, turn: KeptTurn) {
+        match self {
+            Self::One(None) => *self = Self::One(Some(turn)),
+            Self::One(Some(_)) => {
+                let mut many = VecDeque::with_capacity(4);
+                if let Self::One(Some(first)) = std::mem::take(self) {
+                    many.push_back(first);
+                }
+                many.push_back(turn);
+                *self = Self::Many(many);
+            }
+            Self::Many(many) => many.push_back(turn),
+        }
+    }
+
+    fn pop_front(&mut self) -> Option<KeptTurn> {
+        match self {
+            Self::One(one) => one.take(),
+            Self::Many(many) => many.pop_front(),
+        }
+    }
+
+    /// Room for `n` turns in all.
+    fn reserve(&mut self, n: usize) {
+        match self {
+            Self::One(_) if n <= 1 => {}
+            Self::One(one) => {
+                let mut many = VecDeque::with_capacity(n);
+                many.extend(one.take());
+                *self = Self::Many(many);
+            }
+            Self::Many(many) => many.reserve(n.saturating_sub(many.len())),
+        }
+    }
+
+    fn iter_mut(&mut self) -> impl Iterator<Item = &mut KeptTurn> {
+        let (one, many) = match self {
+            Self::One(one) => (one.as_mut(), None),
+            Self::Many(many) => (None, Some(many.iter_mut())),
+        };
+        one.into_iter().chain(many.into_iter().flatten())
     }
 }
 
@@ -412,5 +482,81 @@ impl Actor for ContextActor {
             s.abort();
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn turn(n: u64) -> KeptTurn {
+        (n, TurnMessages::Stored(vec![n as u8].into_boxed_slice()))
+    }
+
+    fn sizes(turns: &mut Turns) -> Vec<u64> {
+        turns.iter_mut().map(|(n, _)| *n).collect()
+    }
+
+    #[test]
+    fn one_turn_is_kept_inline_and_more_in_a_queue_oldest_first() {
+        let mut turns = Turns::default();
+        assert_eq!(turns.len(), 0);
+        assert!(turns.pop_front().is_none());
+        turns.push_back(turn(1));
+        assert!(matches!(turns, Turns::One(Some(_))), "one turn, no queue");
+        assert_eq!((turns.len(), sizes(&mut turns)), (1, vec![1]));
+        turns.push_back(turn(2));
+        turns.push_back(turn(3));
+        assert!(matches!(turns, Turns::Many(_)));
+        assert_eq!((turns.len(), sizes(&mut turns)), (3, vec![1, 2, 3]));
+        assert_eq!(turns.pop_front().map(|(n, _)| n), Some(1));
+        assert_eq!(sizes(&mut turns), vec![2, 3]);
+
+        let mut once = Turns::default();
+        once.push_back(turn(1));
+        assert_eq!(once.pop_front().map(|(n, _)| n), Some(1));
+        assert_eq!(once.len(), 0);
+        once.push_back(turn(2));
+        assert_eq!(sizes(&mut once), vec![2], "a turn after the only one went");
+    }
+
+    #[test]
+    fn room_made_ahead_keeps_the_turn_already_held() {
+        let mut turns = Turns::default();
+        turns.reserve(1);
+        assert!(
+            matches!(turns, Turns::One(None)),
+            "room for one is the inline one"
+        );
+        turns.push_back(turn(1));
+        turns.reserve(5);
+        assert!(matches!(turns, Turns::Many(ref q) if q.capacity() >= 5));
+        turns.push_back(turn(2));
+        assert_eq!(sizes(&mut turns), vec![1, 2]);
+    }
+
+    #[test]
+    fn a_conversation_beyond_its_turns_drops_the_oldest_and_counts_what_it_keeps() {
+        let mut total = 0;
+        let mut c = Conversation::new(0, 0, 0, Instant::now());
+        for n in 1..=4u8 {
+            c.push(
+                TurnMessages::Stored(vec![n; 10].into_boxed_slice()),
+                2,
+                &mut total,
+            );
+        }
+        assert_eq!(c.turns.len(), 2);
+        let kept: Vec<_> = c
+            .turns
+            .iter_mut()
+            .map(|(_, t)| match t {
+                TurnMessages::Stored(b) => b[0],
+                TurnMessages::Shared(..) => 0,
+            })
+            .collect();
+        assert_eq!(kept, vec![3, 4], "the newest two");
+        assert_eq!(c.bytes, 2 * (10 + 64));
+        assert_eq!(total, c.bytes);
     }
 }
