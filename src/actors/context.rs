@@ -140,7 +140,6 @@ impl ContextState {
             turns_begun: newest,
             in_flight: self.conversations.get(key).map_or(0, |c| c.in_flight),
             turns: Turns::default(),
-            bytes: 0,
             last_active: now,
         };
         for (_, turn) in stored.turns {
@@ -148,7 +147,7 @@ impl ContextState {
         }
         self.touched.push_back((now, key.clone()));
         if let Some(old) = self.conversations.insert(key.clone(), c) {
-            self.bytes -= old.bytes;
+            self.bytes -= old.bytes();
         }
     }
 
@@ -174,7 +173,7 @@ impl ContextState {
                 .get(&key)
                 .is_some_and(|c| c.in_flight == 0 && c.last_active <= stamp);
             if evict && let Some(gone) = self.conversations.remove(&key) {
-                self.bytes -= gone.bytes;
+                self.bytes -= gone.bytes();
                 let _ = self.store.append(
                     vec![Write::ForgetContext {
                         principal: key.principal,
@@ -204,10 +203,9 @@ struct Conversation {
     since: i64,
     turns_begun: u32,
     in_flight: u32,
-    /// The kept turns, oldest first, each with the bytes it was counted as.
+    /// The kept turns, oldest first, each with the bytes it was counted as (their sum is
+    /// the conversation's share of every conversation's bytes: [`Conversation::bytes`]).
     turns: Turns,
-    /// Their bytes together.
-    bytes: u64,
     last_active: Instant,
 }
 
@@ -219,9 +217,14 @@ impl Conversation {
             turns_begun,
             in_flight,
             turns: Turns::default(),
-            bytes: 0,
             last_active: now,
         }
+    }
+
+    /// The bytes its kept turns were counted as: summed when it goes (a field kept up to
+    /// date would make every conversation's entry in the map 8 bytes larger).
+    fn bytes(&self) -> u64 {
+        self.turns.iter().map(|(size, _)| size).sum()
     }
 
     /// Keeps a turn, dropping the oldest beyond `max_turns`; `total` (every
@@ -229,11 +232,9 @@ impl Conversation {
     fn push(&mut self, turn: TurnMessages, max_turns: usize, total: &mut u64) {
         let size = turn_bytes(&turn);
         self.turns.push_back((size, turn));
-        self.bytes += size;
         *total += size;
         while self.turns.len() > max_turns {
             if let Some((size, _)) = self.turns.pop_front() {
-                self.bytes -= size;
                 *total -= size;
             }
         }
@@ -244,8 +245,8 @@ impl Conversation {
 type KeptTurn = (u64, TurnMessages);
 
 /// A conversation's kept turns, oldest first. Most conversations are one turn: that one is
-/// kept in the conversation itself, and a queue is made only for a second (the queue of
-/// one it replaces was an allocation, and 32 bytes, for each conversation kept).
+/// kept in the conversation itself, and a queue is made only for a second (a queue of one
+/// would be an allocation, and 32 bytes, for each conversation kept).
 enum Turns {
     /// None or one.
     One(Option<KeptTurn>),
@@ -300,6 +301,14 @@ impl Turns {
             }
             Self::Many(many) => many.reserve(n.saturating_sub(many.len())),
         }
+    }
+
+    fn iter(&self) -> impl Iterator<Item = &KeptTurn> {
+        let (one, many) = match self {
+            Self::One(one) => (one.as_ref(), None),
+            Self::Many(many) => (None, Some(many.iter())),
+        };
+        one.into_iter().chain(many.into_iter().flatten())
     }
 
     fn iter_mut(&mut self) -> impl Iterator<Item = &mut KeptTurn> {
@@ -397,7 +406,7 @@ impl Actor for ContextActor {
                 // its `Record` stamps it when that task ends.
                 let new = Conversation::new(since, 1, 1, now);
                 if let Some(old) = state.conversations.insert(key, new) {
-                    state.bytes -= old.bytes;
+                    state.bytes -= old.bytes();
                 }
                 state.sweep(now);
             }
@@ -556,7 +565,7 @@ mod tests {
             })
             .collect();
         assert_eq!(kept, vec![3, 4], "the newest two");
-        assert_eq!(c.bytes, 2 * (10 + 64));
-        assert_eq!(total, c.bytes);
+        assert_eq!(c.bytes(), 2 * (10 + 64));
+        assert_eq!(total, c.bytes());
     }
 }
