@@ -1,5 +1,6 @@
 //! The `a2ad` binary: --help, bad configuration (exit 2), the listening line, the
-//! development key, and SIGTERM during a stream (exit 0); and the load tool's floor servers.
+//! development key, and SIGTERM during a stream (exit 0); and the load tool's floor servers
+//! and the caps it sets on a server it starts.
 
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
@@ -767,4 +768,56 @@ async fn the_load_tools_floors_answer_each_call() {
         let _ = child.kill();
         let _ = child.wait();
     }
+}
+
+/// `--keep N` sets the caps of a server the load tool starts (the server takes the
+/// configuration and the run completes without an error); a cap of 0, or a cap for a
+/// server at `--url` that the tool does not start, is refused before anything runs.
+#[test]
+fn the_load_tool_caps_what_its_server_keeps_and_refuses_a_cap_it_cannot_set() {
+    let dir = tempdir::Dir::new();
+    let run = |args: &[&str]| {
+        Command::new(LOAD)
+            .args(args)
+            .current_dir(&dir.path)
+            .output()
+            .expect("run the load tool")
+    };
+    let out = run(&[
+        "--scenario",
+        "send",
+        "--store",
+        "memory",
+        "-c",
+        "2",
+        "--requests",
+        "200",
+        "--keep",
+        "10",
+    ]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains("errors: none"), "{stdout}");
+
+    let zero = run(&["--scenario", "send", "--keep", "0"]);
+    assert_eq!(zero.status.code(), Some(2), "a cap of 0 is not a cap");
+    let elsewhere = run(&[
+        "--scenario",
+        "send",
+        "--keep",
+        "10",
+        "--url",
+        "http://127.0.0.1:9",
+        "--key",
+        "k",
+    ]);
+    assert_eq!(elsewhere.status.code(), Some(1));
+    assert!(
+        String::from_utf8_lossy(&elsewhere.stderr).contains("--keep"),
+        "the refusal names the option"
+    );
 }

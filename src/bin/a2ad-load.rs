@@ -148,6 +148,12 @@ struct Cli {
     /// Also measure the floor server with the same client and settings.
     #[arg(long)]
     baseline: bool,
+    /// A started server keeps at most this many finished tasks and conversations
+    /// (`max_finished_tasks`, `max_contexts`; default: the server's own caps, so a run
+    /// keeps every task it makes). What keeping every task costs:
+    /// docs/decisions/what-keeping-tasks-costs.md.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=1_000_000_000))]
+    keep: Option<u32>,
     /// CPUs for the server(s) the tool starts (taskset list, e.g. `0`).
     #[arg(long)]
     server_cpus: Option<String>,
@@ -216,6 +222,11 @@ async fn run(cli: Cli) -> Result<(), String> {
         if !(v.is_finite() && v > 0.0 && v <= 1e6) {
             return Err(format!("{name} must be a number of seconds greater than 0"));
         }
+    }
+    if cli.keep.is_some() && cli.url.is_some() {
+        return Err(
+            "--keep sets the caps of a server this tool starts, not of one at --url".into(),
+        );
     }
     let mut reports = Vec::new();
     if cli.scenario == Scenario::Disk {
@@ -379,9 +390,12 @@ fn bench_config(cli: &Cli) -> String {
             pg_schema()
         ),
     };
+    let keep = cli.keep.map_or(String::new(), |n| {
+        format!("max_finished_tasks = {n}\nmax_contexts = {n}\n")
+    });
     let limits = "[agents.limits]\nrequests_per_minute = 1000000000\nconcurrent_tasks = 1000000\nmax_queued_tasks = 1000000\ntask_timeout_seconds = 600\nsync_wait_seconds = 600\n";
     format!(
-        "[server]\nlisten = \"127.0.0.1:0\"\nlisten_backlog = 16384\ntask_retention_seconds = {retention}\nmax_live_tasks = 1000000\nmax_subscribers_per_task = 100000\n\n{store}\
+        "[server]\nlisten = \"127.0.0.1:0\"\nlisten_backlog = 16384\ntask_retention_seconds = {retention}\nmax_live_tasks = 1000000\nmax_subscribers_per_task = 100000\n{keep}\n{store}\
          [webhooks]\nallow_private_networks = true\nworkers = 8\nmax_pending_deliveries = 1000000\n\n\
          [[api_keys]]\nname = \"bench\"\nkey = \"{BENCH_KEY}\"\n\n\
          [[agents]]\nid = \"echo\"\n{limits}\n\
