@@ -305,29 +305,9 @@ impl Message {
 
     /// About how many bytes the message holds in memory (for retention budgets).
     pub fn approx_bytes(&self) -> usize {
-        let parts: usize = self
-            .parts
-            .iter()
-            .map(|p| match p {
-                Part::Text(t) => t.len(),
-                Part::File(f) => {
-                    f.name.len()
-                        + f.mime_type.len()
-                        + f.bytes.len()
-                        + f.metadata.as_ref().map_or(0, |m| m.get().len())
-                        + 48
-                }
-                Part::Data(d) => d.approx_bytes(),
-                Part::Url(u) => u.approx_bytes(),
-            } + std::mem::size_of::<Part>())
-            .sum();
-        let extensions: usize = self
-            .extensions
-            .as_slice()
-            .iter()
-            .map(|u| u.len() + 24)
-            .sum();
-        parts + extensions + self.message_id.len() + std::mem::size_of::<Self>()
+        content_bytes(&self.parts, &self.extensions)
+            + self.message_id.len()
+            + std::mem::size_of::<Self>()
     }
 
     /// The text parts joined by a newline.
@@ -347,6 +327,28 @@ impl Message {
             out.push_str(text);
         }
     }
+}
+
+/// About how many bytes parts and the extensions beside them hold in memory (a message's
+/// or an artifact's content, for retention budgets).
+fn content_bytes(parts: &[Part], extensions: &Extensions) -> usize {
+    let parts: usize = parts
+        .iter()
+        .map(|p| match p {
+            Part::Text(t) => t.len(),
+            Part::File(f) => {
+                f.name.len()
+                    + f.mime_type.len()
+                    + f.bytes.len()
+                    + f.metadata.as_ref().map_or(0, |m| m.get().len())
+                    + 48
+            }
+            Part::Data(d) => d.approx_bytes(),
+            Part::Url(u) => u.approx_bytes(),
+        } + std::mem::size_of::<Part>())
+        .sum();
+    let extensions: usize = extensions.as_slice().iter().map(|u| u.len() + 24).sum();
+    parts + extensions
 }
 
 /// One piece of a message or an artifact.
@@ -659,14 +661,12 @@ impl TaskSnapshot {
         let artifacts: usize = self
             .artifacts
             .iter()
+            // Counted as a message of the same content would be.
             .map(|a| {
-                let m = Message {
-                    role: Role::Agent,
-                    parts: a.parts.clone(),
-                    message_id: String::new(),
-                    extensions: a.extensions.clone(),
-                };
-                m.approx_bytes() + a.artifact_id.len() + 64
+                content_bytes(&a.parts, &a.extensions)
+                    + std::mem::size_of::<Message>()
+                    + a.artifact_id.len()
+                    + 64
             })
             .sum();
         FIXED
@@ -794,6 +794,23 @@ pub(crate) fn completed_sharing_its_reply() -> (TaskSnapshot, TaskSnapshot) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_artifact_counts_as_a_message_of_its_content_with_its_id() {
+        let (mut task, _) = completed_sharing_its_reply();
+        let without = task.approx_bytes();
+        let mut artifact = Artifact::new(Some("reply"), vec![Part::Text("echo: hello".into())]);
+        artifact.extensions = Extensions::new(vec!["https://example.com/ext".into()]);
+        let same_content = Message {
+            role: Role::Agent,
+            parts: artifact.parts.clone(),
+            message_id: String::new(),
+            extensions: artifact.extensions.clone(),
+        };
+        let expected = same_content.approx_bytes() + artifact.artifact_id.len() + 64;
+        task.artifacts.push(Arc::new(artifact));
+        assert_eq!(task.approx_bytes() - without, expected);
+    }
 
     #[test]
     fn timestamps_are_written_as_chrono_writes_them() {
