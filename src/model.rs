@@ -347,8 +347,12 @@ fn content_bytes(parts: &[Part], extensions: &Extensions) -> usize {
             Part::Url(u) => u.approx_bytes(),
         } + std::mem::size_of::<Part>())
         .sum();
-    let extensions: usize = extensions.as_slice().iter().map(|u| u.len() + 24).sum();
-    parts + extensions
+    parts + extension_bytes(extensions)
+}
+
+/// About how many bytes a list of extension URIs holds in memory.
+fn extension_bytes(extensions: &Extensions) -> usize {
+    extensions.as_slice().iter().map(|u| u.len() + 24).sum()
 }
 
 /// One piece of a message or an artifact.
@@ -676,12 +680,7 @@ impl TaskSnapshot {
             + history
             + status
             + self.metadata.as_ref().map_or(0, |m| m.get().len())
-            + self
-                .extensions
-                .as_slice()
-                .iter()
-                .map(|u| u.len() + 24)
-                .sum::<usize>()
+            + extension_bytes(&self.extensions)
     }
 
     /// The event that produced the current status.

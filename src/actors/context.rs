@@ -414,8 +414,9 @@ impl Actor for ContextActor {
                 if let Some(stored) = stored {
                     state.merge(&key, stored, now);
                 }
-                let begins = !state.conversations.contains_key(&key);
+                let mut begins = false;
                 let c = state.conversations.get_or_insert_with(key, || {
+                    begins = true;
                     Conversation::new(chrono::Utc::now().timestamp_micros(), 0, 0, now)
                 });
                 c.turns_begun = c.turns_begun.saturating_add(1);
